@@ -1,0 +1,213 @@
+"""Lower ``trtpipe`` custom nodes to ops that ONNX Runtime runs natively on CPU.
+
+* ``Int4Gemm`` -> ``com.microsoft::MatMulNBits`` (same packing; TOOLCHAIN.md), with an
+  ``accuracy_level`` chosen by the caller (4 = int8 activations: faster, ~5e-3 relative error).
+* ``PagedAttention`` -> standard ONNX ops over the pool:
+
+  1. write: ``ScatterND(key_cache, [block, offset], key)`` whose output is the graph's
+     ``present_*`` output. The runtime binds ``past_*`` and ``present_*`` to the same buffer
+     (IOBinding), and ONNX Runtime's ScatterND skips its input copy when source and target are the
+     same memory, so KV is written once per token and the pool is never copied.
+  2. read: ``Gather(cache, block_tables)`` -> per-sequence keys ``[S, MB*BS, KVH, D]``; queries are
+     gathered into a padded ``[S, Qmax]`` layout; GQA is a reshape ``[S, KVH, G*Qmax, D]``;
+     causal + window mask by ``Where``; ``Softmax``; ``MatMul``; gather back to packed tokens.
+
+  Index tensors derived from ``slot_mapping``, ``block_tables``, ``context_lens`` and
+  ``query_start_loc`` are built once per graph and shared by all layers.
+
+Pool layout (per layer, K and V alike)::
+
+    cache[NB, BS, KVH, D]   block 0 = null block
+      slot = block_id * BS + position % BS  ->  (slot // BS, slot % BS)
+
+Passes are functions ``ModelProto -> ModelProto`` and idempotent (a lowered graph has no
+``trtpipe`` nodes left to rewrite).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from trtpipe.plugins import OP_DOMAIN
+from trtpipe.plugins.errors import OpError
+
+MS_DOMAIN = "com.microsoft"
+
+
+def _attrs(node: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+class _Builder:
+    """Appends nodes with unique, stable names under a prefix."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self._n = 0
+
+    def name(self, hint: str) -> str:
+        self._n += 1
+        return f"{self.prefix}/{hint}_{self._n}"
+
+    def op(self, op_type: str, inputs: list[str], hint: str | None = None, n_out: int = 1,
+           domain: str = "", outputs: list[str] | None = None, **attrs) -> str | list[str]:
+        nm = self.name(hint or op_type)
+        outs = outputs or [f"{nm}_out{i}" for i in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=nm, domain=domain, **attrs))
+        return outs[0] if n_out == 1 else outs
+
+    def const(self, value, dtype=np.int64, hint: str = "c") -> str:
+        nm = self.name(hint)
+        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), nm))
+        return nm
+
+
+def _index_subgraph(b: _Builder, slot_mapping: str, block_tables: str, context_lens: str, qsl: str,
+                    block_size: int) -> dict[str, str]:
+    """Index tensors shared by every PagedAttention node of a graph (see module docstring)."""
+    c0, c1 = b.const([0]), b.const([1])
+    cmax = b.const([np.iinfo(np.int64).max])
+    bs = b.const(block_size, hint="block_size")
+    blk = b.op("Div", [slot_mapping, bs], "slot_block")
+    off = b.op("Mod", [slot_mapping, bs], "slot_offset")
+    write_idx = b.op("Concat", [b.op("Unsqueeze", [blk, c1]), b.op("Unsqueeze", [off, c1])], "write_idx", axis=1)
+    starts = b.op("Slice", [qsl, c0, b.const([-1])], "q_starts")  # [S]
+    ends = b.op("Slice", [qsl, c1, cmax], "q_ends")  # [S]
+    qlen = b.op("Sub", [ends, starts], "q_len")  # [S]
+    qmax = b.op("ReduceMax", [qlen], "q_max", keepdims=1)  # [1]
+    qmax_s = b.op("Squeeze", [qmax], "q_max_scalar")
+    zero, one = b.const(0), b.const(1)
+    num_tokens = b.op("Squeeze", [b.op("Shape", [slot_mapping], "T")], "T_scalar")
+    t = b.op("Range", [zero, num_tokens, one], "token_index")  # [T]
+    # seq_of_token[t] = #{s : ends[s] <= t}
+    ge = b.op("GreaterOrEqual", [b.op("Unsqueeze", [t, c1]), b.op("Unsqueeze", [ends, c0])], "t_ge_end")  # [T, S]
+    seq_of_t = b.op("ReduceSum", [b.op("Cast", [ge], to=TensorProto.INT64), c1], "seq_of_token", keepdims=0)
+    off_in_chunk = b.op("Sub", [t, b.op("Gather", [starts, seq_of_t], axis=0)], "offset_in_chunk")
+    pad_index = b.op("Add", [b.op("Mul", [seq_of_t, qmax_s]), off_in_chunk], "pad_index")  # [T]
+    # padded rows -> token index (clamped for padding rows, whose outputs are discarded)
+    i = b.op("Range", [zero, qmax_s, one], "q_row")  # [Qmax]
+    tok = b.op("Add", [b.op("Unsqueeze", [starts, c1]), b.op("Unsqueeze", [i, c0])], "pad_token")  # [S, Qmax]
+    last_tok = b.op("Sub", [num_tokens, one])
+    tok = b.op("Min", [tok, last_tok], "pad_token_clamped")
+    tok_flat = b.op("Reshape", [tok, b.const([-1])], "pad_token_flat")  # [S*Qmax]
+    # query positions [S, Qmax]
+    base = b.op("Sub", [context_lens, qlen], "chunk_start_pos")
+    qpos = b.op("Add", [b.op("Unsqueeze", [base, c1]), b.op("Unsqueeze", [i, c0])], "q_pos")
+    mb = b.op("Gather", [b.op("Shape", [block_tables]), c1], "MB")  # [1]
+    L = b.op("Mul", [mb, b.const([block_size])], "L")  # [1]
+    j = b.op("Range", [zero, b.op("Squeeze", [L]), one], "key_pos")  # [L]
+    qpos3 = b.op("Unsqueeze", [qpos, b.const([2])])  # [S, Qmax, 1]
+    causal = b.op("LessOrEqual", [j, qpos3], "causal")  # [S, Qmax, L]
+    return dict(write_idx=write_idx, pad_index=pad_index, tok_flat=tok_flat, qpos3=qpos3, key_pos=j,
+                causal=causal, qmax=qmax, L=L)
+
+
+def _lower_paged_attention(b: _Builder, node: onnx.NodeProto, idx: dict[str, str], masks: dict) -> None:
+    a = _attrs(node)
+    H, KVH, D = a["num_heads"], a["num_kv_heads"], a["head_size"]
+    bs, W = a["block_size"], a.get("sliding_window", 0)
+    scale = a.get("scale", 0.0) or 1.0 / float(np.sqrt(D))
+    if H % KVH:
+        raise OpError(f"PagedAttention {node.name}: num_heads {H} is not a multiple of num_kv_heads {KVH}")
+    G = H // KVH
+    q, k, v, kc, vc, _slot, block_tables = node.input[:7]
+    out, kc_out, vc_out = node.output
+    T_kvh_d = b.const([-1, KVH, D])
+    b.op("ScatterND", [kc, idx["write_idx"], b.op("Reshape", [k, T_kvh_d])], "write_k", outputs=[kc_out])
+    b.op("ScatterND", [vc, idx["write_idx"], b.op("Reshape", [v, T_kvh_d])], "write_v", outputs=[vc_out])
+    # mask (shared by layers with the same window)
+    if W not in masks:
+        if W > 0:
+            lo = b.op("Sub", [idx["qpos3"], b.const(W)])
+            in_win = b.op("Greater", [idx["key_pos"], lo], "in_window")
+            m = b.op("And", [idx["causal"], in_win], f"mask_w{W}")
+        else:
+            m = idx["causal"]
+        masks[W] = b.op("Unsqueeze", [m, b.const([1, 2])], f"mask5d_w{W}")  # [S, 1, 1, Qmax, L]
+    mask = masks[W]
+    # keys/values per sequence: [S, MB, BS, KVH, D] -> [S, L, KVH, D]
+    s_l_kvh_d = b.const([0, -1, KVH, D])
+    ks = b.op("Reshape", [b.op("Gather", [kc_out, block_tables], "gather_k", axis=0), s_l_kvh_d])
+    vs = b.op("Reshape", [b.op("Gather", [vc_out, block_tables], "gather_v", axis=0), s_l_kvh_d])
+    kt = b.op("Transpose", [ks], "k_t", perm=[0, 2, 3, 1])  # [S, KVH, D, L]
+    vt = b.op("Transpose", [vs], "v_t", perm=[0, 2, 1, 3])  # [S, KVH, L, D]
+    # queries: packed [T, H*D] -> padded [S, Qmax, KVH, G, D] -> [S, KVH, G*Qmax, D]
+    qs = b.op("Mul", [q, b.const(scale, np.float32)], "q_scaled")
+    qp = b.op("Gather", [qs, idx["tok_flat"]], "q_pad", axis=0)
+    S_ = b.op("Gather", [b.op("Shape", [block_tables]), b.const([0])], "S")
+    qp = b.op("Reshape", [qp, b.op("Concat", [S_, idx["qmax"], b.const([KVH, G, D])], axis=0)])
+    qp = b.op("Transpose", [qp], "q_t", perm=[0, 2, 3, 1, 4])  # [S, KVH, G, Qmax, D]
+    qp = b.op("Reshape", [qp, b.const([0, KVH, -1, D])])
+    scores = b.op("MatMul", [qp, kt], "scores")  # [S, KVH, G*Qmax, L]
+    sc5 = b.op("Reshape", [scores, b.op("Concat", [S_, b.const([KVH, G]), idx["qmax"], idx["L"]], axis=0)])
+    sc5 = b.op("Where", [mask, sc5, b.const(-np.inf, np.float32)], "masked_scores")
+    probs = b.op("Softmax", [sc5], "probs", axis=-1)
+    probs = b.op("Reshape", [probs, b.op("Concat", [S_, b.const([KVH, -1]), idx["L"]], axis=0)])
+    o = b.op("MatMul", [probs, vt], "attn")  # [S, KVH, G*Qmax, D]
+    o = b.op("Reshape", [o, b.op("Concat", [S_, b.const([KVH, G]), idx["qmax"], b.const([D])], axis=0)])
+    o = b.op("Transpose", [o], "o_t", perm=[0, 3, 1, 2, 4])  # [S, Qmax, KVH, G, D]
+    o = b.op("Reshape", [o, b.const([-1, H * D])])
+    b.op("Gather", [o, idx["pad_index"]], "unpad", axis=0, outputs=[out])
+
+
+def _lower_int4_gemm(b: _Builder, node: onnx.NodeProto, accuracy_level: int) -> None:
+    a = _attrs(node)
+    inputs = list(node.input)
+    b.op("MatMulNBits", inputs, "matmul_nbits", domain=MS_DOMAIN, outputs=list(node.output),
+         K=a["K"], N=a["N"], bits=a.get("bits", 4), block_size=a["group_size"], accuracy_level=accuracy_level)
+
+
+def lower_for_ort(model: onnx.ModelProto, accuracy_level: int = 0) -> onnx.ModelProto:
+    """Rewrite every ``trtpipe`` node into ONNX Runtime CPU ops (returns a new ModelProto).
+
+    ``accuracy_level`` is passed to MatMulNBits (0 = fp32 activations, 4 = int8 activations).
+    Raises :class:`OpError` for an unknown ``trtpipe`` op.
+    """
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    new_nodes: list[onnx.NodeProto] = []
+    shared: dict[tuple, dict[str, str]] = {}
+    masks: dict[tuple, dict] = {}
+    extra_inits: list[onnx.TensorProto] = []
+    for node in g.node:
+        if node.domain != OP_DOMAIN:
+            new_nodes.append(node)
+            continue
+        b = _Builder(node.name or node.op_type)
+        if node.op_type == "PagedAttention":
+            key = (tuple(node.input[5:9]), _attrs(node)["block_size"])
+            if key not in shared:
+                ib = _Builder("/model/paged_attention_index")
+                shared[key] = _index_subgraph(ib, *node.input[5:9], block_size=key[1])
+                new_nodes.extend(ib.nodes)
+                extra_inits.extend(ib.inits)
+                masks[key] = {}
+            _lower_paged_attention(b, node, shared[key], masks[key])
+            new_nodes.extend(b.nodes)
+            extra_inits.extend(b.inits)
+            # masks built inside this node's builder are reused by later layers: they are
+            # defined before those layers in topological order, so sharing is safe.
+        elif node.op_type == "Int4Gemm":
+            _lower_int4_gemm(b, node, accuracy_level)
+            new_nodes.extend(b.nodes)
+        else:
+            raise OpError(f"no ONNX Runtime lowering for {OP_DOMAIN}::{node.op_type} (node {node.name})")
+    del g.node[:]
+    g.node.extend(new_nodes)
+    g.initializer.extend(extra_inits)
+    domains = {o.domain for o in out.opset_import}
+    if MS_DOMAIN not in domains:
+        out.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+    keep = [o for o in out.opset_import if o.domain != OP_DOMAIN]
+    del out.opset_import[:]
+    out.opset_import.extend(keep)
+    # drop the custom-op functions onnxscript may have attached
+    keep_f = [f for f in out.functions if f.domain != OP_DOMAIN]
+    del out.functions[:]
+    out.functions.extend(keep_f)
+    return out

@@ -1,0 +1,487 @@
+"""Validation report: report.json (versioned), report.md and PNG plots, plus the CLI gate table.
+
+Written under ``artifacts/<recipe>/<target>/validate/`` (see :func:`validate_dir`):
+
+    report.json              schema_version 1: per scenario the summary (``*_ms``), the budget
+                             results, every request's metrics; correctness; environment; gate
+    report.md                the same, as markdown tables
+    ttft_vs_prompt_len.png   TTFT (queueing included) against prompt length, with budget lines
+    tpot_cdf.png             CDF of per-request TPOT (requests with >= 2 output tokens)
+    itl_cdf.png              CDF of inter-token latency over all tokens
+    kv_occupancy.png         KV blocks used over time, with the pool capacity
+
+Every file is written atomically (a temp file in the same directory, then ``os.replace``), so a
+reader never sees a half-written report. matplotlib is imported lazily by the plotting code and
+used through its Agg canvas directly (no pyplot, no global backend switch): the runtime stays
+importable without it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from trtpipe.runtime.budgets import BudgetResult, gate_exit_code
+from trtpipe.runtime.errors import ArtifactError
+from trtpipe.runtime.metrics import (
+    LATENCY_METRICS,
+    PERCENTILE_METHOD,
+    PERCENTILES,
+    MetricsSummary,
+    RequestMetrics,
+)
+
+SCHEMA_VERSION = 1
+"""Version of report.json's layout; bump it when a field changes meaning or moves."""
+
+PLOT_FILES: tuple[str, ...] = (
+    "ttft_vs_prompt_len.png",
+    "tpot_cdf.png",
+    "itl_cdf.png",
+    "kv_occupancy.png",
+)
+
+
+@dataclass(frozen=True)
+class ScenarioReport:
+    """One scenario's results: its summary, the budget rows and every request's record."""
+
+    name: str
+    summary: MetricsSummary
+    budget_results: tuple[BudgetResult, ...]
+    requests: tuple[RequestMetrics, ...]
+
+
+@dataclass(frozen=True)
+class ReportPaths:
+    """Where :func:`write_report` put each file."""
+
+    report_json: Path
+    report_md: Path
+    ttft_vs_prompt_len: Path
+    tpot_cdf: Path
+    itl_cdf: Path
+    kv_occupancy: Path
+
+    def all(self) -> tuple[Path, ...]:
+        return (
+            self.report_json,
+            self.report_md,
+            self.ttft_vs_prompt_len,
+            self.tpot_cdf,
+            self.itl_cdf,
+            self.kv_occupancy,
+        )
+
+
+def validate_dir(artifacts_root: str | os.PathLike, recipe_name: str, target: str) -> Path:
+    """``<artifacts_root>/<recipe>/<target>/validate`` (not created)."""
+    return Path(artifacts_root) / recipe_name / target / "validate"
+
+
+def _as_scenario(item: ScenarioReport | Sequence[Any]) -> ScenarioReport:
+    if isinstance(item, ScenarioReport):
+        return item
+    name, summary, results, requests = item
+    return ScenarioReport(str(name), summary, tuple(results), tuple(requests))
+
+
+def correctness_status(correctness: Mapping[str, Any]) -> bool | None:
+    """``correctness["passed"]`` as a bool, or ``None`` when correctness was not checked."""
+    passed = correctness.get("passed")
+    return None if passed is None else bool(passed)
+
+
+# ---------------------------------------------------------------------------------------------
+# report.json
+# ---------------------------------------------------------------------------------------------
+
+
+def build_report(
+    *,
+    recipe_name: str,
+    target: str,
+    scenarios: Iterable[ScenarioReport | Sequence[Any]],
+    correctness: Mapping[str, Any],
+    env: Mapping[str, Any],
+    generated_at: str | None = None,
+) -> dict:
+    """The report.json document (a JSON-ready dict; latencies in ms).
+
+    ``correctness`` must carry ``"passed": bool`` when correctness was checked; without it the
+    report says "not checked" and correctness does not affect the gate.
+    """
+    scen = [_as_scenario(s) for s in scenarios]
+    all_results = [r for s in scen for r in s.budget_results]
+    leaks = [s.summary.kv_leak_free for s in scen if s.summary.kv_leak_free is not None]
+    kv_leak_free = all(leaks) if leaks else None
+    correct = correctness_status(correctness)
+    exit_code = gate_exit_code(all_results, correct is not False, kv_leak_free=kv_leak_free)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "recipe": recipe_name,
+        "target": target,
+        "generated_at": generated_at
+        or datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "percentile_method": PERCENTILE_METHOD,
+        "gate": {
+            "passed": exit_code == 0,
+            "exit_code": exit_code,
+            "budgets_passed": all(r.passed for r in all_results),
+            "correctness_passed": correct,
+            "kv_leak_free": kv_leak_free,
+        },
+        "correctness": dict(correctness),
+        "env": dict(env),
+        "scenarios": [
+            {
+                "name": s.name,
+                "summary": s.summary.to_dict(),
+                "budgets": [r.to_dict() for r in s.budget_results],
+                "requests": [m.to_dict() for m in s.requests],
+            }
+            for s in scen
+        ],
+        "plots": list(PLOT_FILES),
+    }
+
+
+def load_report(path: str | os.PathLike) -> dict:
+    """Read a report.json written by :func:`write_report`; refuses another schema version."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ArtifactError(
+            f"report {path}: cannot read it ({e}); rerun `trtpipe validate`"
+        ) from e
+    version = doc.get("schema_version") if isinstance(doc, dict) else None
+    if version != SCHEMA_VERSION:
+        raise ArtifactError(
+            f"report {path}: schema_version={version!r}, expected {SCHEMA_VERSION}; "
+            "rerun `trtpipe validate` with this version of trtpipe"
+        )
+    return doc
+
+
+# ---------------------------------------------------------------------------------------------
+# report.md
+# ---------------------------------------------------------------------------------------------
+
+
+def _fmt(x: float | None, digits: int = 2) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def _opt(x: Any) -> str:
+    return "–" if x is None else str(x)
+
+
+def _fmt_margin(m: float | None) -> str:
+    return "–" if m is None else f"{m * 100:+.1f}%"
+
+
+def _fmt_bytes(n: int | None) -> str:
+    return "–" if n is None else f"{n / 2**20:.1f} MiB"
+
+
+def _pass(flag: bool | None) -> str:
+    return "not checked" if flag is None else ("PASS" if flag else "FAIL")
+
+
+def render_markdown(doc: Mapping[str, Any]) -> str:
+    """report.md from the report.json document."""
+    gate = doc["gate"]
+    lines = [
+        f"# Validation report: {doc['recipe']} on {doc['target']}",
+        "",
+        f"**Gate: {'PASS' if gate['passed'] else 'FAIL'}** (exit code {gate['exit_code']}); "
+        f"budgets {_pass(gate['budgets_passed'])}, "
+        f"correctness {_pass(gate['correctness_passed'])}, "
+        f"KV leak check {_pass(gate['kv_leak_free'])}.",
+        "",
+        f"Generated {doc['generated_at']}. Percentile interpolation: {doc['percentile_method']}. "
+        "TTFT is measured from arrival (queueing included); TPOT excludes the first token and is "
+        "undefined for single-token requests; ITL is over all token gaps (DESIGN.md, Metrics).",
+        "",
+    ]
+    for s in doc["scenarios"]:
+        sm = s["summary"]
+        lines += [f"## Scenario `{s['name']}`", ""]
+        lines += [
+            "| metric | p50 | p90 | p95 | p99 | mean | n |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for name in LATENCY_METRICS:
+            d = sm[f"{name}_ms"]
+            label = {"prefill": "prefill (only)", "queue": "queue"}.get(name, name)
+            if d is None:
+                lines.append(f"| {label} ms | – | – | – | – | – | 0 |")
+            else:
+                cells = " | ".join(_fmt(d[k]) for k in (*PERCENTILES, "mean"))
+                lines.append(f"| {label} ms | {cells} | {d['count']} |")
+        lines += [
+            "",
+            f"- requests: {sm['num_requests']} ({sm['num_requests_without_output']} without "
+            f"output); prompt tokens {sm['total_prompt_tokens']}, output tokens "
+            f"{sm['total_output_tokens']}, wall {sm['wall_s']:.3f} s",
+            f"- output tokens/s: {_fmt(sm['output_tokens_per_s'])}",
+            f"- decode batch size: peak {_opt(sm['peak_decode_batch_size'])}, "
+            f"mean {_fmt(sm['mean_decode_batch_size'])}",
+            f"- KV blocks: peak used {_opt(sm['peak_kv_blocks_used'])} of "
+            f"{_opt(sm['num_kv_blocks'])}; in use at end {_opt(sm['kv_blocks_in_use_at_end'])} "
+            f"(leak check: {_pass(sm['kv_leak_free'])})",
+            f"- peak resident memory: {_fmt_bytes(sm['peak_rss_bytes'])}",
+            "",
+        ]
+        if s["budgets"]:
+            lines += [
+                "| budget | limit | measured | margin | result |",
+                "|---|---:|---:|---:|---|",
+            ]
+            for b in s["budgets"]:
+                label = b["metric"] + ("" if b["percentile"] is None else f" {b['percentile']}")
+                op = "≤" if b["kind"] == "max" else "≥"
+                if b["passed"]:
+                    result = "PASS"
+                else:  # a no-data failure says why; a measured one speaks for itself
+                    result = f"FAIL ({b['reason']})" if b["measured"] is None else "FAIL"
+                lines.append(
+                    f"| {label} | {op} {b['limit']:g} {b['unit']} | {_fmt(b['measured'])} | "
+                    f"{_fmt_margin(b['margin'])} | {result} |"
+                )
+            lines.append("")
+        else:
+            lines += ["No budgets for this scenario.", ""]
+    lines += ["## Correctness", ""]
+    if doc["correctness"]:
+        lines += [f"- {k}: {v}" for k, v in doc["correctness"].items()]
+    else:
+        lines.append("- not checked")
+    lines += ["", "## Environment", ""]
+    lines += [f"- {k}: {v}" for k, v in doc["env"].items()] or ["- (none recorded)"]
+    lines += ["", "## Plots", ""]
+    lines += [f"![{p}]({p})" for p in doc["plots"]]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots
+# ---------------------------------------------------------------------------------------------
+
+
+def _new_figure(title: str, xlabel: str, ylabel: str):
+    """A matplotlib Figure on an Agg canvas (lazy import; no pyplot global state)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4.5), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    return fig, ax
+
+
+def _png_bytes(fig, ax) -> bytes:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def _no_data(ax) -> None:
+    ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+
+
+def _budget_lines(ax, scen: ScenarioReport, metric: str, *, vertical: bool, color) -> None:
+    for r in scen.budget_results:
+        if r.metric == metric:
+            draw = ax.axvline if vertical else ax.axhline
+            draw(r.limit, color=color, linestyle="--", linewidth=1,
+                 label=f"{scen.name}: {r.label} budget {r.limit:g} ms")  # fmt: skip
+
+
+def _plot_ttft_vs_prompt(scenarios: Sequence[ScenarioReport]) -> bytes:
+    fig, ax = _new_figure(
+        "TTFT vs prompt length (TTFT from arrival: queueing included)",
+        "prompt tokens", "TTFT (ms)",
+    )  # fmt: skip
+    any_data = False
+    for i, s in enumerate(scenarios):
+        pts = [(m.prompt_tokens, m.ttft_s * 1000.0) for m in s.requests if m.ttft_s is not None]
+        color = f"C{i % 10}"
+        if pts:
+            any_data = True
+            ax.scatter([p for p, _ in pts], [t for _, t in pts], s=12, color=color, label=s.name)
+        _budget_lines(ax, s, "ttft_ms", vertical=False, color=color)
+    if not any_data:
+        _no_data(ax)
+    return _png_bytes(fig, ax)
+
+
+def _plot_cdf(scenarios: Sequence[ScenarioReport], which: str) -> bytes:
+    name = which.upper()
+    fig, ax = _new_figure(f"{name} CDF", f"{name} (ms)", "fraction of " + (
+        "requests" if which == "tpot" else "token gaps"))  # fmt: skip
+    any_data = False
+    for i, s in enumerate(scenarios):
+        if which == "tpot":
+            values = [m.tpot_s for m in s.requests if m.tpot_s is not None]
+        else:
+            values = [g for m in s.requests for g in m.itl_s]
+        color = f"C{i % 10}"
+        if values:
+            any_data = True
+            xs = sorted(v * 1000.0 for v in values)
+            ys = [(k + 1) / len(xs) for k in range(len(xs))]
+            # Start the empirical CDF at 0 so its first jump is visible.
+            label = f"{s.name} (n={len(xs)})"
+            ax.step([xs[0], *xs], [0.0, *ys], where="post", color=color, label=label)
+        _budget_lines(ax, s, f"{which}_ms", vertical=True, color=color)
+    if not any_data:
+        _no_data(ax)
+    ax.set_ylim(0.0, 1.02)
+    return _png_bytes(fig, ax)
+
+
+def _plot_kv_occupancy(scenarios: Sequence[ScenarioReport]) -> bytes:
+    fig, ax = _new_figure("KV pool occupancy", "time since first step (s)", "KV blocks used")
+    any_data = False
+    for i, s in enumerate(scenarios):
+        occ = s.summary.kv_occupancy
+        color = f"C{i % 10}"
+        if occ:
+            any_data = True
+            ax.step([t for t, _ in occ], [n for _, n in occ], where="post", color=color,
+                    label=s.name)  # fmt: skip
+        if s.summary.num_kv_blocks is not None:
+            ax.axhline(s.summary.num_kv_blocks, color=color, linestyle=":", linewidth=1,
+                       label=f"{s.name}: pool capacity {s.summary.num_kv_blocks}")  # fmt: skip
+    if not any_data:
+        _no_data(ax)
+    ax.set_ylim(bottom=0)
+    return _png_bytes(fig, ax)
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------------------------
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: temp file in the same directory, fsync, replace."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        # mkstemp creates 0600; a report is meant to be read by others (CI artifact stores).
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def write_report(
+    out_dir: str | os.PathLike,
+    *,
+    recipe_name: str,
+    target: str,
+    scenarios: Iterable[ScenarioReport | Sequence[Any]],
+    correctness: Mapping[str, Any],
+    env: Mapping[str, Any],
+    generated_at: str | None = None,
+) -> ReportPaths:
+    """Write report.json, report.md and the four PNG plots into ``out_dir`` (created if needed).
+
+    ``scenarios``: :class:`ScenarioReport` items or ``(name, summary, budget_results, requests)``
+    tuples. ``correctness``: free-form, with ``"passed": bool`` when it was checked. ``env``:
+    JSON-serializable facts about the machine and build (non-JSON values are written as str).
+    Returns the paths written.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    scen = [_as_scenario(s) for s in scenarios]
+    doc = build_report(
+        recipe_name=recipe_name, target=target, scenarios=scen,
+        correctness=correctness, env=env, generated_at=generated_at,
+    )  # fmt: skip
+    # allow_nan=False: NaN/Infinity are not JSON; a NaN here is a bug upstream, so fail loudly.
+    text = json.dumps(doc, indent=2, allow_nan=False, default=str) + "\n"
+    doc = json.loads(text)  # what a reader will see (default=str applied) drives report.md too
+    paths = ReportPaths(
+        report_json=out / "report.json",
+        report_md=out / "report.md",
+        ttft_vs_prompt_len=out / "ttft_vs_prompt_len.png",
+        tpot_cdf=out / "tpot_cdf.png",
+        itl_cdf=out / "itl_cdf.png",
+        kv_occupancy=out / "kv_occupancy.png",
+    )
+    atomic_write_bytes(paths.ttft_vs_prompt_len, _plot_ttft_vs_prompt(scen))
+    atomic_write_bytes(paths.tpot_cdf, _plot_cdf(scen, "tpot"))
+    atomic_write_bytes(paths.itl_cdf, _plot_cdf(scen, "itl"))
+    atomic_write_bytes(paths.kv_occupancy, _plot_kv_occupancy(scen))
+    atomic_write_bytes(paths.report_md, render_markdown(doc).encode("utf-8"))
+    # report.json last: its presence means the whole report is there.
+    atomic_write_bytes(paths.report_json, text.encode("utf-8"))
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI table
+# ---------------------------------------------------------------------------------------------
+
+
+def render_rich_table(results: Sequence[BudgetResult], title: str | None = None):
+    """A ``rich.table.Table``: budget, limit, measured, margin, pass/fail (one row per budget)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=title, caption=f"percentiles: {PERCENTILE_METHOD}")
+    table.add_column("budget")
+    table.add_column("limit", justify="right")
+    table.add_column("measured", justify="right")
+    table.add_column("margin", justify="right")
+    table.add_column("result")
+    for r in results:
+        op = "≤" if r.kind == "max" else "≥"
+        measured = "–" if r.measured is None else f"{r.measured:.2f} {r.unit}"
+        result = "[green]PASS[/green]" if r.passed else "[red]FAIL[/red]"
+        if r.measured is None:
+            result += f" ({escape(r.reason)})"
+        limit = f"{op} {r.limit:g} {r.unit}"
+        table.add_row(r.label, limit, measured, _fmt_margin(r.margin), result)
+    return table
+
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "PLOT_FILES",
+    "ReportPaths",
+    "ScenarioReport",
+    "atomic_write_bytes",
+    "build_report",
+    "correctness_status",
+    "load_report",
+    "render_markdown",
+    "render_rich_table",
+    "validate_dir",
+    "write_report",
+]

