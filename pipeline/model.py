@@ -76,7 +76,9 @@ class Int4Linear(nn.Module):
         self.register_buffer("b_packed", torch.from_numpy(np.ascontiguousarray(packed)))
         self.register_buffer("scales", torch.from_numpy(np.ascontiguousarray(scales, np.float32)))
         zp = np.ascontiguousarray(zero_points)
-        self.register_buffer("zero_points", torch.from_numpy(zp if zp.dtype == np.uint8 else zp.astype(np.float32)))
+        if zp.dtype == np.uint8:  # packed 4-bit -> float (one export signature; exact for integers)
+            zp = np.stack([zp & 0x0F, zp >> 4], axis=-1).reshape(N, -1)[:, : K // group_size]
+        self.register_buffer("zero_points", torch.from_numpy(zp.astype(np.float32)))
         self.bias = None if bias is None else nn.Parameter(torch.from_numpy(np.ascontiguousarray(bias, np.float32)), requires_grad=False)
         self.K, self.N, self.group_size = K, N, group_size
 

@@ -123,36 +123,9 @@ def _int4_gemm_fake(a, b_packed, scales, zero_points, K, N, group_size):
 
 def onnx_translation_table() -> dict:
     """``custom_translation_table`` for ``torch.onnx.export``: each op -> one ``trtpipe`` node."""
-    import onnxscript
-    from onnxscript import FLOAT, INT64, UINT8
-
-    op = onnxscript.values.Opset(OP_DOMAIN, OP_VERSION)
-
-    @onnxscript.script(opset=op)
-    def paged_attention_onnx(
-        query: FLOAT, key: FLOAT, value: FLOAT, key_cache: FLOAT, value_cache: FLOAT,
-        slot_mapping: INT64, block_tables: INT64, context_lens: INT64, query_start_loc: INT64,
-        num_heads: int, num_kv_heads: int, head_size: int, scale: float, block_size: int,
-        sliding_window: int,
-    ) -> tuple[FLOAT, FLOAT, FLOAT]:
-        o, kc, vc = op.PagedAttention(
-            query, key, value, key_cache, value_cache, slot_mapping, block_tables, context_lens,
-            query_start_loc, num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size,
-            scale=scale, block_size=block_size, sliding_window=sliding_window,
-        )
-        return o, kc, vc
-
-    @onnxscript.script(opset=op)
-    def int4_gemm_onnx(a: FLOAT, b_packed: UINT8, scales: FLOAT, zero_points: FLOAT, K: int, N: int,
-                       group_size: int) -> FLOAT:
-        return op.Int4Gemm(a, b_packed, scales, zero_points, K=K, N=N, group_size=group_size, bits=4)
-
-    @onnxscript.script(opset=op)
-    def int4_gemm_u8zp_onnx(a: FLOAT, b_packed: UINT8, scales: FLOAT, zero_points: UINT8, K: int,
-                            N: int, group_size: int) -> FLOAT:
-        return op.Int4Gemm(a, b_packed, scales, zero_points, K=K, N=N, group_size=group_size, bits=4)
+    from trtpipe.plugins import onnx_script_ops as f
 
     return {
-        torch.ops.trtpipe.paged_attention.default: paged_attention_onnx,
-        torch.ops.trtpipe.int4_gemm.default: [int4_gemm_onnx, int4_gemm_u8zp_onnx],
+        torch.ops.trtpipe.paged_attention.default: f.paged_attention_onnx,
+        torch.ops.trtpipe.int4_gemm.default: f.int4_gemm_onnx,
     }

@@ -1,0 +1,145 @@
+"""Export the reference model to the two ONNX graphs, prefill and decode (docs/graphs.md).
+
+``torch.onnx.export(dynamo=True)`` with ``custom_translation_table`` turns each
+``trtpipe::paged_attention`` / ``trtpipe::int4_gemm`` call into one ``trtpipe`` node
+(TOOLCHAIN.md). Dynamic axes: ``T`` (tokens), ``S`` (sequences), ``MB`` (max blocks per
+sequence), ``NB`` (pool blocks). Weights go to external data next to each graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+import torch
+from torch import nn
+
+from trtpipe.pipeline.model import LlamaReference
+from trtpipe.plugins.torch_ops import onnx_translation_table
+
+PREFILL_INPUTS = ["input_ids", "positions", "slot_mapping", "block_tables", "context_lens",
+                  "query_start_loc", "last_token_indices"]
+DECODE_INPUTS = ["input_ids", "positions", "slot_mapping", "block_tables", "context_lens"]
+ONNX_OPSET = 21
+IR_VERSION = 10  # what this ONNX Runtime accepts (TOOLCHAIN.md)
+
+
+def kv_names(num_layers: int) -> tuple[list[str], list[str]]:
+    """Graph input and output names of the per-layer pool: past_key.i/past_value.i and present_*."""
+    past, present = [], []
+    for i in range(num_layers):
+        past += [f"past_key.{i}", f"past_value.{i}"]
+        present += [f"present_key.{i}", f"present_value.{i}"]
+    return past, present
+
+
+class _Prefill(nn.Module):
+    def __init__(self, ref: LlamaReference):
+        super().__init__()
+        self.ref = ref
+
+    def forward(self, input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc,
+                last_token_indices, *kv):
+        logits, caches = self.ref.forward_paged(input_ids, positions, slot_mapping, block_tables, context_lens,
+                                                query_start_loc, last_token_indices, list(kv))
+        return (logits, *caches)
+
+
+class _Decode(nn.Module):
+    def __init__(self, ref: LlamaReference):
+        super().__init__()
+        self.ref = ref
+
+    def forward(self, input_ids, positions, slot_mapping, block_tables, context_lens, *kv):
+        S = input_ids.shape[0]
+        qsl = torch.arange(S + 1, dtype=torch.int64)
+        last = torch.arange(S, dtype=torch.int64)
+        logits, caches = self.ref.forward_paged(input_ids, positions, slot_mapping, block_tables, context_lens,
+                                                qsl, last, list(kv))
+        return (logits, *caches)
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    path: Path
+    seconds: float
+    graph_bytes: int
+    data_bytes: int
+
+
+def _dummy(ref: LlamaReference, phase: str, block_size: int):
+    c = ref.config
+    NB, MB = 8, 3
+    kv = []
+    for i in range(c.num_layers):
+        shape = (NB, block_size, c.layer_num_kv_heads[i], c.head_dim)
+        kv += [torch.zeros(shape), torch.zeros(shape)]
+    i64 = lambda x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
+    bt = i64([[1, 2, 0], [3, 0, 0]])
+    if phase == "prefill":
+        args = (i64([1, 2, 3, 4, 5]), i64([0, 1, 2, 0, 1]), i64([block_size, block_size + 1, block_size + 2, 3 * block_size, 3 * block_size + 1]),
+                bt, i64([3, 2]), i64([0, 3, 5]), i64([2, 4]))
+    else:
+        args = (i64([1, 2]), i64([3, 2]), i64([block_size + 3, 3 * block_size + 2]), bt, i64([4, 3]))
+    return args, kv
+
+
+def export_phase(ref: LlamaReference, phase: str, out_path: Path, block_size: int) -> ExportResult:
+    """Export one phase ("prefill" or "decode") to ``out_path`` (+ ``out_path.data``).
+
+    The write is atomic: the graph is written under a temporary name in the same folder and
+    renamed at the end, so a failed export leaves any previous file intact.
+    """
+    t0 = time.perf_counter()
+    c = ref.config
+    args, kv = _dummy(ref, phase, block_size)
+    past, present = kv_names(c.num_layers)
+    T = torch.export.Dim("num_tokens", min=1, max=1 << 16)
+    S = torch.export.Dim("num_seqs", min=1, max=1024)
+    MB = torch.export.Dim("max_blocks", min=1, max=1 << 14)
+    NB = torch.export.Dim("num_blocks", min=2, max=1 << 22)
+    kv_ds = tuple({0: NB} for _ in kv)
+    if phase == "prefill":
+        module = _Prefill(ref)
+        names = PREFILL_INPUTS
+        ds = ({0: T}, {0: T}, {0: T}, {0: S, 1: MB}, {0: S}, {0: S + 1}, {0: S}, kv_ds)
+    elif phase == "decode":
+        module = _Decode(ref)
+        names = DECODE_INPUTS
+        ds = ({0: S}, {0: S}, {0: S}, {0: S, 1: MB}, {0: S}, kv_ds)
+    else:
+        raise ValueError(f"phase must be 'prefill' or 'decode', got {phase!r}")
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(f".{out_path.stem}.tmp{os.getpid()}.onnx")
+    quiet = io.StringIO()
+    with warnings.catch_warnings(), contextlib.redirect_stdout(quiet), torch.no_grad():
+        warnings.simplefilter("ignore")
+        logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+        prog = torch.onnx.export(
+            module.eval(), (*args, *kv), dynamic_shapes=ds, dynamo=True, opset_version=ONNX_OPSET,
+            input_names=names + past, output_names=["logits"] + present,
+            custom_translation_table=onnx_translation_table(), optimize=True, verify=False,
+        )
+    model = prog.model_proto
+    model.ir_version = IR_VERSION
+    model.graph.name = f"{c.name or c.architecture}-{phase}"
+    data_name = out_path.name + ".data"
+    onnx.save_model(model, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=data_name.replace(out_path.name, tmp.name), size_threshold=1024)
+    # rename data then graph (graph last: its presence means a complete export)
+    tmp_data = tmp.with_name(tmp.name + ".data")
+    model = onnx.load(str(tmp), load_external_data=True)
+    onnx.save_model(model, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=data_name, size_threshold=1024)
+    tmp_data.unlink(missing_ok=True)
+    os.replace(tmp, out_path)
+    return ExportResult(out_path, time.perf_counter() - t0, out_path.stat().st_size,
+                        (out_path.parent / data_name).stat().st_size)

