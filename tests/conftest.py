@@ -48,7 +48,7 @@ def smollm2(gguf_path):
     """Our loader's view of the real model (weights + tokenizer)."""
     from trtpipe.pipeline.gguf_loader import load_gguf
 
-    return load_gguf(gguf_path, with_tokenizer=False)
+    return load_gguf(gguf_path)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,276 @@
+"""Packing of blockwise INT4 (and 8-bit) weights for ``trtpipe::Int4Gemm`` / ``com.microsoft::MatMulNBits``.
+
+Pure NumPy. Three jobs:
+
+1. Pack/unpack 4-bit codes in the MatMulNBits layout (the contract of ``trtpipe::Int4Gemm``)::
+
+       W [N, K]  --blocks of G along K-->  B [N, K/G, G/2] uint8
+       byte i of a block = code[2i] | code[2i+1] << 4        (low nibble = even element)
+       uint8 zero points [N, K/G] -> [N, ceil(K/G/2)]: block 2b low nibble, 2b+1 high nibble
+
+2. Round-to-nearest (RTN) blockwise quantization of float weights (:func:`quantize_rtn`).
+
+3. Repack GGUF/ggml blocks (as ``gguf.GGUFReader`` exposes them: ``tensor.data`` is uint8
+   ``[N, K/32 * block_bytes]``, one row per output feature) without a float round trip. ggml
+   block layouts (``ggml-common.h``, block of 32 elements):
+
+       Q4_0  (18 B): fp16 d | 16 B qs        w = d * (q - 8)
+       Q4_1  (20 B): fp16 d | fp16 m | 16 B qs   w = d * q + m
+       Q8_0  (34 B): fp16 d | 32 x int8 qs   w = d * q
+       4-bit element j of a block: j < 16 -> qs[j] & 0xF ; j >= 16 -> qs[j - 16] >> 4
+
+   Note ggml's nibble order (first half of the block in the low nibbles) differs from
+   MatMulNBits (neighbouring pairs), so the codes are reordered, never re-quantized.
+
+Errors are :class:`~trtpipe.plugins.errors.OpError` with the field, value, expectation and fix.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trtpipe.plugins.errors import OpError
+from trtpipe.plugins.reference import _check_group_size, unpack_int4_codes, unpack_zero_points_uint8
+
+__all__ = [
+    "pack_int4",
+    "unpack_int4",
+    "pack_zero_points_uint8",
+    "unpack_zero_points_uint8",
+    "quantize_rtn",
+    "GGUF_BLOCK",
+    "GGUF_BLOCK_BYTES",
+    "unpack_gguf_q4_codes",
+    "repack_gguf_q4_0",
+    "repack_gguf_q4_1",
+    "repack_gguf_q4_1_exact",
+    "dequantize_gguf_q8_0",
+    "repack_gguf_q8_0_as_uint8",
+]
+
+GGUF_BLOCK = 32  # elements per ggml Q4_0 / Q4_1 / Q8_0 block
+GGUF_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+
+
+# --------------------------------------------------------------------------------------------
+# MatMulNBits packing
+# --------------------------------------------------------------------------------------------
+
+
+def pack_int4(codes: np.ndarray, group_size: int) -> np.ndarray:
+    """Pack codes ``[N, K]`` (integers 0..15) into ``[N, K/G, G/2]`` uint8, MatMulNBits order.
+
+    Byte i of each block holds code 2i in the low nibble and code 2i+1 in the high nibble.
+
+    Raises:
+        OpError: not 2-D, codes outside 0..15, K % G != 0, G not a power of two >= 16.
+    """
+    c = np.asarray(codes)
+    if c.ndim != 2:
+        raise OpError(f"codes: shape {c.shape}, expected [N, K]")
+    if c.dtype.kind not in "iu":
+        raise OpError(f"codes: dtype {c.dtype}, expected an integer dtype with values 0..15")
+    if c.size and (c.min() < 0 or c.max() > 15):
+        raise OpError(f"codes: values in [{c.min()}, {c.max()}], expected 0..15 (4-bit)")
+    N, K = c.shape
+    _check_group_size(K, group_size)
+    G = int(group_size)
+    pairs = c.astype(np.uint8).reshape(N, K // G, G // 2, 2)
+    return (pairs[..., 0] | (pairs[..., 1] << 4)).astype(np.uint8)
+
+
+def unpack_int4(packed: np.ndarray, K: int, group_size: int) -> np.ndarray:
+    """Inverse of :func:`pack_int4`: ``[N, K/G, G/2]`` uint8 -> codes ``[N, K]`` uint8 0..15."""
+    p = np.asarray(packed)
+    if p.ndim != 3:
+        raise OpError(f"packed: shape {p.shape}, expected [N, K/G, G/2]")
+    return unpack_int4_codes(p, int(K), p.shape[0], int(group_size))
+
+
+def pack_zero_points_uint8(zero_points: np.ndarray) -> np.ndarray:
+    """Pack zero points ``[N, K/G]`` (0..15) to ``[N, ceil(K/G/2)]`` uint8 (MatMulNBits).
+
+    Block 2b is the low nibble and block 2b+1 the high nibble of byte b, per row n. With an odd
+    number of blocks the unused high nibble of the last byte is 0 (never read).
+    """
+    z = np.asarray(zero_points)
+    if z.ndim != 2:
+        raise OpError(f"zero_points: shape {z.shape}, expected [N, K/G]")
+    if z.dtype.kind not in "iu":
+        raise OpError(f"zero_points: dtype {z.dtype}, expected an integer dtype with values 0..15")
+    if z.size and (z.min() < 0 or z.max() > 15):
+        raise OpError(f"zero_points: values in [{z.min()}, {z.max()}], expected 0..15 (4-bit)")
+    N, nb = z.shape
+    padded = np.zeros((N, nb + (nb % 2)), dtype=np.uint8)
+    padded[:, :nb] = z
+    return (padded[:, 0::2] | (padded[:, 1::2] << 4)).astype(np.uint8)
+
+
+# --------------------------------------------------------------------------------------------
+# RTN quantization
+# --------------------------------------------------------------------------------------------
+
+
+def quantize_rtn(
+    w: np.ndarray, group_size: int, symmetric: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Round-to-nearest blockwise 4-bit quantization of ``w [N, K]`` (float) along K.
+
+    Conventions (chosen so that every element satisfies ``|w - deq| <= scale/2``, up to float
+    rounding, with no clipping):
+
+    - symmetric: ``scale = absmax/7``, implied zero point 8, ``q = round(w/scale) + 8`` in 1..15
+      (code 0 is unused; ORT's quantizer uses ``scale = max/-8`` instead, one more level but up
+      to a full ``scale`` of clipping error on the opposite side).
+    - asymmetric (ORT ``MlasQuantizeBlockwise`` convention): the block range is widened to
+      include 0, ``lo = min(min, 0)``, ``hi = max(max, 0)``, ``scale = (hi - lo)/15``,
+      ``zp = clip(round(-lo/scale), 0, 15)``, ``q = clip(round(w/scale) + zp, 0, 15)``.
+
+    An all-zero block gets scale 0 (and zp 8 / 0): it dequantizes to exactly 0.
+    Rounding is NumPy's round-half-to-even.
+
+    Returns:
+        ``(packed [N, K/G, G/2] uint8, scales [N, K/G] float32, zero_points)`` where
+        zero_points is None (symmetric) or packed uint8 ``[N, ceil(K/G/2)]``.
+
+    Raises:
+        OpError: w not 2-D float, K % G != 0 (names K, G and group sizes that divide K),
+            G not a power of two >= 16, non-finite weights.
+    """
+    x = np.asarray(w)
+    if x.ndim != 2 or x.dtype.kind != "f":
+        raise OpError(f"w: shape {x.shape} dtype {x.dtype}, expected a 2-D float array [N, K]")
+    N, K = x.shape
+    _check_group_size(K, group_size)
+    G = int(group_size)
+    if not np.all(np.isfinite(x)):
+        raise OpError("w: contains NaN or Inf; cannot quantize")
+    blocks = x.astype(np.float32).reshape(N, K // G, G)
+    if symmetric:
+        scales = (np.abs(blocks).max(axis=-1) / np.float32(7)).astype(np.float32)
+        zp = np.full(scales.shape, 8, dtype=np.int32)
+    else:
+        lo = np.minimum(blocks.min(axis=-1), 0)
+        hi = np.maximum(blocks.max(axis=-1), 0)
+        scales = ((hi - lo) / np.float32(15)).astype(np.float32)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            zp_f = np.where(scales > 0, -lo / scales, 0)
+        zp = np.clip(np.round(zp_f), 0, 15).astype(np.int32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.where(scales > 0, 1 / scales, 0).astype(np.float32)
+    q = np.clip(np.round(blocks * inv[..., None]) + zp[..., None], 0, 15).astype(np.uint8)
+    packed = pack_int4(q.reshape(N, K), G)
+    zero_points = None if symmetric else pack_zero_points_uint8(zp.astype(np.uint8))
+    return packed, scales, zero_points
+
+
+# --------------------------------------------------------------------------------------------
+# GGUF / ggml repacking
+# --------------------------------------------------------------------------------------------
+
+
+def _gguf_blocks(raw: np.ndarray, N: int, K: int, kind: str) -> np.ndarray:
+    """View raw GGUF bytes as ``[N, K/32, block_bytes]`` after checking sizes."""
+    N, K = int(N), int(K)
+    if K % GGUF_BLOCK:
+        raise OpError(f"K={K}: GGUF {kind} rows must be a multiple of {GGUF_BLOCK} elements")
+    r = np.asarray(raw)
+    if r.dtype != np.uint8:
+        raise OpError(f"raw: dtype {r.dtype}, expected the uint8 bytes of GGUFReader tensor.data")
+    nbytes = GGUF_BLOCK_BYTES[kind]
+    expected = N * (K // GGUF_BLOCK) * nbytes
+    if r.size != expected:
+        raise OpError(
+            f"raw: {r.size} bytes (shape {r.shape}), expected N*K/32*{nbytes} = {expected} for a "
+            f"{kind} tensor with N={N}, K={K}; check N (rows, out features) and K (row length)"
+        )
+    return np.ascontiguousarray(r).reshape(N, K // GGUF_BLOCK, nbytes)
+
+
+def _fp16_field(blocks: np.ndarray, offset: int) -> np.ndarray:
+    """fp16 little-endian field at ``offset`` of each block -> float32 ``[N, K/32]``."""
+    b = np.ascontiguousarray(blocks[..., offset:offset + 2])
+    return b.view("<f2")[..., 0].astype(np.float32)
+
+
+def unpack_gguf_q4_codes(qs: np.ndarray) -> np.ndarray:
+    """ggml 4-bit ``qs [..., 16]`` -> codes ``[..., 32]`` uint8 (j<16: low nibbles; j>=16: high)."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.uint8)
+
+
+def _q4_codes_packed(blocks: np.ndarray, qs_offset: int) -> np.ndarray:
+    N, nb, _ = blocks.shape
+    codes = unpack_gguf_q4_codes(blocks[..., qs_offset:qs_offset + 16])  # [N, nb, 32]
+    return pack_int4(codes.reshape(N, nb * GGUF_BLOCK), GGUF_BLOCK)
+
+
+def repack_gguf_q4_0(raw: np.ndarray, N: int, K: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Repack a GGUF Q4_0 tensor for ``Int4Gemm`` / MatMulNBits (group size 32).
+
+    Exact: ``(q - 8) * d`` in float32 is what ``gguf.quants.dequantize`` computes.
+
+    Args:
+        raw: uint8, ``N*K/32*18`` bytes (``GGUFReader`` ``tensor.data``, shape ``[N, K/32*18]``).
+        N: rows (output features); K: row length (input features), a multiple of 32.
+
+    Returns:
+        ``(packed [N, K/32, 16] uint8, scales [N, K/32] float32 = d,
+        zero_points [N, ceil(K/64)] uint8 packed, every nibble 8)``.
+    """
+    blocks = _gguf_blocks(raw, N, K, "Q4_0")
+    scales = _fp16_field(blocks, 0)
+    packed = _q4_codes_packed(blocks, 2)
+    zp = pack_zero_points_uint8(np.full(scales.shape, 8, dtype=np.uint8))
+    return packed, scales, zp
+
+
+def repack_gguf_q4_1_exact(raw: np.ndarray, N: int, K: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Split a GGUF Q4_1 tensor into ``(packed codes [N, K/32, 16], d [N, K/32], m [N, K/32])``.
+
+    ``float32(q) * d + m`` (two float32 roundings, no FMA) reproduces ``gguf.quants.dequantize``
+    bit for bit. d and m are the fp16 fields widened to float32.
+    """
+    blocks = _gguf_blocks(raw, N, K, "Q4_1")
+    return _q4_codes_packed(blocks, 4), _fp16_field(blocks, 0), _fp16_field(blocks, 2)
+
+
+def repack_gguf_q4_1(raw: np.ndarray, N: int, K: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Repack a GGUF Q4_1 tensor for ``Int4Gemm`` with float zero points (``w = (q - zp)*scale``).
+
+    ``scale = d``, ``zp = -m/d`` (float32), so ``(q - zp)*d = q*d + m`` up to float32 rounding
+    (measured max error ~1e-7 of the block's magnitude, see tests). A block with ``d == 0`` is
+    constant ``m``; ``zp`` would be infinite, so it becomes codes 0, ``scale = m``, ``zp = -1``:
+    ``(0 - (-1)) * m = m`` exactly (m = 0 included).
+
+    Returns:
+        ``(packed [N, K/32, 16] uint8, scales [N, K/32] float32, zero_points [N, K/32] float32)``.
+    """
+    packed, d, m = repack_gguf_q4_1_exact(raw, N, K)
+    degenerate = d == 0
+    scales = np.where(degenerate, m, d).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        zp = np.where(degenerate, np.float32(-1), -m / np.where(degenerate, 1, d)).astype(np.float32)
+    if degenerate.any():
+        mask = np.repeat(degenerate[..., None], GGUF_BLOCK // 2, axis=-1)
+        packed = np.where(mask, np.uint8(0), packed)
+    return packed, scales, zp
+
+
+def dequantize_gguf_q8_0(raw: np.ndarray, N: int, K: int) -> np.ndarray:
+    """Dequantize a GGUF Q8_0 tensor to float32 ``[N, K]`` (``q * d``, bit-exact with gguf)."""
+    blocks = _gguf_blocks(raw, N, K, "Q8_0")
+    d = _fp16_field(blocks, 0)
+    q = np.ascontiguousarray(blocks[..., 2:]).view(np.int8).astype(np.float32)
+    return (q * d[..., None]).reshape(int(N), int(K))
+
+
+def repack_gguf_q8_0_as_uint8(raw: np.ndarray, N: int, K: int) -> tuple[np.ndarray, np.ndarray]:
+    """Repack GGUF Q8_0 for an 8-bit MatMulNBits (bits=8, block_size=32, default zero point 128).
+
+    Returns ``(codes [N, K/32, 32] uint8 = q + 128, scales [N, K/32] float32 = d)``;
+    ``(codes - 128) * d`` is exact.
+    """
+    blocks = _gguf_blocks(raw, N, K, "Q8_0")
+    d = _fp16_field(blocks, 0)
+    q = np.ascontiguousarray(blocks[..., 2:]).view(np.int8).astype(np.int16)
+    return (q + 128).astype(np.uint8), d

@@ -1,0 +1,390 @@
+"""Continuous batching with chunked prefill and recompute preemption.
+
+Follows vLLM v1 ``Scheduler`` (``vllm/v1/core/sched/scheduler.py``): one token budget per step,
+running requests first, then waiting ones in arrival order (FCFS); "does not fit" from the
+:class:`KVCacheManager` leads to preempting the newest running request (its blocks are freed at
+once and it is recomputed later) or to queueing.
+
+One step (``schedule`` -> engines -> ``update``)::
+
+    budget = max_num_tokens
+    running, oldest first:  decoding  -> 1 token (ScheduledDecode)         budget -= 1
+                            prefilling -> next chunk (ScheduledPrefill)     budget -= chunk
+                            (chunks leave one token of budget for every decode behind them)
+                            no KV block?  preempt the newest running request, retry;
+                                          if that is the request itself, it waits
+    waiting, FCFS, only if nobody was preempted this step:
+                            while budget and running < max_batch_size and the chunk fits:
+                                admit, prefill the first chunk
+
+Every running request in its decode phase is in ``decodes`` every step, so sequences at
+different decode steps share one decode batch. A prompt longer than the budget is prefilled in
+chunks over several steps (``start_position`` > 0); the token sampled after the last chunk is
+the first output token.
+
+Never deadlock: a request whose KV could never fit the whole pool (or whose prompt exceeds
+``max_seq_len``) is finished at ``add_request`` with ``FINISHED_ERROR`` and a message; every other
+request fits alone, and the oldest running request can always preempt all newer ones, so every
+step with work schedules something.
+
+Records are frozen and contain plain ints/tuples only (see ``docs/contracts.md``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from trtpipe.runtime.errors import RequestError, TrtpipeError
+from trtpipe.runtime.kv_manager import KVCacheManager
+from trtpipe.runtime.request import Request, RequestStatus
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledPrefill:
+    """A chunk of one sequence's prompt for the prefill engine."""
+
+    request_id: str
+    token_ids: tuple[int, ...]  # [n] int token ids of the chunk
+    start_position: int  # position of token_ids[0]; > 0 for a later chunk
+    block_table: tuple[int, ...]  # [num_logical_blocks] physical block ids, 0 = null block
+    slot_mapping: tuple[int, ...]  # [n] pool slot of each chunk token
+    is_last_chunk: bool  # the logits of the last token are sampled only for the last chunk
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def context_len(self) -> int:
+        """Tokens of the sequence in the pool after this step (chunk included)."""
+        return self.start_position + len(self.token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledDecode:
+    """One token of one running sequence for the decode engine."""
+
+    request_id: str
+    token_id: int  # the last sampled token, whose KV is written now
+    position: int  # its position
+    block_table: tuple[int, ...]  # [num_logical_blocks] physical block ids, 0 = null block
+    slot: int  # pool slot where its K/V are written
+
+    @property
+    def context_len(self) -> int:
+        return self.position + 1
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStep:
+    """What the engines run this step. ``preempted``: request ids whose KV was freed this step."""
+
+    prefills: tuple[ScheduledPrefill, ...]
+    decodes: tuple[ScheduledDecode, ...]
+    preempted: tuple[str, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(p.num_tokens for p in self.prefills) + len(self.decodes)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.prefills and not self.decodes
+
+
+class Scheduler:
+    """Decides, every step, which tokens the prefill and decode engines compute.
+
+    Args:
+        kv_manager: owns the block tables (its pool is ``kv_manager.block_pool``).
+        max_num_tokens: token budget per step (decode tokens + prefill chunk tokens).
+        max_batch_size: most running sequences (the decode engine's batch limit).
+        max_seq_len: most tokens (prompt + output) per sequence.
+        eos_token_ids: token ids that end a request unless ``ignore_eos``.
+
+    Raises :class:`TrtpipeError` for limits that cannot work (e.g. a budget smaller than the
+    batch, which could not give every running sequence its decode token).
+    """
+
+    def __init__(
+        self,
+        kv_manager: KVCacheManager,
+        max_num_tokens: int,
+        max_batch_size: int,
+        max_seq_len: int,
+        eos_token_ids: Iterable[int] = (),
+    ) -> None:
+        for name, value in (
+            ("max_num_tokens", max_num_tokens),
+            ("max_batch_size", max_batch_size),
+            ("max_seq_len", max_seq_len),
+        ):
+            if not isinstance(value, int) or value < 1:
+                raise TrtpipeError(f"{name} = {value!r}: expected an int >= 1; fix: set it in the recipe")
+        if max_num_tokens < max_batch_size:
+            raise TrtpipeError(
+                f"max_num_tokens = {max_num_tokens} < max_batch_size = {max_batch_size}: every "
+                "running sequence needs one token of the step budget for its decode; fix: raise "
+                "max_num_tokens to at least max_batch_size"
+            )
+        self.kv_manager = kv_manager
+        self.max_num_tokens = max_num_tokens
+        self.max_batch_size = max_batch_size
+        self.max_seq_len = max_seq_len
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self._requests: dict[str, Request] = {}  # unfinished requests by id
+        self._waiting: deque[Request] = deque()  # WAITING and PREEMPTED, admission order
+        self._running: list[Request] = []  # RUNNING, oldest admission first
+        self._unreported: list[Request] = []  # finished outside a step, reported by update()
+        self._step_in_flight = False
+
+    # -- queries -----------------------------------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def kv_blocks_used(self) -> int:
+        return self.kv_manager.block_pool.num_used
+
+    def has_unfinished(self) -> bool:
+        """True while some request is waiting, running, or finished but not yet reported."""
+        return bool(self._requests) or bool(self._unreported)
+
+    def get_request(self, request_id: str) -> Request | None:
+        """The unfinished request with this id, or None."""
+        return self._requests.get(request_id)
+
+    # -- requests in and out -----------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        """Queue a new request (FCFS).
+
+        Raises :class:`RequestError` for an invalid request (bad sampling parameters, empty
+        prompt, id already in use). A request that can never run (prompt longer than
+        ``max_seq_len``, or more KV than the whole pool) is finished at once with
+        ``FINISHED_ERROR`` and ``error_message``, and reported by the next ``update()``.
+        """
+        request.sampling_params.validate()
+        if not request.prompt_token_ids:
+            raise RequestError(
+                f"request {request.request_id!r}: prompt_token_ids = (): expected at least one "
+                "token; fix: send a non-empty prompt (or a BOS token)"
+            )
+        if request.request_id in self._requests:
+            raise RequestError(
+                f"request_id = {request.request_id!r}: already in use by an unfinished request; "
+                "fix: give every request a unique id"
+            )
+        if request.status is not RequestStatus.WAITING or request.output_token_ids:
+            raise RequestError(
+                f"request {request.request_id!r}: status = {request.status.value}: expected a "
+                "new WAITING request without outputs; fix: create a new Request"
+            )
+        reason = self._never_fits(request)
+        if reason is not None:
+            request.finish(RequestStatus.FINISHED_ERROR, reason)
+            self._unreported.append(request)
+            return
+        self._requests[request.request_id] = request
+        self._waiting.append(request)
+
+    def finish_request(
+        self, request_id: str, status: RequestStatus, error_message: str | None = None
+    ) -> Request | None:
+        """Finish an unfinished request now and free its KV blocks at once.
+
+        For the layer above: stop strings (``FINISHED_STOPPED``), cancellation and client
+        disconnect (``FINISHED_ABORTED``), engine errors (``FINISHED_ERROR``). Allowed between
+        ``schedule`` and ``update`` (``update`` then ignores the request). Returns the request,
+        or None when the id is unknown or already finished (races with a normal finish are fine).
+        """
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            return None
+        if request.status is RequestStatus.RUNNING:
+            self._running.remove(request)
+        else:
+            self._waiting.remove(request)
+        self.kv_manager.free(request_id)
+        request.finish(status, error_message)
+        return request
+
+    def abort(self, request_id: str) -> Request | None:
+        """Cancel a request (client gone, user abort): ``FINISHED_ABORTED``, blocks freed now."""
+        return self.finish_request(request_id, RequestStatus.FINISHED_ABORTED)
+
+    # -- the step ----------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerStep:
+        """Pick this step's decodes and prefill chunks; allocate their slots. Pair with ``update``."""
+        assert not self._step_in_flight, "schedule() called twice without update()"
+        self._step_in_flight = True
+        kv = self.kv_manager
+        budget = self.max_num_tokens
+        prefills: list[ScheduledPrefill] = []
+        decodes: list[ScheduledDecode] = []
+        preempted: list[str] = []
+
+        i = 0
+        while i < len(self._running):  # preemption pops from the tail, so re-check the length
+            request = self._running[i]
+            if request.is_prefilling:
+                # Leave one token for every decode behind us, so decodes are never starved. (With
+                # FCFS admission only the newest request can be mid-prefill; this is a guard.)
+                reserved = sum(1 for r in self._running[i + 1 :] if not r.is_prefilling)
+                num_new = min(request.num_prefill_tokens - request.num_computed_tokens, budget - reserved)
+                if num_new <= 0:
+                    i += 1
+                    continue
+            else:
+                num_new = 1
+            if not self._allocate_or_preempt(request, num_new, preempted):
+                break  # it preempted itself: it was the newest, nothing is behind it
+            budget -= num_new
+            if request.is_prefilling:
+                prefills.append(self._prefill_record(request, num_new))
+            else:
+                decodes.append(self._decode_record(request))
+            i += 1
+
+        # Admitting while preempting would just swap requests in and out (vLLM does the same).
+        while not preempted and self._waiting and budget > 0 and len(self._running) < self.max_batch_size:
+            request = self._waiting[0]
+            num_new = min(request.num_tokens, budget)
+            if not kv.allocate_slots(request.request_id, num_new, 0):
+                break  # FCFS: nobody overtakes the head of the queue
+            self._waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = 0
+            request.num_prefill_tokens = request.num_tokens  # prompt (+ outputs after preemption)
+            self._running.append(request)
+            budget -= num_new
+            prefills.append(self._prefill_record(request, num_new))
+
+        return SchedulerStep(prefills=tuple(prefills), decodes=tuple(decodes), preempted=tuple(preempted))
+
+    def update(self, step: SchedulerStep, sampled: Mapping[str, int]) -> list[Request]:
+        """Apply the engines' results; return the requests that finished (blocks already freed).
+
+        ``sampled`` maps request id -> token id for every decode and every last prefill chunk
+        (other entries are ignored). Requests finished since ``schedule`` are skipped. Stops, in
+        order: EOS (unless ``ignore_eos``) or a stop token -> "stop"; ``max_new_tokens`` or
+        ``max_seq_len`` reached -> "length". Requests finished by ``add_request`` are included.
+        """
+        assert self._step_in_flight, "update() without schedule()"
+        self._step_in_flight = False
+        finished, self._unreported = self._unreported, []
+        for prefill in step.prefills:
+            request = self._live(prefill.request_id)
+            if request is None:
+                continue
+            request.num_computed_tokens += prefill.num_tokens
+            if prefill.is_last_chunk and self._append_token(request, sampled[prefill.request_id]):
+                finished.append(request)
+        for decode in step.decodes:
+            request = self._live(decode.request_id)
+            if request is None:
+                continue
+            request.num_computed_tokens += 1
+            if self._append_token(request, sampled[decode.request_id]):
+                finished.append(request)
+        return finished
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _live(self, request_id: str) -> Request | None:
+        request = self._requests.get(request_id)
+        return request if request is not None and request.status is RequestStatus.RUNNING else None
+
+    def _append_token(self, request: Request, token_id: int) -> bool:
+        """Append a sampled token; finish the request if it must stop. Returns True if finished."""
+        token_id = int(token_id)
+        request.output_token_ids.append(token_id)
+        params = request.sampling_params
+        if (token_id in self.eos_token_ids and not params.ignore_eos) or token_id in params.stop_token_ids:
+            status = RequestStatus.FINISHED_STOPPED
+        elif len(request.output_token_ids) >= params.max_new_tokens or request.num_tokens >= self.max_seq_len:
+            status = RequestStatus.FINISHED_LENGTH
+        else:
+            return False
+        self.finish_request(request.request_id, status)
+        return True
+
+    def _allocate_or_preempt(self, request: Request, num_new: int, preempted: list[str]) -> bool:
+        """Allocate slots, preempting the newest running requests until they fit.
+
+        Returns False when ``request`` itself was the newest and got preempted.
+        """
+        while not self.kv_manager.allocate_slots(request.request_id, num_new, request.num_computed_tokens):
+            victim = self._running.pop()
+            self._preempt(victim)
+            preempted.append(victim.request_id)
+            if victim is request:
+                return False
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        """Free all KV of a running request; it waits at the front and recomputes later."""
+        self.kv_manager.free(request.request_id)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_prefill_tokens = 0
+        request.num_preemptions += 1
+        self._waiting.appendleft(request)
+
+    def _prefill_record(self, request: Request, num_new: int) -> ScheduledPrefill:
+        start = request.num_computed_tokens
+        end = start + num_new
+        prompt = request.prompt_token_ids
+        token_ids = prompt[start:end] if end <= len(prompt) else request.all_token_ids[start:end]
+        return ScheduledPrefill(
+            request_id=request.request_id,
+            token_ids=token_ids,
+            start_position=start,
+            block_table=tuple(self.kv_manager.block_table(request.request_id)),
+            slot_mapping=tuple(self.kv_manager.slot_mapping(request.request_id, start, num_new)),
+            is_last_chunk=end == request.num_prefill_tokens,
+        )
+
+    def _decode_record(self, request: Request) -> ScheduledDecode:
+        position = request.num_computed_tokens
+        return ScheduledDecode(
+            request_id=request.request_id,
+            token_id=request.last_token_id,
+            position=position,
+            block_table=tuple(self.kv_manager.block_table(request.request_id)),
+            slot=self.kv_manager.slot_mapping(request.request_id, position, 1)[0],
+        )
+
+    def _never_fits(self, request: Request) -> str | None:
+        """Why ``request`` can never run, or None. Prevents waiting forever for the impossible."""
+        num_prompt = len(request.prompt_token_ids)
+        if num_prompt > self.max_seq_len:
+            return (
+                f"prompt has {num_prompt} tokens but max_seq_len = {self.max_seq_len}; fix: "
+                "shorten the prompt or rebuild with a larger max_seq_len"
+            )
+        # KV is written for every token but the last sampled one; generation stops at
+        # max_new_tokens outputs or max_seq_len tokens (after the first output at least).
+        max_new = request.sampling_params.max_new_tokens
+        num_kv_tokens = max(num_prompt, min(num_prompt + max_new - 1, self.max_seq_len - 1))
+        num_blocks = self.kv_manager.max_live_blocks(num_kv_tokens, self.max_num_tokens)
+        num_usable = self.kv_manager.block_pool.num_blocks - 1
+        if num_blocks > num_usable:
+            return (
+                f"request needs up to {num_blocks} KV blocks ({num_kv_tokens} tokens) but the "
+                f"pool has {num_usable}; fix: lower max_new_tokens, shorten the prompt, or give "
+                "the KV pool more blocks"
+            )
+        return None
+
+
+__all__ = ["Scheduler", "SchedulerStep", "ScheduledPrefill", "ScheduledDecode"]
