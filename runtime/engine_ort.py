@@ -1,0 +1,105 @@
+"""ONNX Runtime engines (CPU execution provider): the prefill and decode graphs over one pool.
+
+Each session gets one persistent ``IOBinding`` in which every layer's ``past_*`` input and
+``present_*`` output are bound to the *same* ``OrtValue`` (a view of the runtime's numpy pool), so
+the lowered ``ScatterND`` writes new K/V in place. Per step only the small index inputs are
+re-bound. Initializers used by both graphs are loaded once from ``weights.data`` and handed to
+both sessions (``SessionOptions.add_initializer``), so the weights are not held twice.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from trtpipe.runtime.batch import DecodeBatch, PrefillBatch
+from trtpipe.runtime.errors import ArtifactError
+from trtpipe.runtime.kv_pool import KVPool
+from trtpipe.runtime.manifest import Manifest
+
+_NP_DTYPES = {"float32": np.float32, "float16": np.float16, "uint8": np.uint8, "int64": np.int64}
+
+
+class _Session:
+    def __init__(self, ort, path: Path, so, pool: KVPool, providers: Sequence[str]):
+        try:
+            self.sess = ort.InferenceSession(str(path), so, providers=list(providers))
+        except Exception as e:  # onnxruntime raises its own exception types
+            raise ArtifactError(f"onnxruntime could not load {path}: {e}. Fix: rebuild the artifact.") from e
+        got = self.sess.get_providers()
+        if got[0] != providers[0]:
+            raise ArtifactError(f"onnxruntime picked providers {got}, asked for {list(providers)}")
+        self.binding = self.sess.io_binding()
+        self.binding.bind_output("logits")  # first: get_outputs()[0] is the logits
+        for i, (k, v) in enumerate(pool.ort_values()):
+            self.binding.bind_ortvalue_input(f"past_key.{i}", k)
+            self.binding.bind_ortvalue_output(f"present_key.{i}", k)
+            self.binding.bind_ortvalue_input(f"past_value.{i}", v)
+            self.binding.bind_ortvalue_output(f"present_value.{i}", v)
+
+    def run(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        b = self.binding
+        for name, arr in feeds.items():
+            b.bind_cpu_input(name, arr)
+        self.sess.run_with_iobinding(b)
+        return b.get_outputs()[0].numpy()
+
+
+class OrtEngine:
+    """Prefill + decode sessions over one :class:`KVPool`.
+
+    ``prefill(batch) -> logits [S, V] float32`` (last token of each sequence);
+    ``decode(batch) -> logits [S, V] float32``. Wall time of the last call is in
+    ``last_step_s``. Raises :class:`ArtifactError` if a graph cannot be loaded.
+    """
+
+    backend = "ort"
+
+    def __init__(self, manifest: Manifest, pool: KVPool, num_threads: int | None = None):
+        import onnxruntime as ort
+
+        self.manifest = manifest
+        self.pool = pool
+        so = ort.SessionOptions()
+        opts = manifest.runtime_options
+        threads = num_threads or int(opts.get("intra_op_num_threads") or 0)
+        if threads:
+            so.intra_op_num_threads = threads
+        so.log_severity_level = 3
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self._shared = self._load_shared(ort, manifest)
+        for name, ov in self._shared.items():
+            so.add_initializer(name, ov)
+        providers = ["CPUExecutionProvider"]
+        self.sessions = {ph: _Session(ort, manifest.path(g.file), so, pool, providers)
+                         for ph, g in manifest.graphs.items()}
+        self.last_step_s = 0.0
+
+    @staticmethod
+    def _load_shared(ort, manifest: Manifest) -> dict:
+        """Initializers shared by both graphs, memory-mapped from the shared data file."""
+        shared = manifest.runtime_options.get("shared_initializers") or {}
+        if not shared:
+            return {}
+        data = np.memmap(manifest.path(manifest.runtime_options["shared_data_file"]), dtype=np.uint8, mode="r")
+        out = {}
+        for name, (dtype, shape, offset, length) in shared.items():
+            arr = np.frombuffer(data, dtype=_NP_DTYPES[dtype], count=int(np.prod(shape)) if shape else 1,
+                                offset=offset).reshape(shape)
+            out[name] = ort.OrtValue.ortvalue_from_numpy(arr)
+        return out
+
+    def prefill(self, batch: PrefillBatch) -> np.ndarray:
+        t = time.perf_counter()
+        out = self.sessions["prefill"].run(batch.feeds())
+        self.last_step_s = time.perf_counter() - t
+        return out
+
+    def decode(self, batch: DecodeBatch) -> np.ndarray:
+        t = time.perf_counter()
+        out = self.sessions["decode"].run(batch.feeds())
+        self.last_step_s = time.perf_counter() - t
+        return out

@@ -1,0 +1,273 @@
+"""``LLM``: the user-facing runtime object (vLLM's ``LLM`` / ``LLMEngine`` shape, trimmed).
+
+    llm = LLM("artifacts/smollm2-135m-cpu/cpu")
+    out = llm.generate(["What is the capital of France?"], SamplingParams(max_new_tokens=32), chat=True)
+    for piece in llm.stream("Tell me a joke", chat=True): print(piece, end="")
+
+Each :meth:`step` runs the prefill engine once for the scheduled prompt chunks and the decode
+engine once for all running sequences (continuous batching), samples, updates the scheduler, and
+turns new tokens into text with an incremental detokenizer. Token ids and text are kept apart.
+Timings per request come from :mod:`trtpipe.runtime.metrics` on the monotonic clock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from trtpipe.runtime.batch import DecodeBatch, PrefillBatch
+from trtpipe.runtime.block_pool import BlockPool
+from trtpipe.runtime.chat import default_chat_messages, render_chat
+from trtpipe.runtime.detokenizer import IncrementalDetokenizer, find_stop
+from trtpipe.runtime.errors import RequestError
+from trtpipe.runtime.kv_manager import KVCacheManager
+from trtpipe.runtime.kv_pool import KVPool
+from trtpipe.runtime.manifest import Manifest, load_manifest
+from trtpipe.runtime.metrics import RequestMetrics, RequestTimer, StepStats
+from trtpipe.runtime.request import Request, RequestStatus, SamplingParams
+from trtpipe.runtime.sampler import make_generator, sample
+from trtpipe.runtime.scheduler import Scheduler
+from trtpipe.runtime.tokenizer import Tokenizer
+
+
+@dataclass
+class RequestOutput:
+    """The result of one request: ids and text kept apart, finish reason, timings."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    output_token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finished: bool = False
+    finish_reason: str | None = None
+    error_message: str | None = None
+    metrics: RequestMetrics | None = None
+
+
+@dataclass
+class _Live:
+    request: Request
+    detok: IncrementalDetokenizer
+    timer: RequestTimer
+    rng: np.random.Generator | None
+    output: RequestOutput
+    on_text: Callable[[str], None] | None = None
+    prefill_started: bool = False
+
+
+class LLM:
+    """Prefill + decode engines over one paged KV pool, with a continuous-batching scheduler.
+
+    Args:
+        artifact_dir: a built artifact (``trtpipe build``); read through its manifest only.
+        num_threads: ONNX Runtime intra-op threads (None: the artifact's setting or ORT's default).
+
+    Raises :class:`ArtifactError` for a missing/corrupted/mismatched artifact.
+    """
+
+    def __init__(self, artifact_dir: str | Path, num_threads: int | None = None,
+                 step_stats: StepStats | None = None):
+        self.manifest: Manifest = load_manifest(artifact_dir)
+        m = self.manifest
+        self.tokenizer = Tokenizer.from_file(m.path(m.tokenizer_file), bos_token_id=m.model.bos_token_id,
+                                             eos_token_id=(m.model.eos_token_ids or (None,))[0])
+        self.pool = KVPool(m.kv)
+        if m.backend.get("name") == "ort":
+            from trtpipe.runtime.engine_ort import OrtEngine
+
+            self.engine = OrtEngine(m, self.pool, num_threads=num_threads)
+        else:
+            from trtpipe.runtime.engine_trt import TrtEngine
+
+            self.engine = TrtEngine(m, self.pool)
+        self.block_pool = BlockPool(m.kv.num_blocks)
+        self.kv_manager = KVCacheManager(self.block_pool, m.kv.block_size, m.kv.sliding_window)
+        self.scheduler = Scheduler(self.kv_manager, m.limits["max_num_tokens"], m.limits["max_batch_size"],
+                                   m.limits["max_seq_len"], eos_token_ids=m.model.eos_token_ids)
+        self.step_stats = step_stats or StepStats(num_kv_blocks=m.kv.num_blocks - 1)
+        self._live: dict[str, _Live] = {}
+        self._ids = itertools.count()
+        self.engine_time_s = 0.0
+        self.steps = 0
+
+    # -- requests ----------------------------------------------------------------------------
+    def encode_prompt(self, prompt: str | bytes, chat: bool = False) -> list[int]:
+        """Token ids of a prompt (chat template from the model metadata when ``chat``)."""
+        if isinstance(prompt, bytes):
+            try:
+                prompt = prompt.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise RequestError(f"prompt is not valid UTF-8 ({e.reason} at byte {e.start}). "
+                                   "Fix: send UTF-8 text.") from None
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise RequestError(f"prompt = {prompt!r}: expected non-empty text. Fix: send a prompt.")
+        if chat:
+            tpl = self.manifest.model.chat_template
+            if not tpl:
+                raise RequestError("--chat: this model has no chat template in its metadata. Fix: drop --chat.")
+            prompt = render_chat(tpl, default_chat_messages(prompt))
+        return self.tokenizer.encode(prompt, add_special_tokens=True)
+
+    def add_request(self, prompt: str | bytes | Sequence[int], params: SamplingParams | None = None, *,
+                    chat: bool = False, request_id: str | None = None, arrival_s: float | None = None,
+                    on_text: Callable[[str], None] | None = None) -> str:
+        """Queue a request; returns its id. ``prompt`` is text or token ids.
+
+        Raises :class:`RequestError` for an empty prompt, invalid UTF-8, bad sampling parameters,
+        or a prompt longer than ``max_seq_len`` (the request is refused; nothing else is disturbed).
+        """
+        params = (params or SamplingParams()).validate()
+        ids = list(prompt) if isinstance(prompt, (list, tuple)) else self.encode_prompt(prompt, chat)
+        if not ids:
+            raise RequestError("prompt_token_ids is empty. Fix: send a non-empty prompt.")
+        max_len = self.manifest.limits["max_seq_len"]
+        if len(ids) >= max_len:
+            raise RequestError(f"prompt has {len(ids)} tokens; max_seq_len is {max_len} (prompt + output). "
+                               "Fix: shorten the prompt or build a recipe with a larger max_seq_len.")
+        rid = request_id or f"req-{next(self._ids)}"
+        arrival = time.monotonic() if arrival_s is None else arrival_s
+        req = Request(rid, tuple(ids), params, arrival_time_s=arrival)
+        self.scheduler.add_request(req)
+        out = RequestOutput(rid, tuple(ids))
+        self._live[rid] = _Live(req, IncrementalDetokenizer(self.tokenizer.backend, ids), RequestTimer(
+            rid, prompt_tokens=len(ids), arrival_s=arrival), make_generator(params), out, on_text)
+        return rid
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel a request: its KV blocks are freed at once. False if unknown or finished."""
+        req = self.scheduler.abort(request_id)
+        live = self._live.pop(request_id, None)
+        if live is not None:
+            self._finish(live, "abort")
+        return req is not None
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- the step ----------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One scheduler step: prefill chunks + one decode batch. Returns finished outputs."""
+        step = self.scheduler.schedule()
+        sampled: dict[str, int] = {}
+        now = time.monotonic
+        for rid in step.preempted:
+            live = self._live.get(rid)
+            if live is not None:
+                live.timer.on_preempted() if hasattr(live.timer, "on_preempted") else None
+        try:
+            if step.prefills:
+                for p in step.prefills:
+                    live = self._live[p.request_id]
+                    if not live.prefill_started:
+                        live.timer.on_prefill_start(now())
+                        live.prefill_started = True
+                batch = PrefillBatch.from_scheduled(step.prefills)
+                logits = self.engine.prefill(batch)
+                self.engine_time_s += self.engine.last_step_s
+                rows = [i for i, p in enumerate(step.prefills) if p.is_last_chunk]
+                if rows:
+                    rids = [step.prefills[i].request_id for i in rows]
+                    toks = self._sample(logits[rows], rids)
+                    t = now()
+                    for rid, tok in zip(rids, toks):
+                        sampled[rid] = tok
+                        self._live[rid].timer.on_prefill_end(t)
+            if step.decodes:
+                batch = DecodeBatch.from_scheduled(step.decodes)
+                logits = self.engine.decode(batch)
+                self.engine_time_s += self.engine.last_step_s
+                rids = list(batch.request_ids)
+                for rid, tok in zip(rids, self._sample(logits, rids)):
+                    sampled[rid] = tok
+        except Exception as e:  # an engine failure finishes the step's requests, frees blocks
+            for rid in {p.request_id for p in step.prefills} | {d.request_id for d in step.decodes}:
+                self.scheduler.finish_request(rid, RequestStatus.FINISHED_ERROR, str(e))
+            self.scheduler.update(step, {})
+            raise
+        finished = self.scheduler.update(step, sampled)
+        self.steps += 1
+        self.step_stats.on_step(now(), decode_batch_size=len(step.decodes),
+                                kv_blocks_used=self.block_pool.num_used)
+        t = now()
+        for rid, tok in sampled.items():
+            live = self._live.get(rid)
+            if live is None:
+                continue
+            piece = live.detok.add(tok)
+            live.output.output_token_ids.append(tok)
+            live.timer.on_tokens(t, 1, piece)
+            self._emit(live, piece)
+            stop = live.request.sampling_params.stop
+            if stop and find_stop(live.output.text, stop) is not None:
+                self.scheduler.finish_request(rid, RequestStatus.FINISHED_STOPPED)
+                finished.append(live.request)
+        done = []
+        for req in finished:
+            live = self._live.pop(req.request_id, None)
+            if live is None:
+                continue
+            self._emit(live, live.detok.flush())
+            self._finish(live, req.finish_reason or "stop", req.error_message)
+            done.append(live.output)
+        return done
+
+    def _emit(self, live: _Live, piece: str) -> None:
+        if not piece:
+            return
+        stop = live.request.sampling_params.stop
+        text = live.output.text + piece
+        if stop:
+            i = find_stop(text, stop)
+            if i is not None:
+                piece = text[i:] and piece[: max(0, len(piece) - (len(text) - i))]
+                text = text[:i]
+        live.output.text = text
+        if live.on_text and piece:
+            live.on_text(piece)
+
+    def _finish(self, live: _Live, reason: str, error: str | None = None) -> None:
+        live.timer.finish(time.monotonic(), reason)
+        live.output.finished = True
+        live.output.finish_reason = reason
+        live.output.error_message = error
+        live.output.metrics = live.timer.metrics()
+
+    def _sample(self, logits: np.ndarray, rids: list[str]) -> list[int]:
+        params = [self._live[r].request.sampling_params for r in rids]
+        gens = [self._live[r].rng for r in rids]
+        return [int(x) for x in sample(np.asarray(logits, np.float32), params, gens)]
+
+    # -- convenience -------------------------------------------------------------------------
+    def run_until_done(self) -> list[RequestOutput]:
+        outs = []
+        while self.scheduler.has_unfinished():
+            outs.extend(self.step())
+        return outs
+
+    def generate(self, prompts: Iterable[str | Sequence[int]], params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 *, chat: bool = False) -> list[RequestOutput]:
+        """Run all prompts as one continuous batch; outputs in prompt order."""
+        prompts = list(prompts)
+        plist = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        rids = [self.add_request(p, sp, chat=chat) for p, sp in zip(prompts, plist)]
+        by_id = {o.request_id: o for o in self.run_until_done()}
+        return [by_id[r] for r in rids]
+
+    def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
+               chat: bool = False) -> Iterator[str]:
+        """Yield text pieces as they are produced (UTF-8 safe); the final RequestOutput is in
+        ``self.last_output`` afterwards."""
+        pieces: list[str] = []
+        rid = self.add_request(prompt, params, chat=chat, on_text=pieces.append)
+        self.last_output = None
+        while self.scheduler.has_unfinished():
+            for out in self.step():
+                if out.request_id == rid:
+                    self.last_output = out
+            while pieces:
+                yield pieces.pop(0)
