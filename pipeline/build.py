@@ -155,9 +155,39 @@ def _write_graphs_shared(models: dict[str, "object"], out_dir: Path) -> dict:
     return shared
 
 
+def reference_greedy(ref, prompt_ids: list[int], num_tokens: int, block_size: int = 16,
+                     eos: set[int] | frozenset = frozenset()) -> tuple[list[int], list[np.ndarray]]:
+    """Greedy continuation with the torch reference through its paged path (prefill once, then
+    one decode step per token). Returns (token ids, logits per generated position [V])."""
+    import torch
+
+    c = ref.config
+    total = len(prompt_ids) + num_tokens
+    nb = -(-total // block_size) + 1
+    caches = []
+    for i in range(c.num_layers):
+        shape = (nb, block_size, c.layer_num_kv_heads[i], c.head_dim)
+        caches += [torch.zeros(shape), torch.zeros(shape)]
+    table = np.arange(1, nb, dtype=np.int64)[None, :]
+    slot = lambda p: table[0, p // block_size] * block_size + p % block_size  # noqa: E731
+    n = len(prompt_ids)
+    pos = np.arange(n)
+    logits, caches = ref.run_paged(prompt_ids, pos, slot(pos), table, [n], [0, n], [n - 1], caches)
+    out, all_logits = [], []
+    for step in range(num_tokens):
+        row = logits[0].numpy()
+        all_logits.append(row)
+        nxt = int(np.argmax(row))
+        out.append(nxt)
+        if nxt in eos or step == num_tokens - 1:
+            break
+        p = n + step
+        logits, caches = ref.run_paged([nxt], [p], [slot(p)], table, [p + 1], [0, 1], [0], caches)
+    return out, all_logits
+
+
 def _golden(ref_fp32, tokenizer_json: str, chat_template: str | None, num_tokens: int) -> dict:
     """Greedy continuations and top-5 logits from the fp32 torch reference (the teacher)."""
-    import torch
     from tokenizers import Tokenizer
 
     from trtpipe.runtime.chat import default_chat_messages, render_chat
@@ -168,24 +198,17 @@ def _golden(ref_fp32, tokenizer_json: str, chat_template: str | None, num_tokens
     for prompt in GOLDEN_PROMPTS:
         text = render_chat(chat_template, default_chat_messages(prompt)) if chat_template else prompt
         ids = tok.encode(text, add_special_tokens=True).ids
-        seq = list(ids)
-        gen, top = [], []
-        for _ in range(num_tokens):
-            with torch.no_grad():
-                logits = ref_fp32.forward_dense(torch.tensor([seq]))[0, -1].numpy()
-            k = np.argsort(-logits)[:5]
-            nxt = int(k[0])
-            gen.append(nxt)
-            top.append([[int(i), float(logits[i])] for i in k])
-            seq.append(nxt)
-            if nxt in eos:
-                break
+        gen, logits = reference_greedy(ref_fp32, ids, num_tokens, eos=eos)
+        top = []
+        for row in logits:
+            k = np.argsort(-row)[:5]
+            top.append([[int(i), float(row[i])] for i in k])
         out.append({"prompt": prompt, "prompt_ids": ids, "output_ids": gen, "top5": top})
     return {"reference": "torch fp32 (dequantized weights)", "num_tokens": num_tokens, "sequences": out}
 
 
 def build(recipe: Recipe, artifact_root: str | Path = "artifacts", *, force: bool = False,
-          log: Callable[[str], None] = print, progress=None) -> BuildResult:
+          log: Callable[[str], None] = print, golden: bool = True) -> BuildResult:
     """Build the artifact for ``recipe`` (see module docstring). GPU targets: see
     :mod:`trtpipe.pipeline.build_trt`. Raises :class:`BuildError` / :class:`RecipeError`."""
     t_start = time.perf_counter()
@@ -256,14 +279,15 @@ def build(recipe: Recipe, artifact_root: str | Path = "artifacts", *, force: boo
         shared = _write_graphs_shared(lowered, tmp)
         timings["write_s"] = time.perf_counter() - t
         (tmp / "tokenizer.json").write_text(loaded.tokenizer_json or "", encoding="utf-8")
-        t = time.perf_counter()
-        log("recording golden outputs from the torch reference ...")
-        ref32 = refs.get("fp32") or build_reference_model(loaded, "fp32", rope_table_len=recipe.max_seq_len,
-                                                          sliding_window=window)
-        golden = _golden(ref32, loaded.tokenizer_json, config.chat_template,
-                         recipe.validation.correctness.num_tokens)
-        (tmp / "golden.json").write_text(json.dumps(golden), encoding="utf-8")
-        timings["golden_s"] = time.perf_counter() - t
+        if golden:
+            t = time.perf_counter()
+            log("recording golden outputs from the torch reference ...")
+            ref32 = refs.get("fp32") or build_reference_model(loaded, "fp32", rope_table_len=recipe.max_seq_len,
+                                                              sliding_window=window)
+            gold = _golden(ref32, loaded.tokenizer_json, config.chat_template,
+                           recipe.validation.correctness.num_tokens)
+            (tmp / "golden.json").write_text(json.dumps(gold), encoding="utf-8")
+            timings["golden_s"] = time.perf_counter() - t
         import onnxruntime
 
         from trtpipe.plugins.schema import op_schema_abi_hash
@@ -297,6 +321,7 @@ def build(recipe: Recipe, artifact_root: str | Path = "artifacts", *, force: boo
                 "decode": GraphEntry("decode.onnx", recipe.precision.decode, tuple(DECODE_INPUTS + past), tuple(["logits"] + present)),
             },
             files=files,
+            golden_file="golden.json" if golden else None,
             limits={"max_seq_len": recipe.max_seq_len, "max_batch_size": recipe.max_batch_size,
                     "max_num_tokens": recipe.max_num_tokens},
             runtime_options={

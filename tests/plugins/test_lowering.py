@@ -1,0 +1,173 @@
+"""ONNX Runtime lowering and torch custom ops against the NumPy references / naive loops.
+
+Each PagedAttention case is one ``trtpipe::PagedAttention`` node, lowered by
+``lower_for_ort`` and run in ONNX Runtime with the caches bound in place (input and output on the
+same buffer), compared with a naive per-token loop over dense histories (test_reference._Batch).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from test_reference import _Batch
+from trtpipe.plugins import int4_pack
+from trtpipe.plugins import reference as R
+from trtpipe.plugins.errors import OpError
+from trtpipe.plugins.ort_lowering import lower_for_ort
+
+IDX = ["slot_mapping", "block_tables", "context_lens", "query_start_loc"]
+
+
+def _pa_model(b: _Batch) -> onnx.ModelProto:
+    f = TensorProto.FLOAT
+    ins = [helper.make_tensor_value_info(n, f, None) for n in ("query", "key", "value", "key_cache", "value_cache")]
+    ins += [helper.make_tensor_value_info(n, TensorProto.INT64, None) for n in IDX]
+    node = helper.make_node("PagedAttention", [i.name for i in ins], ["out", "key_cache_out", "value_cache_out"],
+                            domain="trtpipe", name="/model/layers.0/attn/PagedAttention",
+                            num_heads=b.H, num_kv_heads=b.KVH, head_size=b.D, scale=0.0, block_size=b.BS,
+                            sliding_window=b.W)
+    outs = [helper.make_tensor_value_info(n, f, None) for n in ("out", "key_cache_out", "value_cache_out")]
+    m = helper.make_model(helper.make_graph([node], "pa", ins, outs),
+                          opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("trtpipe", 1)])
+    m.ir_version = 10
+    return m
+
+
+def _run_lowered_in_place(b: _Batch):
+    m = lower_for_ort(_pa_model(b))
+    assert all(n.domain != "trtpipe" for n in m.graph.node)
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    kc, vc = b.key_cache.copy(), b.value_cache.copy()
+    kv, vv = ort.OrtValue.ortvalue_from_numpy(kc), ort.OrtValue.ortvalue_from_numpy(vc)
+    bind = sess.io_binding()
+    bind.bind_output("out")
+    for name, arr in zip(["query", "key", "value"] + IDX, [b.query, b.key, b.value, b.slot_mapping,
+                                                           b.block_tables, b.context_lens, b.qsl]):
+        bind.bind_cpu_input(name, arr)
+    bind.bind_ortvalue_input("key_cache", kv)
+    bind.bind_ortvalue_output("key_cache_out", kv)
+    bind.bind_ortvalue_input("value_cache", vv)
+    bind.bind_ortvalue_output("value_cache_out", vv)
+    sess.run_with_iobinding(bind)
+    return bind.get_outputs()[0].numpy(), kc, vc
+
+
+# (W, BS, chunks): the window/blocks cases that have broken other projects
+CASES = [
+    pytest.param(1, 4, [(6, 3), (0, 5)], id="window-1"),
+    pytest.param(4, 4, [(9, 4), (2, 1)], id="window-equals-block"),
+    pytest.param(6, 4, [(13, 2), (0, 7)], id="window-not-multiple-of-block"),
+    pytest.param(3, 4, [(20, 1), (17, 1)], id="decode-several-blocks-past-window"),
+    pytest.param(0, 4, [(0, 2), (21, 1), (14, 1)], id="one-block-seq-with-long-ones"),
+    pytest.param(0, 16, [(0, 37)], id="prefill-from-zero"),
+    pytest.param(5, 4, [(7, 6), (3, 0), (0, 1)], id="chunked-prefill-empty-seq-window"),
+]
+
+
+@pytest.mark.parametrize("W,BS,chunks", CASES)
+def test_ort_lowering_matches_naive_and_writes_in_place(W, BS, chunks):
+    rng = np.random.default_rng(BS * 100 + W)
+    b = _Batch(rng, H=6, KVH=2, D=8, BS=BS, NB=16, MB=8, chunks=chunks, W=W)
+    out, kc, vc = _run_lowered_in_place(b)
+    np.testing.assert_allclose(out, b.expected(), rtol=1e-5, atol=1e-5)
+    _, kc_ref, vc_ref = b.run()
+    np.testing.assert_array_equal(kc, kc_ref)  # written in place, exactly at slot_mapping
+    np.testing.assert_array_equal(vc, vc_ref)
+
+
+def test_padded_block_table_row_never_reads_other_blocks():
+    """A short sequence's padded row points at block 0; poison every block it does not own."""
+    rng = np.random.default_rng(7)
+    b = _Batch(rng, H=2, KVH=1, D=4, BS=4, NB=12, MB=5, chunks=[(0, 2), (15, 1)])
+    owned = set(b.block_tables[0, :1].tolist())
+    for blk in range(b.key_cache.shape[0]):
+        if blk not in owned and blk not in set(b.block_tables[1].tolist()):
+            b.key_cache[blk] = 1e4
+            b.value_cache[blk] = np.nan
+    out, _, _ = _run_lowered_in_place(b)
+    np.testing.assert_allclose(out, b.expected(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("W,BS,chunks", CASES[:4])
+def test_torch_op_matches_naive(W, BS, chunks):
+    torch = pytest.importorskip("torch")
+    import trtpipe.plugins.torch_ops  # noqa: F401
+
+    rng = np.random.default_rng(3)
+    b = _Batch(rng, H=6, KVH=2, D=8, BS=BS, NB=16, MB=8, chunks=chunks, W=W)
+    t = [torch.from_numpy(np.ascontiguousarray(x)) for x in b.args()]
+    out, kc, vc = torch.ops.trtpipe.paged_attention(*t, b.H, b.KVH, b.D, 0.0, b.BS, b.W)
+    np.testing.assert_allclose(out.numpy(), b.expected(), rtol=1e-5, atol=1e-5)
+    _, kc_ref, _ = b.run()
+    np.testing.assert_array_equal(kc.numpy(), kc_ref)
+
+
+# ---------------------------------------------------------------------------------------------
+# Int4Gemm
+# ---------------------------------------------------------------------------------------------
+
+def _gemm_model(K, N, G, packed, scales, zp):
+    inits = [numpy_helper.from_array(packed, "B"), numpy_helper.from_array(scales, "S")]
+    ins = ["A", "B", "S"]
+    if zp is not None:
+        inits.append(numpy_helper.from_array(zp, "Z"))
+        ins.append("Z")
+    node = helper.make_node("Int4Gemm", ins, ["Y"], domain="trtpipe", name="/model/lin/Int4Gemm",
+                            K=K, N=N, group_size=G, bits=4)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", N])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("trtpipe", 1)])
+    m.ir_version = 10
+    return m
+
+
+@pytest.mark.parametrize("zp_kind", ["none", "uint8", "float-q4_1"])
+@pytest.mark.parametrize("N", [1, 3, 40])
+def test_int4_gemm_lowering_matches_reference(zp_kind, N):
+    rng = np.random.default_rng(N)
+    K, G = 64, 32
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    if zp_kind == "none":
+        packed, scales, _ = int4_pack.quantize_rtn(w, G, symmetric=True)
+        zp = None
+    elif zp_kind == "uint8":
+        packed, scales, zp = int4_pack.quantize_rtn(w, G, symmetric=False)
+    else:  # a GGUF Q4_1 tensor: float zero points
+        from gguf import GGMLQuantizationType
+        from gguf.quants import quantize
+
+        raw = quantize(w, GGMLQuantizationType.Q4_1)
+        packed, scales, zp = int4_pack.repack_gguf_q4_1(raw, N, K)
+    a = rng.standard_normal((5, K)).astype(np.float32)
+    want = R.int4_gemm(a, packed, scales, zp, K=K, N=N, group_size=G)
+    m = lower_for_ort(_gemm_model(K, N, G, packed, scales, zp), accuracy_level=0)
+    ops = [n.op_type for n in m.graph.node]
+    assert "MatMulNBits" in ops and "Int4Gemm" not in ops
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {"A": a})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_zero_points_0_and_15_survive_packing():
+    zp = np.array([[0, 15, 15, 0, 7]], np.uint8)
+    packed = int4_pack.pack_zero_points_uint8(zp)
+    assert R.unpack_zero_points_uint8(packed, 1, 5).tolist() == zp.tolist()
+
+
+def test_group_size_not_dividing_k_is_a_clear_error():
+    with pytest.raises(OpError, match="K"):
+        int4_pack.quantize_rtn(np.zeros((4, 48), np.float32), 32, symmetric=False)
+
+
+def test_rope_table_at_8191_matches_float64_reference():
+    cos32, sin32 = R.rope_cos_sin(8192, 64, 100000.0, dtype=np.float32)
+    inv = 1.0 / (100000.0 ** (np.arange(0, 64, 2, dtype=np.float64) / 64))
+    ang = 8191.0 * np.concatenate([inv, inv])
+    np.testing.assert_allclose(cos32[8191], np.cos(ang), atol=float(np.finfo(np.float32).eps) * 2)
+    np.testing.assert_allclose(sin32[8191], np.sin(ang), atol=float(np.finfo(np.float32).eps) * 2)
+    with pytest.raises(OpError):
+        R.check_positions(np.array([8192]), 8192)
