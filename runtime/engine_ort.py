@@ -44,8 +44,12 @@ class _Session:
         b = self.binding
         for name, arr in feeds.items():
             b.bind_cpu_input(name, arr)
+        # Re-bind logits every run: after a run the binding holds that run's [S, V] buffer, and a
+        # later run with another S would be refused (ORT does not reallocate a bound output).
+        b.bind_output("logits")
         self.sess.run_with_iobinding(b)
-        return b.get_outputs()[0].numpy()
+        # copy: the OrtValue's buffer is reused by the next run (logits are small: S x V)
+        return np.array(b.get_outputs()[0].numpy(), copy=True)
 
 
 class OrtEngine:
