@@ -78,3 +78,53 @@ def ref_fp32(smollm2):
     from trtpipe.pipeline.model import build_reference_model
 
     return build_reference_model(smollm2, "fp32")
+
+
+def make_test_recipe(base_dir, name, prefill, decode, accuracy_level=4, **over):
+    """A small-pool recipe for the real SmolLM2 model (tests build it into a temp folder)."""
+    from trtpipe.pipeline.recipe import parse_recipe
+
+    data = {
+        "name": name, "model": {"source": "smollm2-135m"}, "target": "cpu",
+        "precision": {"prefill": prefill, "decode": decode, "int4": {"group_size": 32}},
+        "kv_cache": {"block_size": 16, "num_blocks": 160},
+        "max_seq_len": 1024, "max_batch_size": 8, "max_num_tokens": 512,
+        "engine": {"ort_accuracy_level": accuracy_level},
+    }
+    data.update(over)
+    return parse_recipe(data, origin=f"{name}.yaml", base_dir=base_dir)
+
+
+def _build(tmp_path_factory, recipe_fn, golden=False):
+    from trtpipe.pipeline.build import build
+
+    root = tmp_path_factory.mktemp("artifacts")
+    res = build(recipe_fn(root), root, golden=golden, log=lambda s: None)
+    print(f"built {res.artifact_dir} in {res.seconds:.1f} s {res.timings_s}")
+    return res.artifact_dir
+
+
+@pytest.fixture(scope="session")
+def fp32_artifact(gguf_path, tmp_path_factory):
+    """fp32 prefill + fp32 decode graphs of the real model (built once per session)."""
+    return _build(tmp_path_factory, lambda root: make_test_recipe(root, "parity-fp32", "fp32", "fp32"))
+
+
+@pytest.fixture(scope="session")
+def int4_artifact(gguf_path, tmp_path_factory):
+    """INT4 (exact Q4_1) prefill + decode, MatMulNBits accuracy_level 0 (fp32 activations)."""
+    return _build(tmp_path_factory, lambda root: make_test_recipe(root, "parity-int4", "int4", "int4", 0))
+
+
+@pytest.fixture(scope="session")
+def fp32_llm(fp32_artifact):
+    from trtpipe.runtime.llm import LLM
+
+    return LLM(fp32_artifact)
+
+
+@pytest.fixture(scope="session")
+def int4_llm(int4_artifact):
+    from trtpipe.runtime.llm import LLM
+
+    return LLM(int4_artifact)

@@ -36,42 +36,6 @@ ORDINARY_TEXT = (
 )
 
 
-def _recipe(tmp_path, name, prefill, decode, accuracy_level=4):
-    from trtpipe.pipeline.recipe import parse_recipe
-
-    data = {
-        "name": name, "model": {"source": "smollm2-135m"}, "target": "cpu",
-        "precision": {"prefill": prefill, "decode": decode, "int4": {"group_size": 32}},
-        "kv_cache": {"block_size": 16, "num_blocks": 160},
-        "max_seq_len": 1024, "max_batch_size": 8, "max_num_tokens": 512,
-        "engine": {"ort_accuracy_level": accuracy_level},
-    }
-    return parse_recipe(data, origin=f"{name}.yaml", base_dir=tmp_path)
-
-
-@pytest.fixture(scope="session")
-def fp32_llm(tmp_path_factory):
-    from trtpipe.pipeline.build import build
-    from trtpipe.runtime.llm import LLM
-
-    root = tmp_path_factory.mktemp("art")
-    res = build(_recipe(root, "parity-fp32", "fp32", "fp32"), root, golden=False, log=lambda s: None)
-    print(f"fp32 build: {res.seconds:.1f} s {res.timings_s}")
-    return LLM(res.artifact_dir)
-
-
-@pytest.fixture(scope="session")
-def int4_llm(tmp_path_factory):
-    from trtpipe.pipeline.build import build
-    from trtpipe.runtime.llm import LLM
-
-    root = tmp_path_factory.mktemp("art")
-    res = build(_recipe(root, "parity-int4", "int4", "int4", accuracy_level=0), root, golden=False,
-                log=lambda s: None)
-    print(f"int4 build: {res.seconds:.1f} s {res.timings_s}")
-    return LLM(res.artifact_dir)
-
-
 def forced_logits(llm, prompt_ids, target_ids):
     """Engine logits with teacher forcing: prefill ``prompt_ids`` (one chunk), then one decode
     step per token of ``target_ids``. Returns [1 + len(target_ids), V] (row i predicts token i

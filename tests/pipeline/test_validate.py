@@ -1,0 +1,221 @@
+"""``trtpipe validate``: usage and artifact errors (exit 2), the recipe/artifact match, scenario
+conversion, and end to end on the real artifact: a tiny passing scenario (exit 0) and a
+deliberately tight budget (exit 1), with the report files.
+
+The end-to-end tests reuse the built default artifact without copying or rebuilding it: a
+temporary artifact folder symlinks its files and carries a manifest whose recipe hash is the
+test recipe's (same model and build settings, a tiny validate section)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from trtpipe.pipeline.cli import main
+from trtpipe.pipeline.recipe import RECIPES_DIR, load_recipe, recipe_hash
+from trtpipe.pipeline.validate import (
+    ValidateUsageError,
+    build_hash,
+    check_artifact_matches_recipe,
+    scenario_workload_spec,
+    select_scenarios,
+)
+from trtpipe.runtime.errors import ArtifactError
+
+ROOT = Path(__file__).resolve().parents[2]
+CPU_RECIPE = RECIPES_DIR / "smollm2-135m-cpu.yaml"
+ARTIFACT = ROOT / "artifacts" / "smollm2-135m-cpu" / "cpu"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+TINY_VALIDATE = {
+    "correctness": {"int4_teacher_forced_agreement_min": 0.5, "num_sequences": 1, "num_tokens": 64},
+    "scenarios": [
+        {"name": "ok", "num_requests": 3, "num_warmup_requests": 1,
+         "prompt_tokens": {"uniform": {"min": 8, "max": 24}}, "output_tokens": 4,
+         "concurrency": 2, "seed": 0,
+         "budgets": {"ttft_ms": {"p50": 60000}, "tpot_ms": {"p90": 20000},
+                     "itl_ms": {"p99": 20000}, "e2e_ms": {"p95": 120000},
+                     "min_output_tokens_per_s": 0.01}},
+        {"name": "tight", "num_requests": 2, "num_warmup_requests": 0, "prompt_tokens": 8,
+         "output_tokens": 2, "arrival_rate_per_s": 50.0, "seed": 1,
+         "budgets": {"ttft_ms": {"p50": 0.001}}},
+    ],
+}
+
+
+def write_recipe(tmp_path: Path, validate: dict | None = None, name: str = "validate-test",
+                 **changes) -> Path:
+    data = yaml.safe_load(CPU_RECIPE.read_text())
+    data["name"] = name
+    data["validate"] = copy.deepcopy(TINY_VALIDATE if validate is None else validate)
+    data.update(changes)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def fake_artifact(tmp_path: Path, recipe_path: Path) -> Path:
+    """The default artifact's files (symlinked) with a manifest naming ``recipe_path``'s recipe."""
+    if not (ARTIFACT / "manifest.json").is_file():
+        pytest.skip(f"no built artifact at {ARTIFACT} (trtpipe build smollm2-135m-cpu)")
+    recipe = load_recipe(recipe_path)
+    art = tmp_path / "artifact"
+    art.mkdir()
+    for f in ARTIFACT.iterdir():
+        if f.is_file() and f.name != "manifest.json":
+            (art / f.name).symlink_to(f)
+    m = json.loads((ARTIFACT / "manifest.json").read_text())
+    m["recipe"] = {"name": recipe.name, "hash": recipe_hash(recipe)}
+    (art / "manifest.json").write_text(json.dumps(m))
+    return art
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, ["validate", *map(str, args)])
+
+
+# ---------------------------------------------------------------------------------------------
+# Fast: pure functions and usage errors
+# ---------------------------------------------------------------------------------------------
+
+
+def test_build_hash_ignores_validate_and_description(tmp_path):
+    for d in ("a", "b", "c"):
+        (tmp_path / d).mkdir()
+    a = load_recipe(write_recipe(tmp_path / "a", name="r"))
+    b = load_recipe(write_recipe(tmp_path / "b", validate={"scenarios": []}, name="r",
+                                 description="other words"))
+    assert recipe_hash(a) != recipe_hash(b)
+    assert build_hash(a) == build_hash(b)
+    c = load_recipe(write_recipe(tmp_path / "c", name="r", max_num_tokens=256))
+    assert build_hash(c) != build_hash(a)
+
+
+def test_artifact_match_full_hash_then_build_hash(tmp_path):
+    recipe = load_recipe(write_recipe(tmp_path))
+    other = load_recipe(write_recipe(tmp_path, validate={"scenarios": []}, name="validate-test"))
+    manifest = SimpleNamespace(recipe_name=recipe.name, recipe_hash=recipe_hash(recipe), build_info={})
+    check_artifact_matches_recipe(manifest, recipe, tmp_path)
+    # Without a build hash in the manifest, any recipe change (budgets too) is refused.
+    with pytest.raises(ArtifactError, match="changed since the build.*trtpipe build"):
+        check_artifact_matches_recipe(manifest, other, tmp_path)
+    # With one, only build-relevant changes are.
+    manifest.build_info = {"build_hash": build_hash(recipe)}
+    check_artifact_matches_recipe(manifest, other, tmp_path)
+    bigger = load_recipe(write_recipe(tmp_path, max_num_tokens=256))
+    with pytest.raises(ArtifactError, match="build hash"):
+        check_artifact_matches_recipe(manifest, bigger, tmp_path)
+
+
+def test_select_scenarios_order_and_unknown_names(tmp_path):
+    recipe = load_recipe(write_recipe(tmp_path))
+    assert [s.name for s in select_scenarios(recipe, [])] == ["ok", "tight"]
+    assert [s.name for s in select_scenarios(recipe, ["tight", "ok"])] == ["ok", "tight"]
+    with pytest.raises(ValidateUsageError, match=r"'okk' \(did you mean 'ok'\?\).*ok, tight"):
+        select_scenarios(recipe, ["okk"])
+
+
+def test_scenario_workload_spec_conversion(tmp_path):
+    (tmp_path / "prompts.txt").write_text("first prompt\n\n  \nsecond prompt\n")
+    validate = {"scenarios": [
+        {"name": "u", "num_requests": 5, "prompt_tokens": {"uniform": {"min": 3, "max": 9}},
+         "output_tokens": {"uniform": {"min": 2, "max": 4}}, "arrival_rate_per_s": 2.5, "seed": 4},
+        {"name": "f", "num_requests": 2, "num_warmup_requests": 0,
+         "prompt_tokens": {"file": "prompts.txt"}, "output_tokens": 7, "concurrency": 3},
+    ]}
+    recipe = load_recipe(write_recipe(tmp_path, validate=validate))
+    u, f = (scenario_workload_spec(recipe, s) for s in recipe.validation.scenarios)
+    assert (u.prompt_tokens, u.output_tokens, u.arrival_rate_per_s, u.concurrency, u.seed,
+            u.num_warmup_requests) == ((3, 9), (2, 4), 2.5, None, 4, 2)
+    assert (f.prompt_tokens, f.prompts, f.output_tokens, f.concurrency) == (
+        None, ("first prompt", "second prompt"), (7, 7), 3)
+
+
+def test_cli_unknown_scenario_is_usage_error():
+    res = invoke("smollm2-135m-cpu", "--scenario", "nope")
+    assert res.exit_code == 2
+    assert "not a scenario of recipe 'smollm2-135m-cpu'" in res.output
+    assert "chat, code, summary" in res.output
+
+
+def test_cli_missing_artifact_is_usage_error(tmp_path):
+    res = invoke("smollm2-135m-cpu", "--artifacts", tmp_path)
+    assert res.exit_code == 2
+    assert "no artifact for recipe 'smollm2-135m-cpu'" in res.output and "trtpipe build" in res.output
+    res = invoke("smollm2-135m-cpu", "--artifact", tmp_path / "nothing")
+    assert res.exit_code == 2
+    assert "not a trtpipe artifact" in res.output
+
+
+def test_cli_bad_recipe_is_usage_error(tmp_path):
+    res = invoke(tmp_path / "missing.yaml")
+    assert res.exit_code == 2
+
+
+def test_cli_refuses_artifact_of_another_recipe(tmp_path):
+    art = fake_artifact(tmp_path, write_recipe(tmp_path))  # built "for" the test recipe
+    res = invoke("smollm2-135m-cpu", "--artifact", art)
+    assert res.exit_code == 2
+    assert "changed since the build" in res.output and "trtpipe build" in res.output
+
+
+# ---------------------------------------------------------------------------------------------
+# Slow: the real artifact, end to end
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("validate")
+    recipe = write_recipe(tmp)
+    return recipe, fake_artifact(tmp, recipe)
+
+
+@pytest.mark.slow
+def test_validate_passes_and_writes_report(tiny):
+    recipe, art = tiny
+    res = invoke(recipe, "--artifact", art, "--scenario", "ok")
+    assert res.exit_code == 0, res.output
+    assert "PASS" in res.output and "ttft_ms p50" in res.output
+    out = art / "validate"
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["schema_version"] == 1 and doc["recipe"] == "validate-test"
+    assert doc["gate"] == {"passed": True, "exit_code": 0, "budgets_passed": True,
+                           "correctness_passed": True, "kv_leak_free": True}
+    assert "linear" in doc["percentile_method"]
+    [scen] = doc["scenarios"]
+    assert scen["name"] == "ok" and len(scen["requests"]) == 3  # warm-up excluded
+    assert [r["output_tokens"] for r in scen["requests"]] == [4, 4, 4]  # forced length
+    sm = scen["summary"]
+    assert sm["kv_blocks_in_use_at_end"] == 0 and sm["peak_kv_blocks_used"] >= 1
+    assert 1 <= sm["peak_decode_batch_size"] <= 2  # concurrency 2
+    assert sm["peak_rss_bytes"] > 0 and sm["output_tokens_per_s"] > 0
+    assert all(r["ttft_ms"] >= r["prefill_ms"] for r in scen["requests"])  # TTFT includes queue
+    assert [b["metric"] for b in scen["budgets"]] == [
+        "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "output_tokens_per_s"]
+    c = doc["correctness"]
+    assert c["method"] == "teacher-forced argmax agreement" and c["passed"]
+    assert c["agreement"] >= 0.9 and c["num_sequences"] == 1
+    for name in ("ttft_vs_prompt_len.png", "tpot_cdf.png", "itl_cdf.png", "kv_occupancy.png"):
+        assert (out / name).read_bytes()[:8] == PNG_MAGIC
+    assert "Scenario `ok`" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_validate_tight_budget_fails_with_json(tiny):
+    recipe, art = tiny
+    res = invoke(recipe, "--artifact", art, "--scenario", "tight", "--json")
+    assert res.exit_code == 1, res.output
+    doc = json.loads(res.stdout)  # stdout carries only the report; tables went to stderr
+    assert doc["gate"]["exit_code"] == 1 and not doc["gate"]["budgets_passed"]
+    assert doc["gate"]["correctness_passed"] is True
+    [b] = doc["scenarios"][0]["budgets"]
+    assert (b["metric"], b["percentile"], b["limit"], b["passed"]) == ("ttft_ms", "p50", 0.001, False)
+    assert b["margin"] < 0
+    assert "FAIL" in res.stderr
