@@ -252,6 +252,7 @@ def build(recipe: Recipe, artifact_root: str | Path = "artifacts", *, force: boo
 
         from trtpipe.pipeline.export import export_phase
         from trtpipe.pipeline.model import build_reference_model
+        from trtpipe.pipeline.passes import optimize_for_ort
         from trtpipe.plugins.ort_lowering import lower_for_ort
 
         int4 = recipe.precision.int4
@@ -270,8 +271,10 @@ def build(recipe: Recipe, artifact_root: str | Path = "artifacts", *, force: boo
             res = export_phase(refs[prec], phase, tmp / f"{phase}.raw.onnx", recipe.kv_cache.block_size)
             timings[f"export_{phase}_s"] = res.seconds
             t = time.perf_counter()
-            model = onnx.load(str(res.path))
-            lowered[phase] = lower_for_ort(model, accuracy_level=recipe.engine.ort_accuracy_level)
+            model, fused = optimize_for_ort(onnx.load(str(res.path)))
+            lowered[phase] = lower_for_ort(model, accuracy_level=recipe.engine.ort_accuracy_level,
+                                           decode=phase == "decode")
+            timings[f"fused_{phase}"] = fused
             timings[f"lower_{phase}_s"] = time.perf_counter() - t
             res.path.unlink()
             (tmp / (res.path.name + ".data")).unlink(missing_ok=True)

@@ -154,6 +154,55 @@ def _lower_paged_attention(b: _Builder, node: onnx.NodeProto, idx: dict[str, str
     b.op("Gather", [o, idx["pad_index"]], "unpad", axis=0, outputs=[out])
 
 
+def _decode_index_subgraph(b: _Builder, slot_mapping: str, block_tables: str, context_lens: str,
+                           block_size: int) -> dict[str, str]:
+    """Decode: one query per sequence at position context_lens - 1 (shared by all layers)."""
+    c0, c1 = b.const([0]), b.const([1])
+    bs = b.const(block_size, hint="block_size")
+    blk = b.op("Div", [slot_mapping, bs], "slot_block")
+    off = b.op("Mod", [slot_mapping, bs], "slot_offset")
+    write_idx = b.op("Concat", [b.op("Unsqueeze", [blk, c1]), b.op("Unsqueeze", [off, c1])], "write_idx", axis=1)
+    mb = b.op("Gather", [b.op("Shape", [block_tables]), c1], "MB")
+    L = b.op("Squeeze", [b.op("Mul", [mb, b.const([block_size])], "L")])
+    j = b.op("Range", [b.const(0), L, b.const(1)], "key_pos")  # [L]
+    ctx = b.op("Unsqueeze", [context_lens, c1], "ctx_2d")  # [S, 1]
+    causal = b.op("Less", [j, ctx], "causal")  # [S, L]: j <= pos = ctx - 1
+    return dict(write_idx=write_idx, key_pos=j, ctx=ctx, causal=causal)
+
+
+def _lower_paged_attention_decode(b: _Builder, node: onnx.NodeProto, idx: dict[str, str], masks: dict) -> None:
+    """One query token per sequence: scores [S, KVH, G, L] without any padding or re-packing."""
+    a = _attrs(node)
+    H, KVH, D = a["num_heads"], a["num_kv_heads"], a["head_size"]
+    W = a.get("sliding_window", 0)
+    scale = a.get("scale", 0.0) or 1.0 / float(np.sqrt(D))
+    if H % KVH:
+        raise OpError(f"PagedAttention {node.name}: num_heads {H} is not a multiple of num_kv_heads {KVH}")
+    G = H // KVH
+    q, k, v, kc, vc, _slot, block_tables = node.input[:7]
+    out, kc_out, vc_out = node.output
+    T_kvh_d = b.const([-1, KVH, D])
+    b.op("ScatterND", [kc, idx["write_idx"], b.op("Reshape", [k, T_kvh_d])], "write_k", outputs=[kc_out])
+    b.op("ScatterND", [vc, idx["write_idx"], b.op("Reshape", [v, T_kvh_d])], "write_v", outputs=[vc_out])
+    if W not in masks:
+        m = idx["causal"]
+        if W > 0:  # j > pos - W  <=>  j >= ctx - W
+            lo = b.op("Sub", [idx["ctx"], b.const(W)])
+            m = b.op("And", [m, b.op("GreaterOrEqual", [idx["key_pos"], lo])], f"mask_w{W}")
+        masks[W] = b.op("Unsqueeze", [m, b.const([1, 2])], f"mask4d_w{W}")  # [S, 1, 1, L]
+    s_l_kvh_d = b.const([0, -1, KVH, D])
+    kt = b.op("Transpose", [b.op("Reshape", [b.op("Gather", [kc_out, block_tables], "gather_k", axis=0), s_l_kvh_d])],
+              "k_t", perm=[0, 2, 3, 1])  # [S, KVH, D, L]
+    vt = b.op("Transpose", [b.op("Reshape", [b.op("Gather", [vc_out, block_tables], "gather_v", axis=0), s_l_kvh_d])],
+              "v_t", perm=[0, 2, 1, 3])  # [S, KVH, L, D]
+    qs = b.op("Reshape", [b.op("Mul", [q, b.const(scale, np.float32)], "q_scaled"), b.const([-1, KVH, G, D])])
+    scores = b.op("MatMul", [qs, kt], "scores")  # [S, KVH, G, L]
+    scores = b.op("Where", [masks[W], scores, b.const(-np.inf, np.float32)], "masked_scores")
+    probs = b.op("Softmax", [scores], "probs", axis=-1)
+    o = b.op("MatMul", [probs, vt], "attn")  # [S, KVH, G, D]
+    b.op("Reshape", [o, b.const([-1, H * D])], "attn_flat", outputs=[out])
+
+
 def _lower_int4_gemm(b: _Builder, node: onnx.NodeProto, accuracy_level: int, inits: dict,
                      blocksums: dict) -> None:
     """Int4Gemm -> MatMulNBits.
@@ -208,10 +257,12 @@ class _InitializerView:
         return v
 
 
-def lower_for_ort(model: onnx.ModelProto, accuracy_level: int = 0) -> onnx.ModelProto:
+def lower_for_ort(model: onnx.ModelProto, accuracy_level: int = 0, decode: bool = False) -> onnx.ModelProto:
     """Rewrite every ``trtpipe`` node into ONNX Runtime CPU ops (returns a new ModelProto).
 
     ``accuracy_level`` is passed to MatMulNBits (0 = fp32 activations, 4 = int8 activations).
+    ``decode``: the graph is a decode graph (one query per sequence, ``query_start_loc`` =
+    0..S): attention is lowered without the padded-query re-packing prefill needs.
     Raises :class:`OpError` for an unknown ``trtpipe`` op.
     """
     out = onnx.ModelProto()
@@ -232,11 +283,15 @@ def lower_for_ort(model: onnx.ModelProto, accuracy_level: int = 0) -> onnx.Model
             key = (tuple(node.input[5:9]), _attrs(node)["block_size"])
             if key not in shared:
                 ib = _Builder("/model/paged_attention_index")
-                shared[key] = _index_subgraph(ib, *node.input[5:9], block_size=key[1])
+                if decode:
+                    shared[key] = _decode_index_subgraph(ib, *node.input[5:8], block_size=key[1])
+                else:
+                    shared[key] = _index_subgraph(ib, *node.input[5:9], block_size=key[1])
                 new_nodes.extend(ib.nodes)
                 extra_inits.extend(ib.inits)
                 masks[key] = {}
-            _lower_paged_attention(b, node, shared[key], masks[key])
+            lower = _lower_paged_attention_decode if decode else _lower_paged_attention
+            lower(b, node, shared[key], masks[key])
             new_nodes.extend(b.nodes)
             extra_inits.extend(b.inits)
             # masks built inside this node's builder are reused by later layers: they are

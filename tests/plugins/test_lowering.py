@@ -37,8 +37,8 @@ def _pa_model(b: _Batch) -> onnx.ModelProto:
     return m
 
 
-def _run_lowered_in_place(b: _Batch):
-    m = lower_for_ort(_pa_model(b))
+def _run_lowered_in_place(b: _Batch, decode: bool = False):
+    m = lower_for_ort(_pa_model(b), decode=decode)
     assert all(n.domain != "trtpipe" for n in m.graph.node)
     sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
     kc, vc = b.key_cache.copy(), b.value_cache.copy()
@@ -77,6 +77,16 @@ def test_ort_lowering_matches_naive_and_writes_in_place(W, BS, chunks):
     _, kc_ref, vc_ref = b.run()
     np.testing.assert_array_equal(kc, kc_ref)  # written in place, exactly at slot_mapping
     np.testing.assert_array_equal(vc, vc_ref)
+
+
+@pytest.mark.parametrize("W", [0, 1, 4, 6])
+def test_decode_lowering_matches_naive(W):
+    """The decode-specialized lowering (one query per sequence), window edges and ragged tables."""
+    rng = np.random.default_rng(W + 11)
+    b = _Batch(rng, H=6, KVH=2, D=8, BS=4, NB=20, MB=8, chunks=[(0, 1), (4, 1), (21, 1), (9, 1)], W=W)
+    out, kc, _ = _run_lowered_in_place(b, decode=True)
+    np.testing.assert_allclose(out, b.expected(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(kc, b.run()[1])
 
 
 def test_padded_block_table_row_never_reads_other_blocks():
