@@ -12,6 +12,7 @@ import contextlib
 import io
 import logging
 import os
+import shutil
 import time
 import warnings
 from dataclasses import dataclass
@@ -118,7 +119,6 @@ def export_phase(ref: LlamaReference, phase: str, out_path: Path, block_size: in
         raise ValueError(f"phase must be 'prefill' or 'decode', got {phase!r}")
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(f".{out_path.stem}.tmp{os.getpid()}.onnx")
     quiet = io.StringIO()
     with warnings.catch_warnings(), contextlib.redirect_stdout(quiet), torch.no_grad():
         warnings.simplefilter("ignore")
@@ -131,15 +131,19 @@ def export_phase(ref: LlamaReference, phase: str, out_path: Path, block_size: in
     model = prog.model_proto
     model.ir_version = IR_VERSION
     model.graph.name = f"{c.name or c.architecture}-{phase}"
+    # Write graph + data into a private temp folder, then move both into place (data first,
+    # graph last: its presence means a complete export). onnx appends to an existing data file,
+    # so the temp folder also keeps a stale file from growing.
     data_name = out_path.name + ".data"
-    onnx.save_model(model, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=data_name.replace(out_path.name, tmp.name), size_threshold=1024)
-    # rename data then graph (graph last: its presence means a complete export)
-    tmp_data = tmp.with_name(tmp.name + ".data")
-    model = onnx.load(str(tmp), load_external_data=True)
-    onnx.save_model(model, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=data_name, size_threshold=1024)
-    tmp_data.unlink(missing_ok=True)
-    os.replace(tmp, out_path)
+    tmp_dir = out_path.parent / f".export-{out_path.stem}-{os.getpid()}"
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    tmp_dir.mkdir()
+    try:
+        onnx.save_model(model, str(tmp_dir / out_path.name), save_as_external_data=True,
+                        all_tensors_to_one_file=True, location=data_name, size_threshold=1024)
+        os.replace(tmp_dir / data_name, out_path.parent / data_name)
+        os.replace(tmp_dir / out_path.name, out_path)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
     return ExportResult(out_path, time.perf_counter() - t0, out_path.stat().st_size,
                         (out_path.parent / data_name).stat().st_size)

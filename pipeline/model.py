@@ -71,19 +71,20 @@ class Int4Linear(nn.Module):
     """Weight-only INT4 linear through ``trtpipe::int4_gemm`` (packed codes, scales, zero points)."""
 
     def __init__(self, packed: np.ndarray, scales: np.ndarray, zero_points: np.ndarray, K: int, N: int,
-                 group_size: int, bias: np.ndarray | None = None):
+                 group_size: int, bias: np.ndarray | None = None, bits: int = 4):
         super().__init__()
         self.register_buffer("b_packed", torch.from_numpy(np.ascontiguousarray(packed)))
         self.register_buffer("scales", torch.from_numpy(np.ascontiguousarray(scales, np.float32)))
         zp = np.ascontiguousarray(zero_points)
-        if zp.dtype == np.uint8:  # packed 4-bit -> float (one export signature; exact for integers)
+        if zp.dtype == np.uint8 and bits == 4:  # packed 4-bit -> float (one export signature; exact for integers)
             zp = np.stack([zp & 0x0F, zp >> 4], axis=-1).reshape(N, -1)[:, : K // group_size]
         self.register_buffer("zero_points", torch.from_numpy(zp.astype(np.float32)))
         self.bias = None if bias is None else nn.Parameter(torch.from_numpy(np.ascontiguousarray(bias, np.float32)), requires_grad=False)
-        self.K, self.N, self.group_size = K, N, group_size
+        self.K, self.N, self.group_size, self.bits = K, N, group_size, bits
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.trtpipe.int4_gemm(x, self.b_packed, self.scales, self.zero_points, self.K, self.N, self.group_size)
+        y = torch.ops.trtpipe.int4_gemm(x, self.b_packed, self.scales, self.zero_points, self.K, self.N,
+                                        self.group_size, self.bits)
         return y if self.bias is None else y + self.bias
 
 
@@ -94,9 +95,14 @@ def make_linear(model: LoadedModel, name: str, quant: QuantSpec, bias_name: str 
     bias = model.float_weight(bias_name) if bias_name and bias_name in model.weights else None
     if quant.precision in ("fp32", "fp16", "bf16"):
         return FloatLinear(w.to_float(), bias)
+    N, K = w.shape
+    if quant.precision == "int8":  # 8-bit weights: GGUF Q8_0 repacked exactly (the LM head)
+        if w.qtype != "Q8_0":
+            raise OpError(f"int8 weights are only built from GGUF Q8_0 tensors; {name} is {w.qtype}")
+        codes, scales = int4_pack.repack_gguf_q8_0_as_uint8(w.data, N, K)
+        return Int4Linear(codes, scales, np.full(scales.shape, 128.0, np.float32), K, N, 32, bias, bits=8)
     if quant.precision != "int4":
         raise OpError(f"precision {quant.precision!r} is not supported for linear {name}")
-    N, K = w.shape
     if w.qtype == "Q4_0" and quant.group_size == 32:
         packed, scales, zp = int4_pack.repack_gguf_q4_0(w.data, N, K)
     elif w.qtype == "Q4_1" and quant.group_size == 32:
@@ -181,6 +187,11 @@ class LlamaReference(nn.Module):
         self.embed_tokens = nn.Parameter(torch.from_numpy(embed), requires_grad=False)
         self.layers = nn.ModuleList(DecoderLayer(model, i, quant) for i in range(c.num_layers))
         self.norm = RMSNorm(model.float_weight("model.norm.weight"), c.rms_norm_eps)
+        head = model.weights[model.lm_head_name()]
+        if lm_head_quant is None and quant.precision == "int4" and head.qtype == "Q8_0":
+            # Decode reads the LM head every token: keep GGUF's Q8_0 bytes (exact, 4x smaller
+            # than fp32) instead of dequantizing to fp32 (113 MB/token for SmolLM2).
+            lm_head_quant = QuantSpec("int8", 32)
         lm_q = lm_head_quant or QuantSpec("fp32")
         if lm_q.precision == "fp32" and model.lm_head_name() == "model.embed_tokens.weight":
             self.lm_head = None  # tied: reuse embed_tokens (one initializer in the graph)

@@ -27,5 +27,5 @@ def paged_attention_onnx(
 
 @onnxscript.script(opset=op)
 def int4_gemm_onnx(a: FLOAT, b_packed: UINT8, scales: FLOAT, zero_points: FLOAT, K: int, N: int,
-                   group_size: int) -> FLOAT:
-    return op.Int4Gemm(a, b_packed, scales, zero_points, K=K, N=N, group_size=group_size, bits=4)
+                   group_size: int, bits: int = 4) -> FLOAT:
+    return op.Int4Gemm(a, b_packed, scales, zero_points, K=K, N=N, group_size=group_size, bits=bits)

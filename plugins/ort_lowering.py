@@ -222,6 +222,17 @@ def _lower_int4_gemm(b: _Builder, node: onnx.NodeProto, accuracy_level: int, ini
     if zp is None or zp.dtype == np.uint8:
         b.op("MatMulNBits", inputs, "matmul_nbits", domain=MS_DOMAIN, outputs=list(node.output), **nbits)
         return
+    bits = a.get("bits", 4)
+    zf = zp.astype(np.float32)
+    if np.all(zf == np.round(zf)) and zf.min() >= 0 and zf.max() <= (15 if bits == 4 else 255):
+        # integer zero points (Q4_0, RTN, Q8_0): the fast uint8 form, exactly
+        z8 = zf.astype(np.uint8)
+        if bits == 4:
+            z8 = np.concatenate([z8, np.zeros((z8.shape[0], z8.shape[1] % 2), np.uint8)], axis=1)
+            z8 = (z8[:, 0::2] | (z8[:, 1::2] << 4)).astype(np.uint8)
+        zname = b.const(z8, np.uint8, hint="zero_points_u8")
+        b.op("MatMulNBits", inputs[:3] + [zname], "matmul_nbits", domain=MS_DOMAIN, outputs=list(node.output), **nbits)
+        return
     scales = inits[inputs[2]]
     mins_t = np.ascontiguousarray((-zp.astype(np.float32) * scales.astype(np.float32)).T)  # [K/G, N]
     n_groups = K // G

@@ -339,6 +339,7 @@ def dequantize_int4(
     K: int,
     N: int,
     group_size: int,
+    bits: int = 4,
 ) -> np.ndarray:
     """Dequantize ``trtpipe::Int4Gemm`` weights: ``W[n, k] = (q[n, k] - zp[n, b]) * scale[n, b]``.
 
@@ -349,16 +350,34 @@ def dequantize_int4(
             value, e.g. ``-min/scale`` for GGUF Q4_1) or packed uint8 ``[N, ceil(K/G/2)]``.
         K, N, group_size: attributes; G a power of two >= 16 dividing K.
 
+    ``bits=8`` (used for an 8-bit LM head, e.g. GGUF Q8_0): codes are unpacked bytes
+    ``[N, K/G, G]`` uint8, the default zero point is 128 and uint8 zero points are unpacked
+    ``[N, K/G]`` (``com.microsoft::MatMulNBits`` bits=8 layout).
+
     Returns:
         ``W [N, K]`` float32, computed in float32 as ``(float32(q) - float32(zp)) * float32(scale)``.
 
     Raises:
-        OpError: K % G != 0 (names K and G and the group sizes that divide K), bad shapes/dtypes.
+        OpError: K % G != 0 (names K and G and the group sizes that divide K), bad shapes/dtypes,
+        bits not 4 or 8.
     """
     K, N = int(K), int(N)
     _check_group_size(K, group_size)
     G = int(group_size)
     nb = K // G
+    if int(bits) == 8:
+        b = np.asarray(b_packed)
+        if b.dtype != np.uint8 or b.shape != (N, nb, G):
+            raise _shape_error("b_packed", b.shape, f"uint8 [N, K/G, G] = [{N}, {nb}, {G}] for bits=8")
+        codes = b.astype(np.float32)
+        s = np.asarray(scales)
+        if zero_points is None:
+            zp = np.full((N, nb), 128.0, np.float32)
+        else:
+            zp = np.asarray(zero_points).astype(np.float32).reshape(N, nb)
+        return ((codes - zp[:, :, None]) * s.astype(np.float32)[:, :, None]).reshape(N, K)
+    if int(bits) != 4:
+        raise OpError(f"attribute bits={bits}: trtpipe::Int4Gemm supports bits=4 (and 8 for LM heads)")
     codes = unpack_int4_codes(b_packed, K, N, G).reshape(N, nb, G).astype(np.float32)
     s = np.asarray(scales)
     if s.dtype not in _FLOAT_DTYPES:
@@ -402,12 +421,12 @@ def int4_gemm(
     Raises:
         OpError: bits != 4, A's last dim != K, K % G != 0, or any input shape/dtype mismatch.
     """
-    if int(bits) != 4:
-        raise OpError(f"attribute bits={bits}: trtpipe::Int4Gemm supports bits=4 only")
+    if int(bits) not in (4, 8):
+        raise OpError(f"attribute bits={bits}: trtpipe::Int4Gemm supports bits=4 (and 8 for LM heads)")
     a = _as_float_array("A", a)
     if a.ndim < 1 or a.shape[-1] != int(K):
         raise _shape_error("A", a.shape, f"[..., K] with K={K}")
-    w = dequantize_int4(b_packed, scales, zero_points, K, N, group_size)
+    w = dequantize_int4(b_packed, scales, zero_points, K, N, group_size, bits)
     y = a.astype(np.float32) @ w.T
     return y.astype(a.dtype)
 
@@ -528,7 +547,9 @@ def apply_rotary(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     """
     x = np.asarray(x)
     if x.ndim != 3 or cos.shape != (x.shape[0], x.shape[2]) or sin.shape != cos.shape:
-        raise OpError(f"apply_rotary: x {x.shape}, cos {cos.shape}, sin {sin.shape}; expected [T, h, D], [T, D], [T, D]")
+        raise OpError(
+            f"apply_rotary: x {x.shape}, cos {cos.shape}, sin {sin.shape}; expected [T, h, D], [T, D], [T, D]"
+        )
     x32 = x.astype(np.float32)
     half = x.shape[-1] // 2
     rot = np.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)

@@ -98,7 +98,7 @@ OP_SPECS: dict[str, dict[str, Any]] = {
             ("K", "int", None, "input features"),
             ("N", "int", None, "output features"),
             ("group_size", "int", None, "G, a power of two >= 16 dividing K"),
-            ("bits", "int", 4, "code width; 4 only"),
+            ("bits", "int", 4, "code width: 4, or 8 for an 8-bit LM head (codes [N, K/G, G])"),
             ("plugin_namespace", "string", "", "TensorRT plugin namespace (no semantic effect)"),
             ("plugin_version", "string", "1", "TensorRT plugin version (no semantic effect)"),
         ],

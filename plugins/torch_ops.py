@@ -106,18 +106,24 @@ def int4_gemm(
     K: int,
     N: int,
     group_size: int,
+    bits: int = 4,
 ) -> torch.Tensor:
     """Weight-only INT4 GEMM: a [..., K] @ W^T with W[N, K] = (q - zp) * scale blockwise along K
-    (docs/contracts.md; com.microsoft::MatMulNBits layout). Returns [..., N] in a's dtype."""
+    (docs/contracts.md; com.microsoft::MatMulNBits layout). ``bits=8``: codes [N, K/G, G] bytes,
+    default zero point 128 (an 8-bit LM head). Returns [..., N] in a's dtype."""
     n_groups = K // group_size
-    q = unpack_int4_torch(b_packed, K, N).view(N, n_groups, group_size)
-    zp = _zero_points_full(zero_points, N, n_groups) if zero_points is not None else torch.full((N, n_groups), 8.0)
+    if bits == 8:
+        q = b_packed.float().view(N, n_groups, group_size)
+        zp = zero_points.float().view(N, n_groups) if zero_points is not None else torch.full((N, n_groups), 128.0)
+    else:
+        q = unpack_int4_torch(b_packed, K, N).view(N, n_groups, group_size)
+        zp = _zero_points_full(zero_points, N, n_groups) if zero_points is not None else torch.full((N, n_groups), 8.0)
     w = ((q - zp[..., None]) * scales.float()[..., None]).view(N, K)
     return (a.float() @ w.t()).to(a.dtype)
 
 
 @int4_gemm.register_fake
-def _int4_gemm_fake(a, b_packed, scales, zero_points, K, N, group_size):
+def _int4_gemm_fake(a, b_packed, scales, zero_points, K, N, group_size, bits=4):
     return a.new_empty((*a.shape[:-1], N))
 
 
