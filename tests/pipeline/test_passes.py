@@ -69,3 +69,12 @@ def test_passes_are_idempotent(one_layer):
     again, n1 = fuse_rms_norm(fused)
     again, n2 = fuse_rotary(again)
     assert (n1, n2) == (0, 0) and len(again.graph.node) == len(fused.graph.node)
+
+
+def test_docs_graphs_md_is_current():
+    from pathlib import Path
+
+    from trtpipe.pipeline.graph_docs import render_graph_io_markdown
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "graphs.md"
+    assert doc.read_text() == render_graph_io_markdown(), "run: python -m trtpipe.pipeline.graph_docs > docs/graphs.md"
