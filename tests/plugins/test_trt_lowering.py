@@ -90,6 +90,24 @@ def test_plugin_free_attention_matches_reference(window):
     np.testing.assert_array_equal(v_out, ref[2])
 
 
+@pytest.mark.parametrize("window", [0, 6])
+def test_plugin_free_decode_attention_matches_reference(window):
+    rng = np.random.default_rng(11)
+    feeds = _attention_step(rng)
+    # decode step: one new token per sequence at positions 8 and 2
+    feeds.update(query=feeds["query"][:2], key=feeds["key"][:2], value=feeds["value"][:2],
+                 slot_mapping=np.array([8 * BS + 0, 5 * BS + 2], np.int64), context_lens=np.array([9, 3], np.int64),
+                 block_tables=np.array([[3, 7, 8], [5, 0, 0]], np.int64),
+                 query_start_loc=np.array([0, 1, 2], np.int64))
+    lowered = lower_plugin_free(_attention_model(window), decode=True)
+    assert custom_nodes(lowered) == []
+    out, k_out, _ = _run(lowered, feeds)
+    ref = R.paged_attention(*feeds.values(), num_heads=H, num_kv_heads=KVH, head_size=D, block_size=BS,
+                            sliding_window=window)
+    np.testing.assert_allclose(out, ref[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(k_out, ref[1])
+
+
 def test_plugin_free_attention_fp16_cast_close_to_reference():
     rng = np.random.default_rng(2)
     feeds = _attention_step(rng)
@@ -237,3 +255,25 @@ def test_unknown_custom_op_is_refused():
         lower_plugin_free(m)
     with pytest.raises(OpError, match="Mystery"):
         lower_with_plugins(m)
+
+
+def test_eight_bit_lm_head_becomes_a_float_matmul_in_both_lowerings():
+    rng = np.random.default_rng(7)
+    K, N, G = 64, 24, 32
+    codes = rng.integers(0, 256, (N, K // G, G), dtype=np.uint8)  # bits=8 layout: [N, K/G, G] bytes
+    scales = (rng.random((N, K // G)) * 0.02).astype(np.float32)
+    zp = np.full((N, K // G), 128.0, np.float32)
+    inits = [numpy_helper.from_array(codes, "B"), numpy_helper.from_array(scales, "scales"),
+             numpy_helper.from_array(zp, "zp")]
+    node = helper.make_node("Int4Gemm", ["A", "B", "scales", "zp"], ["Y"], name="lm_head", domain=OP_DOMAIN, K=K, N=N,
+                            group_size=G, bits=8)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", N])], initializer=inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(OP_DOMAIN, 1)],
+                          ir_version=10)
+    a = rng.standard_normal((3, K)).astype(np.float32)
+    w = ((codes.astype(np.float32) - 128.0) * scales[:, :, None]).reshape(N, K)
+    for lowered in (lower_plugin_free(m), lower_with_plugins(m)):
+        assert [n.op_type for n in lowered.graph.node] == ["MatMul"]
+        (y,) = _run(lowered, {"A": a})
+        np.testing.assert_allclose(y, a @ w.T, rtol=1e-5, atol=1e-5)

@@ -199,7 +199,9 @@ if INTERPRET:  # collect the numerical tests only where the kernels run in the i
 
 
 def _tensorrt_plugin_module():
-    """(tensorrt, tensorrt.plugin): TensorRT's own, or the lean bindings' behind a stand-in."""
+    """(tensorrt, tensorrt.plugin): TensorRT's own, or the lean bindings' behind a stand-in that
+    the ``registered`` fixture removes from ``sys.modules`` afterwards (torch.export probes
+    ``tensorrt`` and would find it)."""
     try:
         import tensorrt as trt  # noqa: F401
         import tensorrt.plugin as trtp
@@ -208,7 +210,10 @@ def _tensorrt_plugin_module():
     except Exception:
         pass
     lean = pytest.importorskip("tensorrt_lean", reason="neither tensorrt nor tensorrt-lean-cu12 is installed")
+    import importlib.machinery
+
     shim = types.ModuleType("tensorrt")
+    shim.__spec__ = importlib.machinery.ModuleSpec("tensorrt", None)
     shim.__dict__.update({k: getattr(lean, k) for k in dir(lean) if not k.startswith("__")})
     shim.__version__ = lean.__version__
 
@@ -236,10 +241,16 @@ def _tensorrt_plugin_module():
 
 @pytest.fixture(scope="module")
 def registered():
+    saved = {k: sys.modules.get(k) for k in ("tensorrt", "tensorrt.plugin")}
     trt, trtp = _tensorrt_plugin_module()
     descs = TP.register_plugins(trtp, cc=80)
     assert TP.register_plugins(trtp) is descs  # idempotent
-    return trt, trtp, descs
+    yield trt, trtp, descs
+    for k, v in saved.items():  # drop the stand-in
+        if v is None:
+            sys.modules.pop(k, None)
+        else:
+            sys.modules[k] = v
 
 
 def _registry(trtp):

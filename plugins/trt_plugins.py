@@ -1,0 +1,365 @@
+"""TensorRT plugins of the ``trtpipe`` ops: ``tensorrt.plugin`` registration with AOT Triton kernels.
+
+Plugins (namespace ``trtpipe``, version ``1``; their graph nodes come from
+:func:`trtpipe.plugins.trt_lowering.lower_with_plugins`):
+
+==============  ========================================================  ==========================
+plugin          inputs -> outputs                                         kernel (triton_kernels.py)
+==============  ========================================================  ==========================
+PagedKVWrite    key, value, key_cache, value_cache, slot_mapping          write_kv_cache_kernel
+                -> key_cache_out, value_cache_out (aliased: in place)
+PagedAttention  query, key_cache, value_cache, block_tables,              decode=1: paged_attention_
+                context_lens, query_start_loc -> output                   decode_kernel; 0: ..._prefill
+Int4Gemm        A, B, scales, zero_points (float) -> Y                    int4_gemm_kernel (ZP_MODE 2)
+==============  ========================================================  ==========================
+
+``register`` describes outputs symbolically; ``aot_impl`` compiles the Triton kernel to PTX at
+engine build time, so the plan embeds it and runs without Python (TensorRT >= 10.7);
+``autotune`` lists the dtype combinations and, for Int4Gemm and prefill attention, tile
+configurations as tactics that TensorRT times per optimization profile (GEMV-shaped tiles win
+for decode, wider tiles for prefill).
+
+Kernel ABI. TensorRT launches an AOT kernel with ``(inputs..., extra scalar args..., outputs...)``.
+The kernels in :mod:`trtpipe.plugins.triton_kernels` take outputs first and runtime strides, so
+each plugin has a small wrapper ``@triton.jit`` kernel in that order that calls the shared
+kernel body with strides fixed at compile time (contiguous tensors). Triton >= 3.3 appends two
+hidden pointer parameters (global and profile scratch); they are unused when the kernel needs
+no scratch (checked), and :func:`strip_unused_params` removes them from the PTX entry so the
+parameter list is exactly what TensorRT passes.
+
+This module imports triton at module level (import it lazily, build side only). Registration
+takes the ``tensorrt.plugin`` module as an argument (tests pass one built on
+``tensorrt-lean``'s bindings; TensorRT's own on a GPU box).
+"""
+
+# no `from __future__ import annotations`: tensorrt.plugin reads the annotations as objects
+from typing import Any, List, Tuple
+
+import triton
+import triton.language as tl
+
+from trtpipe.plugins import PLUGIN_VERSION
+from trtpipe.plugins.errors import OpError
+from trtpipe.plugins.triton_kernels import (int4_gemm_kernel, paged_attention_decode_kernel,
+                                            paged_attention_prefill_kernel, write_kv_cache_kernel)
+from trtpipe.plugins.trt_lowering import PLUGIN_ATTRIBUTES, PLUGIN_NAMESPACE
+
+MIN_TRT_VERSION = (10, 7)  # tensorrt.plugin with aot_impl
+PLUGIN_VERSIONS = {name: PLUGIN_VERSION for name in PLUGIN_ATTRIBUTES}
+
+# Int4Gemm tactics: (BLOCK_M, BLOCK_N, BLOCK_K cap, num_warps). 1-2 are GEMV-shaped (decode, M <= 16).
+INT4_TACTICS = {1: (16, 32, 64, 4), 2: (16, 64, 64, 4), 3: (64, 64, 32, 4), 4: (128, 64, 32, 8)}
+# PagedAttention prefill tactics: BLOCK_N (keys per iteration)
+PREFILL_TACTICS = {1: 32, 2: 64}
+
+
+# ============================================================================================
+# plugin-ABI wrapper kernels: (inputs..., extra scalars..., outputs...)
+# ============================================================================================
+
+
+@triton.jit
+def kv_write_plugin_kernel(
+    key_ptr, value_ptr, key_cache_ptr, value_cache_ptr, slot_mapping_ptr,  # inputs
+    key_cache_out_ptr, value_cache_out_ptr,  # outputs (same memory as key_cache / value_cache)
+    KVH_D: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Grid (T,). Rows of key/value are contiguous ([T, KVH*D])."""
+    write_kv_cache_kernel(key_ptr, value_ptr, key_cache_out_ptr, value_cache_out_ptr, slot_mapping_ptr,
+                          KVH_D, KVH_D, KVH_D, BLOCK)
+
+
+@triton.jit
+def attention_decode_plugin_kernel(
+    query_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, context_lens_ptr, query_start_loc_ptr,  # inputs
+    max_blocks,  # extra: MB (block-table row stride)
+    out_ptr,  # output
+    SCALE: tl.constexpr, WINDOW: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Grid (S, KVH). One token per sequence (query row s = sequence s); query_start_loc unused."""
+    HD: tl.constexpr = NUM_KV_HEADS * GROUP * HEAD_SIZE
+    window = tl.full((), WINDOW, tl.int32)
+    scale = tl.full((), SCALE, tl.float32)
+    paged_attention_decode_kernel(out_ptr, query_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr,
+                                  context_lens_ptr, scale, window, HD, HD, max_blocks, NUM_KV_HEADS, HEAD_SIZE,
+                                  BLOCK_SIZE, GROUP, GROUP_PAD, D_PAD, BLOCK_N)
+
+
+@triton.jit
+def attention_prefill_plugin_kernel(
+    query_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, context_lens_ptr, query_start_loc_ptr,  # inputs
+    num_seqs, max_blocks,  # extras: S, MB
+    out_ptr,  # output
+    SCALE: tl.constexpr, WINDOW: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """Grid (T // BLOCK_Q + S, KVH): ragged packed chunks (see paged_attention_prefill_kernel)."""
+    HD: tl.constexpr = NUM_KV_HEADS * GROUP * HEAD_SIZE
+    window = tl.full((), WINDOW, tl.int32)
+    scale = tl.full((), SCALE, tl.float32)
+    paged_attention_prefill_kernel(out_ptr, query_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr,
+                                   context_lens_ptr, query_start_loc_ptr, num_seqs, scale, window, HD, HD,
+                                   max_blocks, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, GROUP, GROUP_PAD, D_PAD,
+                                   BLOCK_Q, BLOCK_N, INPUT_PRECISION)
+
+
+@triton.jit
+def int4_gemm_plugin_kernel(
+    a_ptr, b_ptr, scales_ptr, zp_ptr,  # inputs (float zero points)
+    M,  # extra: rows of A (product of its leading dims)
+    y_ptr,  # output
+    N: tl.constexpr, K: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """Grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)); A [M, K] and Y [M, N] contiguous."""
+    int4_gemm_kernel(a_ptr, b_ptr, scales_ptr, zp_ptr, y_ptr, M, N, K, K, N, GROUP, 2, BLOCK_M, BLOCK_N, BLOCK_K,
+                     INPUT_PRECISION)
+
+
+# ============================================================================================
+# kernel configurations (pure functions: tested on CPU)
+# ============================================================================================
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+def _attention_constexprs(num_heads: int, num_kv_heads: int, head_size: int, scale: float, block_size: int,
+                          sliding_window: int) -> dict[str, Any]:
+    if num_heads <= 0 or num_kv_heads <= 0 or num_heads % num_kv_heads:
+        raise OpError(f"PagedAttention: num_heads={num_heads} must be a positive multiple of num_kv_heads={num_kv_heads}")
+    group = num_heads // num_kv_heads
+    return dict(SCALE=float(scale) or 1.0 / float(head_size) ** 0.5, WINDOW=int(sliding_window),
+                NUM_KV_HEADS=num_kv_heads, HEAD_SIZE=head_size, BLOCK_SIZE=block_size, GROUP=group,
+                GROUP_PAD=_next_pow2(group), D_PAD=max(16, _next_pow2(head_size)))
+
+
+def kernel_config(plugin: str, attrs: dict[str, Any], dtype: str, tactic: int = 1) -> tuple[Any, dict, dict, int]:
+    """``(wrapper kernel, signature, constexprs, num_warps)`` of ``plugin`` for node attributes
+    ``attrs``, float dtype ("fp16" | "fp32") and tactic. Raises :class:`OpError` on bad values."""
+    f = {"fp16": "*fp16", "fp32": "*fp32", "bf16": "*bf16"}.get(dtype)
+    if f is None:
+        raise OpError(f"dtype {dtype!r}: the plugins run fp16, bf16 or fp32")
+    if plugin == "PagedKVWrite":
+        kvh_d = int(attrs["num_kv_heads"]) * int(attrs["head_size"])
+        sig = {"key_ptr": f, "value_ptr": f, "key_cache_ptr": f, "value_cache_ptr": f, "slot_mapping_ptr": "*i64",
+               "key_cache_out_ptr": f, "value_cache_out_ptr": f, "KVH_D": "constexpr", "BLOCK": "constexpr"}
+        return kv_write_plugin_kernel, sig, {"KVH_D": kvh_d, "BLOCK": _next_pow2(kvh_d)}, 4
+    if plugin == "PagedAttention":
+        c = _attention_constexprs(int(attrs["num_heads"]), int(attrs["num_kv_heads"]), int(attrs["head_size"]),
+                                  float(attrs.get("scale", 0.0)), int(attrs["block_size"]),
+                                  int(attrs.get("sliding_window", 0)))
+        ins = {"query_ptr": f, "key_cache_ptr": f, "value_cache_ptr": f, "block_tables_ptr": "*i64",
+               "context_lens_ptr": "*i64", "query_start_loc_ptr": "*i64"}
+        if int(attrs.get("decode", 0)):
+            c["BLOCK_N"] = max(16, min(64, _next_pow2(max(1, 8192 // (c["GROUP_PAD"] * c["D_PAD"])))))
+            sig = {**ins, "max_blocks": "i32", "out_ptr": f, **{k: "constexpr" for k in c}}
+            return attention_decode_plugin_kernel, sig, c, 4
+        c["BLOCK_Q"] = max(1, 64 // c["GROUP_PAD"])
+        c["BLOCK_N"] = PREFILL_TACTICS.get(tactic, 32)
+        c["INPUT_PRECISION"] = "ieee" if dtype == "fp32" else "tf32"
+        sig = {**ins, "num_seqs": "i32", "max_blocks": "i32", "out_ptr": f, **{k: "constexpr" for k in c}}
+        return attention_prefill_plugin_kernel, sig, c, 4
+    if plugin == "Int4Gemm":
+        K, N, G = int(attrs["K"]), int(attrs["N"]), int(attrs["group_size"])
+        if int(attrs.get("bits", 4)) != 4:
+            raise OpError(f"Int4Gemm: bits={attrs.get('bits')}, only 4 is supported")
+        if K % G or G < 16 or G & (G - 1):
+            raise OpError(f"Int4Gemm: group_size={G} must be a power of two >= 16 dividing K={K}")
+        bm, bn, bk, warps = INT4_TACTICS.get(tactic, INT4_TACTICS[1])
+        c = {"N": N, "K": K, "GROUP": G, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": min(G, bk),
+             "INPUT_PRECISION": "ieee" if dtype == "fp32" else "tf32"}
+        sig = {"a_ptr": f, "b_ptr": "*u8", "scales_ptr": f, "zp_ptr": f, "M": "i32", "y_ptr": f,
+               **{k: "constexpr" for k in c}}
+        return int4_gemm_plugin_kernel, sig, c, warps
+    raise OpError(f"unknown plugin {plugin!r}; expected one of {sorted(PLUGIN_ATTRIBUTES)}")
+
+
+def strip_unused_params(ptx: str, kernel_name: str, keep: int) -> str:
+    """Remove the PTX entry parameters of ``kernel_name`` from index ``keep`` on (Triton's hidden
+    scratch pointers), after checking the body never reads them. Raises :class:`OpError` if one
+    is used (the kernel then needs scratch memory TensorRT does not provide)."""
+    head_start = ptx.index(f".entry {kernel_name}(")
+    head_end = ptx.index(")", head_start)
+    params = [p.strip() for p in ptx[head_start + len(f".entry {kernel_name}("):head_end].split(",") if p.strip()]
+    if len(params) <= keep:
+        return ptx
+    body = ptx[head_end:]
+    for i in range(keep, len(params)):
+        if f"[{kernel_name}_param_{i}]" in body:
+            raise OpError(f"kernel {kernel_name} reads hidden parameter {i} (Triton scratch memory); the TensorRT "
+                          "AOT launch does not pass it")
+    new_head = ",\n\t".join(params[:keep])
+    return ptx[:head_start] + f".entry {kernel_name}(\n\t{new_head}\n" + ptx[head_end:]
+
+
+def compile_plugin_kernel(plugin: str, attrs: dict[str, Any], dtype: str, *, cc: int, tactic: int = 1) -> tuple[str, str, Any]:
+    """Compile the plugin's wrapper kernel for ``sm_<cc>`` (no GPU needed) and return
+    ``(kernel name, PTX with exactly the TensorRT-launched parameters, triton CompiledKernel)``."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn, sig, consts, warps = kernel_config(plugin, attrs, dtype, tactic)
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts)
+    k = triton.compile(src, target=GPUTarget("cuda", int(cc), 32), options={"num_warps": warps})
+    m = k.metadata
+    if getattr(m, "global_scratch_size", 0) or getattr(m, "profile_scratch_size", 0):
+        raise OpError(f"{plugin}: the Triton kernel needs scratch memory, which TensorRT AOT plugins do not provide")
+    n_args = sum(1 for v in sig.values() if v != "constexpr")
+    return m.name, strip_unused_params(k.asm["ptx"], m.name, n_args), k
+
+
+# ============================================================================================
+# tensorrt.plugin registration
+# ============================================================================================
+
+_REGISTERED: dict[int, dict[str, Any]] = {}  # id(trtp) -> state
+_TARGET_CC: dict[str, int] = {"cc": 80}
+
+
+def trt_version_supports_plugins(version: str) -> bool:
+    """True for TensorRT >= 10.7 (``tensorrt.plugin`` with ``aot_impl``)."""
+    try:
+        major, minor = (int(x) for x in version.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= MIN_TRT_VERSION
+
+
+def _dtype_name(trt: Any, dt: Any) -> str:
+    if dt == trt.float16:
+        return "fp16"
+    if dt == trt.float32:
+        return "fp32"
+    if dt == getattr(trt, "bfloat16", object()):
+        return "bf16"
+    raise OpError(f"plugin input dtype {dt}: expected fp16, bf16 or fp32")
+
+
+def register_plugins(trtp: Any = None, *, cc: int | None = None) -> dict[str, Any]:
+    """Register PagedKVWrite, PagedAttention and Int4Gemm with ``tensorrt.plugin`` (idempotent per
+    module). ``cc`` (e.g. 80) is the SM the AOT kernels are compiled for (the build target).
+    Returns ``{plugin id: register function}``."""
+    if trtp is None:
+        import tensorrt.plugin as trtp  # noqa: PLC0415  (TensorRT >= 10.7)
+    if cc is not None:
+        _TARGET_CC["cc"] = int(cc)
+    state = _REGISTERED.get(id(trtp))
+    if state is not None:
+        return state
+    import tensorrt as trt
+
+    TensorDesc = trtp.TensorDesc
+    ns = PLUGIN_NAMESPACE
+    floats = "FP16|FP32|BF16"  # index-wise alternatives: all float I/O share one dtype
+    ids: dict[str, Any] = {}
+
+    def launch(name: str, ptx: str, grid: tuple, k: Any, extras: tuple) -> tuple:
+        lp = trtp.KernelLaunchParams()
+        lp.grid_x = grid[0]
+        if len(grid) > 1:
+            lp.grid_y = grid[1]
+        lp.block_x = k.metadata.num_warps * 32
+        lp.shared_mem = k.metadata.shared
+        ex = trtp.SymIntExprs(len(extras))
+        for i, e in enumerate(extras):
+            ex[i] = trtp.SymInt32(e)
+        return name, ptx, lp, ex
+
+    # ---- PagedKVWrite ---------------------------------------------------------------------
+    @trtp.register(f"{ns}::PagedKVWrite")
+    def paged_kv_write_desc(key: TensorDesc, value: TensorDesc, key_cache: TensorDesc, value_cache: TensorDesc,
+                            slot_mapping: TensorDesc, num_kv_heads: int, head_size: int,
+                            block_size: int) -> Tuple[TensorDesc, TensorDesc]:
+        return key_cache.aliased(), value_cache.aliased()
+
+    @trtp.autotune(f"{ns}::PagedKVWrite")
+    def paged_kv_write_autotune(key: TensorDesc, value: TensorDesc, key_cache: TensorDesc, value_cache: TensorDesc,
+                                slot_mapping: TensorDesc, outputs: Tuple[TensorDesc]) -> List[trtp.AutoTuneCombination]:
+        return [trtp.AutoTuneCombination(f"{floats}, {floats}, {floats}, {floats}, INT64, {floats}, {floats}")]
+
+    @trtp.aot_impl(f"{ns}::PagedKVWrite")
+    def paged_kv_write_aot(key: TensorDesc, value: TensorDesc, key_cache: TensorDesc, value_cache: TensorDesc,
+                           slot_mapping: TensorDesc, num_kv_heads: int, head_size: int, block_size: int,
+                           outputs: Tuple[TensorDesc], tactic: int) -> Tuple[str, str, trtp.KernelLaunchParams,
+                                                                              trtp.SymExprs]:
+        attrs = dict(num_kv_heads=num_kv_heads, head_size=head_size, block_size=block_size)
+        name, ptx, k = compile_plugin_kernel("PagedKVWrite", attrs, _dtype_name(trt, key.dtype), cc=_TARGET_CC["cc"])
+        return launch(name, ptx, (key.shape_expr[0],), k, ())
+
+    ids[f"{ns}::PagedKVWrite"] = paged_kv_write_desc
+
+    # ---- PagedAttention -------------------------------------------------------------------
+    @trtp.register(f"{ns}::PagedAttention")
+    def paged_attention_desc(query: TensorDesc, key_cache: TensorDesc, value_cache: TensorDesc,
+                             block_tables: TensorDesc, context_lens: TensorDesc, query_start_loc: TensorDesc,
+                             num_heads: int, num_kv_heads: int, head_size: int, scale: float, block_size: int,
+                             sliding_window: int, decode: int) -> Tuple[TensorDesc]:
+        return query.like()
+
+    @trtp.autotune(f"{ns}::PagedAttention")
+    def paged_attention_autotune(query: TensorDesc, key_cache: TensorDesc, value_cache: TensorDesc,
+                                 block_tables: TensorDesc, context_lens: TensorDesc, query_start_loc: TensorDesc,
+                                 decode: int, outputs: Tuple[TensorDesc]) -> List[trtp.AutoTuneCombination]:
+        tactics = [1] if decode else sorted(PREFILL_TACTICS)
+        return [trtp.AutoTuneCombination(f"{floats}, {floats}, {floats}, INT64, INT64, INT64, {floats}", "LINEAR",
+                                          tactics)]
+
+    @trtp.aot_impl(f"{ns}::PagedAttention")
+    def paged_attention_aot(query: TensorDesc, key_cache: TensorDesc, value_cache: TensorDesc,
+                            block_tables: TensorDesc, context_lens: TensorDesc, query_start_loc: TensorDesc,
+                            num_heads: int, num_kv_heads: int, head_size: int, scale: float, block_size: int,
+                            sliding_window: int, decode: int, outputs: Tuple[TensorDesc],
+                            tactic: int) -> Tuple[str, str, trtp.KernelLaunchParams, trtp.SymExprs]:
+        attrs = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size, scale=scale,
+                     block_size=block_size, sliding_window=sliding_window, decode=decode)
+        dt = _dtype_name(trt, query.dtype)
+        name, ptx, k = compile_plugin_kernel("PagedAttention", attrs, dt, cc=_TARGET_CC["cc"], tactic=tactic)
+        S, MB = block_tables.shape_expr[0], block_tables.shape_expr[1]
+        if decode:
+            return launch(name, ptx, (S, num_kv_heads), k, (MB,))
+        bq = kernel_config("PagedAttention", attrs, dt, tactic)[2]["BLOCK_Q"]
+        return launch(name, ptx, (query.shape_expr[0] // bq + S, num_kv_heads), k, (S, MB))
+
+    ids[f"{ns}::PagedAttention"] = paged_attention_desc
+
+    # ---- Int4Gemm ---------------------------------------------------------------------------
+    @trtp.register(f"{ns}::Int4Gemm")
+    def int4_gemm_desc(a: TensorDesc, b: TensorDesc, scales: TensorDesc, zero_points: TensorDesc, K: int, N: int,
+                       group_size: int, bits: int) -> Tuple[TensorDesc]:
+        dims = [a.shape_expr[i] for i in range(len(a.shape_expr) - 1)] + [N]
+        return (trtp.from_shape_expr(tuple(dims), dtype=a.dtype),)
+
+    @trtp.autotune(f"{ns}::Int4Gemm")
+    def int4_gemm_autotune(a: TensorDesc, b: TensorDesc, scales: TensorDesc, zero_points: TensorDesc,
+                           outputs: Tuple[TensorDesc]) -> List[trtp.AutoTuneCombination]:
+        return [trtp.AutoTuneCombination(f"{floats}, UINT8, {floats}, {floats}, {floats}", "LINEAR",
+                                          sorted(INT4_TACTICS))]
+
+    @trtp.aot_impl(f"{ns}::Int4Gemm")
+    def int4_gemm_aot(a: TensorDesc, b: TensorDesc, scales: TensorDesc, zero_points: TensorDesc, K: int, N: int,
+                      group_size: int, bits: int, outputs: Tuple[TensorDesc],
+                      tactic: int) -> Tuple[str, str, trtp.KernelLaunchParams, trtp.SymExprs]:
+        attrs = dict(K=K, N=N, group_size=group_size, bits=bits)
+        name, ptx, k = compile_plugin_kernel("Int4Gemm", attrs, _dtype_name(trt, a.dtype), cc=_TARGET_CC["cc"],
+                                             tactic=tactic)
+        bm, bn = INT4_TACTICS.get(tactic, INT4_TACTICS[1])[:2]
+        M = a.shape_expr.numel() // K
+        return launch(name, ptx, (trtp.cdiv(M, bm), -(-N // bn)), k, (M,))
+
+    ids[f"{ns}::Int4Gemm"] = int4_gemm_desc
+    _REGISTERED[id(trtp)] = ids
+    return ids
+
+
+def plugin_node_attributes() -> dict[str, tuple[str, ...]]:
+    """Attribute names each plugin node carries (== what :func:`register_plugins` declares)."""
+    return dict(PLUGIN_ATTRIBUTES)
+
+
+__all__ = ["register_plugins", "compile_plugin_kernel", "kernel_config", "strip_unused_params",
+           "trt_version_supports_plugins", "PLUGIN_VERSIONS", "MIN_TRT_VERSION"]

@@ -1,0 +1,327 @@
+"""GPU-target builds (pipeline/build_trt.py) on a machine without TensorRT or a GPU.
+
+- profiles from the recipe (exact shapes) and the friendly consistency errors;
+- which lowering a TensorRT version gets, and the refusals of ``build_from_spec``;
+- end to end on a 2-layer SmolLM2 (the real weights, truncated: export takes ~5 s per graph
+  instead of ~40 s): export, lower, spec, and the 'finish on the target' stop;
+- the TensorRT-RTX smoke build (marker ``rtx``): both plugin-free fp16 graphs parse and build
+  ahead of time for sm_80 through polygraphy. ``TRTPIPE_RTX_FULL=1`` also builds the full
+  30-layer model (~2.7 min measured: export ~80 s, RTX builds ~17 s + ~20 s, golden).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+import trtpipe.pipeline.build_trt as BT
+from trtpipe.pipeline.build import BuildError
+from trtpipe.pipeline.recipe import RECIPES_DIR, load_recipe, parse_recipe
+
+HAS_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
+
+
+def _a100():
+    return load_recipe(RECIPES_DIR / "smollm2-135m-a100.yaml", check_files=False)
+
+
+def _recipe(**over):
+    data = dict(name="t-trt", model={"source": "smollm2-135m"}, target="a100",
+                precision={"prefill": "fp16", "decode": "fp16"},
+                kv_cache={"block_size": 16, "num_blocks": 64, "dtype": "fp16"}, max_seq_len=512, max_batch_size=8,
+                max_num_tokens=256, engine={"layout": "split", "plugin_free": True},
+                validate={"correctness": {"num_tokens": 2}})
+    for k, v in over.items():
+        data[k] = {**data[k], **v} if isinstance(v, dict) and isinstance(data.get(k), dict) else v
+    return parse_recipe(data, origin="test-recipe", base_dir=RECIPES_DIR)
+
+
+# ----------------------------------------------------------------------------------------------
+# profiles
+# ----------------------------------------------------------------------------------------------
+
+
+def test_profile_dims_of_the_a100_recipe():
+    r = _a100()
+    assert BT.profile_dims(r, 23301, "prefill") == {
+        "T": (1, 2048, 8192), "S": (1, 4, 64), "S+1": (2, 5, 65), "MB": (1, 128, 512), "NB": (23301,) * 3}
+    assert BT.profile_dims(r, 23301, "decode") == {
+        "T": (1, 64, 128), "S": (1, 64, 128), "S+1": (2, 65, 129), "MB": (1, 128, 512), "NB": (23301,) * 3}
+
+
+def test_input_shapes_from_graph_dims():
+    dims = BT.profile_dims(_a100(), 100, "decode")
+    shapes = BT.input_shapes([("input_ids", ["num_seqs"]), ("block_tables", ["num_seqs", "max_blocks"]),
+                              ("past_key.0", ["num_blocks", 16, 3, 64])], dims, where="decode")
+    assert shapes == {"input_ids": [[1], [64], [128]], "block_tables": [[1, 1], [64, 128], [128, 512]],
+                      "past_key.0": [[100, 16, 3, 64]] * 3}
+    with pytest.raises(BuildError, match="'mystery'.*no optimization profile"):
+        BT.input_shapes([("x", ["mystery"])], dims, where="decode")
+
+
+def _plans(r, nb=64):
+    ins = {"prefill": [("input_ids", ["num_tokens"]), ("block_tables", ["num_seqs", "max_blocks"]),
+                       ("past_key.0", ["num_blocks", 16, 3, 64])],
+           "decode": [("input_ids", ["num_seqs"]), ("block_tables", ["num_seqs", "max_blocks"]),
+                      ("past_key.0", ["num_blocks", 16, 3, 64])]}
+    return [BT.EnginePlan(ph, f"{ph}.onnx", ((ph, BT.input_shapes(ins[ph], BT.profile_dims(r, nb, ph), where=ph)),))
+            for ph in ("prefill", "decode")]
+
+
+def test_consistent_profiles_pass():
+    r = _recipe()
+    BT.check_profiles(_plans(r), {"prefill": {"past_key.0": 10}, "decode": {"past_key.0": 10}}, r)
+
+
+def test_block_table_width_disagreement_is_explained():
+    r = _recipe(profiles={"decode": {"batch": {"min": 1, "opt": 4, "max": 8},
+                                     "context": {"min": 1, "opt": 256, "max": 1024}}})
+    with pytest.raises(BuildError) as e:
+        BT.check_profiles(_plans(r), {}, r)
+    msg = str(e.value)
+    assert "block-table width" in msg and "32 blocks" in msg and "64 blocks" in msg
+    assert "profiles.decode.context.max to 512" in msg
+
+
+def test_minimum_sizes_the_scheduler_sends_and_pool_dtypes():
+    r = _recipe(profiles={"prefill": {"tokens": {"min": 16, "opt": 64, "max": 256},
+                                      "sequences": {"min": 1, "opt": 1, "max": 8}}})
+    with pytest.raises(BuildError) as e:
+        BT.check_profiles(_plans(r), {"prefill": {"past_key.0": 10}, "decode": {"past_key.0": 1}}, r)
+    msg = str(e.value)
+    assert "profiles.prefill.tokens.min = 16" in msg and "Fix: set profiles.prefill.tokens.min: 1" in msg
+    assert "KV pool dtype" in msg
+
+
+def test_duplicated_weights_are_counted():
+    from onnx import helper, numpy_helper
+    import numpy as np
+
+    def model(arrs):
+        g = helper.make_graph([], "g", [], [], initializer=[numpy_helper.from_array(a, n) for n, a in arrs.items()])
+        return helper.make_model(g)
+
+    emb = np.ones((10, 8), np.float16)
+    pre = model({"embed": emb, "w_fp16": np.zeros((8, 8), np.float16)})
+    dec = model({"embed": emb, "w_fp16": np.ones((8, 8), np.float16)})  # same name, other bytes
+    assert BT.duplicated_weight_bytes({"prefill": pre, "decode": dec}) == emb.nbytes
+
+
+# ----------------------------------------------------------------------------------------------
+# lowering choice and refusals on the target
+# ----------------------------------------------------------------------------------------------
+
+
+def _spec(**kw):
+    s = {"plugin_free": False, "variants": ["plugins"], "variant_errors": {}, "target": {"name": "a100"},
+         "orin_trt_lt_10_7": None}
+    s.update(kw)
+    return s
+
+
+def test_choose_lowering_by_tensorrt_version():
+    assert BT.choose_lowering(_spec(), "10.13.0.35") == "plugins"
+    assert BT.choose_lowering(_spec(plugin_free=True, variants=["plugin_free"]), "10.13.0.35") == "plugin_free"
+    with pytest.raises(BuildError, match="older than 10.7.*engine.plugin_free: true"):
+        BT.choose_lowering(_spec(), "10.3.0.30")
+    orin = _spec(target={"name": "orin"}, orin_trt_lt_10_7="plugin_free", variants=["plugins", "plugin_free"])
+    assert BT.choose_lowering(orin, "10.3.0.30") == "plugin_free"
+    assert BT.choose_lowering(orin, "10.8.0.43") == "plugins"
+    failed = dict(orin, variants=["plugins"], variant_errors={"plugin_free": "prefill: asymmetric INT4 weights"})
+    with pytest.raises(BuildError, match="JetPack 6.*asymmetric INT4"):
+        BT.choose_lowering(failed, "10.3.0.30")
+    fail_orin = _spec(target={"name": "orin"}, orin_trt_lt_10_7="fail")
+    with pytest.raises(BuildError, match="engine.orin_trt_lt_10_7: plugin_free"):
+        BT.choose_lowering(fail_orin, "10.3.0.30")
+
+
+def _env(**kw):
+    base = dict(trt_version="10.13.0.35", trt_error=None, gpu_sm=80, gpu_name="NVIDIA A100", cuda_runtime="12.9",
+                platform="x86_64", triton_version="3.9.0")
+    base.update(kw)
+    return BT.TrtEnvironment(**base)
+
+
+def _write_spec(tmp_path: Path, target="a100") -> Path:
+    d = tmp_path / "x" / f"{target}.spec"
+    d.mkdir(parents=True)
+    p = d / BT.SPEC_NAME
+    p.write_text(json.dumps({"spec_version": BT.SPEC_VERSION, "target": {"name": target}}))
+    return p
+
+
+def test_build_from_spec_refuses_a_gpu_that_is_not_the_target(tmp_path):
+    spec = _write_spec(tmp_path)
+    with pytest.raises(BuildError) as e:
+        BT.build_from_spec(spec, env=_env(gpu_sm=90, gpu_name="NVIDIA H200"))
+    msg = str(e.value)
+    assert "sm_90 (NVIDIA H200)" in msg and "a100 is sm_80" in msg and "--from-spec" in msg
+    with pytest.raises(BuildError, match="this machine is x86_64, target orin is aarch64"):
+        BT.build_from_spec(_write_spec(tmp_path, "orin"), env=_env(gpu_sm=87))
+
+
+def test_build_from_spec_refuses_without_tensorrt_or_gpu(tmp_path):
+    spec = _write_spec(tmp_path)
+    with pytest.raises(BuildError) as e:
+        BT.build_from_spec(spec, env=_env(trt_version=None, trt_error="ModuleNotFoundError: no tensorrt", gpu_sm=None))
+    assert "`tensorrt` is not importable" in str(e.value) and "no NVIDIA GPU is visible" in str(e.value)
+
+
+def test_spec_version_is_checked(tmp_path):
+    p = tmp_path / BT.SPEC_NAME
+    p.write_text(json.dumps({"spec_version": 99}))
+    with pytest.raises(BuildError, match="version 99"):
+        BT.build_from_spec(p, env=_env())
+
+
+# ----------------------------------------------------------------------------------------------
+# end to end on a 2-layer SmolLM2
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2_2layer(gguf_path):
+    from trtpipe.pipeline.gguf_loader import load_gguf
+    from trtpipe.pipeline.weights import LoadedModel
+
+    m = load_gguf(gguf_path)
+    L = 2
+    c = dataclasses.replace(m.config, num_layers=L, layer_num_kv_heads=m.config.layer_num_kv_heads[:L],
+                            layer_sliding_window=m.config.layer_sliding_window[:L])
+    w = {k: v for k, v in m.weights.items() if not k.startswith("model.layers.") or int(k.split(".")[2]) < L}
+    return LoadedModel(c, w, m.source_path, m.source_kind, m.tokenizer_json)
+
+
+@pytest.fixture(scope="module")
+def split_spec(smollm2_2layer, tmp_path_factory):
+    """fp16 both phases, plugin-free, split layout: what the RTX smoke build needs."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr(BT, "load_model", lambda recipe: smollm2_2layer)
+    mp.setattr(BT, "probe_environment", lambda: _env(trt_version=None, trt_error="ModuleNotFoundError", gpu_sm=None))
+    final = tmp_path_factory.mktemp("art") / "t-trt" / "a100"
+    logs: list[str] = []
+    try:
+        with pytest.raises(BT.BuildNeedsTarget) as e:
+            BT.build_gpu_target(_recipe(), final, "hash-1", log=logs.append)
+    finally:
+        mp.undo()
+    return e.value, final, logs
+
+
+@pytest.mark.slow
+def test_build_stops_with_the_finish_on_target_message(split_spec):
+    err, final, logs = split_spec
+    msg = str(err)
+    spec_dir = final.with_name("a100.spec")
+    assert "`tensorrt` is not importable" in msg and "no NVIDIA GPU is visible" in msg
+    assert f"trtpipe build {spec_dir / 'recipe.yaml'} --from-spec {spec_dir / 'build_spec.json'}" in msg
+    assert not final.exists()  # no artifact, and never a fake plan
+    assert not list(spec_dir.glob("*.plan"))
+    assert sorted(p.name for p in spec_dir.iterdir()) == ["build_spec.json", "decode.onnx", "golden.json",
+                                                         "prefill.onnx", "recipe.yaml", "tokenizer.json",
+                                                         "weights.data"]
+    assert any("held twice" in line for line in logs)
+
+
+@pytest.mark.slow
+def test_build_spec_is_complete(split_spec):
+    from trtpipe.plugins.schema import op_schema_abi_hash
+    from trtpipe.runtime.manifest import sha256_file
+
+    _, final, _ = split_spec
+    sdir = final.with_name("a100.spec")
+    spec = json.loads((sdir / "build_spec.json").read_text())
+    assert spec["target"] == {"name": "a100", "sm": 80, "platform": "x86_64", "description": "A100 (sm_80)"}
+    assert spec["layout"] == "split" and spec["variants"] == ["plugin_free"]
+    assert spec["builder"] == {"optimization_level": 3, "workspace_mib": 8192, "strongly_typed": True,
+                               "precision_flags": []}
+    assert spec["op_abi_hash"] == op_schema_abi_hash() and len(spec["plugin_abi_hash"]) == 64
+    assert spec["inputs_hash"] == "hash-1" and spec["artifact_dir"] == "../a100"
+    assert spec["kv"]["num_blocks"] == 64 and spec["kv"]["dtype"] == "float16"
+    for name, g in spec["graphs"].items():
+        assert g["sha256"] == sha256_file(sdir / g["file"]) and g["dtype"] == "fp16" and g["custom_nodes"] == []
+    plans = {p["name"]: p for p in spec["plans"]}
+    assert set(plans) == {"prefill", "decode"}
+    pre = plans["prefill"]["profiles"][0]["shapes"]
+    assert pre["input_ids"] == [[1], [256], [256]] and pre["query_start_loc"] == [[2], [2], [9]]
+    assert pre["past_key.1"] == [[64, 16, 3, 64]] * 3
+    dec = plans["decode"]["profiles"][0]["shapes"]
+    assert dec["block_tables"] == [[1, 1], [4, 32], [8, 32]] and "query_start_loc" not in dec
+    assert spec["duplicated_weights_bytes"] > 49152 * 576 * 2  # the fp16 embedding, in both plans
+
+
+@pytest.mark.slow
+def test_spec_is_reused_when_inputs_are_unchanged(split_spec, monkeypatch):
+    _, final, _ = split_spec
+    monkeypatch.setattr(BT, "write_build_spec", lambda *a, **k: pytest.fail("re-exported an up-to-date spec"))
+    monkeypatch.setattr(BT, "probe_environment", lambda: _env(trt_version=None, gpu_sm=None))
+    logs: list[str] = []
+    with pytest.raises(BT.BuildNeedsTarget):
+        BT.build_gpu_target(_recipe(), final, "hash-1", log=logs.append)
+    assert any("build spec up to date" in line for line in logs)
+
+
+@pytest.mark.slow
+def test_orin_dual_profile_int4_records_why_plugin_free_fails(smollm2_2layer, tmp_path, monkeypatch):
+    monkeypatch.setattr(BT, "load_model", lambda recipe: smollm2_2layer)
+    monkeypatch.setattr(BT, "probe_environment", lambda: _env(trt_version=None, gpu_sm=None, platform="x86_64"))
+    r = _recipe(target="orin", precision={"prefill": "int4", "decode": "int4", "int4": {"group_size": 32}},
+                engine={"layout": "dual_profile", "plugin_free": False, "orin_trt_lt_10_7": "plugin_free"})
+    with pytest.raises(BT.BuildNeedsTarget):
+        BT.build_gpu_target(r, tmp_path / "t-trt" / "orin", "h")
+    spec = json.loads((tmp_path / "t-trt" / "orin.spec" / "build_spec.json").read_text())
+    assert spec["variants"] == ["plugins"]
+    assert "asymmetric" in spec["variant_errors"]["plugin_free"]
+    (plan,) = spec["plans"]
+    assert plan["name"] == "engine" and [p["phase"] for p in plan["profiles"]] == ["prefill", "decode"]
+    dec = plan["profiles"][1]["shapes"]
+    assert dec["input_ids"] == dec["context_lens"] == [[1], [4], [8]] and dec["query_start_loc"] == [[2], [5], [9]]
+    assert spec["graphs"]["prefill"]["custom_nodes"] == ["Int4Gemm", "PagedAttention", "PagedKVWrite"]
+    assert spec["builder"]["workspace_mib"] == 2048 and spec["duplicated_weights_bytes"] == 0
+    with pytest.raises(BuildError, match="JetPack 6.*asymmetric"):
+        BT.choose_lowering(spec, "10.3.0.30")
+
+
+# ----------------------------------------------------------------------------------------------
+# TensorRT-RTX smoke build (CPU, ahead of time for sm_80)
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.rtx
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_RTX, reason="tensorrt-rtx not installed (pip install -r requirements-rtx.txt)")
+def test_rtx_smoke_builds_both_plugin_free_graphs(split_spec):
+    _, final, _ = split_spec
+    sdir = final.with_name("a100.spec")
+    spec = json.loads((sdir / "build_spec.json").read_text())
+    for plan in spec["plans"]:
+        r = BT.rtx_smoke_build(sdir / plan["graph"], [p["shapes"] for p in plan["profiles"]], sm=80)
+        assert r.ok, r.log_tail
+        assert r.engine_bytes > 49152 * 576 * 2  # holds at least the fp16 embedding
+
+
+@pytest.mark.rtx
+def test_rtx_cannot_target_orin_or_h200():
+    with pytest.raises(BuildError, match="not sm_87"):
+        BT.rtx_smoke_build("x.onnx", [{}], sm=87)
+
+
+@pytest.mark.rtx
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_RTX or os.environ.get("TRTPIPE_RTX_FULL") != "1",
+                    reason="full 30-layer RTX smoke build: set TRTPIPE_RTX_FULL=1 (~3 min)")
+def test_rtx_smoke_full_smollm2(tmp_path, monkeypatch):
+    monkeypatch.setattr(BT, "probe_environment", lambda: _env(trt_version=None, gpu_sm=None))
+    with pytest.raises(BT.BuildNeedsTarget):
+        BT.build_gpu_target(_recipe(), tmp_path / "t-trt" / "a100", "h")
+    sdir = tmp_path / "t-trt" / "a100.spec"
+    spec = json.loads((sdir / "build_spec.json").read_text())
+    assert spec["model"]["num_layers"] == 30
+    for plan in spec["plans"]:
+        r = BT.rtx_smoke_build(sdir / plan["graph"], [p["shapes"] for p in plan["profiles"]], sm=80)
+        assert r.ok, r.log_tail
