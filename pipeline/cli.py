@@ -97,10 +97,18 @@ def build_cmd(recipe: str, artifact_root: str, force: bool, from_spec: str | Non
 
             build_from_spec(Path(from_spec), log=click.echo)
             return
+        from rich.console import Console
+
         from trtpipe.pipeline.build import build
 
         r = _load_recipe(recipe)
-        res = build(r, artifact_root, force=force, log=click.echo)
+        console = Console(stderr=True)
+        with console.status(f"building {r.name} for {r.target} ...") as status:
+            def log(msg: str) -> None:  # a spinner on the long steps, a timestamped line per step
+                console.log(msg)
+                status.update(msg)
+
+            res = build(r, artifact_root, force=force, log=log)
         if not res.skipped:
             click.echo(f"built {res.artifact_dir} in {res.seconds:.1f} s")
     except TrtpipeError as e:
