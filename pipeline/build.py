@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from trtpipe.pipeline.recipe import Recipe, check_recipe_against_model, plan_kv_num_blocks, recipe_hash
+from trtpipe.pipeline.recipe import Recipe, build_hash, check_recipe_against_model, plan_kv_num_blocks, recipe_hash
 from trtpipe.plugins.errors import TrtpipeError
 from trtpipe.runtime.manifest import (FORMAT_VERSION, MANIFEST_NAME, GraphEntry, KVLayout, Manifest,
                                       atomic_write_text, load_manifest, sha256_file)
@@ -79,7 +79,7 @@ def inputs_hash(recipe: Recipe, model_path: Path) -> str:
     from trtpipe.plugins.schema import op_schema_abi_hash
 
     h = hashlib.sha256()
-    h.update(recipe_hash(recipe).encode())
+    h.update(build_hash(recipe).encode())  # budgets/description edits do not force a rebuild
     files = [model_path] if model_path.is_file() else sorted(p for p in model_path.iterdir() if p.is_file())
     for f in files:
         st = f.stat()
@@ -332,7 +332,7 @@ def build(recipe: Recipe, artifact_root: str | Path = "artifacts", *, force: boo
                 "shared_initializers": shared,
                 "intra_op_num_threads": getattr(recipe.engine, "intra_op_num_threads", None),
             },
-            build_info={"timings_s": timings, "model_source": str(src.path), "host": platform.node(),
+            build_info={"build_hash": build_hash(recipe), "timings_s": timings, "model_source": str(src.path), "host": platform.node(),
                         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                         "weights_bytes": (tmp / DATA_FILE).stat().st_size},
         )

@@ -815,6 +815,18 @@ def _model_issues(r: Recipe, config: ModelConfig, facts: str) -> list[_Issue]:
     return out
 
 
+def build_hash(recipe: Recipe) -> str:
+    """sha256 (hex) of the recipe's build-relevant fields: all but ``description`` and the
+    ``validate`` section (scenarios, budgets and the correctness threshold do not change what
+    ``trtpipe build`` writes; ``validate.correctness.num_tokens`` only sets the golden length,
+    which :func:`check_correctness` reads from golden.json itself)."""
+    d = recipe.model_dump(mode="json", by_alias=True)
+    d.pop("validate", None)
+    d.pop("description", None)
+    canon = json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canon.encode("utf-8")).hexdigest()
+
+
 def plan_kv_num_blocks(recipe: Recipe, config: ModelConfig) -> int:
     """Number of KV blocks in the pool, null block 0 included.
 

@@ -1,0 +1,356 @@
+"""Synthetic serving workloads for ``trtpipe validate``: make the requests, run them, time them.
+
+A scenario of the recipe becomes a :class:`WorkloadSpec` (plain data, no recipe import: the
+pipeline converts), then a list of :class:`WorkItem` records with :func:`make_workload`::
+
+    WorkItem(arrival_s=0.73, prompt_ids=(504, 3575, ...), max_new_tokens=32, warmup=False)
+
+- **Prompts** are real English text, not random ids (random ids make attention and the
+  tokenizer-dependent paths behave unlike real traffic): a prompt of N tokens is N consecutive
+  tokens of the built-in :data:`CORPUS` starting at a seeded offset, read cyclically; or the
+  lines of a prompt file, used in order (cycling), tokenized as written.
+- **Output lengths** are forced: ``SamplingParams(max_new_tokens=n, ignore_eos=True)``, greedy,
+  so every run of a scenario produces the same number of tokens and runs are comparable.
+- **Arrivals** are either a Poisson process (exponential gaps with mean ``1 / rate`` seconds,
+  the first request at 0) -- an *open loop*: requests arrive whether or not the server keeps up,
+  so queueing shows in TTFT -- or a *closed loop* of ``concurrency`` clients, each sending its
+  next request when the previous one finished (arrival = that moment).
+- **Warm-up** requests (``warmup=True``) run to completion first and are not measured.
+
+Each random quantity (prompt lengths, prompt offsets, output lengths, arrival gaps, and the same
+for warm-up) has its own child stream of ``numpy.random.SeedSequence(seed)``, so changing the
+number of warm-up requests does not change the measured requests.
+
+:func:`run_workload` drives an :class:`~trtpipe.runtime.llm.LLM` (or anything with the same
+``add_request`` / ``step`` / ``has_unfinished`` / ``block_pool`` / ``step_stats`` surface) and
+returns every measured request's :class:`RequestMetrics`, the wall time and the step statistics,
+including the KV leak check (every block free after the run) and the peak resident memory.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+from trtpipe.plugins.errors import TrtpipeError
+from trtpipe.runtime.metrics import RequestMetrics, StepStats
+from trtpipe.runtime.request import SamplingParams
+
+
+class WorkloadError(TrtpipeError, ValueError):
+    """A workload spec that cannot produce requests (empty prompt file, bad lengths, ...)."""
+
+
+# A few paragraphs of plain prose (written for trtpipe, free to use). Prompts are slices of its
+# token ids, so they read like ordinary English text to the model.
+CORPUS = """\
+The lighthouse stood at the end of a long spit of sand, and for most of the year nobody went \
+there but the keeper and the gulls. Every evening, a little before sunset, the keeper climbed \
+the hundred and twelve steps of the tower, wiped the salt from the great lens, trimmed the wick, \
+and waited for the moment when the sea and the sky became the same grey. Then he lit the lamp. \
+He had done this for thirty years, and in all that time the light had never failed, not in the \
+winter storms that threw spray over the gallery rail, nor in the summer fogs that came in so \
+thick that he could not see his own hand on the door.
+
+The village on the mainland depended on that light more than it liked to admit. The fishing \
+boats went out before dawn and came back in the dark, and the channel between the rocks was \
+narrow enough that a careless helmsman could lose his boat in a single wave. The older fishermen \
+said that they could find the channel with their eyes closed, but they still looked for the \
+light, and they were always glad to see it. Children in the village learned to count the \
+flashes before they learned to read: three short, one long, and then darkness for the space of \
+ten heartbeats.
+
+In the spring a young engineer arrived from the city with a leather case full of drawings. The \
+government, she explained, had decided to replace the old lamp with an electric one that would \
+run by itself. It would turn on when the light faded and turn off when the sun came up, and it \
+would never need a keeper at all. She was polite about it, and she admired the brass fittings \
+and the careful way the logbooks had been kept, but she did not pretend that the decision could \
+be changed. The keeper listened, made her a cup of tea, and asked how the new lamp would know \
+when the fog was coming in.
+
+The question stayed with her. Over the following weeks she measured everything she could think \
+of: the height of the tower, the angle of the beam, the time it took the lens to turn, the way \
+the light scattered in mist of different thickness. She found that the old keeper had been \
+adjusting the lamp by hand on foggy nights, slowing the rotation so that each flash lasted a \
+little longer and reached a little farther. None of this was written in any manual. He had \
+simply noticed, years ago, that the boats found the channel more easily that way, and he had \
+kept doing it.
+
+When the new system was finally installed, it included a small instrument that measured the \
+water in the air and slowed the lens when the fog grew thick. The engineer wrote the keeper's \
+name in the margin of the design, next to the formula she had derived from his logbooks. The \
+keeper retired to a cottage in the village, where he could still see the tower from his kitchen \
+window. On clear evenings he counted the flashes out of habit, and on foggy nights he noticed, \
+with some satisfaction, that they lasted a little longer than they used to.
+
+Far inland, in a town built where two rivers met, there was a library that had been open every \
+day for a hundred and fifty years. Its reading room had tall windows facing north, so that the \
+light on the long oak tables was even and cool from morning to evening. Scholars came from other \
+countries to study its maps, which showed the rivers as they had been before the great floods \
+changed their courses, and farmers came to look up the boundaries of fields that their \
+grandparents had argued about. The librarians knew most of the regular visitors by name, and \
+they had a quiet way of placing the right book on a table before anyone had asked for it.
+
+The oldest of the librarians kept a notebook in which she recorded every question that the \
+catalogue could not answer. Where had the ferry crossed the river before the bridge was built? \
+Which year had the orchards on the eastern hill been planted? Why did the old road bend so \
+sharply at the mill? Over the decades the notebook grew into three volumes, and younger staff \
+began to consult it as if it were another part of the collection. Many of the answers had been \
+found by accident, in letters, account books and the margins of sermons, and each one was \
+written down together with the place where it had been found.
+
+People sometimes asked her why she bothered, since most of the questions were small and most \
+of the answers changed nothing. She would reply that a town is held together by small facts as \
+much as by large ones, and that a question nobody can answer tends to become a story that \
+everybody believes. It was better, she thought, to know exactly where the ferry had crossed \
+than to argue about it every winter. When she retired, the town council voted to print her \
+notebooks, and the printed copies were placed on the open shelves, beside the maps.
+"""
+
+
+# ---------------------------------------------------------------------------------------------
+# Spec and items
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """One scenario in runtime terms (the pipeline builds it from the recipe's scenario).
+
+    Lengths are ``(min, max)`` token counts, both inclusive (fixed n = ``(n, n)``). Exactly one
+    of ``prompt_tokens`` (corpus slices) and ``prompts`` (texts of a prompt file) is set, and
+    exactly one of ``concurrency`` (closed loop) and ``arrival_rate_per_s`` (Poisson, open loop).
+    """
+
+    name: str
+    num_requests: int
+    num_warmup_requests: int
+    output_tokens: tuple[int, int]
+    prompt_tokens: tuple[int, int] | None = None
+    prompts: tuple[str, ...] | None = None
+    concurrency: int | None = None
+    arrival_rate_per_s: float | None = None
+    seed: int = 0
+
+    def check(self) -> WorkloadSpec:
+        """Raise :class:`WorkloadError` naming the field when the spec cannot make requests."""
+        bad = []
+        if self.num_requests < 1:
+            bad.append(f"num_requests={self.num_requests}: expected >= 1")
+        if self.num_warmup_requests < 0:
+            bad.append(f"num_warmup_requests={self.num_warmup_requests}: expected >= 0")
+        for field_name in ("output_tokens", "prompt_tokens"):
+            rng = getattr(self, field_name)
+            if rng is not None and not (1 <= rng[0] <= rng[1]):
+                bad.append(f"{field_name}={rng}: expected (min, max) with 1 <= min <= max")
+        if (self.prompt_tokens is None) == (self.prompts is None):
+            bad.append("exactly one of prompt_tokens (lengths) or prompts (a prompt file) is needed")
+        if self.prompts is not None and not any(p.strip() for p in self.prompts):
+            bad.append("prompts: the prompt file has no non-empty line")
+        if (self.concurrency is None) == (self.arrival_rate_per_s is None):
+            bad.append("exactly one of concurrency or arrival_rate_per_s is needed")
+        if self.concurrency is not None and self.concurrency < 1:
+            bad.append(f"concurrency={self.concurrency}: expected >= 1")
+        if self.arrival_rate_per_s is not None and not self.arrival_rate_per_s > 0:
+            bad.append(f"arrival_rate_per_s={self.arrival_rate_per_s}: expected > 0")
+        if bad:
+            raise WorkloadError(f"workload {self.name!r}: " + "; ".join(bad)
+                                + ". Fix: correct the scenario in the recipe's validate section.")
+        return self
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One request of a workload.
+
+    ``arrival_s``: scheduled arrival in seconds after the start of the measured phase (Poisson
+    workloads; 0.0 in a closed loop, where a request arrives when a client slot frees up).
+    ``prompt_ids``: [prompt tokens] int token ids. ``max_new_tokens``: the forced output length.
+    """
+
+    arrival_s: float
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    warmup: bool = False
+
+    def sampling_params(self) -> SamplingParams:
+        """Greedy, EOS ignored: the output is exactly ``max_new_tokens`` tokens."""
+        return SamplingParams(max_new_tokens=self.max_new_tokens, ignore_eos=True)
+
+
+class _Encoder(Protocol):
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+
+def corpus_token_ids(tokenizer: _Encoder) -> list[int]:
+    """Token ids of :data:`CORPUS` (no special tokens): the text prompts are sliced from."""
+    return list(tokenizer.encode(CORPUS, add_special_tokens=False))
+
+
+def _draw_lengths(rng: np.random.Generator, lo_hi: tuple[int, int], n: int) -> list[int]:
+    lo, hi = lo_hi
+    return [int(x) for x in rng.integers(lo, hi + 1, size=n)]
+
+
+def _corpus_slice(corpus: Sequence[int], offset: int, n: int) -> tuple[int, ...]:
+    """``n`` consecutive ids from ``offset``, wrapping to the start (a prompt may exceed it)."""
+    m = len(corpus)
+    return tuple(corpus[(offset + i) % m] for i in range(n))
+
+
+def _make_items(spec: WorkloadSpec, tokenizer: _Encoder, corpus: list[int] | None,
+                seeds: Sequence[np.random.SeedSequence], n: int, warmup: bool) -> list[WorkItem]:
+    """``n`` items from four child seed streams: prompt lengths, offsets, outputs, arrivals."""
+    if n == 0:
+        return []
+    rng_plen, rng_off, rng_out, rng_arr = (np.random.default_rng(s) for s in seeds)
+    outs = _draw_lengths(rng_out, spec.output_tokens, n)
+    if spec.prompts is not None:
+        lines = [p for p in spec.prompts if p.strip()]
+        # Warm-up starts elsewhere in the file so it does not pre-run the measured prompts' path.
+        start = int(rng_off.integers(0, len(lines)))
+        prompts = [tuple(tokenizer.encode(lines[(start + i) % len(lines)], add_special_tokens=True))
+                   for i in range(n)]
+        if any(not p for p in prompts):
+            raise WorkloadError(f"workload {spec.name!r}: a prompt of the prompt file tokenizes to "
+                                "no tokens. Fix: remove blank or whitespace-only prompts.")
+    else:
+        assert corpus is not None and spec.prompt_tokens is not None
+        lens = _draw_lengths(rng_plen, spec.prompt_tokens, n)
+        offsets = [int(x) for x in rng_off.integers(0, len(corpus), size=n)]
+        prompts = [_corpus_slice(corpus, o, k) for o, k in zip(offsets, lens)]
+    if spec.arrival_rate_per_s is not None and not warmup:
+        gaps = rng_arr.exponential(1.0 / spec.arrival_rate_per_s, size=n)
+        gaps[0] = 0.0  # the first request opens the measured phase
+        arrivals = [float(x) for x in np.cumsum(gaps)]
+    else:
+        arrivals = [0.0] * n
+    return [WorkItem(a, p, o, warmup) for a, p, o in zip(arrivals, prompts, outs)]
+
+
+def make_workload(spec: WorkloadSpec, tokenizer: _Encoder) -> list[WorkItem]:
+    """The requests of ``spec``: warm-up items first (``warmup=True``), then the measured ones.
+
+    Deterministic for a given spec and tokenizer. Raises :class:`WorkloadError` for a bad spec.
+    """
+    spec.check()
+    corpus = corpus_token_ids(tokenizer) if spec.prompts is None else None
+    if corpus is not None and not corpus:
+        raise WorkloadError("the built-in corpus tokenized to no tokens; the tokenizer is broken")
+    measured_seeds, warmup_seeds = np.random.SeedSequence(spec.seed).spawn(2)
+    return (_make_items(spec, tokenizer, corpus, warmup_seeds.spawn(4), spec.num_warmup_requests, True)
+            + _make_items(spec, tokenizer, corpus, measured_seeds.spawn(4), spec.num_requests, False))
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+# ---------------------------------------------------------------------------------------------
+
+
+def _run_warmup(llm: Any, items: Sequence[WorkItem], concurrency: int | None) -> None:
+    """Run the warm-up requests to completion (at most ``concurrency`` at once; default all)."""
+    pending = deque(items)
+    in_flight = 0
+    limit = concurrency or len(items)
+    while pending or llm.has_unfinished():
+        while pending and in_flight < limit:
+            it = pending.popleft()
+            llm.add_request(list(it.prompt_ids), it.sampling_params())
+            in_flight += 1
+        in_flight -= len(llm.step())
+
+
+def run_workload(
+    llm: Any,
+    items: Sequence[WorkItem],
+    concurrency: int | None = None,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    on_request_done: Callable[[int, int], None] | None = None,
+) -> tuple[list[RequestMetrics], float, StepStats]:
+    """Run a workload on ``llm``; return (measured requests' metrics, wall seconds, step stats).
+
+    Warm-up items run first, to completion, and are excluded. Then the measured phase starts at
+    ``t0 = clock()``:
+
+    - ``concurrency=None`` (open loop): item i is added at ``t0 + arrival_s`` and its *scheduled*
+      arrival is what ``add_request(arrival_s=...)`` gets, so TTFT includes the time it waited
+      because the engine was busy (a late add is queueing too). When nothing is running and the
+      next arrival is in the future, ``sleep`` until it.
+    - ``concurrency=C`` (closed loop): keep C requests in flight; a request arrives when it is
+      added (at the start, or when an earlier one finishes).
+
+    ``clock`` must be the clock the LLM timestamps tokens with (``time.monotonic`` for
+    :class:`LLM`; tests pass a fake LLM and a fake clock). The LLM's ``step_stats`` is replaced
+    by a fresh :class:`StepStats` for the measured phase (and restored afterwards), which gets
+    the leak check (``on_run_end(llm.block_pool.num_used)``: 0 means every KV block was freed)
+    and the process's peak RSS. ``wall_s`` runs from ``t0`` to the end of the last step, so
+    output tokens/s = output tokens / ``wall_s``. Results are in the order of ``items``.
+    ``on_request_done(done, total)`` is called as measured requests finish (progress display).
+    """
+    warm = [it for it in items if it.warmup]
+    measured = [it for it in items if not it.warmup]
+    if concurrency is not None and concurrency < 1:
+        raise WorkloadError(f"concurrency={concurrency}: expected >= 1 or None (open loop)")
+    if warm:
+        _run_warmup(llm, warm, concurrency)
+
+    previous_stats = llm.step_stats
+    stats = StepStats(num_kv_blocks=previous_stats.num_kv_blocks)
+    llm.step_stats = stats
+    order: dict[str, int] = {}
+    results: dict[str, RequestMetrics] = {}
+    try:
+        # Open loop: by scheduled arrival (a stable sort keeps item order for ties).
+        pending = deque(sorted(range(len(measured)), key=lambda i: measured[i].arrival_s)
+                        if concurrency is None else range(len(measured)))
+        t0 = clock()
+
+        def submit(i: int, arrival: float) -> None:
+            it = measured[i]
+            rid = llm.add_request(list(it.prompt_ids), it.sampling_params(), arrival_s=arrival)
+            order[rid] = i
+
+        while pending or llm.has_unfinished():
+            if concurrency is None:
+                now = clock()
+                while pending and t0 + measured[pending[0]].arrival_s <= now:
+                    i = pending.popleft()
+                    submit(i, t0 + measured[i].arrival_s)
+                if not llm.has_unfinished():
+                    if pending:  # idle until the next arrival
+                        sleep(max(0.0, t0 + measured[pending[0]].arrival_s - now))
+                    continue
+            else:
+                while pending and len(order) - len(results) < concurrency:
+                    submit(pending.popleft(), clock())
+            for out in llm.step():
+                if out.request_id in order and out.metrics is not None:
+                    results[out.request_id] = out.metrics
+                    if on_request_done is not None:
+                        on_request_done(len(results), len(measured))
+        wall_s = clock() - t0
+    finally:
+        llm.step_stats = previous_stats
+    stats.on_run_end(llm.block_pool.num_used)
+    stats.on_rss()
+    missing = [rid for rid in order if rid not in results]
+    assert not missing, f"requests {missing} never finished"  # the loop runs until none is left
+    by_index = sorted(order.items(), key=lambda kv: kv[1])
+    return [results[rid] for rid, _ in by_index], wall_s, stats
+
+
+__all__ = [
+    "CORPUS",
+    "WorkItem",
+    "WorkloadError",
+    "WorkloadSpec",
+    "corpus_token_ids",
+    "make_workload",
+    "run_workload",
+]
