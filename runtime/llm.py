@@ -23,7 +23,7 @@ import numpy as np
 from trtpipe.runtime.batch import DecodeBatch, PrefillBatch
 from trtpipe.runtime.block_pool import BlockPool
 from trtpipe.runtime.chat import default_chat_messages, render_chat
-from trtpipe.runtime.detokenizer import IncrementalDetokenizer, find_stop
+from trtpipe.runtime.detokenizer import IncrementalDetokenizer, find_stop, stop_prefix_len
 from trtpipe.runtime.errors import RequestError
 from trtpipe.runtime.kv_manager import KVCacheManager
 from trtpipe.runtime.kv_pool import KVPool
@@ -58,6 +58,8 @@ class _Live:
     output: RequestOutput
     on_text: Callable[[str], None] | None = None
     prefill_started: bool = False
+    stopped: bool = False  # a stop string matched: no more text for this request
+    emitted: int = 0  # characters of output.text already handed to on_text
 
 
 class LLM:
@@ -155,10 +157,6 @@ class LLM:
         step = self.scheduler.schedule()
         sampled: dict[str, int] = {}
         now = time.monotonic
-        for rid in step.preempted:
-            live = self._live.get(rid)
-            if live is not None:
-                live.timer.on_preempted() if hasattr(live.timer, "on_preempted") else None
         try:
             if step.prefills:
                 for p in step.prefills:
@@ -201,9 +199,7 @@ class LLM:
             piece = live.detok.add(tok)
             live.output.output_token_ids.append(tok)
             live.timer.on_tokens(t, 1, piece)
-            self._emit(live, piece)
-            stop = live.request.sampling_params.stop
-            if stop and find_stop(live.output.text, stop) is not None:
+            if self._append_text(live, piece):
                 self.scheduler.finish_request(rid, RequestStatus.FINISHED_STOPPED)
                 finished.append(live.request)
         done = []
@@ -211,24 +207,31 @@ class LLM:
             live = self._live.pop(req.request_id, None)
             if live is None:
                 continue
-            self._emit(live, live.detok.flush())
+            self._append_text(live, live.detok.flush(), final=True)
             self._finish(live, req.finish_reason or "stop", req.error_message)
             done.append(live.output)
         return done
 
-    def _emit(self, live: _Live, piece: str) -> None:
-        if not piece:
-            return
+    def _append_text(self, live: _Live, piece: str, final: bool = False) -> bool:
+        """Add detokenized text; stream what is safe. Returns True when a stop string matched.
+
+        Text that could still become a stop string is held back until it cannot (or the request
+        ends), so a stop string never reaches the client (vLLM's stop-string handling).
+        """
+        if live.stopped:
+            return False
         stop = live.request.sampling_params.stop
         text = live.output.text + piece
-        if stop:
-            i = find_stop(text, stop)
-            if i is not None:
-                piece = text[i:] and piece[: max(0, len(piece) - (len(text) - i))]
-                text = text[:i]
+        hit = find_stop(text, stop, max(0, len(live.output.text) - max((len(s) for s in stop), default=0))) if stop else None
+        if hit is not None:
+            text = text[:hit]
+            live.stopped = final = True
         live.output.text = text
-        if live.on_text and piece:
-            live.on_text(piece)
+        safe = len(text) if final or not stop else len(text) - stop_prefix_len(text, stop)
+        if live.on_text and safe > live.emitted:
+            live.on_text(text[live.emitted:safe])
+        live.emitted = max(live.emitted, safe)
+        return hit is not None
 
     def _finish(self, live: _Live, reason: str, error: str | None = None) -> None:
         live.timer.finish(time.monotonic(), reason)

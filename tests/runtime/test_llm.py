@@ -112,6 +112,11 @@ def test_stop_string_and_sampling_seed(int4_llm):
 
     out = int4_llm.generate([FRANCE_PROMPT], SamplingParams(max_new_tokens=32, stop=("Paris",)), chat=True)[0]
     assert out.finish_reason == "stop" and "Paris" not in out.text and out.text.startswith("The capital")
+    # streaming never leaks a stop string, even one split across tokens ("Par" + "is")
+    pieces = list(int4_llm.stream(FRANCE_PROMPT, SamplingParams(max_new_tokens=32, stop=("Paris",)), chat=True))
+    assert "".join(pieces) == out.text
+    pieces = list(int4_llm.stream(FRANCE_PROMPT, SamplingParams(max_new_tokens=32, stop=("is Par",)), chat=True))
+    assert "".join(pieces) == "The capital of France " and int4_llm.last_output.finish_reason == "stop"
     sp = SamplingParams(max_new_tokens=16, temperature=0.9, top_p=0.9, top_k=40, seed=7)
     a = int4_llm.generate(["Tell me a story."], sp, chat=True)[0].output_token_ids
     b = int4_llm.generate(["Tell me a story."], sp, chat=True)[0].output_token_ids
