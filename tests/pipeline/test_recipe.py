@@ -79,7 +79,7 @@ def test_shipped_recipes_load(name):
     assert chat.budgets.ttft_ms.p95 is not None
     assert code.budgets.tpot_ms.p90 is not None
     assert summary.budgets.ttft_ms.p50 is not None and summary.budgets.tpot_ms.p95 is not None
-    assert r.validation.correctness.int4_teacher_forced_agreement_min == 0.95
+    assert 0.5 < r.validation.correctness.int4_teacher_forced_agreement_min <= 1.0
     if r.target != "cpu":
         profiles = r.resolved_profiles()
         assert profiles.prefill.tokens.max >= r.max_num_tokens
@@ -88,7 +88,7 @@ def test_shipped_recipes_load(name):
 
 def test_cpu_default_recipe():
     r = load_recipe(CPU_RECIPE, check_files=False)
-    assert (r.target, r.precision.prefill, r.precision.decode) == ("cpu", "fp32", "int4")
+    assert (r.target, r.precision.prefill, r.precision.decode) == ("cpu", "int4", "int4")
     assert (r.max_seq_len, r.max_batch_size, r.max_num_tokens) == (2048, 8, 512)
     assert r.kv_cache.block_size == 16
     assert plan_kv_num_blocks(r, smollm2_config()) == 8 * 1024 // 16 + 1
