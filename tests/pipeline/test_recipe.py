@@ -239,7 +239,7 @@ def test_int4_group_size_not_dividing_hidden(cpu_data):
 
 def test_int4_group_size_checked_only_when_int4_is_used(cpu_data):
     d = copy.deepcopy(cpu_data)
-    d["precision"].update(decode="fp32", int4={"group_size": 128})
+    d["precision"].update(prefill="fp32", decode="fp32", int4={"group_size": 128})
     check_recipe_against_model(parse_recipe(d), smollm2_config())
 
 
