@@ -42,12 +42,20 @@ class QuantSpec:
     symmetric: bool = False
 
 
+def _param(a: np.ndarray) -> nn.Parameter:
+    """A frozen float32 parameter; copies read-only arrays (GGUF tensors are memory-mapped)."""
+    a = np.asarray(a, np.float32)
+    if not a.flags.writeable or not a.flags.c_contiguous:
+        a = np.array(a, np.float32, order="C")
+    return nn.Parameter(torch.from_numpy(a), requires_grad=False)
+
+
 class RMSNorm(nn.Module):
     """y = x / sqrt(mean(x^2) + eps) * weight (computed in float32, as Hugging Face LlamaRMSNorm)."""
 
     def __init__(self, weight: np.ndarray, eps: float):
         super().__init__()
-        self.weight = nn.Parameter(torch.from_numpy(np.ascontiguousarray(weight, np.float32)), requires_grad=False)
+        self.weight = _param(weight)
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -60,8 +68,8 @@ class FloatLinear(nn.Module):
 
     def __init__(self, weight: np.ndarray, bias: np.ndarray | None = None):
         super().__init__()
-        self.weight = nn.Parameter(torch.from_numpy(np.ascontiguousarray(weight, np.float32)), requires_grad=False)
-        self.bias = None if bias is None else nn.Parameter(torch.from_numpy(np.ascontiguousarray(bias, np.float32)), requires_grad=False)
+        self.weight = _param(weight)
+        self.bias = None if bias is None else _param(bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
@@ -79,7 +87,7 @@ class Int4Linear(nn.Module):
         if zp.dtype == np.uint8 and bits == 4:  # packed 4-bit -> float (one export signature; exact for integers)
             zp = np.stack([zp & 0x0F, zp >> 4], axis=-1).reshape(N, -1)[:, : K // group_size]
         self.register_buffer("zero_points", torch.from_numpy(zp.astype(np.float32)))
-        self.bias = None if bias is None else nn.Parameter(torch.from_numpy(np.ascontiguousarray(bias, np.float32)), requires_grad=False)
+        self.bias = None if bias is None else _param(bias)
         self.K, self.N, self.group_size, self.bits = K, N, group_size, bits
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
