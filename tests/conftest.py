@@ -128,3 +128,27 @@ def int4_llm(int4_artifact):
     from trtpipe.runtime.llm import LLM
 
     return LLM(int4_artifact)
+
+
+@pytest.fixture(scope="session")
+def default_artifact(gguf_path, tmp_path_factory):
+    """The default recipe's artifact (with golden outputs): the repo's artifacts/ one when it is
+    built and current, else built once into a temp folder (CI starts from a clean clone)."""
+    from trtpipe.pipeline.build import build
+    from trtpipe.pipeline.recipe import load_recipe, resolve_recipe_path
+    from trtpipe.plugins.errors import TrtpipeError
+    from trtpipe.runtime.manifest import load_manifest
+
+    recipe = load_recipe(resolve_recipe_path("smollm2-135m-cpu"))
+    repo = Path(__file__).resolve().parents[1] / "artifacts" / "smollm2-135m-cpu" / "cpu"
+    try:
+        from trtpipe.pipeline.build import inputs_hash
+
+        if load_manifest(repo, verify_hashes=False).inputs_hash == inputs_hash(recipe, recipe.resolve_source().path):
+            return repo
+    except TrtpipeError:
+        pass
+    root = tmp_path_factory.mktemp("default-artifact")
+    res = build(recipe, root, log=lambda s: None)
+    print(f"built the default artifact in {res.seconds:.1f} s")
+    return res.artifact_dir

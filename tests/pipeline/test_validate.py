@@ -30,7 +30,6 @@ from trtpipe.runtime.errors import ArtifactError
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_RECIPE = RECIPES_DIR / "smollm2-135m-cpu.yaml"
-ARTIFACT = ROOT / "artifacts" / "smollm2-135m-cpu" / "cpu"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 TINY_VALIDATE = {
@@ -60,18 +59,17 @@ def write_recipe(tmp_path: Path, validate: dict | None = None, name: str = "vali
     return path
 
 
-def fake_artifact(tmp_path: Path, recipe_path: Path) -> Path:
+def fake_artifact(tmp_path: Path, recipe_path: Path, source: Path) -> Path:
     """The default artifact's files (symlinked) with a manifest naming ``recipe_path``'s recipe."""
-    if not (ARTIFACT / "manifest.json").is_file():
-        pytest.skip(f"no built artifact at {ARTIFACT} (trtpipe build smollm2-135m-cpu)")
     recipe = load_recipe(recipe_path)
     art = tmp_path / "artifact"
     art.mkdir()
-    for f in ARTIFACT.iterdir():
+    for f in source.iterdir():
         if f.is_file() and f.name != "manifest.json":
             (art / f.name).symlink_to(f)
-    m = json.loads((ARTIFACT / "manifest.json").read_text())
+    m = json.loads((source / "manifest.json").read_text())
     m["recipe"] = {"name": recipe.name, "hash": recipe_hash(recipe)}
+    m.setdefault("build_info", {})["build_hash"] = build_hash(recipe)
     (art / "manifest.json").write_text(json.dumps(m))
     return art
 
@@ -158,8 +156,9 @@ def test_cli_bad_recipe_is_usage_error(tmp_path):
     assert res.exit_code == 2
 
 
-def test_cli_refuses_artifact_of_another_recipe(tmp_path):
-    art = fake_artifact(tmp_path, write_recipe(tmp_path))  # built "for" the test recipe
+@pytest.mark.slow
+def test_cli_refuses_artifact_of_another_recipe(tmp_path, default_artifact):
+    art = fake_artifact(tmp_path, write_recipe(tmp_path), default_artifact)  # built "for" the test recipe
     res = invoke("smollm2-135m-cpu", "--artifact", art)
     assert res.exit_code == 2
     assert "changed since the build" in res.output and "trtpipe build" in res.output
@@ -171,10 +170,10 @@ def test_cli_refuses_artifact_of_another_recipe(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(tmp_path_factory, default_artifact):
     tmp = tmp_path_factory.mktemp("validate")
     recipe = write_recipe(tmp)
-    return recipe, fake_artifact(tmp, recipe)
+    return recipe, fake_artifact(tmp, recipe, default_artifact)
 
 
 @pytest.mark.slow

@@ -16,7 +16,6 @@ from trtpipe.runtime.kv_manager import KVCacheManager
 from trtpipe.runtime.teacher_forcing import first_mismatch, greedy_ids, teacher_forced_agreement
 
 V = 50
-ARTIFACT = Path(__file__).resolve().parents[2] / "artifacts" / "smollm2-135m-cpu" / "cpu"
 
 
 class CountingEngine:
@@ -121,13 +120,11 @@ def test_first_mismatch():
 
 
 @pytest.fixture(scope="module")
-def real():
-    if not (ARTIFACT / "manifest.json").is_file():
-        pytest.skip(f"no built artifact at {ARTIFACT} (trtpipe build smollm2-135m-cpu)")
+def real(default_artifact):
     from trtpipe.runtime.llm import LLM
 
-    golden = json.loads((ARTIFACT / "golden.json").read_text())
-    return LLM(ARTIFACT), golden["sequences"]
+    golden = json.loads((default_artifact / "golden.json").read_text())
+    return LLM(default_artifact), golden["sequences"]
 
 
 @pytest.mark.slow
