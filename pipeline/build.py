@@ -186,7 +186,8 @@ def reference_greedy(ref, prompt_ids: list[int], num_tokens: int, block_size: in
     return out, all_logits
 
 
-def _golden(ref_fp32, tokenizer_json: str, chat_template: str | None, num_tokens: int) -> dict:
+def _golden(ref_fp32, tokenizer_json: str, chat_template: str | None, num_tokens: int,
+            log: Callable[[str], None] = lambda s: None) -> dict:
     """Greedy continuations and top-5 logits from the fp32 torch reference (the teacher)."""
     from tokenizers import Tokenizer
 
@@ -195,7 +196,8 @@ def _golden(ref_fp32, tokenizer_json: str, chat_template: str | None, num_tokens
     tok = Tokenizer.from_str(tokenizer_json)
     eos = set(ref_fp32.config.eos_token_ids)
     out = []
-    for prompt in GOLDEN_PROMPTS:
+    for i, prompt in enumerate(GOLDEN_PROMPTS):
+        log(f"recording golden outputs from the torch reference: prompt {i + 1}/{len(GOLDEN_PROMPTS)}")
         text = render_chat(chat_template, default_chat_messages(prompt)) if chat_template else prompt
         ids = tok.encode(text, add_special_tokens=True).ids
         gen, logits = reference_greedy(ref_fp32, ids, num_tokens, eos=eos)
@@ -207,6 +209,25 @@ def _golden(ref_fp32, tokenizer_json: str, chat_template: str | None, num_tokens
     return {"reference": "torch fp32 (dequantized weights)", "num_tokens": num_tokens, "sequences": out}
 
 
+def _remove_stale_temp_dirs(final: Path, log: Callable[[str], None]) -> None:
+    """Delete ``.<target>.tmp-<pid>`` / ``.old-<pid>`` folders left by builds that were killed."""
+    if not final.parent.is_dir():
+        return
+    for p in final.parent.glob(f".{final.name}.*-*"):
+        pid = p.name.rsplit("-", 1)[-1]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # that build is still running
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        log(f"removed {p} (left by an interrupted build)")
+
+
 def build(recipe: Recipe, artifact_root: str | Path = "artifacts", *, force: bool = False,
           log: Callable[[str], None] = print, golden: bool = True) -> BuildResult:
     """Build the artifact for ``recipe`` (see module docstring). GPU targets: see
@@ -215,14 +236,15 @@ def build(recipe: Recipe, artifact_root: str | Path = "artifacts", *, force: boo
     final = artifact_dir_for(recipe, artifact_root)
     src = recipe.resolve_source()
     ih = inputs_hash(recipe, src.path)
+    _remove_stale_temp_dirs(final, log)
     if not force and (final / MANIFEST_NAME).is_file():
         try:
-            m = load_manifest(final, verify_hashes=False)
+            m = load_manifest(final, verify_hashes=True)  # a corrupted artifact is rebuilt
             if m.inputs_hash == ih:
                 log(f"up to date: {final} (inputs unchanged; use --force to rebuild)")
                 return BuildResult(final, True, time.perf_counter() - t_start, m, {})
-        except TrtpipeError:
-            pass
+        except TrtpipeError as e:
+            log(f"rebuilding: the existing artifact is not usable ({e})")
     if recipe.target != "cpu":
         from trtpipe.pipeline.build_trt import build_gpu_target
 
@@ -288,7 +310,7 @@ def build(recipe: Recipe, artifact_root: str | Path = "artifacts", *, force: boo
             ref32 = refs.get("fp32") or build_reference_model(loaded, "fp32", rope_table_len=recipe.max_seq_len,
                                                               sliding_window=window)
             gold = _golden(ref32, loaded.tokenizer_json, config.chat_template,
-                           recipe.validation.correctness.num_tokens)
+                           recipe.validation.correctness.num_tokens, log)
             (tmp / "golden.json").write_text(json.dumps(gold), encoding="utf-8")
             timings["golden_s"] = time.perf_counter() - t
         import onnxruntime

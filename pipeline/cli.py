@@ -97,9 +97,14 @@ def build_cmd(recipe: str, artifact_root: str, force: bool, from_spec: str | Non
 
             build_from_spec(Path(from_spec), log=click.echo)
             return
+        import signal
+
         from rich.console import Console
 
         from trtpipe.pipeline.build import build
+
+        # SIGTERM (timeout, CI cancel) unwinds like Ctrl-C, so the build removes its temp folder
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
         r = _load_recipe(recipe)
         console = Console(stderr=True)

@@ -1086,6 +1086,10 @@ def load_recipe(path: str | Path, *, check_files: bool = True) -> Recipe:
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         raise RecipeError(origin, [_yaml_problem(exc)]) from None
+    except UnicodeDecodeError as exc:
+        raise RecipeError(origin, [RecipeProblem(
+            "", NO_VALUE, f"a UTF-8 text (YAML) file; byte {exc.start} is not valid UTF-8",
+            "pass the recipe's .yaml file, saved as UTF-8")]) from None
     return parse_recipe(data, origin=origin, base_dir=path.parent.resolve(),
                         check_files=check_files)
 

@@ -52,6 +52,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; artifacts are read by other users (CI, deploy)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -204,6 +205,12 @@ def load_manifest(artifact_dir: str | Path, *, verify_hashes: bool = True) -> Ma
     except (KeyError, ValueError, TypeError) as e:
         raise ArtifactError(f"{mpath} is malformed ({e!r}). Fix: rebuild with `trtpipe build <recipe> --force`.") from e
     rebuild = f"trtpipe build {m.recipe_name} --force"
+    bad = [f"{k} = {v!r}" for k, v in (("kv.block_size", m.kv.block_size), ("kv.num_blocks", m.kv.num_blocks),
+                                       ("kv.head_dim", m.kv.head_dim), *((f"limits.{k}", v) for k, v in m.limits.items()))
+           if not isinstance(v, int) or v < (2 if k == "kv.num_blocks" else 1)]
+    if bad:
+        raise ArtifactError(f"{mpath}: {', '.join(bad)}: expected positive integers (2+ blocks: block 0 is the "
+                            f"null block). The manifest was edited or damaged. Fix: `{rebuild}`.")
     fp = current_fingerprint(m.backend.get("name", "ort"))
     diffs = []
     if m.format_version != fp["format_version"]:

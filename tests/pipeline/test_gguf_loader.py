@@ -3,6 +3,7 @@ un-permutation (llama.cpp convert order) against the Hugging Face layout, and cl
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -86,3 +87,26 @@ def test_cli_help_and_runtime_import_without_torch():
     assert r.returncode == 0, r.stderr
     for cmd in ("build", "generate", "validate", "estimate", "export"):
         assert cmd in r.stdout
+
+
+def test_build_removes_temp_folders_of_dead_builds(tmp_path):
+    from trtpipe.pipeline.build import _remove_stale_temp_dirs
+
+    final = tmp_path / "recipe" / "cpu"
+    final.parent.mkdir()
+    dead = final.parent / ".cpu.tmp-999999999"
+    alive = final.parent / f".cpu.tmp-{os.getppid()}"
+    dead.mkdir()
+    alive.mkdir()
+    logs = []
+    _remove_stale_temp_dirs(final, logs.append)
+    assert not dead.exists() and alive.exists() and "interrupted build" in logs[0]
+
+
+def test_recipe_that_is_not_utf8_is_a_recipe_error(tmp_path):
+    from trtpipe.pipeline.recipe import RecipeError, load_recipe
+
+    p = tmp_path / "binary.yaml"
+    p.write_bytes(bytes(range(128, 256)))
+    with pytest.raises(RecipeError, match="UTF-8"):
+        load_recipe(p)

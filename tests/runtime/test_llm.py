@@ -117,6 +117,10 @@ def test_stop_string_and_sampling_seed(int4_llm):
     assert "".join(pieces) == out.text
     pieces = list(int4_llm.stream(FRANCE_PROMPT, SamplingParams(max_new_tokens=32, stop=("is Par",)), chat=True))
     assert "".join(pieces) == "The capital of France " and int4_llm.last_output.finish_reason == "stop"
+    # a stop string that is not followed by EOS must end generation itself
+    out = int4_llm.generate(["Count: 1, 2, 3,"], SamplingParams(max_new_tokens=30, stop=("7",)))[0]
+    assert out.finish_reason == "stop" and len(out.output_token_ids) < 30
+    assert "7" not in out.text and out.text.rstrip().endswith("6,")
     sp = SamplingParams(max_new_tokens=16, temperature=0.9, top_p=0.9, top_k=40, seed=7)
     a = int4_llm.generate(["Tell me a story."], sp, chat=True)[0].output_token_ids
     b = int4_llm.generate(["Tell me a story."], sp, chat=True)[0].output_token_ids
