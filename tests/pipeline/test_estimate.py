@@ -50,6 +50,8 @@ def smollm2_planning_recipe(**over) -> dict:
     a fixed 512-token prompt (TTFT) and 511 + 1 output tokens (TPOT floor at 512 of context)."""
     d = shipped("smollm2-135m-cpu")
     d["model"] = {"source": "none", "architecture": dict(SMOLLM2)}
+    # the hand figures below are for fp32 prefill + INT4 decode (two weight copies)
+    d["precision"] = {"prefill": "fp32", "decode": "int4", "int4": {"group_size": 32, "symmetric": False}}
     d["validate"]["scenarios"] = [{
         "name": "hand", "num_requests": 1, "prompt_tokens": 511, "output_tokens": 2,
         "concurrency": 1, "budgets": {"ttft_ms": {"p50": 5000}, "tpot_ms": {"p50": 100}}}]
