@@ -209,6 +209,18 @@ def _golden(ref_fp32, tokenizer_json: str, chat_template: str | None, num_tokens
     return {"reference": "torch fp32 (dequantized weights)", "num_tokens": num_tokens, "sequences": out}
 
 
+def publish_artifact(tmp: Path, final: Path) -> None:
+    """Swap a complete temp artifact folder in: final -> .old, tmp -> final, drop .old.
+
+    Two renames on one filesystem: a reader sees the old artifact or the new one, never a mix.
+    """
+    old = final.with_name(f".{final.name}.old-{os.getpid()}")
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def _remove_stale_temp_dirs(final: Path, log: Callable[[str], None]) -> None:
     """Delete ``.<target>.tmp-<pid>`` / ``.old-<pid>`` folders left by builds that were killed."""
     if not final.parent.is_dir():
@@ -359,12 +371,7 @@ def build(recipe: Recipe, artifact_root: str | Path = "artifacts", *, force: boo
                         "weights_bytes": (tmp / DATA_FILE).stat().st_size},
         )
         atomic_write_text(tmp / MANIFEST_NAME, manifest.to_json())
-        # swap in: old -> .old, tmp -> final, drop .old
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
-        if final.exists():
-            os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
+        publish_artifact(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from trtpipe.pipeline.build import (TRTPIPE_VERSION, BuildError, BuildResult, _golden, _write_graphs_shared,
+from trtpipe.pipeline.build import (TRTPIPE_VERSION, BuildError, BuildResult, _golden, _write_graphs_shared, publish_artifact,
                                     load_model)
 from trtpipe.pipeline.recipe import Recipe, check_recipe_against_model, plan_kv_num_blocks, recipe_hash
 from trtpipe.runtime.manifest import (FORMAT_VERSION, MANIFEST_NAME, GraphEntry, KVLayout, Manifest,
@@ -696,11 +696,7 @@ def build_from_spec(spec_path: str | Path, *, log: Callable[[str], None] = print
                         "plan_bytes": {f: (tmp / f).stat().st_size for f in set(plan_files.values())}},
         )
         atomic_write_text(tmp / MANIFEST_NAME, manifest.to_json())
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
-        if final.exists():
-            os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
+        publish_artifact(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

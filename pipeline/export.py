@@ -77,7 +77,7 @@ class ExportResult:
 
 def _dummy(ref: LlamaReference, phase: str, block_size: int):
     c = ref.config
-    NB, MB = 8, 3
+    NB = 8  # pool blocks; block tables below are [S=2, MB=3]
     kv = []
     for i in range(c.num_layers):
         shape = (NB, block_size, c.layer_num_kv_heads[i], c.head_dim)

@@ -109,7 +109,7 @@ def _index_subgraph(b: _Builder, slot_mapping: str, block_tables: str, context_l
 def _lower_paged_attention(b: _Builder, node: onnx.NodeProto, idx: dict[str, str], masks: dict) -> None:
     a = _attrs(node)
     H, KVH, D = a["num_heads"], a["num_kv_heads"], a["head_size"]
-    bs, W = a["block_size"], a.get("sliding_window", 0)
+    W = a.get("sliding_window", 0)
     scale = a.get("scale", 0.0) or 1.0 / float(np.sqrt(D))
     if H % KVH:
         raise OpError(f"PagedAttention {node.name}: num_heads {H} is not a multiple of num_kv_heads {KVH}")
@@ -157,7 +157,7 @@ def _lower_paged_attention(b: _Builder, node: onnx.NodeProto, idx: dict[str, str
 def _decode_index_subgraph(b: _Builder, slot_mapping: str, block_tables: str, context_lens: str,
                            block_size: int) -> dict[str, str]:
     """Decode: one query per sequence at position context_lens - 1 (shared by all layers)."""
-    c0, c1 = b.const([0]), b.const([1])
+    c1 = b.const([1])
     bs = b.const(block_size, hint="block_size")
     blk = b.op("Div", [slot_mapping, bs], "slot_block")
     off = b.op("Mod", [slot_mapping, bs], "slot_offset")

@@ -16,7 +16,6 @@ import math
 
 import torch
 
-from trtpipe.plugins import OP_DOMAIN, OP_VERSION
 
 
 @torch.library.custom_op("trtpipe::paged_attention", mutates_args=())
