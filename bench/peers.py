@@ -264,12 +264,19 @@ tmp.rename(out)
 """
 
 
-def setup(force: bool = False, log=print) -> dict:
+def setup(force: bool = False, retry_failed: bool = True, log=print) -> dict:
     """Create ``.venv-bench``, install each requirement group, build the model folders.
 
-    Each step is timed and recorded in ``.venv-bench/setup.json``; a step already recorded as ok is
-    skipped unless ``force``. A failed step does not stop the others (except those that need it).
+    Each step is timed and recorded in ``.venv-bench/setup.json``. A step recorded as ok is skipped
+    unless ``force``; one recorded as failed is retried only when ``retry_failed`` (``--setup``),
+    so a plain run does not rebuild llama-cpp-python for 15 minutes each time just to fail again.
+    A failed step does not stop the others (except those that need it).
     """
+
+    def done(step: str) -> bool:
+        s = state.get(step)
+        return s is not None and not force and (s.get("ok") or not retry_failed)
+
     state = load_setup_state() if not force else {}
     if not bench_python().exists():
         log(f"setup: creating {BENCH_VENV} ...")
@@ -280,7 +287,7 @@ def setup(force: bool = False, log=print) -> dict:
         state = {}
     pip = [str(bench_python()), "-m", "pip", "install", "--disable-pip-version-check"]
     for group, reqs in read_requirement_groups().items():
-        if state.get(group, {}).get("ok") and not force:
+        if done(group):
             continue
         env = dict(os.environ)
         if group == "llama.cpp":  # builds from source; native = this CPU's AVX2/AVX-512
@@ -302,7 +309,7 @@ def setup(force: bool = False, log=print) -> dict:
             "-p", prec, "-e", "cpu", "-c", str(MODELS_DIR / "cache")])
     MODELS_DIR.mkdir(parents=True, exist_ok=True)
     for step, (deps, out, cmd) in models.items():
-        if state.get(step, {}).get("ok") and out.exists() and not force:
+        if done(step) and (out.exists() or not state[step].get("ok")):
             continue
         missing = [d for d in deps if not state.get(d, {}).get("ok")]
         if missing:
@@ -979,7 +986,7 @@ def render_markdown(meta: dict, summary: dict, runs: dict, profile: dict, setup_
                  f"= {t['peak_rss_bytes'] / (w + k):.2f}x.")
         a, b = ex.get("rss_after_import_bytes"), ex.get("rss_after_load_bytes")
         if a and b:
-            L.append(f"Where the RSS goes (last repeat): {a / 2**20:.0f} MiB after the imports (interpreter, numpy, "
+            L.append(f"Where the RSS goes (its last run): {a / 2**20:.0f} MiB after the imports (interpreter, numpy, "
                      f"onnxruntime); {b / 2**20:.0f} MiB once `LLM(...)` has loaded (+{(b - a) / 2**20:.0f} MiB: the "
                      f"memory-mapped weights plus whatever onnxruntime builds from them at session creation); "
                      f"peak {t['peak_rss_bytes'] / 2**20:.0f} MiB after the runs "
@@ -1115,6 +1122,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--artifact", type=Path, default=DEFAULT_ARTIFACT)
     ap.add_argument("--out", type=Path, default=DEFAULT_DOC, help="markdown report (docs/benchmarks.md)")
     ap.add_argument("--json", type=Path, help="also write the raw results here")
+    ap.add_argument("--from-json", type=Path, metavar="RAW",
+                    help="measure nothing: rewrite --out from raw results saved by an earlier --json")
     ap.add_argument("--no-profile", action="store_true", help="skip bench/profile_decode.py")
     ap.add_argument("--worker-timeout", type=float, default=600.0)
     ap.add_argument("--wait-quiet", type=float, default=60.0, metavar="S",
@@ -1126,6 +1135,14 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.worker:
         return worker_main(args.worker, args.spec)
+    if args.from_json:
+        raw = json.loads(args.from_json.read_text())
+        meta = raw["meta"]
+        summary = summarize(raw["runs"], meta.get("max_foreign_load", math.inf))
+        args.out.write_text(render_markdown(meta, summary, raw["runs"], raw["profile"], raw["setup"],
+                                            read_analysis(args.out)))
+        print(f"wrote {args.out} from {args.from_json}")
+        return 0
 
     # The orchestrator and the trtpipe worker run in the project venv.
     try:
@@ -1146,7 +1163,7 @@ def main(argv: list[str] | None = None) -> int:
     state = load_setup_state()
     if args.setup or args.force_setup or (not args.no_setup and any(
             unavailable_reason(ENGINES[e], state) for e in engines)):
-        state = setup(force=args.force_setup)
+        state = setup(force=args.force_setup, retry_failed=args.setup or args.force_setup)
         if args.setup:
             print(json.dumps(state, indent=2))
             return 0 if all(s.get("ok") for s in state.values()) else 1
