@@ -26,8 +26,9 @@ CPU ``onnxruntime`` package, which clashes with the ``onnxruntime-gpu`` of trtpi
 Installing them is this script's own ``--setup`` step (bench/requirements-peers.txt), never part of
 the test run; a peer that cannot be installed or run gets a row that says why.
 
-Measurements (one worker process per engine and repeat: ``peers.py --worker ENGINE --spec F``
-loads the engine once, warms it up, measures, and prints one JSON line):
+Measurements (one worker process per engine and round: ``peers.py --worker ENGINE --spec F``
+loads the engine once, warms it up on other windows of the same text with the same shapes,
+measures, and prints one JSON line):
 
 - TTFT at 16/128/512 prompt tokens, batch 1: from handing the token ids to the engine to the
   first generated token (prefill + first sampling).
@@ -49,8 +50,12 @@ Rounds go on until every engine has ``--repeats`` clean runs (default 3), up to 
 for the other jobs to calm down. Reported numbers are medians over each engine's clean runs.
 
 Floors (shared/TOOLCHAIN.md): decode 3.2 ms/token for the weights plus 0.5 ms per 512 tokens of
-context read from the KV cache; prefill 0.66 s per 512 tokens (linear in tokens). "% of floor" is
-floor / measured x 100: 100 % would be running at the physical limit.
+context read from the KV cache; prefill 0.66 s per 512 tokens (linear in tokens; fp32 compute, so
+kernels with int8 activations may beat it). "% of floor" is floor / measured x 100: 100 % would be
+running at the physical limit.
+
+At the end ``bench/profile_decode.py`` splits trtpipe's batch-1 decode step (engine vs Python),
+and everything is written to docs/benchmarks.md; its hand-written analysis section is kept.
 """
 
 from __future__ import annotations
@@ -246,7 +251,7 @@ def _offline_env() -> dict:
 
 
 _MAKE_HF = r"""
-import sys, torch
+import shutil, sys, torch
 from pathlib import Path
 from transformers import AutoModelForCausalLM, AutoTokenizer
 g, out = Path(sys.argv[1]), Path(sys.argv[2])
@@ -259,6 +264,7 @@ plain = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
 plain.load_state_dict(m.state_dict())
 plain.tie_weights()
 tmp = out.with_name(out.name + ".tmp")
+shutil.rmtree(tmp, ignore_errors=True)  # left by a killed earlier setup
 plain.save_pretrained(tmp); tok.save_pretrained(tmp)
 tmp.rename(out)
 """
@@ -313,7 +319,8 @@ def setup(force: bool = False, retry_failed: bool = True, log=print) -> dict:
             continue
         missing = [d for d in deps if not state.get(d, {}).get("ok")]
         if missing:
-            state[step] = {"ok": False, "seconds": 0.0, "error": f"needs {', '.join(missing)}, which failed"}
+            state[step] = {"ok": False, "seconds": 0.0,
+                           "error": f"needs setup step(s) {', '.join(missing)}, which did not succeed"}
             continue
         if out.exists():
             shutil.rmtree(out)
@@ -1114,7 +1121,8 @@ def main(argv: list[str] | None = None) -> int:
                          "engine has them, or --max-rounds, or --max-minutes")
     ap.add_argument("--max-rounds", type=int, default=6)
     ap.add_argument("--max-minutes", type=float, default=15.0,
-                    help="start no new round once this much wall time has gone (the whole run stays bounded)")
+                    help="start no new round that would end past this many minutes of measuring (setup "
+                         "not counted)")
     ap.add_argument("--max-foreign-load", type=float, default=0.3, metavar="CORES",
                     help="a measurement during which other processes used more than this many cores is "
                          "left out of the medians (kept in the raw numbers)")
@@ -1183,13 +1191,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="trtpipe-peers-") as tmp:
         spec_file = Path(tmp) / "spec.json"
         spec_file.write_text(json.dumps(spec))
-        r, t_round = 0, 0.0
+        r, t_round, t_measure = 0, 0.0, time.monotonic()  # the budget excludes any setup time
         while r < args.max_rounds:
             clean = [sum(1 for x in runs[e] if _is_clean(x, args.max_foreign_load)) for e in runnable
                      if not all("error" in x for x in runs[e])]
             if clean and min(clean) >= args.repeats:
                 break
-            elapsed = time.monotonic() - t_start
+            elapsed = time.monotonic() - t_measure
             if r > 0 and elapsed + t_round > args.max_minutes * 60:
                 print(f"stopping after {r} rounds: another would pass --max-minutes {args.max_minutes:g}", flush=True)
                 break
