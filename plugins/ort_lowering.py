@@ -106,19 +106,25 @@ def _index_subgraph(b: _Builder, slot_mapping: str, block_tables: str, context_l
                 causal=causal, qmax=qmax, L=L)
 
 
-def _lower_paged_attention(b: _Builder, node: onnx.NodeProto, idx: dict[str, str], masks: dict) -> None:
+def _attention_prologue(b: _Builder, node: onnx.NodeProto, idx: dict[str, str]):
+    """Shared by the prefill and decode lowerings: read the attributes, check GQA, and write this
+    step's K/V into the pool in place (ScatterND at ``write_idx``; see the module docstring)."""
     a = _attrs(node)
     H, KVH, D = a["num_heads"], a["num_kv_heads"], a["head_size"]
     W = a.get("sliding_window", 0)
     scale = a.get("scale", 0.0) or 1.0 / float(np.sqrt(D))
     if H % KVH:
         raise OpError(f"PagedAttention {node.name}: num_heads {H} is not a multiple of num_kv_heads {KVH}")
-    G = H // KVH
     q, k, v, kc, vc, _slot, block_tables = node.input[:7]
     out, kc_out, vc_out = node.output
     T_kvh_d = b.const([-1, KVH, D])
     b.op("ScatterND", [kc, idx["write_idx"], b.op("Reshape", [k, T_kvh_d])], "write_k", outputs=[kc_out])
     b.op("ScatterND", [vc, idx["write_idx"], b.op("Reshape", [v, T_kvh_d])], "write_v", outputs=[vc_out])
+    return H, KVH, D, H // KVH, W, scale, q, block_tables, out, kc_out, vc_out
+
+
+def _lower_paged_attention(b: _Builder, node: onnx.NodeProto, idx: dict[str, str], masks: dict) -> None:
+    H, KVH, D, G, W, scale, q, block_tables, out, kc_out, vc_out = _attention_prologue(b, node, idx)
     # mask (shared by layers with the same window)
     if W not in masks:
         if W > 0:
@@ -172,18 +178,7 @@ def _decode_index_subgraph(b: _Builder, slot_mapping: str, block_tables: str, co
 
 def _lower_paged_attention_decode(b: _Builder, node: onnx.NodeProto, idx: dict[str, str], masks: dict) -> None:
     """One query token per sequence: scores [S, KVH, G, L] without any padding or re-packing."""
-    a = _attrs(node)
-    H, KVH, D = a["num_heads"], a["num_kv_heads"], a["head_size"]
-    W = a.get("sliding_window", 0)
-    scale = a.get("scale", 0.0) or 1.0 / float(np.sqrt(D))
-    if H % KVH:
-        raise OpError(f"PagedAttention {node.name}: num_heads {H} is not a multiple of num_kv_heads {KVH}")
-    G = H // KVH
-    q, k, v, kc, vc, _slot, block_tables = node.input[:7]
-    out, kc_out, vc_out = node.output
-    T_kvh_d = b.const([-1, KVH, D])
-    b.op("ScatterND", [kc, idx["write_idx"], b.op("Reshape", [k, T_kvh_d])], "write_k", outputs=[kc_out])
-    b.op("ScatterND", [vc, idx["write_idx"], b.op("Reshape", [v, T_kvh_d])], "write_v", outputs=[vc_out])
+    H, KVH, D, G, W, scale, q, block_tables, out, kc_out, vc_out = _attention_prologue(b, node, idx)
     if W not in masks:
         m = idx["causal"]
         if W > 0:  # j > pos - W  <=>  j >= ctx - W
