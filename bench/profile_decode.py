@@ -100,7 +100,7 @@ def ort_op_profile(artifact: Path, threads: int, ids: list[int], num_steps: int)
         ort.SessionOptions = plain
     decode_steps(llm, ids, 8, [])  # warm-up
     decode_steps(llm, ids, num_steps, [])
-    path = llm.engine.sessions["decode"].sess.end_profiling()
+    path = llm.engine.sessions[llm.engine.decode_graph].sess.end_profiling()
     events = json.loads(Path(path).read_text())
     runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])[-num_steps:]
     t0 = runs[0]["ts"]

@@ -307,7 +307,8 @@ def build(recipe: Recipe, artifact_root: str | Path = "artifacts", *, force: boo
             t = time.perf_counter()
             model, fused = optimize_for_ort(onnx.load(str(res.path)))
             lowered[phase] = lower_for_ort(model, accuracy_level=recipe.engine.ort_accuracy_level,
-                                           decode=phase == "decode")
+                                           decode=phase == "decode",
+                                           float_zero_points=recipe.engine.resolved_float_zero_points())
             timings[f"fused_{phase}"] = fused
             timings[f"lower_{phase}_s"] = time.perf_counter() - t
             res.path.unlink()
@@ -365,6 +366,9 @@ def build(recipe: Recipe, artifact_root: str | Path = "artifacts", *, force: boo
                 "shared_data_file": DATA_FILE,
                 "shared_initializers": shared,
                 "intra_op_num_threads": getattr(recipe.engine, "intra_op_num_threads", None),
+                "ort_decode_graph": ("prefill" if recipe.engine.ort_sessions == "one" or (
+                    recipe.engine.ort_sessions == "auto" and recipe.precision.prefill == recipe.precision.decode)
+                    else "decode"),
             },
             build_info={"build_hash": build_hash(recipe), "timings_s": timings, "model_source": str(src.path), "host": platform.node(),
                         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -46,6 +46,7 @@ __all__ = [
     "repack_gguf_q4_1_exact",
     "dequantize_gguf_q8_0",
     "repack_gguf_q8_0_as_uint8",
+    "requantize_float_zp_to_uint8_8bit",
 ]
 
 GGUF_BLOCK = 32  # elements per ggml Q4_0 / Q4_1 / Q8_0 block
@@ -274,3 +275,33 @@ def repack_gguf_q8_0_as_uint8(raw: np.ndarray, N: int, K: int) -> tuple[np.ndarr
     d = _fp16_field(blocks, 0)
     q = np.ascontiguousarray(blocks[..., 2:]).view(np.int8).astype(np.int16)
     return (q + 128).astype(np.uint8), d
+
+
+def requantize_float_zp_to_uint8_8bit(codes: np.ndarray, scales: np.ndarray, zero_points: np.ndarray,
+                                      group_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """4-bit blocks with *float* zero points (GGUF Q4_1: ``w = d*(q - zp)``, ``zp = -m/d``) ->
+    8-bit blocks with *integer* zero points, the form ONNX Runtime's MatMulNBits runs fast.
+
+    ``q8 = 16*q + r``, ``d8 = d/16``, ``z8 = r + round(16*zp)`` with ``r = clip(-round(16*zp), 0, 15)``
+    so that ``d8*(q8 - z8) = d*q - d*round(16*zp)/16``: each weight of a block moves by the same
+    ``d*(16*zp - round(16*zp))/16``, at most ``d/32`` (exact when ``16*zp`` is an integer; a 4-bit
+    code step is ``d``). ``z8`` is clipped to 0..255, which only matters for ``zp`` outside
+    ``[-15/16, 15.97]`` (a block whose values all lie far from zero).
+
+    codes ``[N, K]`` uint8 0..15; scales, zero_points ``[N, K/G]`` float.
+    Returns ``(q8 [N, K/G, G] uint8, d8 [N, K/G] float32, z8 [N, K/G] uint8)``: MatMulNBits
+    ``bits=8`` layout (one code per byte, one zero point per byte).
+    Raises :class:`OpError` on shapes that do not match.
+    """
+    _check_group_size(codes.shape[1], group_size)
+    N, K = codes.shape
+    G = int(group_size)
+    if scales.shape != (N, K // G) or zero_points.shape != (N, K // G):
+        raise OpError(f"scales {scales.shape} / zero_points {zero_points.shape}: expected [N, K/G] = "
+                      f"[{N}, {K // G}] for codes [{N}, {K}] and group_size {G}")
+    zp16 = np.round(16.0 * zero_points.astype(np.float64))
+    r = np.clip(-zp16, 0, 15)
+    z8 = np.clip(r + zp16, 0, 255).astype(np.uint8)
+    q8 = (16 * codes.reshape(N, K // G, G).astype(np.int32) + r[..., None].astype(np.int32)).astype(np.uint8)
+    d8 = (scales.astype(np.float32) / np.float32(16)).astype(np.float32)
+    return q8, d8, z8

@@ -199,7 +199,7 @@ def _lower_paged_attention_decode(b: _Builder, node: onnx.NodeProto, idx: dict[s
 
 
 def _lower_int4_gemm(b: _Builder, node: onnx.NodeProto, accuracy_level: int, inits: dict,
-                     blocksums: dict) -> None:
+                     blocksums: dict, float_zero_points: str = "exact") -> None:
     """Int4Gemm -> MatMulNBits.
 
     uint8 (or absent) zero points map 1:1. Float zero points (GGUF Q4_1: ``w = d*q + m`` with
@@ -207,6 +207,10 @@ def _lower_int4_gemm(b: _Builder, node: onnx.NodeProto, accuracy_level: int, ini
     576x1536 GEMV), so they are lowered exactly as
     ``Y = MatMulNBits(A, q, d, zp=0) + blocksum(A) @ M^T`` with ``M = -zp * d`` [N, K/G] and
     ``blocksum(A)[.., g] = sum of A over group g`` (shared by linears reading the same A).
+    That correction costs ~25 % of a SmolLM2 decode step (measured by removing it), so with
+    ``float_zero_points="int8"`` the blocks are instead re-coded as 8-bit blocks with integer zero
+    points (:func:`~trtpipe.plugins.int4_pack.requantize_float_zp_to_uint8_8bit`: each weight
+    moves by at most ``d/32``, no correction term, twice the weight bytes).
     """
     a = _attrs(node)
     K, N, G = a["K"], a["N"], a["group_size"]
@@ -229,6 +233,17 @@ def _lower_int4_gemm(b: _Builder, node: onnx.NodeProto, accuracy_level: int, ini
         b.op("MatMulNBits", inputs[:3] + [zname], "matmul_nbits", domain=MS_DOMAIN, outputs=list(node.output), **nbits)
         return
     scales = inits[inputs[2]]
+    if float_zero_points == "int8" and bits == 4:
+        from trtpipe.plugins.int4_pack import requantize_float_zp_to_uint8_8bit
+        from trtpipe.plugins.reference import unpack_int4_codes
+
+        q8, d8, z8 = requantize_float_zp_to_uint8_8bit(unpack_int4_codes(inits[inputs[1]], K, N, G),
+                                                       scales, zp, G)
+        names = [b.const(q8, np.uint8, hint="b_int8"), b.const(d8, np.float32, hint="scales_int8"),
+                 b.const(z8, np.uint8, hint="zero_points_int8")]
+        b.op("MatMulNBits", [inputs[0]] + names, "matmul_nbits", domain=MS_DOMAIN, outputs=list(node.output),
+             **dict(nbits, bits=8))
+        return
     mins_t = np.ascontiguousarray((-zp.astype(np.float32) * scales.astype(np.float32)).T)  # [K/G, N]
     n_groups = K // G
     zero_zp = b.const(np.zeros((N, (n_groups + 1) // 2), np.uint8), np.uint8, hint="zp_zero")
@@ -263,14 +278,20 @@ class _InitializerView:
         return v
 
 
-def lower_for_ort(model: onnx.ModelProto, accuracy_level: int = 0, decode: bool = False) -> onnx.ModelProto:
+def lower_for_ort(model: onnx.ModelProto, accuracy_level: int = 0, decode: bool = False,
+                  float_zero_points: str = "exact") -> onnx.ModelProto:
     """Rewrite every ``trtpipe`` node into ONNX Runtime CPU ops (returns a new ModelProto).
 
     ``accuracy_level`` is passed to MatMulNBits (0 = fp32 activations, 4 = int8 activations).
+    ``float_zero_points``: how 4-bit blocks with float zero points (GGUF Q4_1) are lowered:
+    ``"exact"`` (MatMulNBits + blocksum correction) or ``"int8"`` (8-bit integer-zero-point
+    blocks, each weight within ``d/32``); see :func:`_lower_int4_gemm`.
     ``decode``: the graph is a decode graph (one query per sequence, ``query_start_loc`` =
     0..S): attention is lowered without the padded-query re-packing prefill needs.
-    Raises :class:`OpError` for an unknown ``trtpipe`` op.
+    Raises :class:`OpError` for an unknown ``trtpipe`` op or an unknown ``float_zero_points``.
     """
+    if float_zero_points not in ("exact", "int8"):
+        raise OpError(f"float_zero_points={float_zero_points!r}: expected 'exact' or 'int8'")
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = out.graph
@@ -303,7 +324,7 @@ def lower_for_ort(model: onnx.ModelProto, accuracy_level: int = 0, decode: bool 
             # masks built inside this node's builder are reused by later layers: they are
             # defined before those layers in topological order, so sharing is safe.
         elif node.op_type == "Int4Gemm":
-            _lower_int4_gemm(b, node, accuracy_level, inits, blocksums)
+            _lower_int4_gemm(b, node, accuracy_level, inits, blocksums, float_zero_points)
             new_nodes.extend(b.nodes)
             extra_inits.extend(b.inits)
         else:
@@ -311,6 +332,12 @@ def lower_for_ort(model: onnx.ModelProto, accuracy_level: int = 0, decode: bool 
     del g.node[:]
     g.node.extend(new_nodes)
     g.initializer.extend(extra_inits)
+    # drop initializers no node reads any more (replaced codes/scales, unused zero points), so
+    # they are not written to weights.data
+    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    keep_i = [t for t in g.initializer if t.name in used]
+    del g.initializer[:]
+    g.initializer.extend(keep_i)
     domains = {o.domain for o in out.opset_import}
     if MS_DOMAIN not in domains:
         out.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))

@@ -465,3 +465,24 @@ def test_yaml_exponent_without_dot_gets_a_precise_fix():
     data = yaml.safe_load(resolve_recipe_path("llama2-7b-a100").read_text())
     err = error_of(data, lambda d: d["model"]["architecture"].update(rms_norm_eps="1e-5"))
     assert_problem(err, "model.architecture.rms_norm_eps", "'1e-5'", "write 1e-5 as 1.0e-5")
+
+
+def test_ort_engine_settings_resolve_and_are_checked(cpu_data):
+    r = parse_recipe(copy.deepcopy(cpu_data), origin="ok.yaml")
+    assert r.engine.ort_accuracy_level == 4 and r.engine.resolved_float_zero_points() == "int8"
+    d = copy.deepcopy(cpu_data)
+    d["engine"] = {"ort_accuracy_level": 0}
+    assert parse_recipe(d, origin="ok.yaml").engine.resolved_float_zero_points() == "exact"
+    d["engine"] = {"ort_accuracy_level": 0, "ort_float_zero_points": "int8"}
+    assert parse_recipe(d, origin="ok.yaml").engine.resolved_float_zero_points() == "int8"
+
+    def one_session_mixed(x):
+        x["precision"]["prefill"] = "fp32"
+        x["engine"] = {"ort_sessions": "one"}
+    assert_problem(error_of(cpu_data, one_session_mixed), "engine.ort_sessions", "'one'", "ort_sessions: two")
+
+    def ort_key_on_gpu(x):
+        x["target"] = "a100"
+        x["kv_cache"]["dtype"] = "fp16"
+        x["engine"] = {"ort_float_zero_points": "exact"}
+    assert_problem(error_of(cpu_data, ort_key_on_gpu), "engine.ort_float_zero_points", "'exact'", "target: cpu")

@@ -162,6 +162,38 @@ def test_int4_gemm_lowering_matches_reference(zp_kind, N):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("N", [1, 40])
+def test_q4_1_int8_requant_lowering_within_hand_bound(N):
+    """``float_zero_points="int8"``: GGUF Q4_1 blocks re-coded as 8-bit MatMulNBits blocks. Each
+    weight moves by at most d/32 (d = the block's scale), so |Y - Y_ref| <= sum_k |a_k| d_k / 32
+    (+ float rounding); accuracy_level 0 keeps the activations fp32 so nothing else differs."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    rng = np.random.default_rng(7 + N)
+    K, G = 96, 32
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    packed, scales, zp = int4_pack.repack_gguf_q4_1(quantize(w, GGMLQuantizationType.Q4_1), N, K)
+    a = rng.standard_normal((5, K)).astype(np.float32)
+    want = R.int4_gemm(a, packed, scales, zp, K=K, N=N, group_size=G)
+    m = lower_for_ort(_gemm_model(K, N, G, packed, scales, zp), accuracy_level=0, float_zero_points="int8")
+    nodes = [n for n in m.graph.node]
+    assert [n.op_type for n in nodes] == ["MatMulNBits"]  # no correction term
+    assert next(x.i for x in nodes[0].attribute if x.name == "bits") == 8
+    assert {t.name for t in m.graph.initializer} == set(nodes[0].input[1:])  # old codes dropped
+    got = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"A": a})[0]
+    d_per_k = np.repeat(scales, G, axis=1)  # [N, K]
+    bound = np.abs(a) @ (d_per_k.T / 32) + 1e-4
+    assert np.all(np.abs(got - want) <= bound)
+    assert np.abs(got - want).max() > 0  # Q4_1 zero points are not multiples of 1/16 in general
+
+
+def test_unknown_float_zero_points_mode_is_refused():
+    with pytest.raises(OpError, match="float_zero_points"):
+        lower_for_ort(_gemm_model(32, 1, 32, np.zeros((1, 1, 16), np.uint8), np.ones((1, 1), np.float32), None),
+                      float_zero_points="int3")
+
+
 def test_zero_points_0_and_15_survive_packing():
     zp = np.array([[0, 15, 15, 0, 7]], np.uint8)
     packed = int4_pack.pack_zero_points_uint8(zp)

@@ -68,6 +68,29 @@ def test_batched_greedy_equals_each_request_alone(int4_llm):
     assert llm.block_pool.num_used == 0
 
 
+def test_decode_through_prefill_graph_equals_decode_graph(int4_artifact, tmp_path):
+    """engine.ort_sessions: one session (decode steps as 1-token prefill chunks) and two sessions
+    (the decode graph) give the same greedy tokens for a batch of three."""
+    from trtpipe.runtime.llm import LLM
+    from trtpipe.runtime.request import SamplingParams
+
+    manifest = json.loads((int4_artifact / "manifest.json").read_text())
+    mode = manifest["runtime_options"]["ort_decode_graph"]
+    assert mode == "prefill"  # int4 in both phases: auto -> one session
+    for f in int4_artifact.iterdir():
+        if f.name != "manifest.json":
+            (tmp_path / f.name).symlink_to(f)
+    manifest["runtime_options"]["ort_decode_graph"] = "decode"
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    one, two = LLM(int4_artifact), LLM(tmp_path)
+    assert list(one.engine.sessions) == ["prefill"] and list(two.engine.sessions) == ["prefill", "decode"]
+    prompts = ["The capital of France is", "def fib(n):", "Once upon a time, in a land far away,"]
+    sp = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    got = [[o.output_token_ids for o in llm.generate(prompts, sp)] for llm in (one, two)]
+    assert got[0] == got[1]
+    assert one.block_pool.num_used == 0 and two.block_pool.num_used == 0
+
+
 @pytest.mark.parametrize("text", ["北京是中国的首都，长城很长。", "東京は日本の首都です。ありがとう！",
                                   "Emoji: 🎉🚀👩‍💻 done", "Москва — столица России."])
 def test_streamed_pieces_concatenate_to_full_decode_real_tokenizer(int4_llm, text):
