@@ -7,8 +7,9 @@ sizes), the recipe (precision per phase, KV pool, limits, scenarios) and the tar
 What is modelled (bytes are exact counts; times are rooflines):
 
 * weights per phase: linear layers at the phase precision (INT4: 0.5 B per weight plus the
-  per-group scale/zero point of the target's format), embedding / lm_head / norms at the
-  phase's activation dtype;
+  per-group scale/zero point of the target's format; on cpu, GGUF Q4_1 blocks in the form
+  ``engine.ort_float_zero_points`` picks, and the 8-bit LM head of a tied Q8_0 embedding),
+  embedding / lm_head / norms at the phase's activation dtype;
 * KV: ``2 x kv_heads_l x head_dim x dtype`` bytes per token and layer, a sliding-window layer
   holding at most ``window`` tokens; the recipe's pool (``plan_kv_num_blocks``);
 * activations: the prefill peak of one layer for ``max_num_tokens`` tokens, plus the attention
@@ -40,11 +41,19 @@ from trtpipe.runtime.model_config import ModelConfig
 EXIT_OK, EXIT_FAILED = 0, 1
 
 INT4_BITS_BYTES = 0.5  # two 4-bit codes per byte
-# Per-group overhead of INT4 weights (one group = group_size weights along K of one row):
-# cpu artifacts keep a float32 scale and a float32 zero point per group (ONNX Runtime's
-# MatMulNBits takes float zero points; GGUF Q4_1 mins become zp = -min/scale exactly), even for
-# symmetric weights; GPU plugins keep an fp16 scale and, when asymmetric, a packed 4-bit zero point.
-INT4_GROUP_BYTES_CPU = 8.0
+# Per-group overhead of INT4 weights (one group = group_size weights along K of one row): cpu
+# artifacts of GGUF Q4_1 weights (float zero points) take one of the two forms of
+# ort_lowering (engine.ort_float_zero_points); GPU plugins keep an fp16 scale and, when
+# asymmetric, a packed 4-bit zero point.
+INT4_GROUP_BYTES_CPU = {  # per group of a cpu artifact, by engine.ort_float_zero_points
+    "exact": 8.5,  # 4-bit codes; fp32 scale, packed 4-bit zero point, fp32 min (correction term)
+    "int8": 5.0,   # 8-bit codes (Q4_1 re-coded, 1 B per weight); fp32 scale, uint8 zero point
+}
+CPU_CODE_BYTES = {"exact": INT4_BITS_BYTES, "int8": 1.0}
+# A tied GGUF embedding (Q8_0) also becomes an 8-bit MatMulNBits LM head in int4 phases (the
+# fp32 table stays for the embedding Gather): 1 B per weight + fp32 scale + uint8 zero point
+# per block of 32.
+CPU_INT8_HEAD_BYTES_PER_WEIGHT = 1.0 + 5.0 / 32
 INT4_GROUP_BYTES_GPU_SCALE = 2.0
 INT4_GROUP_BYTES_GPU_ZERO_POINT = 0.5
 SCORE_BYTES = 4  # attention scores / softmax are float32 (docs/contracts.md)
@@ -141,7 +150,7 @@ class PhaseWeights:
     linear_bytes: int  # GEMM weights (INT4: packed codes)
     int4_group_bytes: int  # INT4 scales + zero points (0 unless int4)
     embedding_bytes: int
-    lm_head_bytes: int  # 0 when tied to the embedding (one tensor)
+    lm_head_bytes: int  # 0 when tied to the embedding (one tensor); cpu int4: the 8-bit head
     other_bytes: int  # norms and biases
 
     @property
@@ -166,23 +175,35 @@ def activation_dtype(precision: str, family: str) -> str:
 
 
 def phase_weights(config: ModelConfig, precision: str, family: str, *, group_size: int = 32,
-                  symmetric: bool = False) -> PhaseWeights:
-    """Weight bytes of a phase at ``precision`` on a target family (``cpu`` or a GPU)."""
+                  symmetric: bool = False, cpu_float_zero_points: str = "int8") -> PhaseWeights:
+    """Weight bytes of a phase at ``precision`` on a target family (``cpu`` or a GPU).
+
+    cpu INT4 assumes the shipped source, a GGUF with Q4_1 GEMM weights and a tied Q8_0
+    embedding: ``cpu_float_zero_points`` (``exact`` | ``int8``, the recipe's resolved
+    ``engine.ort_float_zero_points``) picks the block form (:data:`INT4_GROUP_BYTES_CPU`), and
+    the tied embedding adds an 8-bit LM head. Raises ValueError for an unknown form.
+    """
     act = activation_dtype(precision, family)
     act_b = DTYPE_BYTES[act]
     n_lin = linear_params(config)
+    emb = config.vocab_size * config.hidden_size * act_b
+    lm_head = 0 if config.tie_word_embeddings else emb
     if precision == "int4":
-        linear = int(n_lin * INT4_BITS_BYTES)
         groups = n_lin // group_size
-        per_group = (INT4_GROUP_BYTES_CPU if family == "cpu" else
-                     INT4_GROUP_BYTES_GPU_SCALE + (0 if symmetric else
-                                                   INT4_GROUP_BYTES_GPU_ZERO_POINT))
-        group_bytes = int(groups * per_group)
+        if family == "cpu":
+            if cpu_float_zero_points not in INT4_GROUP_BYTES_CPU:
+                raise ValueError(f"cpu_float_zero_points {cpu_float_zero_points!r}: expected exact or int8")
+            linear = int(n_lin * CPU_CODE_BYTES[cpu_float_zero_points])
+            group_bytes = int(groups * INT4_GROUP_BYTES_CPU[cpu_float_zero_points])
+            if config.tie_word_embeddings:
+                lm_head = int(config.vocab_size * config.hidden_size * CPU_INT8_HEAD_BYTES_PER_WEIGHT)
+        else:
+            linear = int(n_lin * INT4_BITS_BYTES)
+            group_bytes = int(groups * (INT4_GROUP_BYTES_GPU_SCALE
+                                        + (0 if symmetric else INT4_GROUP_BYTES_GPU_ZERO_POINT)))
     else:
         linear, group_bytes = n_lin * DTYPE_BYTES[precision], 0
-    emb = config.vocab_size * config.hidden_size * act_b
-    return PhaseWeights(precision, act, linear, group_bytes, emb,
-                        0 if config.tie_word_embeddings else emb,
+    return PhaseWeights(precision, act, linear, group_bytes, emb, lm_head,
                         (norm_params(config) + bias_params(config)) * act_b)
 
 
@@ -205,6 +226,8 @@ def engine_weight_bytes(prefill: PhaseWeights, decode: PhaseWeights, layout: str
         extra = decode.linear_bytes + decode.int4_group_bytes
         if decode.activation_dtype != prefill.activation_dtype:
             extra += decode.embedding_bytes + decode.lm_head_bytes + decode.other_bytes
+        elif decode.lm_head_bytes != prefill.lm_head_bytes:  # e.g. the cpu int4 8-bit head
+            extra += decode.lm_head_bytes
         return prefill.total_bytes + extra
     raise ValueError(f"layout {layout!r}")
 
@@ -508,7 +531,8 @@ def estimate(recipe: Recipe, config: ModelConfig, target: TargetSpec,
             config, layer_sliding_window=(recipe.sliding_window,) * config.num_layers)
     int4 = recipe.precision.int4
     pre, dec = (phase_weights(config, getattr(recipe.precision, ph), fam,
-                              group_size=int4.group_size, symmetric=int4.symmetric)
+                              group_size=int4.group_size, symmetric=int4.symmetric,
+                              cpu_float_zero_points=recipe.engine.resolved_float_zero_points())
                 for ph in ("prefill", "decode"))
 
     # -- memory ------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ CPU_RECIPE = RECIPES_DIR / "smollm2-135m-cpu.yaml"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 TINY_VALIDATE = {
-    "correctness": {"int4_teacher_forced_agreement_min": 0.5, "num_sequences": 1, "num_tokens": 64},
+    "correctness": {"int4_teacher_forced_agreement_min": 0.5, "num_sequences": 4, "num_tokens": 64},
     "scenarios": [
         {"name": "ok", "num_requests": 3, "num_warmup_requests": 1,
          "prompt_tokens": {"uniform": {"min": 8, "max": 24}}, "output_tokens": 4,
@@ -200,7 +200,10 @@ def test_validate_passes_and_writes_report(tiny):
         "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "output_tokens_per_s"]
     c = doc["correctness"]
     assert c["method"] == "teacher-forced argmax agreement" and c["passed"]
-    assert c["agreement"] >= 0.9 and c["num_sequences"] == 1
+    # the default artifact (Q4_1 as 8-bit blocks, int8 activations) over the 4 golden sequences
+    # (181 tokens): measured 177/181 = 0.978; the exact Q4_1 form at accuracy 4 gave 0.961
+    assert c["num_sequences"] == 4 and c["num_tokens"] == 181
+    assert c["agreement"] >= 0.95
     for name in ("ttft_vs_prompt_len.png", "tpot_cdf.png", "itl_cdf.png", "kv_occupancy.png"):
         assert (out / name).read_bytes()[:8] == PNG_MAGIC
     assert "Scenario `ok`" in (out / "report.md").read_text()
