@@ -308,7 +308,7 @@ def build(recipe: Recipe, artifact_root: str | Path = "artifacts", *, force: boo
             model, fused = optimize_for_ort(onnx.load(str(res.path)))
             lowered[phase] = lower_for_ort(model, accuracy_level=recipe.engine.ort_accuracy_level,
                                            decode=phase == "decode",
-                                           float_zero_points=recipe.engine.resolved_float_zero_points())
+                                           float_zero_points=recipe.engine.ort_float_zero_points)
             timings[f"fused_{phase}"] = fused
             timings[f"lower_{phase}_s"] = time.perf_counter() - t
             res.path.unlink()

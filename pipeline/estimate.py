@@ -175,7 +175,7 @@ def activation_dtype(precision: str, family: str) -> str:
 
 
 def phase_weights(config: ModelConfig, precision: str, family: str, *, group_size: int = 32,
-                  symmetric: bool = False, cpu_float_zero_points: str = "int8") -> PhaseWeights:
+                  symmetric: bool = False, cpu_float_zero_points: str = "exact") -> PhaseWeights:
     """Weight bytes of a phase at ``precision`` on a target family (``cpu`` or a GPU).
 
     cpu INT4 assumes the shipped source, a GGUF with Q4_1 GEMM weights and a tied Q8_0
@@ -532,7 +532,7 @@ def estimate(recipe: Recipe, config: ModelConfig, target: TargetSpec,
     int4 = recipe.precision.int4
     pre, dec = (phase_weights(config, getattr(recipe.precision, ph), fam,
                               group_size=int4.group_size, symmetric=int4.symmetric,
-                              cpu_float_zero_points=recipe.engine.resolved_float_zero_points())
+                              cpu_float_zero_points=recipe.engine.ort_float_zero_points)
                 for ph in ("prefill", "decode"))
 
     # -- memory ------------------------------------------------------------------------------

@@ -469,12 +469,11 @@ def test_yaml_exponent_without_dot_gets_a_precise_fix():
 
 def test_ort_engine_settings_resolve_and_are_checked(cpu_data):
     r = parse_recipe(copy.deepcopy(cpu_data), origin="ok.yaml")
-    assert r.engine.ort_accuracy_level == 4 and r.engine.resolved_float_zero_points() == "int8"
+    assert r.engine.ort_accuracy_level == 4 and r.engine.ort_float_zero_points == "exact"
+    assert r.engine.ort_sessions == "auto"
     d = copy.deepcopy(cpu_data)
-    d["engine"] = {"ort_accuracy_level": 0}
-    assert parse_recipe(d, origin="ok.yaml").engine.resolved_float_zero_points() == "exact"
-    d["engine"] = {"ort_accuracy_level": 0, "ort_float_zero_points": "int8"}
-    assert parse_recipe(d, origin="ok.yaml").engine.resolved_float_zero_points() == "int8"
+    d["engine"] = {"ort_float_zero_points": "int4"}
+    assert_problem(error_of(d, lambda x: None), "engine.ort_float_zero_points", "'int4'", "did you mean 'int8'")
 
     def one_session_mixed(x):
         x["precision"]["prefill"] = "fp32"
