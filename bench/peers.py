@@ -995,7 +995,8 @@ def render_markdown(meta: dict, summary: dict, runs: dict, profile: dict, setup_
         if a and b:
             L.append(f"Where the RSS goes (its last run): {a / 2**20:.0f} MiB after the imports (interpreter, numpy, "
                      f"onnxruntime); {b / 2**20:.0f} MiB once `LLM(...)` has loaded (+{(b - a) / 2**20:.0f} MiB: the "
-                     f"memory-mapped weights plus whatever onnxruntime builds from them at session creation); "
+                     f"onnxruntime's prepacked weight copies, one per session; the mapped weights.data pages "
+                     f"are dropped once the sessions exist); "
                      f"peak {t['peak_rss_bytes'] / 2**20:.0f} MiB after the runs "
                      f"(+{(t['peak_rss_bytes'] - b) / 2**20:.0f}"
                      " MiB: activation arenas and the KV blocks actually written; np.zeros pages of the KV pool "
@@ -1003,8 +1004,8 @@ def render_markdown(meta: dict, summary: dict, runs: dict, profile: dict, setup_
             f, an = ex.get("rss_file_end_bytes"), ex.get("rss_anon_end_bytes")
             if f and an:
                 L.append(f"At the end of the worker {f / 2**20:.0f} MiB of the RSS were file pages (the memory-mapped "
-                         f"weights.data and the shared libraries) and {an / 2**20:.0f} MiB private memory "
-                         "(onnxruntime's prepacked weight copies, one per session, its arenas, the KV pool, Python).")
+                         f"weights.data pages read again and the shared libraries) and {an / 2**20:.0f} MiB private memory "
+                         "(onnxruntime's prepacked weight copies, its arenas, the KV pool, Python).")
     L.append("")
 
     L.append("## Decode step profile (trtpipe, batch 1)\n")
