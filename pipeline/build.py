@@ -54,6 +54,21 @@ class BuildResult:
     timings_s: dict[str, float]
 
 
+def rebuild_command(recipe: Recipe, artifact_root: str | Path = "artifacts") -> str:
+    """``trtpipe build ... --force`` that rebuilds ``recipe`` into ``artifact_root``: a shipped
+    recipe by name, any other by its absolute path; ``--artifacts`` unless it is ./artifacts."""
+    from trtpipe.pipeline.recipe import RECIPES_DIR
+
+    origin = Path(recipe.origin)
+    target = recipe.name
+    if origin.is_file() and origin.resolve().parent != RECIPES_DIR.resolve():
+        target = str(origin.resolve())
+    cmd = f"trtpipe build {target}"
+    if Path(artifact_root).resolve() != Path("artifacts").resolve():
+        cmd += f" --artifacts {Path(artifact_root).resolve()}"
+    return cmd + " --force"
+
+
 def artifact_dir_for(recipe: Recipe, root: str | Path = "artifacts") -> Path:
     """``<root>/<recipe name>/<target>``."""
     return Path(root) / recipe.name / recipe.target
@@ -370,7 +385,8 @@ def build(recipe: Recipe, artifact_root: str | Path = "artifacts", *, force: boo
                     recipe.engine.ort_sessions == "auto" and recipe.precision.prefill == recipe.precision.decode)
                     else "decode"),
             },
-            build_info={"build_hash": build_hash(recipe), "timings_s": timings, "model_source": str(src.path), "host": platform.node(),
+            build_info={"build_hash": build_hash(recipe), "rebuild_command": rebuild_command(recipe, artifact_root),
+                        "timings_s": timings, "model_source": str(src.path), "host": platform.node(),
                         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                         "weights_bytes": (tmp / DATA_FILE).stat().st_size},
         )

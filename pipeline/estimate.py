@@ -672,14 +672,19 @@ def _fmt_flops(x: float) -> str:
 def _weights_detail(w: PhaseWeights, recipe: Recipe, family: str) -> str:
     if w.precision == "int4":
         g = recipe.precision.int4
-        fmt = ("fp32 scale + fp32 zero point" if family == "cpu" else
-               "fp16 scale" + ("" if g.symmetric else " + 4-bit zero point"))
-        lin = (f"int4 GEMMs {_fmt_bytes(w.linear_bytes)} + {_fmt_bytes(w.int4_group_bytes)} "
+        codes = "int4"
+        if family == "cpu" and recipe.engine.ort_float_zero_points == "int8":
+            codes, fmt = "int4 as 8-bit codes", "fp32 scale + uint8 zero point"
+        elif family == "cpu":
+            fmt = "fp32 scale + 4-bit zero point + fp32 min"
+        else:
+            fmt = "fp16 scale" + ("" if g.symmetric else " + 4-bit zero point")
+        lin = (f"{codes} GEMMs {_fmt_bytes(w.linear_bytes)} + {_fmt_bytes(w.int4_group_bytes)} "
                f"({fmt} per {g.group_size})")
     else:
         lin = f"{w.precision} GEMMs {_fmt_bytes(w.linear_bytes)}"
     head = ("lm_head tied" if w.lm_head_bytes == 0 else
-            f"lm_head {_fmt_bytes(w.lm_head_bytes)}")
+            f"{'8-bit ' if w.precision == 'int4' and family == 'cpu' else ''}lm_head {_fmt_bytes(w.lm_head_bytes)}")
     return (f"{lin}; {w.activation_dtype} embedding {_fmt_bytes(w.embedding_bytes)}, {head}; "
             f"decode-step read {_fmt_bytes(w.step_read_bytes)}")
 

@@ -265,8 +265,9 @@ class EngineSpec(_Spec):
     25.33 vs 25.24), so the GGUF-exact form stays the default.
     ``ort_sessions`` (cpu only): ``one`` runs decode steps through the prefill graph in a single
     ONNX Runtime session. ORT prepacks the weights once per session, so this holds one packed
-    copy instead of two (measured on SmolLM2: peak RSS 620 vs 794 MiB, TPOT unchanged within
-    noise); needs the same precision in both phases. ``two`` loads the decode graph in its own
+    copy instead of two (measured on SmolLM2: 219 vs 357 MiB resident after loading the exact
+    Q4_1 artifact; peak 620 vs 794 MiB with the int8 form; TPOT within noise once ORT's
+    memory-pattern planning is off for that session); needs the same precision in both phases. ``two`` loads the decode graph in its own
     session. ``auto`` = one when prefill and decode precisions are equal.
     """
 

@@ -143,7 +143,7 @@ def _describe(spec) -> str:
 
 def load_golden(manifest: Any) -> dict:
     """golden.json of the artifact (recorded at build time); :class:`ArtifactError` if absent."""
-    rebuild = f"trtpipe build {manifest.recipe_name} --force"
+    rebuild = manifest.rebuild_command
     if not manifest.golden_file:
         raise ArtifactError(f"artifact {manifest.root} records no golden outputs (golden_file is "
                             f"empty), so correctness cannot be checked. Fix: `{rebuild}`.")

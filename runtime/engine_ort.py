@@ -94,7 +94,7 @@ class OrtEngine:
         self.decode_graph = opts.get("ort_decode_graph", "decode")
         if self.decode_graph not in ("prefill", "decode"):
             raise ArtifactError(f"manifest runtime_options.ort_decode_graph = {self.decode_graph!r}: expected "
-                                f"'prefill' or 'decode'. Fix: trtpipe build {manifest.recipe_name} --force")
+                                f"'prefill' or 'decode' in {manifest.path('manifest.json')}. Fix: `{manifest.rebuild_command}`")
         phases = ["prefill"] if self.decode_graph == "prefill" else list(manifest.graphs)
         if self.decode_graph == "prefill":
             # One session sees prefill and decode shapes in turn; with ORT's memory-pattern

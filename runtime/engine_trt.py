@@ -232,7 +232,7 @@ def check_trt_fingerprint(manifest: Manifest, facts: TrtRuntimeFacts) -> None:
     """Refuse an artifact built for another TensorRT, GPU, CUDA major version, platform or
     plugin ABI. Raises :class:`ArtifactError` listing every difference and the rebuild command."""
     b, t = manifest.backend, manifest.target
-    rebuild = (f"rebuild on this machine: `trtpipe build {manifest.recipe_name} --force` (or finish a build spec "
+    rebuild = (f"rebuild on this machine: `{manifest.rebuild_command}` (or finish a build spec "
                "here with `trtpipe build <spec>/recipe.yaml --from-spec <spec>/build_spec.json`)")
     if facts.flavor is None:
         raise ArtifactError(f"artifact {manifest.root} holds TensorRT {b.get('version')} plans, but the Python package "
@@ -318,7 +318,7 @@ class TrtEngine:
                 eng = self.runtime.deserialize_cuda_engine(data)
                 if eng is None:
                     raise ArtifactError(f"TensorRT could not load {manifest.path(plan)} (built with another TensorRT, "
-                                        f"GPU or plugin set?). Fix: `trtpipe build {manifest.recipe_name} --force` here.")
+                                        f"GPU or plugin set?). Fix: `{manifest.rebuild_command}` here.")
                 self._engines[plan] = eng
             profile = int(opts.get("profiles", {}).get(phase, {}).get("profile_index", 0))
             self.contexts[phase] = _Context(self._engines[plan], profile, self.stream, trt)

@@ -114,6 +114,12 @@ class Manifest:
     build_info: dict[str, Any] = field(default_factory=dict)
     root: Path | None = field(default=None, compare=False)
 
+    @property
+    def rebuild_command(self) -> str:
+        """The command that rebuilds this artifact (recorded at build time: the recipe file and
+        ``--artifacts`` root it was built with), for the "Fix:" part of errors."""
+        return self.build_info.get("rebuild_command") or f"trtpipe build {self.recipe_name} --force"
+
     def to_json(self) -> str:
         d = {
             "format_version": self.format_version,
@@ -204,7 +210,7 @@ def load_manifest(artifact_dir: str | Path, *, verify_hashes: bool = True) -> Ma
         m = Manifest.from_json(mpath.read_text(encoding="utf-8"), root=root)
     except (KeyError, ValueError, TypeError) as e:
         raise ArtifactError(f"{mpath} is malformed ({e!r}). Fix: rebuild with `trtpipe build <recipe> --force`.") from e
-    rebuild = f"trtpipe build {m.recipe_name} --force"
+    rebuild = m.rebuild_command
     bad = [f"{k} = {v!r}" for k, v in (("kv.block_size", m.kv.block_size), ("kv.num_blocks", m.kv.num_blocks),
                                        ("kv.head_dim", m.kv.head_dim), *((f"limits.{k}", v) for k, v in m.limits.items()))
            if not isinstance(v, int) or v < (2 if k == "kv.num_blocks" else 1)]

@@ -95,6 +95,25 @@ def test_build_hash_ignores_validate_and_description(tmp_path):
     assert build_hash(c) != build_hash(a)
 
 
+def test_rebuild_command_names_the_recipe_file_and_artifacts_root(tmp_path, monkeypatch):
+    """The "Fix:" of artifact errors must be a command that works: a recipe outside recipes/ by
+    its path, a non-default artifacts root with --artifacts; manifests without it fall back."""
+    from trtpipe.pipeline.build import rebuild_command
+    from trtpipe.runtime.manifest import Manifest
+
+    monkeypatch.chdir(tmp_path)
+    own = load_recipe(write_recipe(tmp_path, name="own"))
+    cmd = rebuild_command(own, tmp_path / "arts")
+    assert cmd == f"trtpipe build {(tmp_path / 'own.yaml').resolve()} --artifacts {(tmp_path / 'arts').resolve()} --force"
+    shipped = load_recipe(RECIPES_DIR / "smollm2-135m-cpu.yaml")
+    assert rebuild_command(shipped, "artifacts") == "trtpipe build smollm2-135m-cpu --force"
+    fields = {f: None for f in Manifest.__dataclass_fields__}
+    old = Manifest(**{**fields, "recipe_name": "r", "build_info": {}})
+    assert old.rebuild_command == "trtpipe build r --force"
+    new = Manifest(**{**fields, "recipe_name": "r", "build_info": {"rebuild_command": cmd}})
+    assert new.rebuild_command == cmd
+
+
 def test_artifact_match_full_hash_then_build_hash(tmp_path):
     recipe = load_recipe(write_recipe(tmp_path))
     other = load_recipe(write_recipe(tmp_path, validate={"scenarios": []}, name="validate-test"))
