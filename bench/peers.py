@@ -995,7 +995,7 @@ def render_markdown(meta: dict, summary: dict, runs: dict, profile: dict, setup_
         if a and b:
             L.append(f"Where the RSS goes (its last run): {a / 2**20:.0f} MiB after the imports (interpreter, numpy, "
                      f"onnxruntime); {b / 2**20:.0f} MiB once `LLM(...)` has loaded (+{(b - a) / 2**20:.0f} MiB: the "
-                     f"onnxruntime's prepacked weight copies, one per session; the mapped weights.data pages "
+                     f"prepacked weight copies onnxruntime makes, one per session; the mapped weights.data pages "
                      f"are dropped once the sessions exist); "
                      f"peak {t['peak_rss_bytes'] / 2**20:.0f} MiB after the runs "
                      f"(+{(t['peak_rss_bytes'] - b) / 2**20:.0f}"
