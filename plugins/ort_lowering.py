@@ -207,8 +207,8 @@ def _lower_int4_gemm(b: _Builder, node: onnx.NodeProto, accuracy_level: int, ini
     576x1536 GEMV), so they are lowered exactly as
     ``Y = MatMulNBits(A, q, d, zp=0) + blocksum(A) @ M^T`` with ``M = -zp * d`` [N, K/G] and
     ``blocksum(A)[.., g] = sum of A over group g`` (shared by linears reading the same A).
-    That correction is a sizeable part of a SmolLM2 decode step (one ablation run on a noisy
-    host: 15.6 -> 11.5 ms without it), so with ``float_zero_points="int8"`` the blocks are
+    That correction is ~20 % of a SmolLM2 decode step (removing it, timing only: 10.7 -> 8.6 ms
+    after a 16-token prompt, 13.8 -> 11.7 ms after 512; docs/benchmarks.md), so with ``float_zero_points="int8"`` the blocks are
     instead re-coded as 8-bit blocks with integer zero points (:func:`~trtpipe.plugins.int4_pack.requantize_float_zp_to_uint8_8bit`: each weight
     moves by at most ``d/32``, no correction term, twice the weight bytes).
     """
