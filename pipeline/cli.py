@@ -185,7 +185,8 @@ def validate_cmd(recipe: str, artifact_dir: str | None, artifact_root: str, scen
 
     \b
     Exit code: 0 all budgets and correctness pass; 1 any fails; 2 usage or artifact errors.
-    Reports: artifacts/<recipe>/<target>/validate/ (report.json, report.md, PNG plots).
+    Reports: artifacts/<recipe>/<target>/validate/ (report.json, report.md, PNG plots); a run of
+    some scenarios only (--scenario) writes to validate/scenarios-<names>/ and keeps the full one.
     Example: trtpipe validate smollm2-135m-cpu --scenario chat
     """
     from trtpipe.pipeline.validate import run_validate

@@ -345,6 +345,16 @@ def _env(llm: Any, recipe: Recipe, art: Path, threads: int | None) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
+def report_dir(art: Path, recipe: Recipe, chosen: Sequence[Scenario]) -> Path:
+    """Where a validate run writes its report: ``<artifact>/validate/`` for all of the recipe's
+    scenarios; ``<artifact>/validate/scenarios-<a>+<b>/`` for a subset (``--scenario``), so a
+    partial run never overwrites the full report (which ``trtpipe estimate`` reads)."""
+    names = [s.name for s in chosen]
+    if names == [s.name for s in recipe.validation.scenarios]:
+        return art / "validate"
+    return art / "validate" / ("scenarios-" + "+".join(names))
+
+
 def run_validate(recipe: str | os.PathLike | Recipe, *, artifact_dir: str | os.PathLike | None = None,
                  artifact_root: str | os.PathLike = "artifacts", scenarios: Sequence[str] = (),
                  as_json: bool = False, threads: int | None = None) -> int:
@@ -353,7 +363,8 @@ def run_validate(recipe: str | os.PathLike | Recipe, *, artifact_dir: str | os.P
     ``recipe``: a path, a shipped recipe name or a :class:`Recipe`. ``artifact_dir``: the artifact
     (default ``<artifact_root>/<recipe>/<target>``). ``scenarios``: names to run (default all).
     ``as_json``: print report.json on stdout (the tables go to stderr). ``threads``: ONNX Runtime
-    intra-op threads. The report is written to ``<artifact>/validate/``.
+    intra-op threads. The report is written to ``<artifact>/validate/`` (a subset of the
+    scenarios: to a subfolder, :func:`report_dir`).
 
     Raises :class:`TrtpipeError` (CLI exit 2) for a bad recipe, an unknown scenario, a missing,
     corrupted or mismatched artifact, or an artifact without golden outputs.
@@ -400,7 +411,7 @@ def run_validate(recipe: str | os.PathLike | Recipe, *, artifact_dir: str | os.P
         reports.append(_run_scenario(llm, scenario, spec, err))
         _print_scenario(out, reports[-1])
 
-    paths = write_report(art / "validate", recipe_name=r.name, target=r.target, scenarios=reports,
+    paths = write_report(report_dir(art, r, chosen), recipe_name=r.name, target=r.target, scenarios=reports,
                          correctness=correctness, env=env)
     doc = json.loads(paths.report_json.read_text(encoding="utf-8"))
     gate = doc["gate"]

@@ -201,7 +201,9 @@ def test_validate_passes_and_writes_report(tiny):
     res = invoke(recipe, "--artifact", art, "--scenario", "ok")
     assert res.exit_code == 0, res.output
     assert "PASS" in res.output and "ttft_ms p50" in res.output
-    out = art / "validate"
+    # a subset of the scenarios: its own folder, the full report (if any) is left alone
+    assert not (art / "validate" / "report.json").exists()
+    out = art / "validate" / "scenarios-ok"
     doc = json.loads((out / "report.json").read_text())
     assert doc["schema_version"] == 1 and doc["recipe"] == "validate-test"
     assert doc["gate"] == {"passed": True, "exit_code": 0, "budgets_passed": True,
