@@ -54,6 +54,14 @@ class BuildResult:
     timings_s: dict[str, float]
 
 
+def ort_decode_graph(recipe: Recipe) -> str:
+    """The graph ONNX Runtime runs decode steps through (``engine.ort_sessions``): ``prefill``
+    (one session) for ``one``, or for ``auto`` when both phases share a precision; else ``decode``."""
+    sessions = recipe.engine.ort_sessions
+    same = recipe.precision.prefill == recipe.precision.decode
+    return "prefill" if sessions == "one" or (sessions == "auto" and same) else "decode"
+
+
 def rebuild_command(recipe: Recipe, artifact_root: str | Path = "artifacts") -> str:
     """``trtpipe build ... --force`` that rebuilds ``recipe`` into ``artifact_root``: a shipped
     recipe by name, any other by its absolute path; ``--artifacts`` unless it is ./artifacts."""
@@ -381,9 +389,7 @@ def build(recipe: Recipe, artifact_root: str | Path = "artifacts", *, force: boo
                 "shared_data_file": DATA_FILE,
                 "shared_initializers": shared,
                 "intra_op_num_threads": getattr(recipe.engine, "intra_op_num_threads", None),
-                "ort_decode_graph": ("prefill" if recipe.engine.ort_sessions == "one" or (
-                    recipe.engine.ort_sessions == "auto" and recipe.precision.prefill == recipe.precision.decode)
-                    else "decode"),
+                "ort_decode_graph": ort_decode_graph(recipe),
             },
             build_info={"build_hash": build_hash(recipe), "rebuild_command": rebuild_command(recipe, artifact_root),
                         "timings_s": timings, "model_source": str(src.path), "host": platform.node(),

@@ -20,6 +20,7 @@ graph has no pattern left), tested before/after on a one-layer graph (tests/pipe
 
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict
 
 import numpy as np
@@ -59,11 +60,13 @@ class _Graph:
         return len(self.consumers.get(name, ())) == 1 and name not in self.graph_outputs
 
 
+def _attrs(node: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
 def _toposort(nodes: list[onnx.NodeProto], graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     """Stable topological order (Kahn; ties keep the given order), so a pass may append a fused
     node after consumers of one of its outputs. Raises ValueError on a cycle or a missing input."""
-    import heapq
-
     known = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
     producer = {o: k for k, n in enumerate(nodes) for o in n.output}
     deps = [set() for _ in nodes]
@@ -257,7 +260,7 @@ def fuse_int4_siblings(model: onnx.ModelProto, op_domain: str = "trtpipe") -> tu
         ins = list(n.input)
         if not all(i in G.inits and G.single_use(i) for i in ins[1:] if i):
             continue
-        a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
+        a = _attrs(n)
         zp = ins[3] if len(ins) > 3 and ins[3] else None
         zp_kind = None if zp is None else G.inits[zp].data_type
         groups[(ins[0], a["K"], a["group_size"], a.get("bits", 4), zp_kind, G.inits[ins[2]].data_type)].append(n)
@@ -270,8 +273,8 @@ def fuse_int4_siblings(model: onnx.ModelProto, op_domain: str = "trtpipe") -> tu
         if len(nodes) < 2:
             continue
         first = nodes[0]
-        attrs = {x.name: helper.get_attribute_value(x) for x in first.attribute}
-        ns = [int({x.name: helper.get_attribute_value(x) for x in n.attribute}["N"]) for n in nodes]
+        attrs = _attrs(first)
+        ns = [int(_attrs(n)["N"]) for n in nodes]
         base = (first.name or "int4_gemm") + "/fused"
         fused_ins = [first.input[0]]
         for j in range(1, len(first.input)):
@@ -341,8 +344,7 @@ def merge_rotary_qk(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         rq, rk = cq[1], ck[1]
         if list(rq.input[1:]) != list(rk.input[1:]):
             continue
-        aq = {x.name: helper.get_attribute_value(x) for x in rq.attribute}
-        ak = {x.name: helper.get_attribute_value(x) for x in rk.attribute}
+        aq, ak = _attrs(rq), _attrs(rk)
         if aq.get("interleaved", 0) != ak.get("interleaved", 0) or any(
                 k in aq or k in ak for k in ("rotary_embedding_dim", "is_packed_batching", "scale")):
             continue
