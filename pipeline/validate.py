@@ -423,8 +423,10 @@ def run_validate(recipe: str | os.PathLike | Recipe, *, artifact_dir: str | os.P
     out.print(f"gate: {verdict} (exit {gate['exit_code']}): budgets {word[gate['budgets_passed']]}, "
               f"correctness {word[gate['correctness_passed']]}, KV leak check "
               f"{word[gate['kv_leak_free']]}")
-    out.print(f"report: {paths.report_json} (+ report.md and {len(paths.all()) - 2} plots in "
+    out.print(f"report: {paths.report_json} (+ report.md and {len(paths.plots())} plots in "
               f"{paths.report_json.parent})")
+    if paths.notice:
+        err.print(paths.notice)
     if as_json:
         sys.stdout.write(paths.report_json.read_text(encoding="utf-8"))
         sys.stdout.flush()
