@@ -232,16 +232,48 @@ def _golden(ref_fp32, tokenizer_json: str, chat_template: str | None, num_tokens
     return {"reference": "torch fp32 (dequantized weights)", "num_tokens": num_tokens, "sequences": out}
 
 
-def publish_artifact(tmp: Path, final: Path) -> None:
+def publish_artifact(tmp: Path, final: Path, log: Callable[[str], None] | None = None) -> Path | None:
     """Swap a complete temp artifact folder in: final -> .old, tmp -> final, drop .old.
 
     Two renames on one filesystem: a reader sees the old artifact or the new one, never a mix.
+    The previous artifact's validate reports are kept (:func:`keep_previous_reports`); returns
+    where they went (None when there were none) and says so through ``log``.
     """
     old = final.with_name(f".{final.name}.old-{os.getpid()}")
     if final.exists():
         os.replace(final, old)
+    kept = keep_previous_reports(old, tmp) if old.exists() else None
     os.replace(tmp, final)
     shutil.rmtree(old, ignore_errors=True)
+    if kept is not None:
+        kept = final / kept.relative_to(tmp)
+        if log is not None:
+            log(f"kept the previous artifact's validate reports in {kept}")
+    return kept
+
+
+def keep_previous_reports(old: Path, new: Path) -> Path | None:
+    """Move ``old/validate/`` into ``new/validate/previous-<old build hash[:12]>/``.
+
+    Reports the old artifact itself kept (``previous-*``) move up beside it, so history stays one
+    level deep. Returns the new folder, or None when the old artifact had no reports.
+    """
+    src = old / "validate"
+    if not src.is_dir() or not any(src.iterdir()):
+        return None
+    try:
+        m = json.loads((old / MANIFEST_NAME).read_text(encoding="utf-8"))
+        tag = (m.get("build_info") or {}).get("build_hash") or m["recipe"]["hash"]
+    except (OSError, ValueError, KeyError, TypeError):
+        tag = "unknown"
+    dst_root = new / "validate"
+    dst = dst_root / f"previous-{str(tag)[:12]}"
+    dst.mkdir(parents=True, exist_ok=True)
+    for p in sorted(src.iterdir()):
+        target = dst_root / p.name if p.name.startswith("previous-") else dst / p.name
+        if not target.exists():
+            os.replace(p, target)
+    return dst
 
 
 def _remove_stale_temp_dirs(final: Path, log: Callable[[str], None]) -> None:
@@ -397,7 +429,7 @@ def build(recipe: Recipe, artifact_root: str | Path = "artifacts", *, force: boo
                         "weights_bytes": (tmp / DATA_FILE).stat().st_size},
         )
         atomic_write_text(tmp / MANIFEST_NAME, manifest.to_json())
-        publish_artifact(tmp, final)
+        publish_artifact(tmp, final, log)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

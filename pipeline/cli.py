@@ -1,8 +1,14 @@
 """The ``trtpipe`` command line (click). Heavy imports happen inside each command, so
 ``trtpipe --help`` and ``trtpipe generate`` work without torch installed.
 
-Exit codes: 0 success; 1 a validate budget or correctness check failed; 2 usage, recipe or
-artifact errors (click's own usage errors are 2 as well).
+Exit codes (``trtpipe --help`` and the README list them): 0 built / passed; 1 a validate budget
+or correctness check failed; 2 usage, recipe or artifact errors (click's own usage errors are 2
+as well); 3 a GPU-target build wrote its build spec and must be finished on the target
+(``trtpipe build --from-spec``).
+
+Helpers live beside this module (``cli_artifact``: artifacts root and recipe -> artifact;
+``cli_prompt``: prompt input and sampling flags; ``cli_chat``: the chat loop); the commands all
+live here, and other modules add theirs with ``main.add_command``.
 """
 
 from __future__ import annotations
@@ -12,40 +18,20 @@ from pathlib import Path
 
 import click
 
+from trtpipe.pipeline.cli_artifact import artifacts_option, resolve_artifact
 from trtpipe.plugins.errors import TrtpipeError
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NEEDS_TARGET = 0, 1, 2, 3
 
-
-def _fail(e: Exception) -> None:
+def _fail(e: Exception, code: int = EXIT_USAGE) -> None:
     click.echo(click.style("error: ", fg="red", bold=True) + str(e), err=True)
-    sys.exit(EXIT_USAGE)
+    sys.exit(code)
 
 
 def _load_recipe(recipe: str):
     from trtpipe.pipeline.recipe import load_recipe, resolve_recipe_path
 
     return load_recipe(resolve_recipe_path(recipe))
-
-
-def resolve_artifact(recipe_or_artifact: str, artifact_root: str = "artifacts") -> Path:
-    """An artifact directory, or a recipe (path or shipped name) -> its artifact directory."""
-    p = Path(recipe_or_artifact)
-    if p.is_dir() and (p / "manifest.json").is_file():
-        return p
-    from trtpipe.pipeline.build import artifact_dir_for
-
-    try:
-        recipe = _load_recipe(recipe_or_artifact)
-    except TrtpipeError as e:
-        if p.is_dir():
-            raise TrtpipeError(f"{p} is not a trtpipe artifact (no manifest.json). Fix: run `trtpipe build RECIPE` "
-                               "and pass the recipe or the directory it prints.") from None
-        raise e
-    d = artifact_dir_for(recipe, artifact_root)
-    if not (d / "manifest.json").is_file():
-        raise TrtpipeError(f"no artifact for recipe {recipe.name!r} at {d}. Fix: run `trtpipe build {recipe_or_artifact}` first.")
-    return d
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -62,23 +48,42 @@ def main() -> None:
       trtpipe estimate recipes/llama2-7b-orin.yaml   # memory and latency before a build
 
     RECIPE is a path to a YAML file or the name of a shipped recipe (see `trtpipe recipes`).
+    Artifacts live under --artifacts, else $TRTPIPE_ARTIFACTS, else ./artifacts.
+
+    \b
+    Exit codes:
+      0  built / passed
+      1  a budget or correctness check failed (validate)
+      2  usage, recipe or artifact error
+      3  GPU target: build spec written, finish on the target (trtpipe build --from-spec)
     """
 
 
 @main.command("recipes")
 def recipes_cmd() -> None:
-    """List the shipped recipes."""
-    from trtpipe.pipeline.recipe import shipped_recipe_names
+    """List the shipped recipes: name (pass it as RECIPE), target and description."""
+    from rich.console import Console
+    from rich.table import Table
 
+    from trtpipe.pipeline.recipe import RECIPES_DIR, load_recipe, shipped_recipe_names
+
+    table = Table(title=f"shipped recipes ({RECIPES_DIR})", title_justify="left")
+    for col in ("name", "target", "description"):
+        table.add_column(col, overflow="fold")
     for n in shipped_recipe_names():
-        click.echo(n)
+        try:
+            r = load_recipe(RECIPES_DIR / f"{n}.yaml", check_files=False)
+            table.add_row(n, r.target, r.description or "")
+        except TrtpipeError as e:
+            table.add_row(n, "?", f"(does not load: {str(e).splitlines()[0]})")
+    Console(highlight=False, soft_wrap=False).print(table)
 
 
 @main.command("build")
 @click.argument("recipe")
-@click.option("--artifacts", "artifact_root", default="artifacts", show_default=True,
-              help="Root folder for artifacts (<root>/<recipe>/<target>).")
-@click.option("--force", is_flag=True, help="Rebuild even if the inputs (recipe, model, versions) are unchanged.")
+@artifacts_option
+@click.option("--force", is_flag=True, help="Rebuild even if the inputs (recipe, model, versions) are unchanged; "
+              "the previous artifact's validate reports are kept under validate/previous-<build hash>/.")
 @click.option("--from-spec", "from_spec", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Finish a GPU build on the target machine from the build_spec.json a CPU machine wrote.")
 def build_cmd(recipe: str, artifact_root: str, force: bool, from_spec: str | None) -> None:
@@ -89,8 +94,13 @@ def build_cmd(recipe: str, artifact_root: str, force: bool, from_spec: str | Non
     \b
     Output: artifacts/<recipe>/<target>/ (manifest.json, prefill.onnx, decode.onnx, weights.data,
     tokenizer.json, golden.json). Writes are atomic: a failed build keeps the previous artifact.
+    GPU targets (orin, a100, h200) on a machine without that GPU and TensorRT: the graphs and
+    build_spec.json are written and the build exits 3; finish with --from-spec on the target.
+    Exit codes: 0 built (or up to date), 2 error, 3 build spec written, finish on the target.
     Example: trtpipe build smollm2-135m-cpu
     """
+    from trtpipe.pipeline.build_trt import BuildNeedsTarget
+
     try:
         if from_spec:
             from trtpipe.pipeline.build_trt import build_from_spec
@@ -116,48 +126,77 @@ def build_cmd(recipe: str, artifact_root: str, force: bool, from_spec: str | Non
             res = build(r, artifact_root, force=force, log=log)
         if not res.skipped:
             click.echo(f"built {res.artifact_dir} in {res.seconds:.1f} s")
+    except BuildNeedsTarget as e:
+        click.echo(click.style("build spec written, finish on the target: ", fg="yellow", bold=True) + str(e),
+                   err=True)
+        sys.exit(EXIT_NEEDS_TARGET)
     except TrtpipeError as e:
         _fail(e)
 
 
+def _sampling_options(f):
+    """The sampling flags shared by generate and chat."""
+    for opt in reversed([
+        click.option("--max-new-tokens", default=128, show_default=True, type=int,
+                     help="Most tokens to generate (capped by the artifact's max_seq_len, with a note)."),
+        click.option("--temperature", default=0.0, show_default=True, type=float, help="0 = greedy."),
+        click.option("--top-k", default=0, show_default=True, type=int, help="0 = off."),
+        click.option("--top-p", default=1.0, show_default=True, type=float, help="1.0 = off."),
+        click.option("--seed", default=None, type=int, help="Seed for sampling (reproducible)."),
+        click.option("--stop", multiple=True, help="Stop string (repeatable)."),
+        click.option("--system", default=None, help="System message of the chat template (implies --chat)."),
+        artifacts_option,
+        click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads."),
+    ]):
+        f = opt(f)
+    return f
+
+
 @main.command("generate")
 @click.argument("recipe_or_artifact")
-@click.argument("prompt")
+@click.argument("prompt", required=False)
+@click.option("--prompt-file", default=None, metavar="FILE", help="Read the prompt from FILE (UTF-8).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
-@click.option("--max-new-tokens", default=128, show_default=True, type=int, help="Most tokens to generate.")
-@click.option("--temperature", default=0.0, show_default=True, type=float, help="0 = greedy.")
-@click.option("--top-k", default=0, show_default=True, type=int, help="0 = off.")
-@click.option("--top-p", default=1.0, show_default=True, type=float, help="1.0 = off.")
-@click.option("--seed", default=None, type=int, help="Seed for sampling (reproducible).")
-@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@_sampling_options
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Print text as it arrives.")
-@click.option("--artifacts", "artifact_root", default="artifacts", show_default=True)
-@click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads.")
-def generate_cmd(recipe_or_artifact: str, prompt: str, chat: bool, max_new_tokens: int, temperature: float,
-                 top_k: int, top_p: float, seed: int | None, stop: tuple[str, ...], stream: bool,
-                 artifact_root: str, threads: int | None) -> None:
-    """Generate text for PROMPT with a built artifact (no torch needed).
+def generate_cmd(recipe_or_artifact: str, prompt: str | None, prompt_file: str | None, chat: bool,
+                 max_new_tokens: int, temperature: float, top_k: int, top_p: float, seed: int | None,
+                 stop: tuple[str, ...], system: str | None, artifact_root: str, threads: int | None,
+                 stream: bool) -> None:
+    """Generate text for PROMPT with a built artifact (no torch, no model package needed).
 
     \b
-    RECIPE_OR_ARTIFACT: a recipe (its artifact must be built) or an artifact directory.
-    Ends with the request's TTFT and TPOT.
+    RECIPE_OR_ARTIFACT: a recipe (its artifact must be built from it) or an artifact directory.
+    PROMPT: the text; `-` reads it from stdin; or use --prompt-file FILE (UTF-8; one final
+    line break is dropped).
+    Text goes to stdout; the request's TTFT and TPOT (and notes) to stderr.
+    Exit codes: 0 done, 1 the request failed in the engine, 2 usage or artifact error.
     Example: trtpipe generate smollm2-135m-cpu "What is the capital of France?" --chat
+             echo "Why is the sky blue?" | trtpipe generate smollm2-135m-cpu - --chat
     """
+    from trtpipe.pipeline.cli_prompt import cap_note, read_prompt, sampling_params_from_flags
     from trtpipe.runtime.llm import LLM
-    from trtpipe.runtime.request import SamplingParams
 
     try:
+        text = read_prompt(prompt, prompt_file)
+        params = sampling_params_from_flags(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                                            top_p=top_p, seed=seed, stop=stop)
         art = resolve_artifact(recipe_or_artifact, artifact_root)
-        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                                top_p=top_p, seed=seed, stop=stop).validate()
         llm = LLM(art, num_threads=threads)
+        if system is not None:
+            ids = llm.encode_chat([{"role": "system", "content": system}, {"role": "user", "content": text}])
+        else:
+            ids = llm.encode_prompt(text, chat=chat)
+        note = cap_note(len(ids), max_new_tokens, llm.manifest.limits["max_seq_len"])
+        if note:
+            click.echo(click.style(note, fg="yellow"), err=True)
         if stream:
-            for piece in llm.stream(prompt, params, chat=chat):
+            for piece in llm.stream(ids, params):
                 click.echo(piece, nl=False)
             out = llm.last_output
             click.echo()
         else:
-            out = llm.generate([prompt], params, chat=chat)[0]
+            out = llm.generate([ids], params)[0]
             click.echo(out.text)
     except TrtpipeError as e:
         _fail(e)
@@ -170,10 +209,54 @@ def generate_cmd(recipe_or_artifact: str, prompt: str, chat: bool, max_new_token
         sys.exit(EXIT_FAILED)
 
 
+@main.command("chat")
+@click.argument("recipe_or_artifact")
+@_sampling_options
+def chat_cmd(recipe_or_artifact: str, max_new_tokens: int, temperature: float, top_k: int, top_p: float,
+             seed: int | None, stop: tuple[str, ...], system: str | None, artifact_root: str,
+             threads: int | None) -> None:
+    """Talk with a built artifact, turn by turn (the chat template, streamed answers).
+
+    \b
+    Type a message and Enter; the answer streams on stdout. The conversation is kept for the
+    next turn; when it no longer fits in max_seq_len, the oldest turns are dropped (with a note).
+    Commands: /exit (or Ctrl-D) ends, /reset forgets the conversation, /help.
+    Piped input works: one message per line.
+    Example: trtpipe chat smollm2-135m-cpu --system "You are a terse assistant."
+    """
+    from trtpipe.pipeline.cli_chat import run_chat
+    from trtpipe.pipeline.cli_prompt import sampling_params_from_flags
+    from trtpipe.runtime.llm import LLM
+
+    try:
+        params = sampling_params_from_flags(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                                            top_p=top_p, seed=seed, stop=stop)
+        llm = LLM(resolve_artifact(recipe_or_artifact, artifact_root), num_threads=threads)
+        if not llm.manifest.model.chat_template:
+            raise TrtpipeError("this model has no chat template in its metadata, so it cannot chat. "
+                               "Fix: use `trtpipe generate` with a plain prompt.")
+
+        def out(piece: str) -> None:
+            click.echo(piece, nl=False)
+            sys.stdout.flush()
+
+        def note(line: str) -> None:
+            click.echo(click.style(line, dim=True), err=True)
+
+        code = run_chat(llm, params, system=system, stdin=sys.stdin.buffer, out=out, note=note,
+                        interactive=sys.stdin.isatty())
+    except TrtpipeError as e:
+        _fail(e)
+    except KeyboardInterrupt:
+        click.echo("", err=True)
+        code = EXIT_OK
+    sys.exit(code)
+
+
 @main.command("validate")
 @click.argument("recipe")
 @click.option("--artifact", "artifact_dir", default=None, help="Artifact directory (default: the recipe's).")
-@click.option("--artifacts", "artifact_root", default="artifacts", show_default=True)
+@artifacts_option
 @click.option("--scenario", "scenarios", multiple=True, help="Run only this scenario (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads.")
@@ -184,7 +267,8 @@ def validate_cmd(recipe: str, artifact_dir: str | None, artifact_root: str, scen
     golden outputs recorded at build time.
 
     \b
-    Exit code: 0 all budgets and correctness pass; 1 any fails; 2 usage or artifact errors.
+    Exit code: 0 all budgets and correctness pass; 1 any fails; 2 usage or artifact errors
+    (including an artifact not built from RECIPE: the build hashes differ).
     Reports: artifacts/<recipe>/<target>/validate/ (report.json, report.md, PNG plots); a run of
     some scenarios only (--scenario) writes to validate/scenarios-<names>/ and keeps the full one.
     Example: trtpipe validate smollm2-135m-cpu --scenario chat
@@ -250,22 +334,73 @@ def export_cmd(recipe: str, out_dir: str | None) -> None:
         _fail(e)
 
 
+def _info_summary(m) -> dict:
+    """The manifest facts ``trtpipe info`` shows (plain JSON types)."""
+    bi = m.build_info or {}
+    return {
+        "artifact": str(Path(m.root).resolve()) if m.root else None,
+        "recipe": m.recipe_name, "build_hash": bi.get("build_hash"), "recipe_hash": m.recipe_hash,
+        "target": m.target, "backend": m.backend,
+        "model": {"name": m.model.name, "num_layers": m.model.num_layers, "hidden_size": m.model.hidden_size,
+                  "vocab_size": m.model.vocab_size, "chat_template": bool(m.model.chat_template)},
+        "graphs": {ph: {"file": g.file, "precision": g.precision} for ph, g in m.graphs.items()},
+        "kv": {"num_blocks": m.kv.num_blocks, "block_size": m.kv.block_size, "dtype": m.kv.dtype,
+               "sliding_window": m.kv.sliding_window, "pool_bytes": m.kv.pool_bytes},
+        "limits": m.limits,
+        "built_at": bi.get("built_at"), "host": bi.get("host"), "rebuild_command": m.rebuild_command,
+        "trtpipe_version": m.trtpipe_version,
+    }
+
+
 @main.command("info")
 @click.argument("recipe_or_artifact")
-@click.option("--artifacts", "artifact_root", default="artifacts", show_default=True)
-def info_cmd(recipe_or_artifact: str, artifact_root: str) -> None:
-    """Show an artifact's manifest summary (backend, target, precision, KV pool, files)."""
+@artifacts_option
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
+def info_cmd(recipe_or_artifact: str, artifact_root: str, as_json: bool) -> None:
+    """Show an artifact's manifest summary (recipe and build hash, backend, target, model,
+    precision per phase, KV pool, limits, when and where it was built).
+
+    \b
+    RECIPE_OR_ARTIFACT: a recipe (its artifact must be built from it) or an artifact directory.
+    Example: trtpipe info smollm2-135m-cpu --json
+    """
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
     from trtpipe.runtime.manifest import load_manifest
 
     try:
         m = load_manifest(resolve_artifact(recipe_or_artifact, artifact_root))
     except TrtpipeError as e:
         _fail(e)
-    click.echo(f"recipe {m.recipe_name} ({m.recipe_hash[:12]}), backend {m.backend}, target {m.target}")
-    click.echo(f"model {m.model.name}: {m.model.num_layers} layers, hidden {m.model.hidden_size}, vocab {m.model.vocab_size}")
-    for ph, g in m.graphs.items():
-        click.echo(f"  {ph}: {g.file} ({g.precision})")
-    click.echo(f"KV pool: {m.kv.num_blocks} blocks x {m.kv.block_size} tokens, {m.kv.dtype}, {m.kv.pool_bytes / 2**20:.0f} MiB")
+    d = _info_summary(m)
+    if as_json:
+        click.echo(json.dumps(d, indent=2))
+        return
+    kv, model = d["kv"], d["model"]
+    rows = [
+        ("artifact", d["artifact"]),
+        ("recipe", f"{d['recipe']} (build hash {(d['build_hash'] or d['recipe_hash'])[:12]})"),
+        ("target", f"{m.target.get('name')} ({m.target.get('platform')}"
+                   + (f", sm_{m.target['sm']})" if m.target.get("sm") else ")")),
+        ("backend", f"{m.backend.get('name')} {m.backend.get('version', '')}".strip()),
+        ("model", f"{model['name']}: {model['num_layers']} layers, hidden {model['hidden_size']}, "
+                  f"vocab {model['vocab_size']}, chat template {'yes' if model['chat_template'] else 'no'}"),
+        *((f"{ph} graph", f"{g['file']} ({g['precision']})") for ph, g in d["graphs"].items()),
+        ("KV pool", f"{kv['num_blocks']} blocks x {kv['block_size']} tokens, {kv['dtype']}, "
+                    f"{kv['pool_bytes'] / 2**20:.0f} MiB" + (f", window {kv['sliding_window']}" if kv["sliding_window"] else "")),
+        ("limits", ", ".join(f"{k} {v}" for k, v in d["limits"].items())),
+        ("built", f"{d['built_at'] or '?'} on {d['host'] or '?'} (trtpipe {d['trtpipe_version']})"),
+        ("rebuild", d["rebuild_command"]),
+    ]
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for k, v in rows:
+        table.add_row(k, v)
+    Console(highlight=False).print(table)
 
 
 if __name__ == "__main__":

@@ -68,7 +68,9 @@ def check_artifact_matches_recipe(manifest: Any, recipe: Recipe, artifact_dir: P
 def _load(recipe: str | os.PathLike | Recipe) -> Recipe:
     if isinstance(recipe, Recipe):
         return recipe
-    return load_recipe(resolve_recipe_path(recipe))
+    # the model source is not looked up: validate reads only the artifact (a device may have
+    # received the artifact without the model package or the GGUF)
+    return load_recipe(resolve_recipe_path(recipe), check_files=False)
 
 
 def select_scenarios(recipe: Recipe, names: Sequence[str]) -> list[Scenario]:
@@ -382,8 +384,9 @@ def run_validate(recipe: str | os.PathLike | Recipe, *, artifact_dir: str | os.P
     specs = [(s, scenario_workload_spec(r, s)) for s in chosen]
     art = Path(artifact_dir) if artifact_dir is not None else artifact_dir_for(r, artifact_root)
     if artifact_dir is None and not (art / "manifest.json").is_file():
-        raise ArtifactError(f"no artifact for recipe {r.name!r} at {art}. Fix: run "
-                            f"`trtpipe build {r.origin}` first, or pass --artifact DIR.")
+        from trtpipe.pipeline.cli_artifact import missing_artifact_error
+
+        raise missing_artifact_error(r, art, extra_fix=", or pass --artifact DIR")
     manifest = load_manifest(art, verify_hashes=False)  # cheap checks first; LLM re-verifies files
     check_artifact_matches_recipe(manifest, r, art)
     golden = load_golden(manifest)
@@ -420,8 +423,10 @@ def run_validate(recipe: str | os.PathLike | Recipe, *, artifact_dir: str | os.P
     out.print(f"gate: {verdict} (exit {gate['exit_code']}): budgets {word[gate['budgets_passed']]}, "
               f"correctness {word[gate['correctness_passed']]}, KV leak check "
               f"{word[gate['kv_leak_free']]}")
-    out.print(f"report: {paths.report_json} (+ report.md and {len(paths.all()) - 2} plots in "
+    out.print(f"report: {paths.report_json} (+ report.md and {len(paths.plots())} plots in "
               f"{paths.report_json.parent})")
+    if paths.notice:
+        err.print(paths.notice)
     if as_json:
         sys.stdout.write(paths.report_json.read_text(encoding="utf-8"))
         sys.stdout.flush()

@@ -11,7 +11,9 @@ difference. Decoding from a few tokens of context (not token by token) keeps wha
 across token boundaries (byte-level merging, SentencePiece spaces) right. With byte-level BPE a
 multi-byte UTF-8 character can be split across tokens; until its last byte arrives, the decode
 ends with U+FFFD, so nothing is emitted and the offsets stay put. ``flush()`` emits whatever is
-left at the end (including a U+FFFD if the model really produced invalid UTF-8).
+left at the end, except the U+FFFD that stands for a character whose bytes were cut off by the
+end of the request (a token limit, a stop token): the text ends before that character, and the
+token ids still carry its bytes. Invalid UTF-8 inside the text is kept as U+FFFD.
 
 Only text is produced here; token ids stay in the ``Request``. Stop strings are matched on the
 text with ``find_stop`` / ``stop_prefix_len``.
@@ -67,15 +69,21 @@ class IncrementalDetokenizer:
         return self._emit(final=False)
 
     def flush(self) -> str:
-        """At the end of the request: return any text still held back."""
+        """At the end of the request: return any text still held back, without a trailing
+        U+FFFD (the incomplete bytes of a character cut off by the end of the request)."""
         return self._emit(final=True)
 
     def _emit(self, final: bool) -> str:
         new_text = self._decode(self._ids[self._prefix_offset :])
         if len(new_text) <= len(self._prefix_text):
             return ""
-        if new_text.endswith(REPLACEMENT_CHAR) and not final:
-            return ""  # a character is split across tokens: wait for its remaining bytes
+        if new_text.endswith(REPLACEMENT_CHAR):
+            if not final:
+                return ""  # a character is split across tokens: wait for its remaining bytes
+            # the request ended inside a character: its bytes will never complete
+            new_text = new_text.rstrip(REPLACEMENT_CHAR)
+            if len(new_text) <= len(self._prefix_text):
+                return ""
         piece = new_text[len(self._prefix_text) :]
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)

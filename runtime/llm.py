@@ -109,11 +109,20 @@ class LLM:
         if not isinstance(prompt, str) or not prompt.strip():
             raise RequestError(f"prompt = {prompt!r}: expected non-empty text. Fix: send a prompt.")
         if chat:
-            tpl = self.manifest.model.chat_template
-            if not tpl:
-                raise RequestError("--chat: this model has no chat template in its metadata. Fix: drop --chat.")
-            prompt = render_chat(tpl, default_chat_messages(prompt))
+            return self.encode_chat(default_chat_messages(prompt))
         return self.tokenizer.encode(prompt, add_special_tokens=True)
+
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """Token ids of a conversation (``[{"role": "system"|"user"|"assistant", "content": ...}]``)
+        under the model's chat template, ending with the assistant header (the model answers next).
+
+        Raises :class:`RequestError` when the model has no chat template or the template rejects
+        the conversation.
+        """
+        tpl = self.manifest.model.chat_template
+        if not tpl:
+            raise RequestError("--chat: this model has no chat template in its metadata. Fix: drop --chat.")
+        return self.tokenizer.encode(render_chat(tpl, list(messages)), add_special_tokens=True)
 
     def add_request(self, prompt: str | bytes | Sequence[int], params: SamplingParams | None = None, *,
                     chat: bool = False, request_id: str | None = None, arrival_s: float | None = None,

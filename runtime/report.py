@@ -11,9 +11,9 @@ Written under ``artifacts/<recipe>/<target>/validate/`` (see :func:`validate_dir
     kv_occupancy.png         KV blocks used over time, with the pool capacity
 
 Every file is written atomically (a temp file in the same directory, then ``os.replace``), so a
-reader never sees a half-written report. matplotlib is imported lazily by the plotting code and
-used through its Agg canvas directly (no pyplot, no global backend switch): the runtime stays
-importable without it.
+reader never sees a half-written report. The plots live in :mod:`trtpipe.runtime.report_plots`;
+matplotlib is optional on the runtime side (extra ``plots``): without it the report is written
+without plots and ``ReportPaths.notice`` says so in one line.
 """
 
 from __future__ import annotations
@@ -64,20 +64,17 @@ class ReportPaths:
 
     report_json: Path
     report_md: Path
-    ttft_vs_prompt_len: Path
-    tpot_cdf: Path
-    itl_cdf: Path
-    kv_occupancy: Path
+    ttft_vs_prompt_len: Path | None  # None: plots skipped (``notice`` says why)
+    tpot_cdf: Path | None
+    itl_cdf: Path | None
+    kv_occupancy: Path | None
+    notice: str | None = None
+
+    def plots(self) -> tuple[Path, ...]:
+        return tuple(p for p in (self.ttft_vs_prompt_len, self.tpot_cdf, self.itl_cdf, self.kv_occupancy) if p)
 
     def all(self) -> tuple[Path, ...]:
-        return (
-            self.report_json,
-            self.report_md,
-            self.ttft_vs_prompt_len,
-            self.tpot_cdf,
-            self.itl_cdf,
-            self.kv_occupancy,
-        )
+        return (self.report_json, self.report_md, *self.plots())
 
 
 def validate_dir(artifacts_root: str | os.PathLike, recipe_name: str, target: str) -> Path:
@@ -111,8 +108,10 @@ def build_report(
     correctness: Mapping[str, Any],
     env: Mapping[str, Any],
     generated_at: str | None = None,
+    plots: Sequence[str] = PLOT_FILES,
 ) -> dict:
-    """The report.json document (a JSON-ready dict; latencies in ms).
+    """The report.json document (a JSON-ready dict; latencies in ms). ``plots``: the plot files
+    written beside it (none when matplotlib is missing).
 
     ``correctness`` must carry ``"passed": bool`` when correctness was checked; without it the
     report says "not checked" and correctness does not affect the gate.
@@ -148,7 +147,7 @@ def build_report(
             }
             for s in scen
         ],
-        "plots": list(PLOT_FILES),
+        "plots": list(plots),
     }
 
 
@@ -267,111 +266,8 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
     lines += ["", "## Environment", ""]
     lines += [f"- {k}: {v}" for k, v in doc["env"].items()] or ["- (none recorded)"]
     lines += ["", "## Plots", ""]
-    lines += [f"![{p}]({p})" for p in doc["plots"]]
+    lines += [f"![{p}]({p})" for p in doc["plots"]] or ["- not drawn (matplotlib is not installed)"]
     return "\n".join(lines) + "\n"
-
-
-# ---------------------------------------------------------------------------------------------
-# Plots
-# ---------------------------------------------------------------------------------------------
-
-
-def _new_figure(title: str, xlabel: str, ylabel: str):
-    """A matplotlib Figure on an Agg canvas (lazy import; no pyplot global state)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(7, 4.5), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(True, alpha=0.3)
-    return fig, ax
-
-
-def _png_bytes(fig, ax) -> bytes:
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize="small")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
-
-
-def _no_data(ax) -> None:
-    ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
-
-
-def _budget_lines(ax, scen: ScenarioReport, metric: str, *, vertical: bool, color) -> None:
-    for r in scen.budget_results:
-        if r.metric == metric:
-            draw = ax.axvline if vertical else ax.axhline
-            draw(r.limit, color=color, linestyle="--", linewidth=1,
-                 label=f"{scen.name}: {r.label} budget {r.limit:g} ms")  # fmt: skip
-
-
-def _plot_ttft_vs_prompt(scenarios: Sequence[ScenarioReport]) -> bytes:
-    fig, ax = _new_figure(
-        "TTFT vs prompt length (TTFT from arrival: queueing included)",
-        "prompt tokens", "TTFT (ms)",
-    )  # fmt: skip
-    any_data = False
-    for i, s in enumerate(scenarios):
-        pts = [(m.prompt_tokens, m.ttft_s * 1000.0) for m in s.requests if m.ttft_s is not None]
-        color = f"C{i % 10}"
-        if pts:
-            any_data = True
-            ax.scatter([p for p, _ in pts], [t for _, t in pts], s=12, color=color, label=s.name)
-        _budget_lines(ax, s, "ttft_ms", vertical=False, color=color)
-    if not any_data:
-        _no_data(ax)
-    return _png_bytes(fig, ax)
-
-
-def _plot_cdf(scenarios: Sequence[ScenarioReport], which: str) -> bytes:
-    name = which.upper()
-    fig, ax = _new_figure(f"{name} CDF", f"{name} (ms)", "fraction of " + (
-        "requests" if which == "tpot" else "token gaps"))  # fmt: skip
-    any_data = False
-    for i, s in enumerate(scenarios):
-        if which == "tpot":
-            values = [m.tpot_s for m in s.requests if m.tpot_s is not None]
-        else:
-            values = [g for m in s.requests for g in m.itl_s]
-        color = f"C{i % 10}"
-        if values:
-            any_data = True
-            xs = sorted(v * 1000.0 for v in values)
-            ys = [(k + 1) / len(xs) for k in range(len(xs))]
-            # Start the empirical CDF at 0 so its first jump is visible.
-            label = f"{s.name} (n={len(xs)})"
-            ax.step([xs[0], *xs], [0.0, *ys], where="post", color=color, label=label)
-        _budget_lines(ax, s, f"{which}_ms", vertical=True, color=color)
-    if not any_data:
-        _no_data(ax)
-    ax.set_ylim(0.0, 1.02)
-    return _png_bytes(fig, ax)
-
-
-def _plot_kv_occupancy(scenarios: Sequence[ScenarioReport]) -> bytes:
-    fig, ax = _new_figure("KV pool occupancy", "time since first step (s)", "KV blocks used")
-    any_data = False
-    for i, s in enumerate(scenarios):
-        occ = s.summary.kv_occupancy
-        color = f"C{i % 10}"
-        if occ:
-            any_data = True
-            ax.step([t for t, _ in occ], [n for _, n in occ], where="post", color=color,
-                    label=s.name)  # fmt: skip
-        if s.summary.num_kv_blocks is not None:
-            ax.axhline(s.summary.num_kv_blocks, color=color, linestyle=":", linewidth=1,
-                       label=f"{s.name}: pool capacity {s.summary.num_kv_blocks}")  # fmt: skip
-    if not any_data:
-        _no_data(ax)
-    ax.set_ylim(bottom=0)
-    return _png_bytes(fig, ax)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -408,36 +304,47 @@ def write_report(
     correctness: Mapping[str, Any],
     env: Mapping[str, Any],
     generated_at: str | None = None,
+    plots: bool | None = None,
 ) -> ReportPaths:
     """Write report.json, report.md and the four PNG plots into ``out_dir`` (created if needed).
+
+    ``plots``: draw them (None: when matplotlib is installed; without it the paths are None and
+    ``notice`` says why, in one line).
 
     ``scenarios``: :class:`ScenarioReport` items or ``(name, summary, budget_results, requests)``
     tuples. ``correctness``: free-form, with ``"passed": bool`` when it was checked. ``env``:
     JSON-serializable facts about the machine and build (non-JSON values are written as str).
     Returns the paths written.
     """
+    from trtpipe.runtime import report_plots
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     scen = [_as_scenario(s) for s in scenarios]
+    draw = report_plots.plots_available() if plots is None else plots
     doc = build_report(
         recipe_name=recipe_name, target=target, scenarios=scen,
         correctness=correctness, env=env, generated_at=generated_at,
+        plots=PLOT_FILES if draw else (),
     )  # fmt: skip
     # allow_nan=False: NaN/Infinity are not JSON; a NaN here is a bug upstream, so fail loudly.
     text = json.dumps(doc, indent=2, allow_nan=False, default=str) + "\n"
     doc = json.loads(text)  # what a reader will see (default=str applied) drives report.md too
+    plot = (lambda name: out / name) if draw else (lambda name: None)
     paths = ReportPaths(
         report_json=out / "report.json",
         report_md=out / "report.md",
-        ttft_vs_prompt_len=out / "ttft_vs_prompt_len.png",
-        tpot_cdf=out / "tpot_cdf.png",
-        itl_cdf=out / "itl_cdf.png",
-        kv_occupancy=out / "kv_occupancy.png",
+        ttft_vs_prompt_len=plot("ttft_vs_prompt_len.png"),
+        tpot_cdf=plot("tpot_cdf.png"),
+        itl_cdf=plot("itl_cdf.png"),
+        kv_occupancy=plot("kv_occupancy.png"),
+        notice=None if draw else report_plots.MISSING_NOTICE,
     )
-    atomic_write_bytes(paths.ttft_vs_prompt_len, _plot_ttft_vs_prompt(scen))
-    atomic_write_bytes(paths.tpot_cdf, _plot_cdf(scen, "tpot"))
-    atomic_write_bytes(paths.itl_cdf, _plot_cdf(scen, "itl"))
-    atomic_write_bytes(paths.kv_occupancy, _plot_kv_occupancy(scen))
+    if draw:
+        atomic_write_bytes(paths.ttft_vs_prompt_len, report_plots.plot_ttft_vs_prompt(scen))
+        atomic_write_bytes(paths.tpot_cdf, report_plots.plot_latency_cdf(scen, "tpot"))
+        atomic_write_bytes(paths.itl_cdf, report_plots.plot_latency_cdf(scen, "itl"))
+        atomic_write_bytes(paths.kv_occupancy, report_plots.plot_kv_occupancy(scen))
     atomic_write_bytes(paths.report_md, render_markdown(doc).encode("utf-8"))
     # report.json last: its presence means the whole report is there.
     atomic_write_bytes(paths.report_json, text.encode("utf-8"))

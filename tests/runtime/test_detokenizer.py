@@ -85,9 +85,31 @@ def test_a_split_character_is_emitted_only_when_complete(tokenizer):
     enc = {b: tokenizer.token_to_id(_byte_char(b)) for b in "😀".encode()}
     detok = IncrementalDetokenizer(tokenizer)
     assert [detok.add(enc[b]) for b in "😀".encode()] == ["", "", "", "😀"]
-    # Invalid UTF-8 at the very end is flushed as it is (the model really produced it).
+    # A character cut off at the end (its first byte only) never reaches the text ...
     detok.add(enc[0xF0])
-    assert detok.flush() == "\ufffd"
+    assert detok.flush() == ""
+    assert detok.text == "😀"
+    # ... while invalid UTF-8 inside the text stays visible as U+FFFD.
+    detok = IncrementalDetokenizer(tokenizer)
+    pieces = [detok.add(t) for t in (enc[0xF0], tokenizer.token_to_id("a"))] + [detok.flush()]
+    assert "".join(pieces) == "\ufffda"
+
+
+@pytest.mark.parametrize("name", ["chinese", "emoji"])
+def test_a_token_limit_inside_a_character_never_ends_the_text_with_fffd(tokenizer, name):
+    """Cut the token stream at every point where the decode ends inside a character (as
+    --max-new-tokens does): the text is the complete characters before the cut, never U+FFFD at
+    the end, and the ids keep every byte."""
+    text = SAMPLES[name]
+    ids = tokenizer.encode(text).ids
+    cuts = [k for k in range(1, len(ids)) if tokenizer.decode(ids[:k]).endswith("\ufffd")]
+    assert len(cuts) >= 3  # the sample really has characters split across tokens
+    for k in cuts:
+        pieces, detok = stream(tokenizer, ids[:k])
+        want = tokenizer.decode(ids[:k]).rstrip("\ufffd")
+        assert "".join(pieces) == detok.text == want
+        assert not detok.text.endswith("\ufffd") and text.startswith(detok.text)
+        assert detok.output_token_ids == ids[:k]
 
 
 def _byte_char(b):

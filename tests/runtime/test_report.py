@@ -1,5 +1,7 @@
 """Report files: report.json (versioned, round-trips), report.md, PNG plots, rich table."""
 
+import dataclasses
+import importlib.util
 import json
 import os
 
@@ -161,3 +163,86 @@ def test_render_rich_table():
     text = console.export_text()
     assert "ttft_ms p95" in text and "480.00 ms" in text and "+4.0%" in text and "PASS" in text
     assert "FAIL (no data: [none])" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# Plot layout (figures inspected before they are rendered) and plots without matplotlib
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    from trtpipe.runtime import report_plots
+
+    captured = []
+    monkeypatch.setattr(report_plots, "_png", lambda fig: captured.append(fig) or b"")
+    return report_plots, captured
+
+
+def _dashed_x(ax):
+    return sorted(ln.get_xdata()[0] for ln in ax.get_lines() if ln.get_linestyle() == "--")
+
+
+def test_cdfs_one_panel_per_scenario_with_only_its_budgets_on_log_axes(figures):
+    rp, figs = figures
+    scen = [_as(s) for s in _scenarios()]
+    rp.plot_latency_cdf(scen, "tpot")
+    (fig,) = figs
+    chat, single = fig.axes
+    assert chat.get_title(loc="left") == "chat" and single.get_title(loc="left") == "single"
+    assert chat.get_xscale() == single.get_xscale() == "log"
+    assert _dashed_x(chat) == [250.0] and _dashed_x(single) == [100.0]  # each scenario's own budget
+    assert chat.get_xlim() == single.get_xlim()  # one time axis to compare by eye
+    lo, hi = chat.get_xlim()
+    assert lo < 100.0 and hi > 300.0  # covers the budgets and the 300 ms TPOT
+
+
+def test_ttft_budget_only_on_its_panel(figures):
+    rp, figs = figures
+    rp.plot_ttft_vs_prompt([_as(s) for s in _scenarios()])
+    chat, single = figs[0].axes
+    dashed = [ln for ln in chat.get_lines() if ln.get_linestyle() == "--"]
+    assert [ln.get_ydata()[0] for ln in dashed] == [500.0]
+    assert not [ln for ln in single.get_lines() if ln.get_linestyle() == "--"]
+
+
+def test_kv_occupancy_is_one_line_against_one_capacity(figures):
+    rp, figs = figures
+    chat = _as(_scenarios()[0])  # 16-block pool, peak 6
+    rp.plot_kv_occupancy([chat, chat, chat])
+    (ax,) = figs[0].axes
+    used = [ln for ln in ax.get_lines() if ln.get_linestyle() == "-"]
+    assert len(used) == 1 and len(used[0].get_xdata()) == 3 * len(chat.summary.kv_occupancy)
+    assert max(used[0].get_ydata()) == 6
+    labels = ax.get_legend_handles_labels()[1]
+    assert sum("pool capacity 16 blocks" in lb for lb in labels) == 1
+    # the peak uses most of the height: the 16-block capacity lies above the panel
+    assert ax.get_ylim() == (0, 6 * 1.25)
+    assert "peak 6 of 16 blocks, 37.5 %" in figs[0].get_suptitle()
+    # a pool close to full: the capacity line is drawn inside the panel
+    figs.clear()
+    big = chat.__class__(chat.name, dataclasses.replace(chat.summary, num_kv_blocks=7), chat.budget_results,
+                         chat.requests)
+    rp.plot_kv_occupancy([big])
+    (ax,) = figs[0].axes
+    assert [ln.get_ydata()[0] for ln in ax.get_lines() if ln.get_linestyle() == "--"] == [7]
+
+
+def test_report_without_matplotlib_skips_plots_with_a_notice(tmp_path, monkeypatch):
+    from trtpipe.runtime import report_plots
+
+    monkeypatch.setattr(report_plots.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else importlib.util.find_spec(name, *a))
+    assert not report_plots.plots_available()
+    paths = write_report(tmp_path, recipe_name="r", target="cpu", scenarios=_scenarios(),
+                         correctness={"passed": True}, env={})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json", "report.md"]
+    assert paths.plots() == () and "pip install 'trtpipe[plots]'" in paths.notice and "\n" not in paths.notice
+    assert load_report(paths.report_json)["plots"] == []
+    assert "not drawn (matplotlib is not installed)" in paths.report_md.read_text()
+
+
+def _as(item):
+    from trtpipe.runtime.report import _as_scenario
+
+    return _as_scenario(item)

@@ -1,0 +1,92 @@
+"""Where the deploy-side commands (generate, chat, info, validate) find their artifact.
+
+    RECIPE_OR_ARTIFACT ─┬─ a folder with manifest.json ──────────────► that artifact
+                        └─ a recipe (path or shipped name) ─► <root>/<recipe name>/<target>
+                             └─ must exist, and its manifest's build hash must be the recipe's
+                                (:func:`~trtpipe.pipeline.validate.check_artifact_matches_recipe`)
+
+The artifacts root is ``--artifacts``, else the ``TRTPIPE_ARTIFACTS`` environment variable, else
+``./artifacts`` of the current folder (click reads the variable: :func:`artifacts_option`).
+
+Only the artifact is read: the recipe is loaded without resolving its model source
+(``check_files=False``), so a device that received the artifact but not the model package (or
+the GGUF) runs it; the manifest names everything the runtime needs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from trtpipe.runtime.errors import ArtifactError
+
+if TYPE_CHECKING:
+    from trtpipe.pipeline.recipe import Recipe
+
+ARTIFACTS_ENV = "TRTPIPE_ARTIFACTS"
+DEFAULT_ARTIFACTS_ROOT = "artifacts"
+ROOT_SOURCES = f"--artifacts, else ${ARTIFACTS_ENV}, else ./{DEFAULT_ARTIFACTS_ROOT} of the current folder"
+
+
+def artifacts_option(f):
+    """The shared ``--artifacts DIR`` option (environment variable ``TRTPIPE_ARTIFACTS``)."""
+    return click.option(
+        "--artifacts", "artifact_root", default=DEFAULT_ARTIFACTS_ROOT, show_default=True,
+        envvar=ARTIFACTS_ENV, show_envvar=True,
+        help="Root folder of artifacts (<root>/<recipe>/<target>); relative to the current folder.")(f)
+
+
+def load_recipe_for_deploy(recipe: str) -> "Recipe":
+    """A recipe (path or shipped name) for a deploy-side command: schema checked, but its model
+    source is not looked up (the artifact carries what the runtime needs). Raises RecipeError."""
+    from trtpipe.pipeline.recipe import load_recipe, resolve_recipe_path
+
+    return load_recipe(resolve_recipe_path(recipe), check_files=False)
+
+
+def missing_artifact_error(recipe: "Recipe", art: Path, extra_fix: str = "") -> ArtifactError:
+    """The "nothing built here" error: the absolute folder looked in and how the root is chosen."""
+    return ArtifactError(
+        f"no artifact for recipe {recipe.name!r} in {art.resolve()} (artifacts root: {ROOT_SOURCES}). "
+        f"Fix: run `trtpipe build {recipe.origin}` first, or point --artifacts / ${ARTIFACTS_ENV} "
+        f"at the folder it was built in{extra_fix}.")
+
+
+def artifact_for_recipe(recipe: "Recipe", artifact_root: str | Path, extra_fix: str = "") -> Path:
+    """``<root>/<recipe>/<target>``, checked to exist and to be built from ``recipe``."""
+    from trtpipe.pipeline.build import artifact_dir_for
+    from trtpipe.pipeline.validate import check_artifact_matches_recipe
+    from trtpipe.runtime.manifest import MANIFEST_NAME, load_manifest
+
+    art = artifact_dir_for(recipe, artifact_root)
+    if not (art / MANIFEST_NAME).is_file():
+        raise missing_artifact_error(recipe, art, extra_fix)
+    check_artifact_matches_recipe(load_manifest(art, verify_hashes=False), recipe, art)
+    return art
+
+
+def resolve_artifact(recipe_or_artifact: str, artifact_root: str | Path = DEFAULT_ARTIFACTS_ROOT) -> Path:
+    """An artifact directory, or a recipe (path or shipped name) -> its artifact directory.
+
+    Raises :class:`ArtifactError` (no artifact, or one built from another recipe) or
+    :class:`~trtpipe.pipeline.recipe.RecipeError`.
+    """
+    from trtpipe.plugins.errors import TrtpipeError
+
+    p = Path(recipe_or_artifact)
+    if p.is_dir() and (p / "manifest.json").is_file():
+        return p
+    try:
+        recipe = load_recipe_for_deploy(recipe_or_artifact)
+    except TrtpipeError:
+        if p.is_dir():
+            raise ArtifactError(f"{p.resolve()} is not a trtpipe artifact (no manifest.json). Fix: run "
+                                "`trtpipe build RECIPE` and pass the recipe or the directory it prints.") from None
+        raise
+    return artifact_for_recipe(recipe, artifact_root)
+
+
+__all__ = ["ARTIFACTS_ENV", "artifact_for_recipe", "artifacts_option", "load_recipe_for_deploy",
+           "missing_artifact_error", "resolve_artifact"]

