@@ -268,5 +268,9 @@ def info_cmd(recipe_or_artifact: str, artifact_root: str) -> None:
     click.echo(f"KV pool: {m.kv.num_blocks} blocks x {m.kv.block_size} tokens, {m.kv.dtype}, {m.kv.pool_bytes / 2**20:.0f} MiB")
 
 
+from trtpipe.pipeline.cli_serve import serve_cmd  # noqa: E402 - registered after the group exists
+
+main.add_command(serve_cmd)
+
 if __name__ == "__main__":
     main()
