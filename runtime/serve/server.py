@@ -74,6 +74,10 @@ def _load(cfg: ServeConfig, state: ServeState, url: str, echo: Callable[[str], N
         state.load_error = f"loading {cfg.artifact_dir} failed: {e}"
         echo(f"trtpipe serve: error: {state.load_error}")
         return
+    # Touch every page of the KV pool now: the server's memory is then fixed from the first
+    # request on (an out-of-memory shows at start, not hours later when the pool fills).
+    for array in llm.pool.keys + llm.pool.values:
+        array.fill(0)
     metrics = ServeMetrics(cfg.model_name)
     engine = EngineLoop(llm, max_queued_requests=cfg.max_queued_requests,
                         request_timeout_s=cfg.request_timeout_s, on_finished=metrics.on_finished)
@@ -117,7 +121,12 @@ def serve(cfg: ServeConfig, echo: Callable[[str], None] | None = None) -> int:
     if server.started is False:
         echo(f"trtpipe serve: error: could not listen on {cfg.host}:{cfg.port} (port in use?)")
         return 1
-    echo("trtpipe serve: stopped")
+    if state.engine is not None:
+        llm = state.engine.llm
+        echo(f"trtpipe serve: stopped ({llm.block_pool.num_used} KV blocks in use, "
+             f"{llm.scheduler.num_running + llm.scheduler.num_waiting} requests left)")
+    else:
+        echo("trtpipe serve: stopped")
     return 0
 
 
