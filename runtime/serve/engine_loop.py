@@ -32,6 +32,8 @@ from trtpipe.runtime.request import SamplingParams
 
 log = logging.getLogger("trtpipe.serve")
 
+MAX_FAILED_STEPS_IN_A_ROW = 3  # then the loop stops: /health turns 503, every request fails
+
 
 @dataclass(frozen=True)
 class Delta:
@@ -141,6 +143,7 @@ class EngineLoop:
     # -- engine thread ---------------------------------------------------------------------------
     def _run(self) -> None:
         drain_deadline: float | None = None
+        failures = 0
         try:
             while True:
                 block = not self.llm.has_unfinished() and drain_deadline is None
@@ -158,12 +161,27 @@ class EngineLoop:
                     return
                 self._expire(now)
                 if self.llm.has_unfinished():
-                    self._publish(self.llm.step())
+                    try:
+                        self._publish(self.llm.step())
+                        failures = 0
+                    except Exception as e:  # noqa: BLE001 - the step's requests fail, the others go on
+                        failures += 1
+                        log.exception("engine step failed (%d in a row)", failures)
+                        if failures >= MAX_FAILED_STEPS_IN_A_ROW:
+                            raise
+                        self._fail_step(e)
         except BaseException as e:  # the loop is dead: fail every request so no client hangs
             log.exception("engine loop died")
             self.error = e
             for rid in list(self._served):
                 self._cancel(rid, "error", str(e))
+
+    def _fail_step(self, e: Exception) -> None:
+        """After a failed step: ``LLM.step`` already finished that step's requests (KV freed); end
+        their streams with finish reason "error"."""
+        for rid in list(self._served):
+            if self.llm.scheduler.get_request(rid) is None:
+                self._cancel(rid, "error", f"engine step failed: {e}")
 
     def _take_commands(self, block: bool) -> list[tuple]:
         """Everything in the channel, in order. An add and the cancel that follows it in the same

@@ -93,3 +93,42 @@ def test_histograms_agree_with_per_request_metrics(served):
     assert m["trtpipe:prompt_tokens_total"] == sum(r.prompt_tokens for r in got)
     assert m['trtpipe:request_success_total{finished_reason="length"}'] == 6
     assert m["trtpipe:kv_blocks_in_use"] == 0 and m["trtpipe:num_requests_running"] == 0
+
+
+def test_engine_error_fails_the_step_frees_kv_then_dead_loop_turns_health_503(served, monkeypatch):
+    """A failing engine step ends that step's requests with an error (stream: an error event, then
+    [DONE]; non-stream: 500) and frees their KV; the server keeps serving. After
+    MAX_FAILED_STEPS_IN_A_ROW failures in a row the loop stops and /health answers 503.
+    (Runs last in this module: it kills the module's engine.)"""
+    url, records, llm = served
+    real_decode = llm.engine.decode
+    calls = {"n": 0}
+
+    def flaky_decode(batch):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("injected decode failure")
+        return real_decode(batch)
+
+    monkeypatch.setattr(llm.engine, "decode", flaky_decode)
+    body = {"model": MODEL, "prompt": "Tell me about rivers.", "max_tokens": 8, "ignore_eos": True, "temperature": 0}
+    with httpx.Client(timeout=60) as h:
+        r = h.post(url + "/v1/completions", json=body)
+        assert r.status_code == 500 and "injected decode failure" in r.json()["error"]["message"]
+        assert llm.block_pool.num_used == 0
+        r = h.post(url + "/v1/completions", json=body)  # the next request is served normally
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
+
+        def broken(batch):
+            raise RuntimeError("broken engine")
+
+        monkeypatch.setattr(llm.engine, "prefill", broken)  # every step fails now
+        lines = []
+        for _ in range(3):
+            with h.stream("POST", url + "/v1/completions", json={**body, "stream": True}) as s:
+                lines += [x for x in s.iter_lines() if x.startswith("data: ")]
+        assert sum('"error"' in x for x in lines) == 3 and lines[-1] == "data: [DONE]"
+        assert llm.block_pool.num_used == 0
+        health = h.get(url + "/health")
+        assert health.status_code == 503 and health.json()["status"] == "dead"
+        assert h.post(url + "/v1/completions", json=body).status_code == 503
