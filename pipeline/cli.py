@@ -260,8 +260,13 @@ def chat_cmd(recipe_or_artifact: str, max_new_tokens: int, temperature: float, t
 @click.option("--scenario", "scenarios", multiple=True, help="Run only this scenario (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads.")
+@click.option("--url", default=None, help="Measure a running `trtpipe serve` at this URL over streaming HTTP "
+              "(TTFT/TPOT/ITL at the client) instead of in-process.")
+@click.option("--serve", "serve_", is_flag=True, help="Start `trtpipe serve` on a free loopback port for the run "
+              "and measure it over HTTP (like --url).")
+@click.option("--api-key", default=None, envvar="TRTPIPE_API_KEY", help="API key of the server (--url).")
 def validate_cmd(recipe: str, artifact_dir: str | None, artifact_root: str, scenarios: tuple[str, ...],
-                 as_json: bool, threads: int | None) -> None:
+                 as_json: bool, threads: int | None, url: str | None, serve_: bool, api_key: str | None) -> None:
     """Validate a built artifact against RECIPE: run each scenario's workload, measure
     TTFT/TPOT/ITL/E2E percentiles, compare with the budgets, and check correctness against the
     golden outputs recorded at build time.
@@ -271,11 +276,19 @@ def validate_cmd(recipe: str, artifact_dir: str | None, artifact_root: str, scen
     (including an artifact not built from RECIPE: the build hashes differ).
     Reports: artifacts/<recipe>/<target>/validate/ (report.json, report.md, PNG plots); a run of
     some scenarios only (--scenario) writes to validate/scenarios-<names>/ and keeps the full one.
+    Over HTTP (--url URL or --serve): the same scenarios, report (validate/http/), plots and gate,
+    measured at the client; the golden-output check runs in-process only.
     Example: trtpipe validate smollm2-135m-cpu --scenario chat
     """
     from trtpipe.pipeline.validate import run_validate
 
     try:
+        if url is not None or serve_:
+            from trtpipe.pipeline.validate_http import run_validate_http
+
+            sys.exit(run_validate_http(recipe, url=url, serve=serve_, artifact_dir=artifact_dir,
+                                       artifact_root=artifact_root, scenarios=scenarios, as_json=as_json,
+                                       threads=threads, api_key=api_key))
         code = run_validate(recipe, artifact_dir=artifact_dir, artifact_root=artifact_root,
                             scenarios=scenarios, as_json=as_json, threads=threads)
     except TrtpipeError as e:
@@ -402,6 +415,10 @@ def info_cmd(recipe_or_artifact: str, artifact_root: str, as_json: bool) -> None
         table.add_row(k, v)
     Console(highlight=False).print(table)
 
+
+from trtpipe.pipeline.cli_serve import serve_cmd  # noqa: E402 - registered after the group exists
+
+main.add_command(serve_cmd)
 
 if __name__ == "__main__":
     main()

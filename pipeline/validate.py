@@ -280,8 +280,12 @@ def _summary_line(s: Any) -> str:
             f"{opt(s.peak_rss_bytes and s.peak_rss_bytes / 2**20, '{:.0f}')} MiB")
 
 
-def _run_scenario(llm: Any, scenario: Scenario, spec: Any, err: Any):
-    """Run one scenario's workload (progress on ``err``); its :class:`ScenarioReport`."""
+def _run_scenario(llm: Any, scenario: Scenario, spec: Any, err: Any, run: Any = None, tokenizer: Any = None):
+    """Run one scenario's workload (progress on ``err``); its :class:`ScenarioReport`.
+
+    ``run(items, concurrency, on_request_done)`` replaces the in-process ``run_workload(llm, ...)``
+    (``validate --url`` passes the HTTP runner) and ``tokenizer`` the LLM's (same return shapes).
+    """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from trtpipe.runtime.budgets import evaluate_budgets
@@ -290,16 +294,17 @@ def _run_scenario(llm: Any, scenario: Scenario, spec: Any, err: Any):
     from trtpipe.runtime.workload import make_workload, run_workload
 
     err.print(f"scenario {scenario.name}: {_describe(spec)}")
-    items = make_workload(spec, llm.tokenizer)
+    items = make_workload(spec, tokenizer or llm.tokenizer)
+    run = run or (lambda items, concurrency, on_request_done: run_workload(
+        llm, items, concurrency, on_request_done=on_request_done))
     t = time.perf_counter()
     with Progress(TextColumn("  {task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err, transient=True,
                   disable=not err.is_terminal) as bar:
         task = bar.add_task(f"{scenario.name} (after {spec.num_warmup_requests} warm-up)",
                             total=spec.num_requests)
-        metrics, wall_s, stats = run_workload(
-            llm, items, spec.concurrency,
-            on_request_done=lambda done, total: bar.update(task, completed=done))
+        metrics, wall_s, stats = run(items, spec.concurrency,
+                                     lambda done, total: bar.update(task, completed=done))
     summary = summarize(metrics, wall_s, stats)
     results = evaluate_budgets(summary, scenario.budgets.budget_dicts())
     err.print(f"  done in {time.perf_counter() - t:.1f} s")
@@ -416,6 +421,12 @@ def run_validate(recipe: str | os.PathLike | Recipe, *, artifact_dir: str | os.P
 
     paths = write_report(report_dir(art, r, chosen), recipe_name=r.name, target=r.target, scenarios=reports,
                          correctness=correctness, env=env)
+    return finish_report(out, paths, as_json)
+
+
+def finish_report(out: Any, paths: Any, as_json: bool) -> int:
+    """Print the gate line and where the report went (report.json on stdout with ``as_json``);
+    the gate's exit code."""
     doc = json.loads(paths.report_json.read_text(encoding="utf-8"))
     gate = doc["gate"]
     word = {None: "not run", True: "pass", False: "[red]FAIL[/red]"}

@@ -96,6 +96,7 @@ class LLM:
         self._ids = itertools.count()
         self.engine_time_s = 0.0
         self.steps = 0
+        self.num_preemptions = 0  # requests preempted (KV freed, recomputed later), all steps
 
     # -- requests ----------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | bytes, chat: bool = False) -> list[int]:
@@ -160,6 +161,12 @@ class LLM:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def partial_output(self, request_id: str) -> RequestOutput | None:
+        """The live (unfinished) output of a request, updated in place by every step; None once
+        it finished or was cancelled (the finished one is what :meth:`step` returned)."""
+        live = self._live.get(request_id)
+        return None if live is None else live.output
+
     # -- the step ----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One scheduler step: prefill chunks + one decode batch. Returns finished outputs."""
@@ -198,6 +205,7 @@ class LLM:
             raise
         finished = self.scheduler.update(step, sampled)
         self.steps += 1
+        self.num_preemptions += len(step.preempted)
         self.step_stats.on_step(now(), decode_batch_size=len(step.decodes),
                                 kv_blocks_used=self.block_pool.num_used)
         t = now()

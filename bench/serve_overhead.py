@@ -1,0 +1,81 @@
+"""Server overhead per token: TPOT over HTTP (`trtpipe serve`, streamed, measured at the client)
+vs TPOT in-process (`LLM.stream`), batch 1, same prompt and length, interleaved in one run.
+
+    .venv/bin/python bench/serve_overhead.py [--rounds 8] [--tokens 64] [--threads 2]
+
+Both sides use the same artifact and thread count; only one runs at a time (the server idles while
+the in-process LLM runs and vice versa). Prints per-round figures, medians and the ratio
+HTTP / in-process; the difference is what HTTP, SSE framing, the event loop and the engine-thread
+hand-off add per token. Loopback only; the server is always stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "runtime"))
+from serve_util import ServerProcess  # noqa: E402
+
+PROMPT = "Write a long story about a lighthouse keeper and the sea."
+
+
+def http_tpot_ms(url: str, model: str, tokens: int) -> tuple[float, float]:
+    """(TTFT ms, TPOT ms) of one streamed request at the client (chunk arrival times)."""
+    body = {"model": model, "prompt": PROMPT, "max_tokens": tokens, "ignore_eos": True, "temperature": 0,
+            "stream": True, "return_token_ids": True}
+    times: list[float] = []
+    t0 = time.monotonic()
+    with httpx.Client(timeout=120) as h, h.stream("POST", url + "/v1/completions", json=body) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                choice = json.loads(line[6:])["choices"][0]
+                times.extend([time.monotonic()] * len(choice.get("token_ids") or ()))
+    assert len(times) == tokens, len(times)
+    return (times[0] - t0) * 1e3, (times[-1] - times[0]) / (tokens - 1) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--artifact", default=str(ROOT / "artifacts" / "smollm2-135m-cpu" / "cpu"))
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+
+    from trtpipe.runtime.llm import LLM
+    from trtpipe.runtime.request import SamplingParams
+
+    llm = LLM(a.artifact, num_threads=a.threads)
+    params = SamplingParams(max_new_tokens=a.tokens, ignore_eos=True)
+    with ServerProcess(Path(a.artifact), "--threads", str(a.threads)) as server:
+        model = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
+        http_tpot_ms(server.url, model, 8)  # warm-up both
+        list(llm.stream(PROMPT, params))
+        rows = []
+        for i in range(a.rounds):
+            for _ in llm.stream(PROMPT, params):
+                pass
+            m = llm.last_output.metrics
+            inproc = (m.ttft_s * 1e3, m.tpot_s * 1e3)
+            http = http_tpot_ms(server.url, model, a.tokens)
+            rows.append((inproc, http))
+            print(f"round {i}: in-process TTFT {inproc[0]:7.1f} ms TPOT {inproc[1]:6.2f} ms | "
+                  f"HTTP TTFT {http[0]:7.1f} ms TPOT {http[1]:6.2f} ms")
+    ip = statistics.median(r[0][1] for r in rows)
+    hp = statistics.median(r[1][1] for r in rows)
+    it = statistics.median(r[0][0] for r in rows)
+    ht = statistics.median(r[1][0] for r in rows)
+    print(f"median TPOT: in-process {ip:.2f} ms, HTTP {hp:.2f} ms -> overhead {hp - ip:+.2f} ms/token "
+          f"(ratio {hp / ip:.3f}); median TTFT: in-process {it:.1f} ms, HTTP {ht:.1f} ms ({ht - it:+.1f} ms)")
+
+
+if __name__ == "__main__":
+    main()

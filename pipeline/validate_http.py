@@ -1,0 +1,132 @@
+"""``trtpipe validate RECIPE --url URL`` (or ``--serve``): the recipe's scenarios against a running
+``trtpipe serve``, measured at the client through streaming HTTP.
+
+    recipe ──► scenarios ──► make_workload (tokenized by the server's /tokenize)
+           ──► run_workload_http (runtime/serve/http_client.py: TTFT = request sent -> first
+               non-empty text chunk; TPOT/ITL from chunk arrival times)
+           ──► summarize ─► evaluate_budgets ─► the same report, plots and gate as in-process
+               (written to <artifact>/validate/http/...; ``env.measured_by`` says how)
+
+Correctness against the golden outputs needs the engine's logits, so it runs in-process only
+(``trtpipe validate RECIPE``); over HTTP it is "not checked" and does not affect the gate. The KV
+leak check reads ``trtpipe:kv_blocks_in_use`` from the server's ``/metrics`` after each scenario.
+``--serve`` starts ``trtpipe serve`` on a free loopback port for the run and stops it afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from trtpipe.pipeline.recipe import Recipe
+from trtpipe.pipeline.validate import (ValidateUsageError, _load, _print_scenario, _run_scenario, finish_report,
+                                       report_dir, scenario_workload_spec, select_scenarios)
+
+MEASURED_BY = ("client over HTTP: streamed POST /v1/completions; TTFT = request sent -> first non-empty text "
+               "chunk; TPOT and ITL from chunk arrival times (network, HTTP and SSE included)")
+
+
+@contextmanager
+def served(artifact_dir: Path, threads: int | None, ready_timeout_s: float = 300.0) -> Iterator[str]:
+    """``trtpipe serve ARTIFACT`` on a free 127.0.0.1 port; yields its URL; always stopped."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "trtpipe.pipeline.cli", "serve", str(artifact_dir), "--port", str(port)]
+    if threads:
+        cmd += ["--threads", str(threads)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()  # type: ignore[arg-type]
+    try:
+        deadline = time.monotonic() + ready_timeout_s
+        while not any("ready at" in line for line in lines):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise ValidateUsageError(f"--serve: `{' '.join(cmd)}` did not become ready:\n{''.join(lines)[-2000:]}")
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+def _served_model(url: str, recipe: Recipe, headers: dict[str, str]) -> str:
+    import httpx
+
+    try:
+        r = httpx.get(url + "/v1/models", headers=headers, timeout=30)
+    except httpx.HTTPError as e:
+        raise ValidateUsageError(f"--url {url}: cannot reach the server ({e}). Fix: start it with "
+                                 f"`trtpipe serve {recipe.name}` or pass --serve.") from None
+    if r.status_code != 200:
+        raise ValidateUsageError(f"--url {url}: GET /v1/models answered HTTP {r.status_code} ({r.text[:200]}). "
+                                 "Fix: pass --api-key if the server needs one, or wait until /health is 200.")
+    names = [m.get("id") for m in r.json().get("data", [])]
+    if recipe.name not in names:
+        raise ValidateUsageError(f"--url {url} serves {names}, not recipe {recipe.name!r}. Fix: validate the "
+                                 "recipe the server was started with, or start `trtpipe serve` for this one.")
+    return recipe.name
+
+
+def run_validate_http(recipe: str | os.PathLike | Recipe, *, url: str | None = None, serve: bool = False,
+                      artifact_dir: str | os.PathLike | None = None, artifact_root: str | os.PathLike = "artifacts",
+                      scenarios: Sequence[str] = (), as_json: bool = False, threads: int | None = None,
+                      api_key: str | None = None) -> int:
+    """Validate over HTTP; returns the gate's exit code (0 pass, 1 fail). Exactly one of ``url``
+    and ``serve``. Raises :class:`ValidateUsageError` (CLI exit 2) for an unreachable server or one
+    serving another model."""
+    from contextlib import nullcontext
+
+    from rich.console import Console
+
+    from trtpipe.pipeline.build import artifact_dir_for
+    from trtpipe.runtime.report import write_report
+    from trtpipe.runtime.serve.http_client import HttpTokenizer, run_workload_http
+
+    if (url is None) == (not serve):
+        raise ValidateUsageError("pass exactly one of --url URL (a running server) and --serve (start one).")
+    r = _load(recipe)
+    chosen = select_scenarios(r, list(dict.fromkeys(scenarios)))
+    specs = [(s, scenario_workload_spec(r, s)) for s in chosen]
+    art = Path(artifact_dir) if artifact_dir is not None else artifact_dir_for(r, artifact_root)
+    out = Console(stderr=as_json, highlight=False)
+    err = Console(stderr=True, highlight=False)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with (served(art, threads) if serve else nullcontext(url.rstrip("/"))) as base:
+        err.print(f"validate {r.name} over HTTP at {base}" + (" (started by --serve)" if serve else ""))
+        model = _served_model(base, r, headers)
+        tokenizer = HttpTokenizer(base, headers)
+        reports = []
+        for scenario, spec in specs:
+            def run(items, concurrency, on_request_done):
+                return run_workload_http(base, model, items, concurrency, api_key=api_key,
+                                         on_request_done=on_request_done)
+
+            reports.append(_run_scenario(None, scenario, spec, err, run=run, tokenizer=tokenizer))
+            _print_scenario(out, reports[-1])
+    env = {"measured_by": MEASURED_BY, "url": base, "server": "started by --serve" if serve else "external",
+           "client_host": platform.node(), "client_platform": platform.platform(), "cpu_count": os.cpu_count(),
+           "load_avg_1_5_15m_at_end": [round(x, 2) for x in os.getloadavg()]}
+    correctness = {"method": "not checked over HTTP (needs the engine's logits); run `trtpipe validate "
+                             f"{r.name}` in-process for the golden-output check"}
+    paths = write_report(report_dir(art, r, chosen) / "http", recipe_name=r.name, target=r.target,
+                         scenarios=reports, correctness=correctness, env=env)
+    return finish_report(out, paths, as_json)
+
+
+__all__ = ["run_validate_http", "served", "MEASURED_BY"]

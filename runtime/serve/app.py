@@ -1,0 +1,287 @@
+"""The FastAPI app: OpenAI-compatible endpoints over one :class:`EngineLoop`.
+
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (stream and non-stream),
+``GET /v1/models``, ``GET /health``, ``GET /metrics``, ``POST /tokenize``, ``POST /detokenize``.
+
+Each generation request: parse and validate the body (:mod:`.protocol`), tokenize (chat: the model's
+template), ``EngineLoop.submit`` with a sink that hands events to this request's own
+``asyncio.Queue`` through ``loop.call_soon_threadsafe``, then stream or collect. A client that
+leaves is detected from the ASGI connection, as vLLM does: for streams, Starlette's
+``StreamingResponse`` listens for ``http.disconnect`` and cancels the generator; for non-streamed
+requests the handler races the result against ``request.receive()`` returning
+``http.disconnect`` (vLLM's ``with_cancellation``). Either way the ``finally`` cancels the request
+in the engine, which frees its KV blocks before the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from trtpipe.runtime.chat import render_chat
+from trtpipe.runtime.errors import RequestError, TrtpipeError
+from trtpipe.runtime.serve.engine_loop import Delta, EngineBusy, EngineLoop, Final
+from trtpipe.runtime.serve.prometheus import ServeMetrics
+from trtpipe.runtime.serve.protocol import (GenerationRequest, ServeError, bad_field, parse_chat,
+                                            parse_completion, parse_json_body)
+from trtpipe.runtime.serve.responses import DONE, ResponseBuilder, error_chunk
+
+RETRY_AFTER_S = 1  # what a 503 tells the client to wait before retrying
+
+
+@dataclass
+class ServeState:
+    """What the handlers share. ``engine`` is None while the model loads."""
+
+    model_name: str
+    api_key: str | None = None
+    engine: EngineLoop | None = None
+    metrics: ServeMetrics | None = None
+    load_error: str | None = None
+    draining: bool = False
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def _error_response(e: ServeError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+def create_app(state: ServeState) -> FastAPI:
+    """The ASGI app over ``state`` (its engine may be attached later, once loaded)."""
+    app = FastAPI(title="trtpipe", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.serve = state
+
+    def reject(reason: str, e: ServeError) -> ServeError:
+        if state.metrics is not None:
+            state.metrics.on_rejected(reason)
+        return e
+
+    def engine_or_503() -> EngineLoop:
+        eng = state.engine
+        if state.draining:
+            raise reject("shutting_down", ServeError(503, "the server is shutting down; retry on another "
+                         "replica", type_="service_unavailable", headers={"Retry-After": str(RETRY_AFTER_S)}))
+        if eng is None or not eng.alive:
+            why = state.load_error or ("the model is still loading" if eng is None else "the engine loop stopped")
+            raise ServeError(503, f"not ready: {why}", type_="service_unavailable",
+                             headers={"Retry-After": str(RETRY_AFTER_S)})
+        return eng
+
+    def check_auth(request: Request) -> None:
+        if state.api_key is None:
+            return
+        if request.headers.get("authorization", "") != f"Bearer {state.api_key}":
+            raise reject("unauthorized", ServeError(401, "invalid or missing API key: expected the header "
+                         "'Authorization: Bearer <key>' with the key given to `trtpipe serve --api-key`",
+                         type_="authentication_error", code="invalid_api_key"))
+
+    @app.exception_handler(ServeError)
+    async def _serve_error(request: Request, e: ServeError) -> JSONResponse:
+        return _error_response(e)
+
+    @app.get("/health")
+    async def health() -> Response:
+        eng = state.engine
+        if eng is not None and eng.alive and not state.draining:
+            return JSONResponse({"status": "ok"})
+        status = ("shutting_down" if state.draining else "loading" if eng is None and not state.load_error
+                  else "dead")
+        return JSONResponse({"status": status, "error": state.load_error or (eng and repr(eng.error))},
+                            status_code=503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        body = state.metrics.render() if state.metrics is not None else b""
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> JSONResponse:
+        check_auth(request)
+        eng = state.engine
+        max_len = eng.llm.manifest.limits["max_seq_len"] if eng is not None else None
+        return JSONResponse({"object": "list", "data": [{"id": state.model_name, "object": "model",
+                                                         "created": state.created, "owned_by": "trtpipe",
+                                                         "max_model_len": max_len}]})
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> JSONResponse:
+        check_auth(request)
+        eng = engine_or_503()
+        doc = parse_json_body(await request.body())
+        if "messages" in doc:
+            ids = _encode_chat(eng, parse_chat({**doc, "model": state.model_name}, (state.model_name,)))
+        else:
+            prompt = doc.get("prompt")
+            if not isinstance(prompt, str):
+                raise bad_field("prompt", prompt, "a string", 'send {"prompt": "text"}')
+            ids = eng.llm.tokenizer.encode(prompt, add_special_tokens=bool(doc.get("add_special_tokens", True)))
+        return JSONResponse({"tokens": ids, "count": len(ids),
+                             "max_model_len": eng.llm.manifest.limits["max_seq_len"]})
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> JSONResponse:
+        check_auth(request)
+        eng = engine_or_503()
+        doc = parse_json_body(await request.body())
+        ids = doc.get("tokens")
+        vocab = eng.llm.tokenizer.vocab_size
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                and 0 <= t < vocab for t in ids):
+            raise bad_field("tokens", ids, f"a list of token ids in [0, {vocab})", 'send {"tokens": [1, 2]}')
+        return JSONResponse({"prompt": eng.llm.tokenizer.backend.decode(ids, skip_special_tokens=False)})
+
+    async def generate(request: Request, kind: str) -> Response:
+        check_auth(request)
+        eng = engine_or_503()
+        try:
+            doc = parse_json_body(await request.body())
+            served = (state.model_name,)
+            req = parse_completion(doc, served) if kind == "completion" else parse_chat(doc, served)
+            ids = _encode_chat(eng, req) if kind == "chat" else _encode_prompt(eng, req)
+            params = req.sampling_params(_max_new_tokens(eng, req, ids))
+        except ServeError as e:
+            raise reject("bad_request", e)
+        except RequestError as e:
+            raise reject("bad_request", ServeError(400, str(e), param="messages" if kind == "chat" else "prompt"))
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def sink(event: Any) -> None:  # engine thread -> this request's queue
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, event)
+            except RuntimeError:  # the event loop is closed (server exiting): nobody listens
+                pass
+
+        try:
+            rid = eng.submit(ids, params, sink)
+        except EngineBusy as e:
+            raise reject(e.reason, ServeError(503, f"overloaded: {e}; retry after {RETRY_AFTER_S} s",
+                                              type_="service_unavailable", code=e.reason,
+                                              headers={"Retry-After": str(RETRY_AFTER_S)}))
+        builder = ResponseBuilder(req, tuple(ids))
+        if req.stream:
+            return StreamingResponse(_stream(eng, rid, events, builder), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return await _collect(request, eng, rid, events, builder)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await generate(request, "completion")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await generate(request, "chat")
+
+    return app
+
+
+# -- per request ------------------------------------------------------------------------------
+
+
+def _encode_prompt(eng: EngineLoop, req: GenerationRequest) -> list[int]:
+    if isinstance(req.prompt, tuple):
+        vocab = eng.llm.tokenizer.vocab_size
+        if max(req.prompt) >= vocab:
+            raise bad_field("prompt", list(req.prompt), f"token ids in [0, {vocab})", "send ids of this model's vocabulary")
+        return list(req.prompt)
+    return eng.llm.encode_prompt(req.prompt)
+
+
+def _encode_chat(eng: EngineLoop, req: GenerationRequest) -> list[int]:
+    """The chat template of the model applied to ``messages``, tokenized as ``LLM.encode_prompt``
+    does for ``chat=True`` (so a chat request equals ``LLM.generate(..., chat=True)``)."""
+    tpl = eng.llm.manifest.model.chat_template
+    if not tpl:
+        raise ServeError(400, "messages: this model has no chat template in its metadata; expected a "
+                              "model with one. Fix: use /v1/completions with a plain prompt.", param="messages")
+    try:
+        text = render_chat(tpl, [dict(m) for m in req.messages])
+    except TrtpipeError as e:
+        raise ServeError(400, str(e), param="messages") from None
+    return eng.llm.tokenizer.encode(text, add_special_tokens=True)
+
+
+def _max_new_tokens(eng: EngineLoop, req: GenerationRequest, ids: list[int]) -> int:
+    """``max_tokens`` or, when unset (chat), everything up to max_seq_len. 400 when the prompt
+    leaves no room."""
+    max_len = eng.llm.manifest.limits["max_seq_len"]
+    field_name = "messages" if req.kind == "chat" else "prompt"
+    if len(ids) >= max_len:
+        raise ServeError(400, f"{field_name}: the prompt has {len(ids)} tokens; expected fewer than "
+                              f"max_seq_len = {max_len} (prompt + output). Fix: shorten the prompt, or build "
+                              "a recipe with a larger max_seq_len.", param=field_name, code="context_length_exceeded")
+    return req.max_tokens if req.max_tokens is not None else max_len - len(ids)
+
+
+async def _stream(eng: EngineLoop, rid: str, events: asyncio.Queue, b: ResponseBuilder) -> AsyncIterator[bytes]:
+    """SSE chunks until the Final event. Cancelled by Starlette when the client disconnects; the
+    ``finally`` then aborts the request in the engine (KV freed before the next step)."""
+    finished = False
+    num_ids = 0
+    try:
+        first = True
+        if b.req.kind == "chat":
+            yield b.chunk("", first=True)
+            first = False
+        while True:
+            event = await events.get()
+            if isinstance(event, Delta):
+                num_ids += len(event.token_ids)
+                if event.text or b.req.return_token_ids:
+                    yield b.chunk(event.text, event.token_ids, first=first)
+                    first = False
+                continue
+            assert isinstance(event, Final)
+            finished = True
+            out = event.output
+            if out.finish_reason == "error":
+                yield error_chunk(out.error_message or "engine error")
+            else:
+                yield b.chunk("", finish_reason=out.finish_reason, first=first)
+                if b.req.include_usage:
+                    yield b.usage_chunk(len(out.output_token_ids))
+            yield DONE
+            return
+    finally:
+        if not finished:
+            eng.cancel(rid)
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _collect(request: Request, eng: EngineLoop, rid: str, events: asyncio.Queue,
+                   b: ResponseBuilder) -> Response:
+    """Gather the whole output, or abort the request if the client disconnects first."""
+
+    async def result() -> Final:
+        while True:
+            event = await events.get()
+            if isinstance(event, Final):
+                return event
+
+    task = asyncio.ensure_future(result())
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            eng.cancel(rid)
+    if task not in done:
+        return Response(status_code=499)  # client closed the request (nobody reads this)
+    out = task.result().output
+    if out.finish_reason == "error":
+        raise ServeError(500, f"engine error: {out.error_message}", type_="server_error")
+    return JSONResponse(b.full(out.text, out.output_token_ids, out.finish_reason))
+
+
+__all__ = ["ServeState", "create_app", "RETRY_AFTER_S"]

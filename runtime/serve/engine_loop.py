@@ -1,0 +1,260 @@
+"""The engine thread: the only owner of the ``LLM``; the asyncio side talks to it through a channel.
+
+::
+
+    asyncio (HTTP handlers)                        engine thread (owns LLM, KV pool, scheduler)
+    ───────────────────────                        ─────────────────────────────────────────────
+    submit(ids, params, sink) ──► commands ──────► drain commands: add_request / cancel
+    cancel(request_id)        ──►  (queue.Queue)   expire timeouts (cancel, finish "timeout")
+                                                   llm.step()   (never while the event loop waits)
+    sink(event)  ◄── loop.call_soon_threadsafe ◄── per served request: new text + ids -> Delta,
+                                                   finished -> Final (blocks already free)
+
+No HTTP handler ever touches the ``LLM``; the engine thread never awaits anything. A cancel (client
+disconnect, timeout, shutdown) is applied before the next step, and ``LLM.cancel`` frees the
+request's KV blocks at once; a request still in the command queue when its cancel arrives is never
+added at all. Text pieces come from the incremental detokenizer (``on_text``), so every piece is
+whole characters; token ids travel separately.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from trtpipe.runtime.detokenizer import REPLACEMENT_CHAR
+from trtpipe.runtime.llm import LLM, RequestOutput
+from trtpipe.runtime.request import SamplingParams
+
+log = logging.getLogger("trtpipe.serve")
+
+MAX_FAILED_STEPS_IN_A_ROW = 3  # then the loop stops: /health turns 503, every request fails
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New output of one request since the last event: text (whole characters) and token ids."""
+
+    text: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Final:
+    """The request ended; ``output`` carries its finish reason, ids, text and metrics."""
+
+    output: RequestOutput
+
+
+class EngineBusy(Exception):
+    """Too many requests waiting (``max_queued_requests``), or the server is shutting down."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason  # "queue_full" | "shutting_down" | "engine_dead"
+
+
+@dataclass
+class _Served:
+    request_id: str
+    sink: Callable[[Any], None]  # thread-safe: posts an event to the request's asyncio queue
+    deadline_s: float | None
+    pieces: list[str] = field(default_factory=list)  # text from on_text, not yet sent
+    num_ids_sent: int = 0
+
+
+class EngineLoop:
+    """Runs ``llm`` in a daemon thread until :meth:`shutdown`.
+
+    Args:
+        llm: the loaded runtime; used from the engine thread only after :meth:`start`.
+        max_queued_requests: most requests waiting for admission (not yet running); past it
+            :meth:`submit` raises :class:`EngineBusy` ("queue_full").
+        request_timeout_s: a request still unfinished this long after arrival is cancelled and
+            ends with finish reason "timeout" (None: no limit).
+        on_finished: called in the engine thread with every finished :class:`RequestOutput`
+            (Prometheus metrics).
+    """
+
+    def __init__(self, llm: LLM, *, max_queued_requests: int, request_timeout_s: float | None = None,
+                 on_finished: Callable[[RequestOutput], None] | None = None) -> None:
+        self.llm = llm
+        self.max_queued_requests = max_queued_requests
+        self.request_timeout_s = request_timeout_s
+        self._on_finished = on_finished or (lambda out: None)
+        self._commands: queue.Queue = queue.Queue()
+        # submitted minus taken from the queue = requests still in the channel; each counter is
+        # written by one thread only, so no lock is needed
+        self._num_submitted = 0
+        self._num_taken = 0
+        self._served: dict[str, _Served] = {}
+        self._ids = 0
+        self._admitting = True
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="trtpipe-engine", daemon=True)
+        self.error: BaseException | None = None  # set when the loop died
+
+    # -- asyncio side (any thread) ---------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+    @property
+    def num_waiting(self) -> int:
+        return self._num_submitted - self._num_taken + self.llm.scheduler.num_waiting
+
+    def start(self) -> EngineLoop:
+        self._thread.start()
+        return self
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Callable[[Any], None],
+               arrival_s: float | None = None) -> str:
+        """Queue a request; returns its id. Events (:class:`Delta`, then one :class:`Final`) go to
+        ``sink`` from the engine thread. Raises :class:`EngineBusy` when it cannot be admitted."""
+        if not self._admitting:
+            raise EngineBusy("shutting_down", "the server is shutting down and admits no new requests")
+        if not self.alive:
+            raise EngineBusy("engine_dead", f"the engine loop stopped ({self.error!r}); restart the server")
+        if self.num_waiting >= self.max_queued_requests:
+            raise EngineBusy("queue_full", f"{self.num_waiting} requests are already waiting "
+                                           f"(--max-queued-requests {self.max_queued_requests})")
+        self._ids += 1
+        rid = f"req-{self._ids}"
+        arrival = time.monotonic() if arrival_s is None else arrival_s
+        self._num_submitted += 1
+        self._commands.put(("add", rid, prompt_ids, params, sink, arrival))
+        return rid
+
+    def cancel(self, request_id: str) -> None:
+        """Abort a request (client gone): applied before the next step; KV freed at once."""
+        self._commands.put(("cancel", request_id))
+
+    def shutdown(self, grace_s: float) -> None:
+        """Stop admitting, let running requests finish for up to ``grace_s``, cancel the rest, and
+        stop the thread (blocks until it has)."""
+        self._admitting = False
+        self._commands.put(("drain", time.monotonic() + grace_s))
+        self._thread.join(timeout=grace_s + 30.0)
+
+    # -- engine thread ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        drain_deadline: float | None = None
+        failures = 0
+        try:
+            while True:
+                block = not self.llm.has_unfinished() and drain_deadline is None
+                for cmd in self._take_commands(block):
+                    if cmd[0] == "add":
+                        self._add(*cmd[1:])
+                    elif cmd[0] == "cancel":
+                        self._cancel(cmd[1], "abort")
+                    elif cmd[0] == "drain":
+                        drain_deadline = cmd[1]
+                now = time.monotonic()
+                if drain_deadline is not None and (now >= drain_deadline or not self.llm.has_unfinished()):
+                    for rid in list(self._served):
+                        self._cancel(rid, "abort")
+                    return
+                self._expire(now)
+                if self.llm.has_unfinished():
+                    try:
+                        self._publish(self.llm.step())
+                        failures = 0
+                    except Exception as e:  # noqa: BLE001 - the step's requests fail, the others go on
+                        failures += 1
+                        log.exception("engine step failed (%d in a row)", failures)
+                        if failures >= MAX_FAILED_STEPS_IN_A_ROW:
+                            raise
+                        self._fail_step(e)
+        except BaseException as e:  # the loop is dead: fail every request so no client hangs
+            log.exception("engine loop died")
+            self.error = e
+            for rid in list(self._served):
+                self._cancel(rid, "error", str(e))
+
+    def _fail_step(self, e: Exception) -> None:
+        """After a failed step: ``LLM.step`` already finished that step's requests (KV freed); end
+        their streams with finish reason "error"."""
+        for rid in list(self._served):
+            if self.llm.scheduler.get_request(rid) is None:
+                self._cancel(rid, "error", f"engine step failed: {e}")
+
+    def _take_commands(self, block: bool) -> list[tuple]:
+        """Everything in the channel, in order. An add and the cancel that follows it in the same
+        batch are both applied before the next step, so that request never runs."""
+        cmds = []
+        try:
+            cmds.append(self._commands.get(timeout=0.5) if block else self._commands.get_nowait())
+            while True:
+                cmds.append(self._commands.get_nowait())
+        except queue.Empty:
+            pass
+        return cmds
+
+    def _add(self, rid: str, ids: list[int], params: SamplingParams, sink: Callable, arrival: float) -> None:
+        self._num_taken += 1
+        timeout = self.request_timeout_s
+        served = _Served(rid, sink, None if timeout is None else arrival + timeout)
+        try:
+            self.llm.add_request(ids, params, request_id=rid, arrival_s=arrival, on_text=served.pieces.append)
+        except Exception as e:  # validated upstream; a refusal here still answers the client
+            sink(Final(RequestOutput(rid, tuple(ids), finished=True, finish_reason="error",
+                                     error_message=str(e))))
+            return
+        self._served[rid] = served
+
+    def _cancel(self, rid: str, reason: str, error: str | None = None) -> None:
+        served = self._served.pop(rid, None)
+        if served is None:
+            return
+        out = self.llm.partial_output(rid)
+        self.llm.cancel(rid)  # frees the KV blocks now
+        if out is None:  # finished by the scheduler at add (never fits) and not yet reported
+            out = RequestOutput(rid, (), finished=True)
+        out.finish_reason = reason
+        out.error_message = error or out.error_message
+        self._send_new(served, out, final=True)
+        self._finish(served, out)
+
+    def _expire(self, now: float) -> None:
+        for rid, served in list(self._served.items()):
+            if served.deadline_s is not None and now >= served.deadline_s:
+                self._cancel(rid, "timeout")
+
+    def _publish(self, finished: list[RequestOutput]) -> None:
+        done = {out.request_id: out for out in finished}
+        for rid, served in list(self._served.items()):
+            out = done.get(rid) or self.llm.partial_output(rid)
+            if out is None:
+                continue
+            self._send_new(served, out, final=rid in done)
+            if rid in done:
+                del self._served[rid]
+                self._finish(served, out)
+
+    def _send_new(self, served: _Served, out: RequestOutput, final: bool = False) -> None:
+        ids = tuple(out.output_token_ids[served.num_ids_sent:])
+        text = "".join(served.pieces)
+        if final:
+            # A character cut by max_tokens / abort: the detokenizer's flush gives U+FFFD for its
+            # incomplete bytes. Drop it, as vLLM does (the ids still carry those bytes).
+            text = text.rstrip(REPLACEMENT_CHAR)
+            out.text = out.text.rstrip(REPLACEMENT_CHAR)
+        if ids or text:
+            served.pieces.clear()
+            served.num_ids_sent += len(ids)
+            served.sink(Delta(text, ids))
+
+    def _finish(self, served: _Served, out: RequestOutput) -> None:
+        served.sink(Final(out))
+        try:
+            self._on_finished(out)
+        except Exception:  # metrics must never take the engine down
+            log.exception("on_finished failed")
+
+
+__all__ = ["EngineLoop", "EngineBusy", "Delta", "Final"]

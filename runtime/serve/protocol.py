@@ -1,0 +1,232 @@
+"""OpenAI request bodies -> one validated :class:`GenerationRequest`; errors as OpenAI error JSON.
+
+Follows the OpenAI API reference (``/v1/completions``, ``/v1/chat/completions``) and vLLM's
+extensions (``top_k``, ``ignore_eos``, ``return_token_ids``). Every field is checked here, once,
+at the edge; a bad one raises :class:`ServeError` whose message names the field, the value, what
+was expected and the fix, and whose body is OpenAI's error shape::
+
+    {"error": {"message": "...", "type": "invalid_request_error", "param": "temperature", "code": null}}
+
+Defaults are OpenAI's, written down rather than hidden: ``temperature`` 1.0, ``top_p`` 1.0,
+``max_tokens`` 16 for completions and "up to max_seq_len" for chat, ``n`` 1, ``stream`` false.
+Unknown fields are ignored (clients send many); fields we cannot honour (``n`` > 1, ``logprobs``,
+``echo``, ``best_of`` > 1, ``tools``) are refused with a 400 that says so, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from trtpipe.runtime.request import SamplingParams
+
+
+class ServeError(Exception):
+    """An HTTP error with an OpenAI-style body (``status`` 400, 401, 404, 503, 500...)."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 type_: str = "invalid_request_error", code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.type = type_
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+def bad_field(param: str, value: Any, expected: str, fix: str) -> ServeError:
+    """400 naming the field, the value it had, what was expected and how to fix it."""
+    shown = repr(value)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return ServeError(400, f"{param} = {shown}: expected {expected}. Fix: {fix}.", param=param)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One validated generation request (completions or chat), in runtime terms.
+
+    ``prompt`` is text (already chat-templated for chat) or token ids; ``max_tokens`` None means
+    "up to max_seq_len" (resolved once the prompt is tokenized).
+    """
+
+    kind: str  # "completion" | "chat"
+    model: str
+    prompt: str | tuple[int, ...]
+    messages: tuple[dict, ...] | None
+    max_tokens: int | None
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    stop: tuple[str, ...]
+    ignore_eos: bool
+    stream: bool
+    include_usage: bool
+    return_token_ids: bool
+
+    def sampling_params(self, max_new_tokens: int) -> SamplingParams:
+        return SamplingParams(max_new_tokens=max_new_tokens, temperature=self.temperature, top_k=self.top_k,
+                              top_p=self.top_p, seed=self.seed, stop=self.stop,
+                              ignore_eos=self.ignore_eos).validate()
+
+
+def parse_json_body(raw: bytes) -> dict:
+    """The request body as a JSON object; 400 for non-UTF-8 bytes, invalid JSON or a non-object."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ServeError(400, f"body: byte {e.start} ({raw[e.start:e.start + 1]!r}) is not valid UTF-8; "
+                              "expected a UTF-8 JSON object. Fix: encode the request body as UTF-8.",
+                         param="body") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ServeError(400, f"body: invalid JSON ({e.msg} at line {e.lineno} column {e.colno}); expected "
+                              "a JSON object. Fix: send valid JSON with Content-Type: application/json.",
+                         param="body") from None
+    if not isinstance(doc, dict):
+        raise bad_field("body", doc, "a JSON object", 'send e.g. {"model": ..., "prompt": ...}')
+    return doc
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _get(doc: dict, name: str, default: Any, ok: Callable[[Any], bool], expected: str, fix: str) -> Any:
+    value = doc.get(name)
+    if value is None:
+        return default
+    if not ok(value):
+        raise bad_field(name, value, expected, fix)
+    return value
+
+
+def _common(doc: dict, served_models: tuple[str, ...]) -> dict:
+    """Fields shared by completions and chat (model, sampling, stream, refusals)."""
+    model = doc.get("model")
+    if not isinstance(model, str) or model not in served_models:
+        raise ServeError(400, f"model = {model!r}: expected one of the served models "
+                              f"{list(served_models)}. Fix: pass model={served_models[0]!r} "
+                              "(GET /v1/models lists them).", param="model", code="model_not_found")
+    n = doc.get("n")
+    if n is not None and n != 1:
+        raise bad_field("n", n, "1 (one choice per request; this server does not sample n > 1)",
+                        "drop n, or send n separate requests")
+    best_of = doc.get("best_of")
+    if best_of is not None and best_of != 1:
+        raise bad_field("best_of", best_of, "1 (not supported)", "drop best_of")
+    for name in ("logprobs", "top_logprobs", "tools", "functions", "logit_bias", "suffix"):
+        value = doc.get(name)
+        if value is not None and value is not False and value != [] and value != {}:
+            raise bad_field(name, doc[name], "null (not supported by this server)", f"drop {name}")
+    if doc.get("echo") not in (None, False):
+        raise bad_field("echo", doc["echo"], "false (not supported)", "drop echo")
+    stop = doc.get("stop")
+    if stop is None:
+        stop = ()
+    elif isinstance(stop, str) and stop:
+        stop = (stop,)
+    elif isinstance(stop, list) and all(isinstance(s, str) and s for s in stop):
+        stop = tuple(stop)
+    else:
+        raise bad_field("stop", stop, "a non-empty string or a list of non-empty strings",
+                        'send e.g. "stop": ["\\n\\n"] or drop it')
+    stream = _get(doc, "stream", False, lambda v: isinstance(v, bool), "true or false", "send a JSON boolean")
+    opts = doc.get("stream_options")
+    if opts is not None and (not isinstance(opts, dict) or not isinstance(opts.get("include_usage", False), bool)):
+        raise bad_field("stream_options", opts, '{"include_usage": true|false}', "send that object or drop it")
+    if opts and not stream:
+        raise bad_field("stream_options", opts, "null when stream is false (OpenAI's rule)",
+                        "set stream: true or drop stream_options")
+    top_k = _get(doc, "top_k", 0, lambda v: _is_int(v) and v >= -1, "an int >= 0 (0 or -1 = off)",
+                 "send e.g. 50, or drop it")
+    for alias in ("max_completion_tokens", "max_tokens"):
+        if doc.get(alias) is not None:
+            max_tokens = _get(doc, alias, None, lambda v: _is_int(v) and v > 0, "an int > 0",
+                              f"send e.g. {alias}: 64")
+            break
+    else:
+        max_tokens = None
+    return dict(
+        model=model,
+        max_tokens=max_tokens,
+        temperature=float(_get(doc, "temperature", 1.0, lambda v: _is_num(v) and v >= 0,
+                               "a finite number >= 0 (0 = greedy)", "send e.g. 0 (greedy) or 0.7")),
+        top_p=float(_get(doc, "top_p", 1.0, lambda v: _is_num(v) and 0 < v <= 1, "a number in (0, 1]",
+                         "send e.g. 0.9, or 1 (off)")),
+        top_k=max(0, int(top_k)),
+        seed=_get(doc, "seed", None, lambda v: _is_int(v) and v >= 0, "null or an int >= 0", "send e.g. 0"),
+        stop=stop,
+        ignore_eos=_get(doc, "ignore_eos", False, lambda v: isinstance(v, bool), "true or false",
+                        "send a JSON boolean"),
+        stream=stream,
+        include_usage=bool(opts and opts.get("include_usage")),
+        return_token_ids=_get(doc, "return_token_ids", False, lambda v: isinstance(v, bool),
+                              "true or false", "send a JSON boolean"),
+    )
+
+
+def parse_completion(doc: dict, served_models: tuple[str, ...]) -> GenerationRequest:
+    """``POST /v1/completions``: ``prompt`` is a non-empty string, a list of one string, or a
+    non-empty list of token ids."""
+    common = _common(doc, served_models)
+    prompt = doc.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise bad_field("prompt", prompt, "non-empty text", "send the text to complete")
+    elif isinstance(prompt, list) and prompt and all(_is_int(t) and t >= 0 for t in prompt):
+        prompt = tuple(int(t) for t in prompt)
+    else:
+        raise bad_field("prompt", prompt, "a non-empty string or a non-empty list of token ids (one prompt)",
+                        "send one prompt per request")
+    if common["max_tokens"] is None:
+        common["max_tokens"] = 16  # OpenAI's documented default for completions
+    return GenerationRequest(kind="completion", prompt=prompt, messages=None, **common)
+
+
+def parse_chat(doc: dict, served_models: tuple[str, ...]) -> GenerationRequest:
+    """``POST /v1/chat/completions``: ``messages`` is a non-empty list of {role, content}; content
+    is a string or a list of ``{"type": "text", "text": ...}`` parts (joined)."""
+    common = _common(doc, served_models)
+    messages = doc.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_field("messages", messages, "a non-empty list of {\"role\": ..., \"content\": ...}",
+                        'send e.g. [{"role": "user", "content": "Hi"}]')
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise bad_field(f"messages[{i}]", m, 'an object with a string "role"',
+                            'send {"role": "user", "content": "..."}')
+        content = m.get("content")
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise bad_field(f"messages[{i}].content", content, 'text parts {"type": "text", "text": ...} '
+                                "(this model reads text only)", "send the content as a string")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise bad_field(f"messages[{i}].content", content, "a string", "send the message text as a string")
+        out.append({"role": m["role"], "content": content})
+    if not any(m["content"].strip() for m in out):
+        raise bad_field("messages", messages, "at least one message with non-empty content",
+                        "send the user's question")
+    return GenerationRequest(kind="chat", prompt="", messages=tuple(out), **common)
+
+
+__all__ = ["ServeError", "GenerationRequest", "bad_field", "parse_json_body", "parse_completion", "parse_chat"]

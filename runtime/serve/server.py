@@ -1,0 +1,133 @@
+"""Run the server: uvicorn first (``/health`` answers 503 while loading), then load the model in a
+thread, start the engine loop, and print the ready line with the URL.
+
+Shutdown on SIGTERM / SIGINT (graceful, then exit 0)::
+
+    signal ─► stop admitting (new requests 503, /health 503)
+           ─► running and queued requests continue for up to ``shutdown_grace_s``
+           ─► the rest are cancelled (streams end with finish_reason "abort"), KV freed
+           ─► uvicorn closes the connections ─► exit 0
+    a second SIGINT forces the exit at once.
+
+uvicorn normally re-raises a captured signal after it stopped (so the process dies *by* the
+signal, exit 143/130); this server handles the signal itself and returns normally instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import uvicorn
+
+from trtpipe.runtime.serve.app import ServeState, create_app
+from trtpipe.runtime.serve.engine_loop import EngineLoop
+from trtpipe.runtime.serve.prometheus import ServeMetrics
+
+log = logging.getLogger("trtpipe.serve")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """``trtpipe serve`` options (validated by the CLI)."""
+
+    artifact_dir: Path
+    model_name: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_queued_requests: int = 64
+    request_timeout_s: float | None = None
+    api_key: str | None = None
+    shutdown_grace_s: float = 10.0
+    num_threads: int | None = None
+
+
+class _Server(uvicorn.Server):
+    """uvicorn with our signal handling: the first signal drains, a second SIGINT forces."""
+
+    on_signal: Callable[[], None] = staticmethod(lambda: None)
+
+    def handle_exit(self, sig, frame) -> None:  # noqa: ANN001 - signal handler signature
+        if self.should_exit or getattr(self, "_draining", False):
+            if sig == 2:  # SIGINT twice: stop now
+                self.force_exit = True
+                self.should_exit = True
+            return
+        self._draining = True
+        self.on_signal()
+
+
+def _load(cfg: ServeConfig, state: ServeState, url: str, echo: Callable[[str], None],
+          server: uvicorn.Server) -> None:
+    """Load the model and start the engine (a thread, so /health answers meanwhile)."""
+    from trtpipe.runtime.llm import LLM
+
+    t = time.perf_counter()
+    try:
+        llm = LLM(cfg.artifact_dir, num_threads=cfg.num_threads)
+    except Exception as e:  # noqa: BLE001 - reported on /health and stderr, server keeps answering 503
+        state.load_error = f"loading {cfg.artifact_dir} failed: {e}"
+        echo(f"trtpipe serve: error: {state.load_error}")
+        return
+    # Touch every page of the KV pool now: the server's memory is then fixed from the first
+    # request on (an out-of-memory shows at start, not hours later when the pool fills).
+    for array in llm.pool.keys + llm.pool.values:
+        array.fill(0)
+    metrics = ServeMetrics(cfg.model_name)
+    engine = EngineLoop(llm, max_queued_requests=cfg.max_queued_requests,
+                        request_timeout_s=cfg.request_timeout_s, on_finished=metrics.on_finished)
+    metrics.bind(lambda: {
+        "num_requests_running": llm.scheduler.num_running,
+        "num_requests_waiting": engine.num_waiting,
+        "kv_cache_usage_perc": llm.block_pool.num_used / max(1, llm.block_pool.num_blocks - 1),
+        "kv_blocks_in_use": llm.block_pool.num_used,
+        "num_preemptions": llm.num_preemptions,
+    })
+    state.metrics = metrics
+    state.engine = engine.start()
+    while not server.started and not server.should_exit:  # the ready line means "connect now"
+        time.sleep(0.05)
+    echo(f"trtpipe serve: ready at {url} (model {cfg.model_name!r}, loaded in "
+         f"{time.perf_counter() - t:.1f} s; OpenAI base_url {url}/v1)")
+
+
+def serve(cfg: ServeConfig, echo: Callable[[str], None] | None = None) -> int:
+    """Serve until a signal; returns the exit code (0 after a graceful shutdown)."""
+    echo = echo or (lambda s: print(s, file=sys.stderr, flush=True))
+    state = ServeState(model_name=cfg.model_name, api_key=cfg.api_key)
+    # Metrics exist (empty) while loading, so /metrics never 404s.
+    state.metrics = ServeMetrics(cfg.model_name)
+    app = create_app(state)
+    server = _Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
+                                    timeout_graceful_shutdown=5, access_log=False))
+    url = f"http://{cfg.host}:{cfg.port}"
+
+    def drain() -> None:
+        state.draining = True
+        echo(f"trtpipe serve: shutting down (grace {cfg.shutdown_grace_s:g} s for running requests)")
+        if state.engine is not None:
+            state.engine.shutdown(cfg.shutdown_grace_s)
+        server.should_exit = True
+
+    server.on_signal = lambda: threading.Thread(target=drain, name="trtpipe-drain", daemon=True).start()
+    echo(f"trtpipe serve: listening at {url} (loading {cfg.artifact_dir} ...; /health answers 503 while loading)")
+    threading.Thread(target=_load, args=(cfg, state, url, echo, server), name="trtpipe-load", daemon=True).start()
+    server.run()
+    if server.started is False:
+        echo(f"trtpipe serve: error: could not listen on {cfg.host}:{cfg.port} (port in use?)")
+        return 1
+    if state.engine is not None:
+        llm = state.engine.llm
+        echo(f"trtpipe serve: stopped ({llm.block_pool.num_used} KV blocks in use, "
+             f"{llm.scheduler.num_running + llm.scheduler.num_waiting} requests left)")
+    else:
+        echo("trtpipe serve: stopped")
+    return 0
+
+
+__all__ = ["ServeConfig", "serve"]

@@ -1,0 +1,67 @@
+"""`trtpipe validate --url` against a live `trtpipe serve` (real model, loopback): the same
+report and gate as in-process, measured at the client, and the report says so."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+from serve_util import ServerProcess  # noqa: E402
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("uvicorn")
+
+
+def _recipe(tmp_path: Path, ttft_p50_ms: float) -> Path:
+    """The default recipe with one small scenario (4 requests) and a TTFT budget."""
+    from trtpipe.pipeline.recipe import resolve_recipe_path
+
+    data = yaml.safe_load(Path(resolve_recipe_path("smollm2-135m-cpu")).read_text())
+    data["validate"]["scenarios"] = [{
+        "name": "tiny", "num_requests": 4, "num_warmup_requests": 1, "prompt_tokens": {"uniform": {"min": 16, "max": 32}},
+        "output_tokens": 6, "concurrency": 2, "seed": 5, "budgets": {"ttft_ms": {"p50": ttft_p50_ms}}}]
+    path = tmp_path / f"smollm2-135m-cpu-{ttft_p50_ms:g}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(default_artifact):
+    with ServerProcess(default_artifact) as s:
+        yield s
+
+
+def test_validate_url_measures_at_the_client(server, tmp_path):
+    from trtpipe.pipeline.validate_http import MEASURED_BY, run_validate_http
+
+    code = run_validate_http(_recipe(tmp_path, 60000), url=server.url, artifact_dir=tmp_path / "art")
+    doc = json.loads((tmp_path / "art" / "validate" / "http" / "report.json").read_text())
+    assert code == 0 and doc["gate"]["passed"] is True
+    assert doc["env"]["measured_by"] == MEASURED_BY and doc["env"]["url"] == server.url
+    scen = doc["scenarios"][0]
+    assert scen["summary"]["num_requests"] == 4
+    assert scen["summary"]["total_output_tokens"] == 4 * 6  # every token id reached the client
+    assert scen["summary"]["ttft_ms"]["count"] == 4 and scen["summary"]["itl_ms"]["count"] == 4 * 5
+    assert scen["summary"]["kv_blocks_in_use_at_end"] == 0
+    assert doc["gate"]["correctness_passed"] is None  # golden check is in-process only
+
+
+def test_validate_url_gate_fails_and_wrong_server_is_usage_error(server, tmp_path):
+    """A budget no HTTP request can meet: exit 1 through the CLI; a server of another model: exit 2."""
+    cmd = [sys.executable, "-m", "trtpipe.pipeline.cli", "validate", str(_recipe(tmp_path, 0.001)), "--url", server.url,
+           "--artifact", str(tmp_path / "art")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert "FAIL" in r.stdout
+    data = yaml.safe_load(_recipe(tmp_path, 1).read_text())
+    data["name"] = "another-model"
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump(data))
+    r = subprocess.run(cmd[:4] + [str(other), "--url", server.url], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "not recipe 'another-model'" in r.stderr

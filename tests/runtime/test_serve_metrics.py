@@ -1,0 +1,134 @@
+"""The Prometheus histograms of `trtpipe serve` hold exactly the per-request metrics that
+`trtpipe validate` reports (runtime/metrics.py) for the same requests: counts and sums agree.
+
+The server runs in this process (uvicorn in a thread) so the test can see each request's own
+RequestMetrics record next to the /metrics text; the engine loop is the one `trtpipe serve` uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+
+import httpx
+import pytest
+
+from serve_util import free_port, read_metrics
+
+pytestmark = pytest.mark.slow
+uvicorn = pytest.importorskip("uvicorn")
+
+MODEL = "smollm2-135m-cpu"
+
+
+@pytest.fixture(scope="module")
+def served(default_artifact):
+    from trtpipe.runtime.llm import LLM
+    from trtpipe.runtime.serve.app import ServeState, create_app
+    from trtpipe.runtime.serve.engine_loop import EngineLoop
+    from trtpipe.runtime.serve.prometheus import ServeMetrics
+
+    llm = LLM(default_artifact)
+    records = []
+    metrics = ServeMetrics(MODEL)
+
+    def on_finished(out):
+        records.append(out)
+        metrics.on_finished(out)
+
+    engine = EngineLoop(llm, max_queued_requests=64, on_finished=on_finished).start()
+    metrics.bind(lambda: {"num_requests_running": llm.scheduler.num_running, "num_requests_waiting": engine.num_waiting,
+                          "kv_cache_usage_perc": 0.0, "kv_blocks_in_use": llm.block_pool.num_used,
+                          "num_preemptions": llm.num_preemptions})
+    state = ServeState(model_name=MODEL, engine=engine, metrics=metrics)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}", records, llm
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+        engine.shutdown(0)
+
+
+def test_histograms_agree_with_per_request_metrics(served):
+    url, records, llm = served
+
+    async def run() -> None:
+        async with httpx.AsyncClient(timeout=120) as h:
+            bodies = [{"model": MODEL, "prompt": f"Tell me about {topic}.", "max_tokens": n, "ignore_eos": True,
+                       "temperature": 0, "stream": i % 2 == 0}
+                      for i, (topic, n) in enumerate([("rivers", 12), ("bread", 1), ("trains", 7), ("copper", 20),
+                                                      ("the moon", 3), ("winter", 9)])]
+            rs = await asyncio.gather(*(h.post(url + "/v1/completions", json=b) for b in bodies))
+            assert all(r.status_code == 200 for r in rs)
+
+    asyncio.run(run())
+    m = read_metrics(httpx.get(url + "/metrics", timeout=10).text)
+    got = [o.metrics for o in records]
+    assert len(got) == 6
+    ttft = [r.ttft_s for r in got if r.ttft_s is not None]
+    tpot = [r.tpot_s for r in got if r.tpot_s is not None]
+    itl = [g for r in got for g in r.itl_s]
+    e2e = [r.e2e_s for r in got if r.e2e_s is not None]
+    queue = [r.queue_s for r in got if r.queue_s is not None]
+    assert (len(ttft), len(tpot), len(itl)) == (6, 5, 11 + 0 + 6 + 19 + 2 + 8)  # hand count: n - 1 gaps each
+    for name, values in (("time_to_first_token_seconds", ttft), ("request_time_per_output_token_seconds", tpot),
+                         ("inter_token_latency_seconds", itl), ("e2e_request_latency_seconds", e2e),
+                         ("request_queue_time_seconds", queue)):
+        assert m[f"trtpipe:{name}_count"] == len(values), name
+        assert math.isclose(m[f"trtpipe:{name}_sum"], math.fsum(values), rel_tol=1e-9, abs_tol=1e-12), name
+        # the cumulative +Inf bucket equals the count; the 10 s bucket holds every value below it
+        assert m[f'trtpipe:{name}_bucket{{le="+Inf"}}'] == len(values)
+        assert m[f'trtpipe:{name}_bucket{{le="10.0"}}'] == sum(v <= 10.0 for v in values)
+    assert m["trtpipe:generation_tokens_total"] == 12 + 1 + 7 + 20 + 3 + 9
+    assert m["trtpipe:prompt_tokens_total"] == sum(r.prompt_tokens for r in got)
+    assert m['trtpipe:request_success_total{finished_reason="length"}'] == 6
+    assert m["trtpipe:kv_blocks_in_use"] == 0 and m["trtpipe:num_requests_running"] == 0
+
+
+def test_engine_error_fails_the_step_frees_kv_then_dead_loop_turns_health_503(served, monkeypatch):
+    """A failing engine step ends that step's requests with an error (stream: an error event, then
+    [DONE]; non-stream: 500) and frees their KV; the server keeps serving. After
+    MAX_FAILED_STEPS_IN_A_ROW failures in a row the loop stops and /health answers 503.
+    (Runs last in this module: it kills the module's engine.)"""
+    url, records, llm = served
+    real_decode = llm.engine.decode
+    calls = {"n": 0}
+
+    def flaky_decode(batch):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("injected decode failure")
+        return real_decode(batch)
+
+    monkeypatch.setattr(llm.engine, "decode", flaky_decode)
+    body = {"model": MODEL, "prompt": "Tell me about rivers.", "max_tokens": 8, "ignore_eos": True, "temperature": 0}
+    with httpx.Client(timeout=60) as h:
+        r = h.post(url + "/v1/completions", json=body)
+        assert r.status_code == 500 and "injected decode failure" in r.json()["error"]["message"]
+        assert llm.block_pool.num_used == 0
+        r = h.post(url + "/v1/completions", json=body)  # the next request is served normally
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
+
+        def broken(batch):
+            raise RuntimeError("broken engine")
+
+        monkeypatch.setattr(llm.engine, "prefill", broken)  # every step fails now
+        lines = []
+        for _ in range(3):
+            with h.stream("POST", url + "/v1/completions", json={**body, "stream": True}) as s:
+                lines += [x for x in s.iter_lines() if x.startswith("data: ")]
+        assert sum('"error"' in x for x in lines) == 3 and lines[-1] == "data: [DONE]"
+        assert llm.block_pool.num_used == 0
+        health = h.get(url + "/health")
+        assert health.status_code == 503 and health.json()["status"] == "dead"
+        assert h.post(url + "/v1/completions", json=body).status_code == 503

@@ -1,0 +1,81 @@
+"""Request validation and response shapes of `trtpipe serve`, without a model (fast): OpenAI's
+defaults written down, refusals that name the field, SSE framing that keeps text and ids apart."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("fastapi")
+
+from trtpipe.runtime.serve.protocol import ServeError, parse_chat, parse_completion, parse_json_body  # noqa: E402
+from trtpipe.runtime.serve.responses import DONE, ResponseBuilder  # noqa: E402
+
+MODELS = ("m",)
+
+
+def test_openai_defaults_are_explicit():
+    req = parse_completion({"model": "m", "prompt": "hi"}, MODELS)
+    assert (req.max_tokens, req.temperature, req.top_p, req.top_k, req.stream) == (16, 1.0, 1.0, 0, False)
+    chat = parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, MODELS)
+    assert chat.max_tokens is None  # up to max_seq_len, resolved after tokenizing
+
+
+def test_fields_map_to_sampling_params():
+    req = parse_completion({"model": "m", "prompt": [1, 2, 3], "max_completion_tokens": 7, "temperature": 0,
+                            "top_p": 0.5, "top_k": -1, "seed": 4, "stop": "\n", "ignore_eos": True,
+                            "stream": True, "stream_options": {"include_usage": True}, "n": 1,
+                            "return_token_ids": True}, MODELS)
+    assert req.prompt == (1, 2, 3) and req.include_usage and req.return_token_ids
+    p = req.sampling_params(req.max_tokens)
+    assert (p.max_new_tokens, p.temperature, p.top_p, p.top_k, p.seed, p.stop, p.ignore_eos) == \
+        (7, 0.0, 0.5, 0, 4, ("\n",), True)
+
+
+def test_chat_content_parts_are_joined():
+    req = parse_chat({"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is "}, {"type": "text", "text": "2+2?"}]}]}, MODELS)
+    assert req.messages == ({"role": "user", "content": "What is 2+2?"},)
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"model": "x", "prompt": "hi"}, "model"),
+    ({"model": "m", "prompt": "hi", "temperature": float("nan")}, "temperature"),
+    ({"model": "m", "prompt": "hi", "max_tokens": True}, "max_tokens"),
+    ({"model": "m", "prompt": "hi", "best_of": 3}, "best_of"),
+    ({"model": "m", "prompt": "hi", "echo": True}, "echo"),
+    ({"model": "m", "prompt": "hi", "tools": [{"type": "function"}]}, "tools"),
+    ({"model": "m", "prompt": [1, -2]}, "prompt"),
+    ({"model": "m", "prompt": "  "}, "prompt"),
+])
+def test_refusals_name_the_field(body, param):
+    with pytest.raises(ServeError) as e:
+        parse_completion(body, MODELS)
+    assert e.value.status == 400 and e.value.param == param
+    err = e.value.body()["error"]
+    assert err["type"] == "invalid_request_error" and param in err["message"] and "Fix" in err["message"]
+
+
+def test_body_must_be_utf8_json_object():
+    for raw in (b"\xc3\x28", b"{", b"[]"):
+        with pytest.raises(ServeError) as e:
+            parse_json_body(raw)
+        assert e.value.param == "body"
+    assert parse_json_body('{"p": "日本"}'.encode()) == {"p": "日本"}
+
+
+def test_sse_chunks_keep_text_and_ids_apart():
+    req = parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+                      "stream_options": {"include_usage": True}, "return_token_ids": True}, MODELS)
+    b = ResponseBuilder(req, (5, 6, 7))
+    first = json.loads(b.chunk("", first=True)[6:])
+    assert first["object"] == "chat.completion.chunk" and first["prompt_token_ids"] == [5, 6, 7]
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    raw = b.chunk("日本", (100, 101))
+    assert raw.startswith(b"data: ") and raw.endswith(b"\n\n") and "日本".encode() in raw  # UTF-8, not \\u escapes
+    delta = json.loads(raw[6:])["choices"][0]
+    assert delta["delta"] == {"content": "日本"} and delta["token_ids"] == [100, 101]
+    usage = json.loads(b.usage_chunk(2)[6:])
+    assert usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    assert DONE == b"data: [DONE]\n\n"
