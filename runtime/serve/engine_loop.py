@@ -26,7 +26,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from trtpipe.runtime.detokenizer import REPLACEMENT_CHAR
 from trtpipe.runtime.llm import LLM, RequestOutput
 from trtpipe.runtime.request import SamplingParams
 
@@ -217,7 +216,7 @@ class EngineLoop:
             out = RequestOutput(rid, (), finished=True)
         out.finish_reason = reason
         out.error_message = error or out.error_message
-        self._send_new(served, out, final=True)
+        self._send_new(served, out)
         self._finish(served, out)
 
     def _expire(self, now: float) -> None:
@@ -231,19 +230,16 @@ class EngineLoop:
             out = done.get(rid) or self.llm.partial_output(rid)
             if out is None:
                 continue
-            self._send_new(served, out, final=rid in done)
+            self._send_new(served, out)
             if rid in done:
                 del self._served[rid]
                 self._finish(served, out)
 
-    def _send_new(self, served: _Served, out: RequestOutput, final: bool = False) -> None:
+    def _send_new(self, served: _Served, out: RequestOutput) -> None:
         ids = tuple(out.output_token_ids[served.num_ids_sent:])
+        # a character cut by max_tokens / abort never reaches here as U+FFFD: the detokenizer's
+        # flush drops its incomplete bytes (the ids still carry them)
         text = "".join(served.pieces)
-        if final:
-            # A character cut by max_tokens / abort: the detokenizer's flush gives U+FFFD for its
-            # incomplete bytes. Drop it, as vLLM does (the ids still carry those bytes).
-            text = text.rstrip(REPLACEMENT_CHAR)
-            out.text = out.text.rstrip(REPLACEMENT_CHAR)
         if ids or text:
             served.pieces.clear()
             served.num_ids_sent += len(ids)
