@@ -174,12 +174,16 @@ class KVCacheSpec(_Spec):
     is the null block, so ``num_blocks - 1`` are usable) or ``memory_budget_mib`` (K and V of all
     layers), not both; with neither, the pool holds ``max_batch_size`` full sequences (see
     :func:`plan_kv_num_blocks`). ``dtype``: None means the decode activation dtype.
+    ``prefix_caching``: reuse the KV blocks of identical prompt prefixes across requests
+    (automatic prefix caching, vLLM v1's scheme; outputs are unchanged). A runtime setting: it
+    is not part of :func:`build_hash`, so turning it off needs no rebuild.
     """
 
     block_size: int = Field(16, ge=1, examples=[16])
     num_blocks: int | None = Field(None, ge=2, examples=[513])
     memory_budget_mib: float | None = Field(None, gt=0, examples=[2048])
     dtype: KVDtype | None = None
+    prefix_caching: bool = True
 
     @field_validator("block_size")
     @classmethod
@@ -843,13 +847,14 @@ def _model_issues(r: Recipe, config: ModelConfig, facts: str) -> list[_Issue]:
 
 
 def build_hash(recipe: Recipe) -> str:
-    """sha256 (hex) of the recipe's build-relevant fields: all but ``description`` and the
-    ``validate`` section (scenarios, budgets and the correctness threshold do not change what
+    """sha256 (hex) of the recipe's build-relevant fields: all but ``description``,
+    ``kv_cache.prefix_caching`` (a runtime setting) and the ``validate`` section (scenarios, budgets and the correctness threshold do not change what
     ``trtpipe build`` writes; ``validate.correctness.num_tokens`` only sets the golden length,
     which :func:`check_correctness` reads from golden.json itself)."""
     d = recipe.model_dump(mode="json", by_alias=True)
     d.pop("validate", None)
     d.pop("description", None)
+    d["kv_cache"].pop("prefix_caching", None)  # runtime settings: the same artifact serves both
     canon = json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canon.encode("utf-8")).hexdigest()
 

@@ -275,7 +275,8 @@ def _summary_line(s: Any) -> str:
             f"batch peak {opt(s.peak_decode_batch_size)} mean {opt(s.mean_decode_batch_size, '{:.2f}')}; "
             f"KV blocks peak {opt(s.peak_kv_blocks_used)}/{opt(s.num_kv_blocks)}, at end "
             f"{opt(s.kv_blocks_in_use_at_end)} ({leak}); peak RSS "
-            f"{opt(s.peak_rss_bytes and s.peak_rss_bytes / 2**20, '{:.0f}')} MiB")
+            f"{opt(s.peak_rss_bytes and s.peak_rss_bytes / 2**20, '{:.0f}')} MiB; prefix cache "
+            f"{s.prefix_cache_hits_tokens}/{s.total_prompt_tokens} prompt tokens hit")
 
 
 def _run_scenario(llm: Any, scenario: Scenario, spec: Any, err: Any):
@@ -337,6 +338,7 @@ def _env(llm: Any, recipe: Recipe, art: Path, threads: int | None) -> dict:
         "artifact_recipe_hash": m.recipe_hash,
         "trtpipe_version": m.trtpipe_version,
         "precision": f"prefill {recipe.precision.prefill}, decode {recipe.precision.decode}",
+        "prefix_caching": recipe.kv_cache.prefix_caching,
     }
 
 
@@ -392,7 +394,7 @@ def run_validate(recipe: str | os.PathLike | Recipe, *, artifact_dir: str | os.P
     err = Console(stderr=True, highlight=False)  # progress
     err.print(f"validate {r.name} on {r.target}: artifact {art}")
     t = time.perf_counter()
-    llm = LLM(art, num_threads=threads)
+    llm = LLM(art, num_threads=threads, prefix_caching=r.kv_cache.prefix_caching)
     err.print(f"  loaded in {time.perf_counter() - t:.1f} s ({llm.manifest.backend.get('name')} "
               f"{llm.manifest.backend.get('version')}, prefill {r.precision.prefill}, decode "
               f"{r.precision.decode})")

@@ -47,6 +47,7 @@ class RequestOutput:
     finish_reason: str | None = None
     error_message: str | None = None
     metrics: RequestMetrics | None = None
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache (usage.prompt_tokens_details)
 
 
 @dataclass
@@ -68,12 +69,18 @@ class LLM:
     Args:
         artifact_dir: a built artifact (``trtpipe build``); read through its manifest only.
         num_threads: ONNX Runtime intra-op threads (None: the artifact's setting or ORT's default).
+        prefix_caching: reuse the KV of earlier requests' identical prompt prefixes (automatic
+            prefix caching, on by default: outputs are the same as without it; the recipe's
+            ``kv_cache.prefix_caching`` sets it in ``trtpipe validate``).
+
+    ``prefix_cache_queries`` / ``prefix_cache_hits``: prompt tokens looked up in / found in the
+    prefix cache since load (counters for ``trtpipe:prefix_cache_queries`` / ``_hits``).
 
     Raises :class:`ArtifactError` for a missing/corrupted/mismatched artifact.
     """
 
     def __init__(self, artifact_dir: str | Path, num_threads: int | None = None,
-                 step_stats: StepStats | None = None):
+                 step_stats: StepStats | None = None, *, prefix_caching: bool = True):
         self.manifest: Manifest = load_manifest(artifact_dir)
         m = self.manifest
         self.tokenizer = Tokenizer.from_file(m.path(m.tokenizer_file), bos_token_id=m.model.bos_token_id,
@@ -89,13 +96,26 @@ class LLM:
             self.engine = TrtEngine(m, self.pool)
         self.block_pool = BlockPool(m.kv.num_blocks)
         self.kv_manager = KVCacheManager(self.block_pool, m.kv.block_size, m.kv.sliding_window)
+        # The artifact's identity in every block hash: its build hash and its inputs (weights).
+        build_id = f"{(m.build_info or {}).get('build_hash') or m.recipe_hash}:{m.inputs_hash}"
         self.scheduler = Scheduler(self.kv_manager, m.limits["max_num_tokens"], m.limits["max_batch_size"],
-                                   m.limits["max_seq_len"], eos_token_ids=m.model.eos_token_ids)
+                                   m.limits["max_seq_len"], eos_token_ids=m.model.eos_token_ids,
+                                   enable_prefix_caching=prefix_caching, build_hash=build_id)
         self.step_stats = step_stats or StepStats(num_kv_blocks=m.kv.num_blocks - 1)
         self._live: dict[str, _Live] = {}
         self._ids = itertools.count()
         self.engine_time_s = 0.0
         self.steps = 0
+
+    @property
+    def prefix_cache_queries(self) -> int:
+        """Prompt tokens looked up in the prefix cache since load (counter)."""
+        return self.scheduler.prefix_cache_queries
+
+    @property
+    def prefix_cache_hits(self) -> int:
+        """Prompt tokens found in the prefix cache since load (counter)."""
+        return self.scheduler.prefix_cache_hits
 
     # -- requests ----------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | bytes, chat: bool = False) -> list[int]:
@@ -117,8 +137,11 @@ class LLM:
 
     def add_request(self, prompt: str | bytes | Sequence[int], params: SamplingParams | None = None, *,
                     chat: bool = False, request_id: str | None = None, arrival_s: float | None = None,
-                    on_text: Callable[[str], None] | None = None) -> str:
+                    on_text: Callable[[str], None] | None = None, cache_salt: str | None = None) -> str:
         """Queue a request; returns its id. ``prompt`` is text or token ids.
+
+        ``cache_salt``: only requests with the same salt share prefix-cache blocks (vLLM's
+        ``cache_salt``; e.g. one per tenant). None = the common, unsalted cache.
 
         Raises :class:`RequestError` for an empty prompt, invalid UTF-8, bad sampling parameters,
         or a prompt longer than ``max_seq_len`` (the request is refused; nothing else is disturbed).
@@ -133,7 +156,9 @@ class LLM:
                                "Fix: shorten the prompt or build a recipe with a larger max_seq_len.")
         rid = request_id or f"req-{next(self._ids)}"
         arrival = time.monotonic() if arrival_s is None else arrival_s
-        req = Request(rid, tuple(ids), params, arrival_time_s=arrival)
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise RequestError(f"cache_salt = {cache_salt!r}: expected a string or None. Fix: pass e.g. a tenant id.")
+        req = Request(rid, tuple(ids), params, arrival_time_s=arrival, cache_salt=cache_salt)
         self.scheduler.add_request(req)
         out = RequestOutput(rid, tuple(ids))
         self._live[rid] = _Live(req, IncrementalDetokenizer(self.tokenizer.backend, ids), RequestTimer(
@@ -164,6 +189,8 @@ class LLM:
                     if not live.prefill_started:
                         live.timer.on_prefill_start(now())
                         live.prefill_started = True
+                        cached = live.request.num_cached_tokens or 0
+                        live.timer.cached_prompt_tokens = live.output.cached_tokens = cached
                 batch = PrefillBatch.from_scheduled(step.prefills)
                 logits = self.engine.prefill(batch)
                 self.engine_time_s += self.engine.last_step_s
