@@ -195,6 +195,21 @@ class KVCacheSpec(_Spec):
         return v
 
 
+class SchedulerSpec(_Spec):
+    """How the runtime divides each step between prefill and decode (runtime settings: not part
+    of :func:`build_hash`, no rebuild needed).
+
+    ``policy``: ``slo`` sizes each step's prefill chunk from the engine's measured step-cost
+    model so the step stays within the TPOT budget (Sarathi-Serve's token budget, never below
+    one block); ``fcfs`` prefills up to ``max_num_tokens`` per step. ``tpot_budget_ms``: the
+    budget ``slo`` keeps; None = each validate scenario's tightest ``tpot_ms`` budget (a scenario
+    without one, and a server without this setting, run FCFS).
+    """
+
+    policy: Literal["slo", "fcfs"] = "slo"
+    tpot_budget_ms: float | None = Field(None, gt=0, examples=[50])
+
+
 class Range(_Spec):
     """One dimension of a TensorRT optimization profile: ``1 <= min <= opt <= max``.
     TensorRT tunes kernels for ``opt`` and accepts any size in ``[min, max]``."""
@@ -607,6 +622,7 @@ class Recipe(_Spec):
     max_num_tokens: int = Field(512, ge=1, examples=[512])
     profiles: ProfilesSpec | None = None
     engine: EngineSpec = Field(default_factory=EngineSpec)
+    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     # "validate" would shadow BaseModel.validate; the YAML key stays "validate".
     validation: ValidateSpec = Field(default_factory=ValidateSpec, alias="validate")
 
@@ -848,13 +864,14 @@ def _model_issues(r: Recipe, config: ModelConfig, facts: str) -> list[_Issue]:
 
 def build_hash(recipe: Recipe) -> str:
     """sha256 (hex) of the recipe's build-relevant fields: all but ``description``,
-    ``kv_cache.prefix_caching`` (a runtime setting) and the ``validate`` section (scenarios, budgets and the correctness threshold do not change what
+    ``kv_cache.prefix_caching`` and ``scheduler`` (runtime settings) and the ``validate`` section (scenarios, budgets and the correctness threshold do not change what
     ``trtpipe build`` writes; ``validate.correctness.num_tokens`` only sets the golden length,
     which :func:`check_correctness` reads from golden.json itself)."""
     d = recipe.model_dump(mode="json", by_alias=True)
     d.pop("validate", None)
     d.pop("description", None)
     d["kv_cache"].pop("prefix_caching", None)  # runtime settings: the same artifact serves both
+    d.pop("scheduler", None)
     canon = json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canon.encode("utf-8")).hexdigest()
 

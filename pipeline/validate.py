@@ -347,6 +347,15 @@ def _env(llm: Any, recipe: Recipe, art: Path, threads: int | None) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
+def scenario_tpot_budget_ms(recipe: Recipe, scenario: Scenario) -> float | None:
+    """The TPOT budget the ``slo`` policy keeps in this scenario: ``scheduler.tpot_budget_ms``,
+    else the scenario's tightest ``tpot_ms`` / ``itl_ms`` limit, else None (FCFS)."""
+    if recipe.scheduler.tpot_budget_ms is not None:
+        return recipe.scheduler.tpot_budget_ms
+    limits = [v for m, _, v in scenario.budgets.limits() if m in ("tpot_ms", "itl_ms")]
+    return min(limits) if limits else None
+
+
 def report_dir(art: Path, recipe: Recipe, chosen: Sequence[Scenario]) -> Path:
     """Where a validate run writes its report: ``<artifact>/validate/`` for all of the recipe's
     scenarios; ``<artifact>/validate/scenarios-<a>+<b>/`` for a subset (``--scenario``), so a
@@ -394,7 +403,8 @@ def run_validate(recipe: str | os.PathLike | Recipe, *, artifact_dir: str | os.P
     err = Console(stderr=True, highlight=False)  # progress
     err.print(f"validate {r.name} on {r.target}: artifact {art}")
     t = time.perf_counter()
-    llm = LLM(art, num_threads=threads, prefix_caching=r.kv_cache.prefix_caching)
+    llm = LLM(art, num_threads=threads, prefix_caching=r.kv_cache.prefix_caching,
+              scheduler_policy=r.scheduler.policy)
     err.print(f"  loaded in {time.perf_counter() - t:.1f} s ({llm.manifest.backend.get('name')} "
               f"{llm.manifest.backend.get('version')}, prefill {r.precision.prefill}, decode "
               f"{r.precision.decode})")
@@ -409,9 +419,15 @@ def run_validate(recipe: str | os.PathLike | Recipe, *, artifact_dir: str | os.P
     out.print(_correctness_line(correctness))
 
     reports = []
+    env["prefill_chunking"] = {}
     for scenario, spec in specs:
+        why = llm.set_tpot_budget(scenario_tpot_budget_ms(r, scenario))
+        env["prefill_chunking"][scenario.name] = why
+        err.print(f"scenario {scenario.name}: prefill chunks: {why}")
         reports.append(_run_scenario(llm, scenario, spec, err))
         _print_scenario(out, reports[-1])
+    if llm.step_cost is not None:
+        env["step_cost_model"] = json.loads(llm.step_cost.to_json())
 
     paths = write_report(report_dir(art, r, chosen), recipe_name=r.name, target=r.target, scenarios=reports,
                          correctness=correctness, env=env)
@@ -430,5 +446,5 @@ def run_validate(recipe: str | os.PathLike | Recipe, *, artifact_dir: str | os.P
     return int(gate["exit_code"])
 
 
-__all__ = ["ValidateUsageError", "build_hash", "check_artifact_matches_recipe", "check_correctness",
+__all__ = ["ValidateUsageError", "build_hash", "scenario_tpot_budget_ms", "check_artifact_matches_recipe", "check_correctness",
            "load_golden", "run_validate", "scenario_workload_spec", "select_scenarios"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
@@ -32,6 +33,8 @@ from trtpipe.runtime.metrics import RequestMetrics, RequestTimer, StepStats
 from trtpipe.runtime.request import Request, RequestStatus, SamplingParams
 from trtpipe.runtime.sampler import make_generator, sample
 from trtpipe.runtime.scheduler import Scheduler
+from trtpipe.runtime.slo_policy import SloChunkPolicy
+from trtpipe.runtime.step_cost import StepCostModel, load_or_calibrate
 from trtpipe.runtime.tokenizer import Tokenizer
 
 
@@ -72,6 +75,11 @@ class LLM:
         prefix_caching: reuse the KV of earlier requests' identical prompt prefixes (automatic
             prefix caching, on by default: outputs are the same as without it; the recipe's
             ``kv_cache.prefix_caching`` sets it in ``trtpipe validate``).
+        scheduler_policy: ``slo`` (size prefill chunks so steps stay within ``tpot_budget_ms``,
+            see :mod:`trtpipe.runtime.slo_policy`) or ``fcfs``; ``slo`` without a budget is FCFS.
+        tpot_budget_ms: the TPOT budget of the ``slo`` policy (None = none); change it with
+            :meth:`set_tpot_budget`. Setting one measures the engine's step-cost model once
+            (a second or two; kept in the artifact's ``step_cost.json``).
 
     ``prefix_cache_queries`` / ``prefix_cache_hits``: prompt tokens looked up in / found in the
     prefix cache since load (counters for ``trtpipe:prefix_cache_queries`` / ``_hits``).
@@ -80,7 +88,8 @@ class LLM:
     """
 
     def __init__(self, artifact_dir: str | Path, num_threads: int | None = None,
-                 step_stats: StepStats | None = None, *, prefix_caching: bool = True):
+                 step_stats: StepStats | None = None, *, prefix_caching: bool = True,
+                 scheduler_policy: str = "slo", tpot_budget_ms: float | None = None):
         self.manifest: Manifest = load_manifest(artifact_dir)
         m = self.manifest
         self.tokenizer = Tokenizer.from_file(m.path(m.tokenizer_file), bos_token_id=m.model.bos_token_id,
@@ -106,6 +115,36 @@ class LLM:
         self._ids = itertools.count()
         self.engine_time_s = 0.0
         self.steps = 0
+        if scheduler_policy not in ("slo", "fcfs"):
+            raise RequestError(f"scheduler_policy = {scheduler_policy!r}: expected 'slo' or 'fcfs'")
+        self.scheduler_policy = scheduler_policy
+        self.num_threads = num_threads
+        self.step_cost: StepCostModel | None = None
+        # (predicted_s, measured_s, prefill_tokens, decode_batch) of steps run under the slo policy
+        self.step_cost_log: deque[tuple[float, float, int, int]] = deque(maxlen=100_000)
+        self.set_tpot_budget(tpot_budget_ms)
+
+    def set_tpot_budget(self, tpot_budget_ms: float | None) -> str:
+        """Apply the scheduler policy for ``tpot_budget_ms`` (None: FCFS); call between steps.
+
+        Returns one line saying which prefill chunk sizes that gives, and why (for reports).
+        """
+        limit = self.manifest.limits["max_num_tokens"]
+        if self.scheduler_policy == "fcfs" or tpot_budget_ms is None:
+            self.scheduler.chunk_policy = None
+            why = "policy fcfs" if self.scheduler_policy == "fcfs" else "slo policy without a TPOT budget"
+            return f"fcfs ({why}): prefill chunks of up to max_num_tokens = {limit} tokens per step"
+        policy = SloChunkPolicy(self.step_cost_model(), float(tpot_budget_ms), self.kv_manager.block_size, limit)
+        self.scheduler.chunk_policy = policy
+        return policy.describe(self.manifest.limits["max_batch_size"], 256)
+
+    def step_cost_model(self) -> StepCostModel:
+        """The engine's step-cost model: the artifact's ``step_cost.json`` or measured now."""
+        if self.step_cost is None:
+            self.step_cost = load_or_calibrate(
+                self.manifest.path("."), self.engine, self.block_pool, self.kv_manager.block_size,
+                self.manifest.limits["max_num_tokens"], self.manifest.limits["max_batch_size"], self.num_threads)
+        return self.step_cost
 
     @property
     def prefix_cache_queries(self) -> int:
@@ -182,6 +221,7 @@ class LLM:
         step = self.scheduler.schedule()
         sampled: dict[str, int] = {}
         now = time.monotonic
+        t_step = time.perf_counter()
         try:
             if step.prefills:
                 for p in step.prefills:
@@ -216,6 +256,11 @@ class LLM:
             raise
         finished = self.scheduler.update(step, sampled)
         self.steps += 1
+        if self.scheduler.chunk_policy is not None and self.step_cost is not None and not step.is_empty:
+            predicted = self.step_cost.prefill_chunks_time_s([(p.num_tokens, p.start_position) for p in step.prefills])
+            predicted += self.step_cost.decode_time_s(len(step.decodes), sum(d.context_len for d in step.decodes))
+            self.step_cost_log.append((predicted, time.perf_counter() - t_step,
+                                       sum(p.num_tokens for p in step.prefills), len(step.decodes)))
         self.step_stats.on_step(now(), decode_batch_size=len(step.decodes),
                                 kv_blocks_used=self.block_pool.num_used)
         t = now()

@@ -42,11 +42,20 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from trtpipe.runtime.errors import RequestError, TrtpipeError
 from trtpipe.runtime.kv_manager import KVCacheManager
 from trtpipe.runtime.prefix_cache import extend_block_hashes, root_hash
 from trtpipe.runtime.request import Request, RequestStatus
+
+
+class ChunkPolicy(Protocol):
+    """Sizes a step's prefill (e.g. :class:`~trtpipe.runtime.slo_policy.SloChunkPolicy`)."""
+
+    def max_prefill_tokens(self, num_decodes: int, decode_context_sum: int, prefill_context: int = 0) -> int:
+        """Prefill tokens allowed in a step decoding ``num_decodes`` sequences (>= 1)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +123,9 @@ class Scheduler:
         enable_prefix_caching: reuse cached KV blocks of earlier requests (off by default here;
             :class:`~trtpipe.runtime.llm.LLM` turns it on unless the recipe says otherwise).
         build_hash: names the artifact in every block hash (KV of another build never matches).
+        chunk_policy: caps each step's prefill tokens given what it decodes (``slo`` policy,
+            :class:`~trtpipe.runtime.slo_policy.SloChunkPolicy`); None = FCFS chunks of up to
+            ``max_num_tokens``. Settable between steps (``scheduler.chunk_policy = ...``).
 
     ``prefix_cache_queries`` / ``prefix_cache_hits`` count prompt tokens looked up / found in the
     cache at each admission (vLLM's ``prefix_cache_queries`` / ``prefix_cache_hits``, in tokens).
@@ -131,6 +143,7 @@ class Scheduler:
         eos_token_ids: Iterable[int] = (),
         enable_prefix_caching: bool = False,
         build_hash: str = "",
+        chunk_policy: ChunkPolicy | None = None,
     ) -> None:
         for name, value in (
             ("max_num_tokens", max_num_tokens),
@@ -152,6 +165,8 @@ class Scheduler:
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.enable_prefix_caching = bool(enable_prefix_caching)
         self.build_hash = build_hash
+        self.chunk_policy = chunk_policy
+        self.last_prefill_cap: int | None = None  # the policy's cap in the last step (reports)
         self.prefix_cache_queries = 0  # tokens looked up at admission
         self.prefix_cache_hits = 0  # of those, tokens found cached
         self._requests: dict[str, Request] = {}  # unfinished requests by id
@@ -248,7 +263,7 @@ class Scheduler:
         assert not self._step_in_flight, "schedule() called twice without update()"
         self._step_in_flight = True
         kv = self.kv_manager
-        budget = self.max_num_tokens
+        budget = self._step_token_budget()
         prefills: list[ScheduledPrefill] = []
         decodes: list[ScheduledDecode] = []
         preempted: list[str] = []
@@ -332,6 +347,18 @@ class Scheduler:
     def _live(self, request_id: str) -> Request | None:
         request = self._requests.get(request_id)
         return request if request is not None and request.status is RequestStatus.RUNNING else None
+
+    def _step_token_budget(self) -> int:
+        """``max_num_tokens``, or with a chunk policy: this step's decodes + its prefill cap."""
+        if self.chunk_policy is None:
+            return self.max_num_tokens
+        decoding = [r for r in self._running if not r.is_prefilling]
+        prefilling = next((r for r in self._running if r.is_prefilling), None)
+        context = prefilling.num_computed_tokens if prefilling is not None else 0
+        cap = self.chunk_policy.max_prefill_tokens(
+            len(decoding), sum(r.num_computed_tokens + 1 for r in decoding), context)
+        self.last_prefill_cap = cap
+        return min(self.max_num_tokens, len(decoding) + cap)
 
     def _cached_prefix(self, request: Request) -> list[int]:
         """Block ids of the longest cached prefix of ``request``'s tokens ([] when caching is off).
@@ -438,4 +465,4 @@ class Scheduler:
         return None
 
 
-__all__ = ["Scheduler", "SchedulerStep", "ScheduledPrefill", "ScheduledDecode"]
+__all__ = ["ChunkPolicy", "Scheduler", "SchedulerStep", "ScheduledPrefill", "ScheduledDecode"]
