@@ -177,8 +177,12 @@ def generate_cmd(recipe_or_artifact: str, prompt: str, chat: bool, max_new_token
 @click.option("--scenario", "scenarios", multiple=True, help="Run only this scenario (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads.")
+@click.option("--goodput", is_flag=True, help="Then find each Poisson scenario's goodput: the highest "
+              "arrival rate (bisection) at which its budgets hold; writes goodput.json/.png.")
+@click.option("--goodput-time-s", default=300.0, show_default=True, type=float,
+              help="Time limit of the goodput search per scenario (seconds).")
 def validate_cmd(recipe: str, artifact_dir: str | None, artifact_root: str, scenarios: tuple[str, ...],
-                 as_json: bool, threads: int | None) -> None:
+                 as_json: bool, threads: int | None, goodput: bool, goodput_time_s: float) -> None:
     """Validate a built artifact against RECIPE: run each scenario's workload, measure
     TTFT/TPOT/ITL/E2E percentiles, compare with the budgets, and check correctness against the
     golden outputs recorded at build time.
@@ -193,7 +197,8 @@ def validate_cmd(recipe: str, artifact_dir: str | None, artifact_root: str, scen
 
     try:
         code = run_validate(recipe, artifact_dir=artifact_dir, artifact_root=artifact_root,
-                            scenarios=scenarios, as_json=as_json, threads=threads)
+                            scenarios=scenarios, as_json=as_json, threads=threads, goodput=goodput,
+                            goodput_time_s=goodput_time_s)
     except TrtpipeError as e:
         _fail(e)
     sys.exit(code)

@@ -523,7 +523,11 @@ class Scenario(_Spec):
     """One validate workload: ``num_requests`` measured requests after ``num_warmup_requests``
     excluded ones, with prompt and output lengths drawn with ``seed``, arriving either in a
     closed loop of ``concurrency`` clients or as a Poisson process of ``arrival_rate_per_s``
-    (exactly one of the two)."""
+    (exactly one of the two).
+
+    ``system_prompt_tokens``: every prompt starts with the same system prompt of this many corpus
+    tokens (a shared prefix: what prefix caching saves); the drawn ``prompt_tokens`` are then the
+    user turn. ``chat``: wrap system prompt and user turn in the model's chat template."""
 
     name: str = Field(examples=["chat"])
     description: str = ""
@@ -534,6 +538,8 @@ class Scenario(_Spec):
     concurrency: int | None = Field(None, ge=1, examples=[4])
     arrival_rate_per_s: float | None = Field(None, gt=0, examples=[2.0])
     seed: int = 0
+    system_prompt_tokens: int | None = Field(None, ge=1, examples=[256])
+    chat: bool = False
     budgets: Budgets = Field(default_factory=Budgets)
 
     @field_validator("name")

@@ -120,6 +120,8 @@ def scenario_workload_spec(recipe: Recipe, scenario: Scenario):
         concurrency=scenario.concurrency,
         arrival_rate_per_s=scenario.arrival_rate_per_s,
         seed=scenario.seed,
+        system_prompt_tokens=scenario.system_prompt_tokens or 0,
+        chat=scenario.chat,
     ).check()
 
 
@@ -289,7 +291,7 @@ def _run_scenario(llm: Any, scenario: Scenario, spec: Any, err: Any):
     from trtpipe.runtime.workload import make_workload, run_workload
 
     err.print(f"scenario {scenario.name}: {_describe(spec)}")
-    items = make_workload(spec, llm.tokenizer)
+    items = make_workload(spec, llm.tokenizer, chat_template=llm.manifest.model.chat_template)
     t = time.perf_counter()
     with Progress(TextColumn("  {task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err, transient=True,
@@ -368,14 +370,17 @@ def report_dir(art: Path, recipe: Recipe, chosen: Sequence[Scenario]) -> Path:
 
 def run_validate(recipe: str | os.PathLike | Recipe, *, artifact_dir: str | os.PathLike | None = None,
                  artifact_root: str | os.PathLike = "artifacts", scenarios: Sequence[str] = (),
-                 as_json: bool = False, threads: int | None = None) -> int:
+                 as_json: bool = False, threads: int | None = None, goodput: bool = False,
+                 goodput_time_s: float = 300.0) -> int:
     """Validate the recipe's artifact; return the gate's exit code (0 pass, 1 fail).
 
     ``recipe``: a path, a shipped recipe name or a :class:`Recipe`. ``artifact_dir``: the artifact
     (default ``<artifact_root>/<recipe>/<target>``). ``scenarios``: names to run (default all).
     ``as_json``: print report.json on stdout (the tables go to stderr). ``threads``: ONNX Runtime
     intra-op threads. The report is written to ``<artifact>/validate/`` (a subset of the
-    scenarios: to a subfolder, :func:`report_dir`).
+    scenarios: to a subfolder, :func:`report_dir`). ``goodput``: afterwards, search each Poisson
+    scenario's highest arrival rate within its budgets (at most ``goodput_time_s`` per scenario;
+    ``goodput.json`` and ``goodput.png`` next to the report; the exit code is unchanged).
 
     Raises :class:`TrtpipeError` (CLI exit 2) for a bad recipe, an unknown scenario, a missing,
     corrupted or mismatched artifact, or an artifact without golden outputs.
@@ -440,6 +445,11 @@ def run_validate(recipe: str | os.PathLike | Recipe, *, artifact_dir: str | os.P
               f"{word[gate['kv_leak_free']]}")
     out.print(f"report: {paths.report_json} (+ report.md and {len(paths.all()) - 2} plots in "
               f"{paths.report_json.parent})")
+    if goodput:
+        from trtpipe.pipeline.goodput import run_goodput
+
+        run_goodput(llm, specs, paths.report_json.parent, err, out, time_budget_s=goodput_time_s,
+                    before_each=lambda s: llm.set_tpot_budget(scenario_tpot_budget_ms(r, s)))
     if as_json:
         sys.stdout.write(paths.report_json.read_text(encoding="utf-8"))
         sys.stdout.flush()
