@@ -126,6 +126,14 @@ class BlockPool:
                 del self._free[block_id]
             self._ref_counts[block_id] += 1
 
+    def reset_prefix_cache(self) -> int:
+        """Forget the hashes of all unreferenced cached blocks (vLLM's ``reset_prefix_cache``:
+        e.g. between benchmark runs). Blocks in use keep theirs. Returns how many were dropped."""
+        dropped = [b for b in self._hash_of if self._ref_counts[b] == 0]
+        for block_id in dropped:
+            del self._block_of[self._hash_of.pop(block_id)]
+        return len(dropped)
+
     def cache_block(self, block_id: int, block_hash: bytes) -> bool:
         """Name a full, computed, owned block by ``block_hash`` so later requests can reuse it.
 

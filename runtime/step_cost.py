@@ -121,10 +121,10 @@ def with_error(model: StepCostModel, prefill_held: Sequence[tuple[int, int, floa
 # ---- measuring a real engine -----------------------------------------------------------------
 
 # (tokens, context) prefill calls and (batch, context per sequence) decode calls: fit / held out.
-PREFILL_FIT = ((16, 0), (32, 0), (64, 0), (128, 0), (256, 0), (64, 256))
-PREFILL_HELD = ((96, 0), (48, 128))
-DECODE_FIT = ((1, 32), (2, 32), (4, 32), (8, 32), (2, 256), (8, 256))
-DECODE_HELD = ((3, 128), (6, 64))
+PREFILL_FIT = ((16, 0), (64, 0), (192, 0), (64, 192))
+PREFILL_HELD = ((128, 0), (32, 96))
+DECODE_FIT = ((1, 32), (4, 32), (8, 32), (4, 256))
+DECODE_HELD = ((2, 128), (6, 64))
 
 
 def calibrate(engine: Any, block_pool: Any, block_size: int, max_num_tokens: int, max_batch_size: int,

@@ -63,6 +63,10 @@ def test_pool_cached_blocks_stay_in_the_free_queue_until_evicted():
     assert pool.ref_count(1) == 2
     with pytest.raises(AssertionError, match="uncached"):
         pool.touch([4])
+    pool.cache_block(4, b"h4")
+    pool.free([4])
+    assert pool.reset_prefix_cache() == 1  # block 4 (free) forgets its hash, block 1 (used) keeps
+    assert pool.cached_block(b"h4") is None and pool.cached_block(b"h1") == 1
 
 
 # ---- KV manager: hit tables ----------------------------------------------------------------
