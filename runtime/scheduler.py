@@ -7,7 +7,7 @@ once and it is recomputed later) or to queueing.
 
 One step (``schedule`` -> engines -> ``update``)::
 
-    budget = max_num_tokens
+    budget = max_num_tokens   (chunk_policy: decodes + the policy's prefill cap, see slo_policy)
     running, oldest first:  decoding  -> 1 token (ScheduledDecode)         budget -= 1
                             prefilling -> next chunk (ScheduledPrefill)     budget -= chunk
                             (chunks leave one token of budget for every decode behind them)
