@@ -265,8 +265,13 @@ def chat_cmd(recipe_or_artifact: str, max_new_tokens: int, temperature: float, t
 @click.option("--serve", "serve_", is_flag=True, help="Start `trtpipe serve` on a free loopback port for the run "
               "and measure it over HTTP (like --url).")
 @click.option("--api-key", default=None, envvar="TRTPIPE_API_KEY", help="API key of the server (--url).")
+@click.option("--goodput", is_flag=True, help="Then find each Poisson scenario's goodput: the highest "
+              "arrival rate (bisection) at which its budgets hold; writes goodput.json/.png.")
+@click.option("--goodput-time-s", default=300.0, show_default=True, type=float,
+              help="Time limit of the goodput search per scenario (seconds).")
 def validate_cmd(recipe: str, artifact_dir: str | None, artifact_root: str, scenarios: tuple[str, ...],
-                 as_json: bool, threads: int | None, url: str | None, serve_: bool, api_key: str | None) -> None:
+                 as_json: bool, threads: int | None, url: str | None, serve_: bool, api_key: str | None,
+                 goodput: bool, goodput_time_s: float) -> None:
     """Validate a built artifact against RECIPE: run each scenario's workload, measure
     TTFT/TPOT/ITL/E2E percentiles, compare with the budgets, and check correctness against the
     golden outputs recorded at build time.
@@ -284,13 +289,17 @@ def validate_cmd(recipe: str, artifact_dir: str | None, artifact_root: str, scen
 
     try:
         if url is not None or serve_:
+            if goodput:
+                raise click.UsageError("--goodput searches arrival rates in-process only (for now); drop "
+                                       "--url/--serve, or drop --goodput to validate over HTTP.")
             from trtpipe.pipeline.validate_http import run_validate_http
 
             sys.exit(run_validate_http(recipe, url=url, serve=serve_, artifact_dir=artifact_dir,
                                        artifact_root=artifact_root, scenarios=scenarios, as_json=as_json,
                                        threads=threads, api_key=api_key))
         code = run_validate(recipe, artifact_dir=artifact_dir, artifact_root=artifact_root,
-                            scenarios=scenarios, as_json=as_json, threads=threads)
+                            scenarios=scenarios, as_json=as_json, threads=threads, goodput=goodput,
+                            goodput_time_s=goodput_time_s)
     except TrtpipeError as e:
         _fail(e)
     sys.exit(code)

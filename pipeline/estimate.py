@@ -838,6 +838,8 @@ def run_estimate(recipe: str | Path, target: str | None = None, as_json: bool = 
     est = estimate(r, config, spec, report=report)
     if report_note is not None:
         est = _with_note(est, f"validate report not used: {report_note}")
+    for note in _chunking_notes(r, spec.family, artifact_root):
+        est = _with_note(est, note)
     if as_json:
         doc = est.to_dict()
         doc["validate_report"] = str(report_path) if report is not None else None
@@ -850,6 +852,35 @@ def run_estimate(recipe: str | Path, target: str | None = None, as_json: bool = 
         console = Console(width=None if sys.stdout.isatty() else 160, highlight=False)
     render(est, r, config, console, report_path if report is not None else None)
     return est.exit_code
+
+
+def _chunking_notes(recipe: Recipe, family: str, artifact_root: str | Path) -> list[str]:
+    """The prefill chunk each scenario gets under ``scheduler.policy``, and why: from the
+    artifact's measured step-cost model (``step_cost.json``) when there is one."""
+    from trtpipe.pipeline.validate import scenario_tpot_budget_ms
+    from trtpipe.runtime.report import validate_dir
+    from trtpipe.runtime.slo_policy import SloChunkPolicy
+    from trtpipe.runtime.step_cost import STEP_COST_FILE, StepCostModel
+
+    path = validate_dir(artifact_root, recipe.name, family).parent / STEP_COST_FILE
+    try:
+        cost = StepCostModel.from_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, KeyError, TypeError):
+        cost = None
+    notes = []
+    for s in recipe.validation.scenarios:
+        budget = scenario_tpot_budget_ms(recipe, s)
+        head = f"scenario {s.name}: prefill chunks: "
+        if recipe.scheduler.policy == "fcfs" or budget is None:
+            why = "scheduler.policy fcfs" if recipe.scheduler.policy == "fcfs" else "no TPOT budget"
+            notes.append(head + f"fcfs ({why}), up to max_num_tokens = {recipe.max_num_tokens} per step")
+        elif cost is None:
+            notes.append(head + f"slo at TPOT {budget:g} ms; the chunk size comes from the engine's "
+                         f"step-cost model, not measured yet ({path} is written by the first validate run)")
+        else:
+            notes.append(head + SloChunkPolicy(cost, budget, recipe.kv_cache.block_size,
+                                               recipe.max_num_tokens).describe(recipe.max_batch_size))
+    return notes
 
 
 def _with_note(est: Estimate, note: str) -> Estimate:

@@ -174,12 +174,16 @@ class KVCacheSpec(_Spec):
     is the null block, so ``num_blocks - 1`` are usable) or ``memory_budget_mib`` (K and V of all
     layers), not both; with neither, the pool holds ``max_batch_size`` full sequences (see
     :func:`plan_kv_num_blocks`). ``dtype``: None means the decode activation dtype.
+    ``prefix_caching``: reuse the KV blocks of identical prompt prefixes across requests
+    (automatic prefix caching, vLLM v1's scheme; outputs are unchanged). A runtime setting: it
+    is not part of :func:`build_hash`, so turning it off needs no rebuild.
     """
 
     block_size: int = Field(16, ge=1, examples=[16])
     num_blocks: int | None = Field(None, ge=2, examples=[513])
     memory_budget_mib: float | None = Field(None, gt=0, examples=[2048])
     dtype: KVDtype | None = None
+    prefix_caching: bool = True
 
     @field_validator("block_size")
     @classmethod
@@ -189,6 +193,21 @@ class KVCacheSpec(_Spec):
             raise _fail(_Issue((), v, "a power of two (slots are block_id * block_size + "
                                       "position % block_size)", f"use {lo} or {hi}"))
         return v
+
+
+class SchedulerSpec(_Spec):
+    """How the runtime divides each step between prefill and decode (runtime settings: not part
+    of :func:`build_hash`, no rebuild needed).
+
+    ``policy``: ``slo`` sizes each step's prefill chunk from the engine's measured step-cost
+    model so the step stays within the TPOT budget (Sarathi-Serve's token budget, never below
+    one block); ``fcfs`` prefills up to ``max_num_tokens`` per step. ``tpot_budget_ms``: the
+    budget ``slo`` keeps; None = each validate scenario's tightest ``tpot_ms`` budget (a scenario
+    without one, and a server without this setting, run FCFS).
+    """
+
+    policy: Literal["slo", "fcfs"] = "slo"
+    tpot_budget_ms: float | None = Field(None, gt=0, examples=[50])
 
 
 class Range(_Spec):
@@ -504,7 +523,11 @@ class Scenario(_Spec):
     """One validate workload: ``num_requests`` measured requests after ``num_warmup_requests``
     excluded ones, with prompt and output lengths drawn with ``seed``, arriving either in a
     closed loop of ``concurrency`` clients or as a Poisson process of ``arrival_rate_per_s``
-    (exactly one of the two)."""
+    (exactly one of the two).
+
+    ``system_prompt_tokens``: every prompt starts with the same system prompt of this many corpus
+    tokens (a shared prefix: what prefix caching saves); the drawn ``prompt_tokens`` are then the
+    user turn. ``chat``: wrap system prompt and user turn in the model's chat template."""
 
     name: str = Field(examples=["chat"])
     description: str = ""
@@ -515,6 +538,8 @@ class Scenario(_Spec):
     concurrency: int | None = Field(None, ge=1, examples=[4])
     arrival_rate_per_s: float | None = Field(None, gt=0, examples=[2.0])
     seed: int = 0
+    system_prompt_tokens: int | None = Field(None, ge=1, examples=[256])
+    chat: bool = False
     budgets: Budgets = Field(default_factory=Budgets)
 
     @field_validator("name")
@@ -603,6 +628,7 @@ class Recipe(_Spec):
     max_num_tokens: int = Field(512, ge=1, examples=[512])
     profiles: ProfilesSpec | None = None
     engine: EngineSpec = Field(default_factory=EngineSpec)
+    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     # "validate" would shadow BaseModel.validate; the YAML key stays "validate".
     validation: ValidateSpec = Field(default_factory=ValidateSpec, alias="validate")
 
@@ -843,13 +869,15 @@ def _model_issues(r: Recipe, config: ModelConfig, facts: str) -> list[_Issue]:
 
 
 def build_hash(recipe: Recipe) -> str:
-    """sha256 (hex) of the recipe's build-relevant fields: all but ``description`` and the
-    ``validate`` section (scenarios, budgets and the correctness threshold do not change what
+    """sha256 (hex) of the recipe's build-relevant fields: all but ``description``,
+    ``kv_cache.prefix_caching`` and ``scheduler`` (runtime settings) and the ``validate`` section (scenarios, budgets and the correctness threshold do not change what
     ``trtpipe build`` writes; ``validate.correctness.num_tokens`` only sets the golden length,
     which :func:`check_correctness` reads from golden.json itself)."""
     d = recipe.model_dump(mode="json", by_alias=True)
     d.pop("validate", None)
     d.pop("description", None)
+    d["kv_cache"].pop("prefix_caching", None)  # runtime settings: the same artifact serves both
+    d.pop("scheduler", None)
     canon = json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canon.encode("utf-8")).hexdigest()
 

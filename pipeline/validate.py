@@ -122,6 +122,8 @@ def scenario_workload_spec(recipe: Recipe, scenario: Scenario):
         concurrency=scenario.concurrency,
         arrival_rate_per_s=scenario.arrival_rate_per_s,
         seed=scenario.seed,
+        system_prompt_tokens=scenario.system_prompt_tokens or 0,
+        chat=scenario.chat,
     ).check()
 
 
@@ -277,14 +279,17 @@ def _summary_line(s: Any) -> str:
             f"batch peak {opt(s.peak_decode_batch_size)} mean {opt(s.mean_decode_batch_size, '{:.2f}')}; "
             f"KV blocks peak {opt(s.peak_kv_blocks_used)}/{opt(s.num_kv_blocks)}, at end "
             f"{opt(s.kv_blocks_in_use_at_end)} ({leak}); peak RSS "
-            f"{opt(s.peak_rss_bytes and s.peak_rss_bytes / 2**20, '{:.0f}')} MiB")
+            f"{opt(s.peak_rss_bytes and s.peak_rss_bytes / 2**20, '{:.0f}')} MiB; prefix cache "
+            f"{s.prefix_cache_hits_tokens}/{s.total_prompt_tokens} prompt tokens hit")
 
 
-def _run_scenario(llm: Any, scenario: Scenario, spec: Any, err: Any, run: Any = None, tokenizer: Any = None):
+def _run_scenario(llm: Any, scenario: Scenario, spec: Any, err: Any, run: Any = None, tokenizer: Any = None,
+                  chat_template: str | None = None):
     """Run one scenario's workload (progress on ``err``); its :class:`ScenarioReport`.
 
     ``run(items, concurrency, on_request_done)`` replaces the in-process ``run_workload(llm, ...)``
-    (``validate --url`` passes the HTTP runner) and ``tokenizer`` the LLM's (same return shapes).
+    (``validate --url`` passes the HTTP runner), ``tokenizer`` the LLM's (same return shapes) and
+    ``chat_template`` the manifest's (for ``chat`` workloads; ``llm`` None).
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -294,7 +299,8 @@ def _run_scenario(llm: Any, scenario: Scenario, spec: Any, err: Any, run: Any = 
     from trtpipe.runtime.workload import make_workload, run_workload
 
     err.print(f"scenario {scenario.name}: {_describe(spec)}")
-    items = make_workload(spec, tokenizer or llm.tokenizer)
+    items = make_workload(spec, tokenizer or llm.tokenizer,
+                          chat_template=chat_template if llm is None else llm.manifest.model.chat_template)
     run = run or (lambda items, concurrency, on_request_done: run_workload(
         llm, items, concurrency, on_request_done=on_request_done))
     t = time.perf_counter()
@@ -344,12 +350,22 @@ def _env(llm: Any, recipe: Recipe, art: Path, threads: int | None) -> dict:
         "artifact_recipe_hash": m.recipe_hash,
         "trtpipe_version": m.trtpipe_version,
         "precision": f"prefill {recipe.precision.prefill}, decode {recipe.precision.decode}",
+        "prefix_caching": recipe.kv_cache.prefix_caching,
     }
 
 
 # ---------------------------------------------------------------------------------------------
 # The command
 # ---------------------------------------------------------------------------------------------
+
+
+def scenario_tpot_budget_ms(recipe: Recipe, scenario: Scenario) -> float | None:
+    """The TPOT budget the ``slo`` policy keeps in this scenario: ``scheduler.tpot_budget_ms``,
+    else the scenario's tightest ``tpot_ms`` / ``itl_ms`` limit, else None (FCFS)."""
+    if recipe.scheduler.tpot_budget_ms is not None:
+        return recipe.scheduler.tpot_budget_ms
+    limits = [v for m, _, v in scenario.budgets.limits() if m in ("tpot_ms", "itl_ms")]
+    return min(limits) if limits else None
 
 
 def report_dir(art: Path, recipe: Recipe, chosen: Sequence[Scenario]) -> Path:
@@ -364,14 +380,17 @@ def report_dir(art: Path, recipe: Recipe, chosen: Sequence[Scenario]) -> Path:
 
 def run_validate(recipe: str | os.PathLike | Recipe, *, artifact_dir: str | os.PathLike | None = None,
                  artifact_root: str | os.PathLike = "artifacts", scenarios: Sequence[str] = (),
-                 as_json: bool = False, threads: int | None = None) -> int:
+                 as_json: bool = False, threads: int | None = None, goodput: bool = False,
+                 goodput_time_s: float = 300.0) -> int:
     """Validate the recipe's artifact; return the gate's exit code (0 pass, 1 fail).
 
     ``recipe``: a path, a shipped recipe name or a :class:`Recipe`. ``artifact_dir``: the artifact
     (default ``<artifact_root>/<recipe>/<target>``). ``scenarios``: names to run (default all).
     ``as_json``: print report.json on stdout (the tables go to stderr). ``threads``: ONNX Runtime
     intra-op threads. The report is written to ``<artifact>/validate/`` (a subset of the
-    scenarios: to a subfolder, :func:`report_dir`).
+    scenarios: to a subfolder, :func:`report_dir`). ``goodput``: afterwards, search each Poisson
+    scenario's highest arrival rate within its budgets (at most ``goodput_time_s`` per scenario;
+    ``goodput.json`` and ``goodput.png`` next to the report; the exit code is unchanged).
 
     Raises :class:`TrtpipeError` (CLI exit 2) for a bad recipe, an unknown scenario, a missing,
     corrupted or mismatched artifact, or an artifact without golden outputs.
@@ -400,7 +419,8 @@ def run_validate(recipe: str | os.PathLike | Recipe, *, artifact_dir: str | os.P
     err = Console(stderr=True, highlight=False)  # progress
     err.print(f"validate {r.name} on {r.target}: artifact {art}")
     t = time.perf_counter()
-    llm = LLM(art, num_threads=threads)
+    llm = LLM(art, num_threads=threads, prefix_caching=r.kv_cache.prefix_caching,
+              scheduler_policy=r.scheduler.policy)
     err.print(f"  loaded in {time.perf_counter() - t:.1f} s ({llm.manifest.backend.get('name')} "
               f"{llm.manifest.backend.get('version')}, prefill {r.precision.prefill}, decode "
               f"{r.precision.decode})")
@@ -415,9 +435,15 @@ def run_validate(recipe: str | os.PathLike | Recipe, *, artifact_dir: str | os.P
     out.print(_correctness_line(correctness))
 
     reports = []
+    env["prefill_chunking"] = {}
     for scenario, spec in specs:
+        why = llm.set_tpot_budget(scenario_tpot_budget_ms(r, scenario))
+        env["prefill_chunking"][scenario.name] = why
+        err.print(f"scenario {scenario.name}: prefill chunks: {why}")
         reports.append(_run_scenario(llm, scenario, spec, err))
         _print_scenario(out, reports[-1])
+    if llm.step_cost is not None:
+        env["step_cost_model"] = json.loads(llm.step_cost.to_json())
 
     paths = write_report(report_dir(art, r, chosen), recipe_name=r.name, target=r.target, scenarios=reports,
                          correctness=correctness, env=env)
@@ -438,11 +464,16 @@ def finish_report(out: Any, paths: Any, as_json: bool) -> int:
               f"{paths.report_json.parent})")
     if paths.notice:
         err.print(paths.notice)
+    if goodput:
+        from trtpipe.pipeline.goodput import run_goodput
+
+        run_goodput(llm, specs, paths.report_json.parent, err, out, time_budget_s=goodput_time_s,
+                    before_each=lambda s: llm.set_tpot_budget(scenario_tpot_budget_ms(r, s)))
     if as_json:
         sys.stdout.write(paths.report_json.read_text(encoding="utf-8"))
         sys.stdout.flush()
     return int(gate["exit_code"])
 
 
-__all__ = ["ValidateUsageError", "build_hash", "check_artifact_matches_recipe", "check_correctness",
+__all__ = ["ValidateUsageError", "build_hash", "scenario_tpot_budget_ms", "check_artifact_matches_recipe", "check_correctness",
            "load_golden", "run_validate", "scenario_workload_spec", "select_scenarios"]

@@ -83,6 +83,18 @@ def _served_model(url: str, recipe: Recipe, headers: dict[str, str]) -> str:
     return recipe.name
 
 
+def _local_chat_template(artifact_dir: Path) -> str | None:
+    """The model's chat template from the artifact's manifest when it is on this machine (chat
+    workloads render prompts client-side); None when the client has no copy of the artifact."""
+    from trtpipe.runtime.errors import ArtifactError
+    from trtpipe.runtime.manifest import load_manifest
+
+    try:
+        return load_manifest(artifact_dir).model.chat_template
+    except ArtifactError:
+        return None
+
+
 def run_validate_http(recipe: str | os.PathLike | Recipe, *, url: str | None = None, serve: bool = False,
                       artifact_dir: str | os.PathLike | None = None, artifact_root: str | os.PathLike = "artifacts",
                       scenarios: Sequence[str] = (), as_json: bool = False, threads: int | None = None,
@@ -111,13 +123,15 @@ def run_validate_http(recipe: str | os.PathLike | Recipe, *, url: str | None = N
         err.print(f"validate {r.name} over HTTP at {base}" + (" (started by --serve)" if serve else ""))
         model = _served_model(base, r, headers)
         tokenizer = HttpTokenizer(base, headers)
+        chat_template = _local_chat_template(art)
         reports = []
         for scenario, spec in specs:
             def run(items, concurrency, on_request_done):
                 return run_workload_http(base, model, items, concurrency, api_key=api_key,
                                          on_request_done=on_request_done)
 
-            reports.append(_run_scenario(None, scenario, spec, err, run=run, tokenizer=tokenizer))
+            reports.append(_run_scenario(None, scenario, spec, err, run=run, tokenizer=tokenizer,
+                                         chat_template=chat_template))
             _print_scenario(out, reports[-1])
     env = {"measured_by": MEASURED_BY, "url": base, "server": "started by --serve" if serve else "external",
            "client_host": platform.node(), "client_platform": platform.platform(), "cpu_count": os.cpu_count(),

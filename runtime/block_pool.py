@@ -1,6 +1,6 @@
 """The KV block pool: which physical KV blocks are free, and how many owners each used block has.
 
-Follows vLLM v1 ``BlockPool`` (``vllm/v1/core/block_pool.py``), without prefix caching:
+Follows vLLM v1 ``BlockPool`` (``vllm/v1/core/block_pool.py``), prefix caching included:
 
 * Block ids index the first axis of every layer's K/V cache ``[num_blocks, block_size, ...]``.
 * Block 0 is the *null block*: never handed out, so a block table can use 0 for "no block here"
@@ -9,8 +9,19 @@ Follows vLLM v1 ``BlockPool`` (``vllm/v1/core/block_pool.py``), without prefix c
 * Free blocks wait in a FIFO queue. ``allocate`` pops from the head, ``free`` appends to the tail
   when a block's reference count drops to zero, so block ids are handed out in a predictable
   order (tests assert exact ids).
-* Reference counts let several sequences share a block (``KVCacheManager.fork``); a block is free
-  exactly when its count is 0.
+* Reference counts let several sequences share a block (``KVCacheManager.fork``, a prefix-cache
+  hit); a block is free exactly when its count is 0.
+* Prefix cache: a full block may carry a hash (:mod:`trtpipe.runtime.prefix_cache`). A cached
+  block whose count drops to 0 keeps its KV and its hash and joins the free queue like any other
+  block, so the queue is also the LRU list of cached blocks: ``touch`` takes a hit block out of
+  the queue wherever it is (count 0 -> 1), and ``allocate`` evicts (forgets the hash of) a
+  cached block only when it pops it from the head to hand it out. A block with a count > 0 is
+  never in the queue, so a referenced cached block is never handed out.
+
+Free queue and cache (ids)::
+
+    head (allocated / evicted first) -> [6, 7, 3*, 1*] <- tail (freed last)     * = has a hash
+    cached: {h(3): 3, h(1): 1, h(5): 5}    block 5 is cached and in use (count > 0)
 
 The pool knows nothing about sequences or tokens; ``KVCacheManager`` does. Misuse of the pool
 (freeing a free block, touching the null block) is a bug in trtpipe, so it raises
@@ -19,7 +30,7 @@ The pool knows nothing about sequences or tokens; ``KVCacheManager`` does. Misus
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict
 from collections.abc import Iterable
 
 from trtpipe.runtime.errors import TrtpipeError
@@ -44,7 +55,11 @@ class BlockPool:
         # at 1 so it can never be freed or handed out.
         self._ref_counts = [0] * num_blocks
         self._ref_counts[NULL_BLOCK_ID] = 1
-        self._free: deque[int] = deque(range(1, num_blocks))
+        # Insertion-ordered: O(1) pop at the head, append at the tail, removal of a touched block.
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
+        self._hash_of: dict[int, bytes] = {}  # block id -> block hash (cached blocks only)
+        self._block_of: dict[bytes, int] = {}  # block hash -> block id (one block per hash)
+        self.num_evictions = 0  # cached blocks whose hash was dropped to reuse the block
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -67,6 +82,19 @@ class BlockPool:
         """Snapshot of the free queue, head (next to be allocated) first. For tests/debugging."""
         return list(self._free)
 
+    @property
+    def num_cached(self) -> int:
+        """Blocks that carry a hash (in use or on the free queue)."""
+        return len(self._block_of)
+
+    def cached_block(self, block_hash: bytes) -> int | None:
+        """The block holding the KV named ``block_hash``, or None (never cached, or evicted)."""
+        return self._block_of.get(block_hash)
+
+    def block_hash(self, block_id: int) -> bytes | None:
+        """The hash of a cached block, None for an uncached one."""
+        return self._hash_of.get(block_id)
+
     # -- updates -----------------------------------------------------------------------------
 
     def allocate(self, num_blocks: int) -> list[int] | None:
@@ -78,10 +106,47 @@ class BlockPool:
         assert num_blocks >= 0, f"cannot allocate {num_blocks} blocks"
         if num_blocks > len(self._free):
             return None
-        ids = [self._free.popleft() for _ in range(num_blocks)]
+        ids = [self._free.popitem(last=False)[0] for _ in range(num_blocks)]
         for block_id in ids:
             self._ref_counts[block_id] = 1
+            block_hash = self._hash_of.pop(block_id, None)
+            if block_hash is not None:  # evict: its KV is about to be overwritten
+                del self._block_of[block_hash]
+                self.num_evictions += 1
         return ids
+
+    def touch(self, block_ids: Iterable[int]) -> None:
+        """Add one owner to each cached block (a prefix-cache hit), free or not.
+
+        A block with count 0 leaves the free queue (wherever it is: LRU order) and keeps its KV.
+        """
+        for block_id in block_ids:
+            assert block_id in self._hash_of, f"touch of uncached block {block_id}"
+            if self._ref_counts[block_id] == 0:
+                del self._free[block_id]
+            self._ref_counts[block_id] += 1
+
+    def reset_prefix_cache(self) -> int:
+        """Forget the hashes of all unreferenced cached blocks (vLLM's ``reset_prefix_cache``:
+        e.g. between benchmark runs). Blocks in use keep theirs. Returns how many were dropped."""
+        dropped = [b for b in self._hash_of if self._ref_counts[b] == 0]
+        for block_id in dropped:
+            del self._block_of[self._hash_of.pop(block_id)]
+        return len(dropped)
+
+    def cache_block(self, block_id: int, block_hash: bytes) -> bool:
+        """Name a full, computed, owned block by ``block_hash`` so later requests can reuse it.
+
+        Returns False (and changes nothing) when another block already holds that hash (two
+        requests computed the same prefix at once; this block then stays uncached) or this block
+        is already cached.
+        """
+        assert self._ref_counts[block_id] > 0, f"cache_block of free block {block_id}"
+        if block_hash in self._block_of or block_id in self._hash_of:
+            return False
+        self._block_of[block_hash] = block_id
+        self._hash_of[block_id] = block_hash
+        return True
 
     def incref(self, block_ids: Iterable[int]) -> None:
         """Add one owner to each used block (sharing, e.g. a forked prefix)."""
@@ -101,7 +166,7 @@ class BlockPool:
             assert self._ref_counts[block_id] > 0, f"double free of block {block_id}"
             self._ref_counts[block_id] -= 1
             if self._ref_counts[block_id] == 0:
-                self._free.append(block_id)
+                self._free[block_id] = None  # a cached block keeps its hash (LRU tail)
 
 
 __all__ = ["BlockPool", "NULL_BLOCK_ID"]

@@ -1,8 +1,8 @@
 """Per-sequence KV block lists on top of the :class:`BlockPool`: allocate, append, free, fork.
 
 Follows vLLM v1 ``KVCacheManager`` / ``SingleTypeKVCacheManager`` (``allocate_slots`` returns
-"does not fit" instead of raising; the sliding-window manager drops blocks that left the window),
-without prefix caching.
+"does not fit" instead of raising; the sliding-window manager drops blocks that left the window;
+``find_cached_prefix`` / ``cache_full_blocks`` for automatic prefix caching).
 
 Block table and slots (one sequence, ``block_size`` = 4)::
 
@@ -21,6 +21,22 @@ indexing still works and the attention mask never reads it. A sequence therefore
 ``ceil((n + W - 1) / block_size) + 1`` blocks at once, however long it gets. One manager serves
 one group of layers with the same window; a model mixing windows needs one manager per group.
 
+Prefix caching: ``cache_full_blocks`` names every full block whose KV has been computed by its
+chained hash (:mod:`trtpipe.runtime.prefix_cache`); a new sequence starts with
+``allocate_slots(..., cached_block_ids=find_cached_prefix(hashes))`` and shares those blocks
+(ref counts +1), computing only the rest. Hit blocks are full and lie before the first position
+the sequence computes, so nobody ever writes into a shared cached block.
+
+Sliding window and the cache: a hit on blocks ``0 .. n-1`` requires *all n* to be cached
+(the longest cached run from block 0), although with window W the new sequence only reads the
+blocks that still overlap positions ``> n*bs - W``. The dead blocks of the hit are not even
+referenced (their table entries are the null block at once, as if the window had released
+them), so a hit is: "the chain of hashes proves the prefix is the same tokens under the same
+artifact and salt, and the blocks the window still needs hold its KV". KV of a token depends on
+every earlier token (through the layers below), which the chain covers, so the KV is what an
+uncached run would compute. Blocks the window released stay cached (LRU) and may be evicted;
+then the chain breaks there and the hit is shorter: correct, at worst a smaller saving.
+
 Fork and copy-on-write: ``fork(parent, child)`` gives the child the parent's blocks (ref counts
 +1). Whenever a sequence is about to write into a block that someone else also owns, it gets a
 fresh block instead; if the shared block already holds some of this sequence's tokens, the
@@ -29,7 +45,7 @@ fresh block instead; if the shared block already holds some of this sequence's t
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from trtpipe.runtime.block_pool import NULL_BLOCK_ID, BlockPool
@@ -83,6 +99,7 @@ class KVCacheManager:
         self.sliding_window = sliding_window
         self._blocks: dict[Hashable, list[int]] = {}
         self._num_tokens: dict[Hashable, int] = {}  # tokens with a slot (allocated length)
+        self._num_hashed: dict[Hashable, int] = {}  # leading blocks already offered to the cache
         self._pending_copies: list[tuple[int, int]] = []
 
     # -- queries -----------------------------------------------------------------------------
@@ -148,8 +165,44 @@ class KVCacheManager:
 
     # -- updates -----------------------------------------------------------------------------
 
-    def allocate_slots(self, seq_id: Hashable, num_new_tokens: int, num_computed_tokens: int) -> bool:
+    def find_cached_prefix(self, block_hashes: Sequence[bytes]) -> list[int]:
+        """Block ids of the longest run of cached blocks named by ``block_hashes[0], [1], ...``.
+
+        Changes nothing (the blocks are taken by ``allocate_slots(cached_block_ids=...)``).
+        """
+        hit: list[int] = []
+        for block_hash in block_hashes:
+            block_id = self.block_pool.cached_block(block_hash)
+            if block_id is None:
+                break
+            hit.append(block_id)
+        return hit
+
+    def cache_full_blocks(self, seq_id: Hashable, block_hashes: Sequence[bytes], num_computed_tokens: int) -> None:
+        """Name the full blocks of ``seq_id`` whose KV is computed (the first ``num_computed_tokens``).
+
+        ``block_hashes[i]`` is the hash of logical block i (may be longer than needed). Call it
+        after the engine wrote the KV (the scheduler does it in ``update``), never before: a
+        cached block must hold its tokens' KV. A block already released by the window, or whose
+        hash another block already holds, is skipped.
+        """
+        blocks = self._blocks.get(seq_id)
+        if blocks is None:
+            return
+        start = self._num_hashed.get(seq_id, 0)
+        end = min(num_computed_tokens // self.block_size, len(block_hashes), len(blocks))
+        for i in range(start, end):
+            if blocks[i] != NULL_BLOCK_ID:
+                self.block_pool.cache_block(blocks[i], block_hashes[i])
+        self._num_hashed[seq_id] = max(start, end)
+
+    def allocate_slots(self, seq_id: Hashable, num_new_tokens: int, num_computed_tokens: int,
+                       cached_block_ids: Sequence[int] = ()) -> bool:
         """Give ``seq_id`` slots for positions ``num_computed_tokens .. +num_new_tokens-1``.
+
+        ``cached_block_ids`` (a new sequence only, from ``find_cached_prefix``): its first blocks
+        are these cached blocks; then ``num_computed_tokens`` must be ``len(cached_block_ids) *
+        block_size`` (their KV is computed already) and they count as free when they are.
 
         Before allocating, releases the window blocks that the step's first query (position
         ``num_computed_tokens``) can no longer see, and replaces blocks shared with another
@@ -159,6 +212,8 @@ class KVCacheManager:
         the window would release count as available). An unknown ``seq_id`` starts empty.
         """
         assert num_new_tokens >= 0 and num_computed_tokens >= 0
+        if cached_block_ids:
+            return self._allocate_with_prefix(seq_id, num_new_tokens, num_computed_tokens, cached_block_ids)
         assert num_computed_tokens <= self._num_tokens.get(seq_id, 0), (
             f"{seq_id!r}: computed {num_computed_tokens} tokens but only "
             f"{self._num_tokens.get(seq_id, 0)} have slots"
@@ -195,6 +250,7 @@ class KVCacheManager:
         """
         blocks = self._blocks.pop(seq_id, None)
         self._num_tokens.pop(seq_id, None)
+        self._num_hashed.pop(seq_id, None)
         if blocks:
             self.block_pool.free([b for b in reversed(blocks) if b != NULL_BLOCK_ID])
 
@@ -210,6 +266,7 @@ class KVCacheManager:
         self.block_pool.incref(b for b in blocks if b != NULL_BLOCK_ID)
         self._blocks[child_id] = blocks
         self._num_tokens[child_id] = self._num_tokens[parent_id]
+        self._num_hashed[child_id] = self._num_hashed.get(parent_id, 0)
 
     def take_pending_copies(self) -> list[tuple[int, int]]:
         """The ``(src_block_id, dst_block_id)`` copies queued by copy-on-write, then clears them.
@@ -221,6 +278,29 @@ class KVCacheManager:
         return copies
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _allocate_with_prefix(self, seq_id: Hashable, num_new_tokens: int, num_computed_tokens: int,
+                              cached_block_ids: Sequence[int]) -> bool:
+        """``allocate_slots`` for a new sequence that starts with a prefix-cache hit."""
+        bs = self.block_size
+        assert seq_id not in self._blocks, f"prefix hit for existing sequence {seq_id!r}"
+        assert num_computed_tokens == len(cached_block_ids) * bs, (
+            f"{seq_id!r}: {len(cached_block_ids)} cached blocks but {num_computed_tokens} computed tokens")
+        pool = self.block_pool
+        # Blocks the first query (position c) can no longer see are not referenced at all.
+        num_dead = max(0, (num_computed_tokens - self.sliding_window + 1) // bs) if self.sliding_window else 0
+        live = list(cached_block_ids[num_dead:])
+        num_new_blocks = cdiv(num_computed_tokens + num_new_tokens, bs) - len(cached_block_ids)
+        num_touched_free = sum(1 for b in live if pool.ref_count(b) == 0)
+        if num_new_blocks + num_touched_free > pool.num_free:
+            return False
+        pool.touch(live)  # first, so the allocation below cannot evict a hit block
+        new_ids = pool.allocate(num_new_blocks)
+        assert new_ids is not None
+        self._blocks[seq_id] = [NULL_BLOCK_ID] * num_dead + live + new_ids
+        self._num_tokens[seq_id] = num_computed_tokens + num_new_tokens
+        self._num_hashed[seq_id] = len(cached_block_ids)
+        return True
 
     def _plan(self, seq_id: Hashable, num_new_tokens: int, num_computed_tokens: int) -> _AllocationPlan:
         blocks = self._blocks.get(seq_id, [])

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
@@ -32,6 +33,8 @@ from trtpipe.runtime.metrics import RequestMetrics, RequestTimer, StepStats
 from trtpipe.runtime.request import Request, RequestStatus, SamplingParams
 from trtpipe.runtime.sampler import make_generator, sample
 from trtpipe.runtime.scheduler import Scheduler
+from trtpipe.runtime.slo_policy import SloChunkPolicy
+from trtpipe.runtime.step_cost import StepCostModel, load_or_calibrate
 from trtpipe.runtime.tokenizer import Tokenizer
 
 
@@ -47,6 +50,7 @@ class RequestOutput:
     finish_reason: str | None = None
     error_message: str | None = None
     metrics: RequestMetrics | None = None
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache (usage.prompt_tokens_details)
 
 
 @dataclass
@@ -68,12 +72,24 @@ class LLM:
     Args:
         artifact_dir: a built artifact (``trtpipe build``); read through its manifest only.
         num_threads: ONNX Runtime intra-op threads (None: the artifact's setting or ORT's default).
+        prefix_caching: reuse the KV of earlier requests' identical prompt prefixes (automatic
+            prefix caching, on by default: outputs are the same as without it; the recipe's
+            ``kv_cache.prefix_caching`` sets it in ``trtpipe validate``).
+        scheduler_policy: ``slo`` (size prefill chunks so steps stay within ``tpot_budget_ms``,
+            see :mod:`trtpipe.runtime.slo_policy`) or ``fcfs``; ``slo`` without a budget is FCFS.
+        tpot_budget_ms: the TPOT budget of the ``slo`` policy (None = none); change it with
+            :meth:`set_tpot_budget`. Setting one measures the engine's step-cost model once
+            (a second or two; kept in the artifact's ``step_cost.json``).
+
+    ``prefix_cache_queries`` / ``prefix_cache_hits``: prompt tokens looked up in / found in the
+    prefix cache since load (counters for ``trtpipe:prefix_cache_queries`` / ``_hits``).
 
     Raises :class:`ArtifactError` for a missing/corrupted/mismatched artifact.
     """
 
     def __init__(self, artifact_dir: str | Path, num_threads: int | None = None,
-                 step_stats: StepStats | None = None):
+                 step_stats: StepStats | None = None, *, prefix_caching: bool = True,
+                 scheduler_policy: str = "slo", tpot_budget_ms: float | None = None):
         self.manifest: Manifest = load_manifest(artifact_dir)
         m = self.manifest
         self.tokenizer = Tokenizer.from_file(m.path(m.tokenizer_file), bos_token_id=m.model.bos_token_id,
@@ -89,14 +105,57 @@ class LLM:
             self.engine = TrtEngine(m, self.pool)
         self.block_pool = BlockPool(m.kv.num_blocks)
         self.kv_manager = KVCacheManager(self.block_pool, m.kv.block_size, m.kv.sliding_window)
+        # The artifact's identity in every block hash: its build hash and its inputs (weights).
+        build_id = f"{(m.build_info or {}).get('build_hash') or m.recipe_hash}:{m.inputs_hash}"
         self.scheduler = Scheduler(self.kv_manager, m.limits["max_num_tokens"], m.limits["max_batch_size"],
-                                   m.limits["max_seq_len"], eos_token_ids=m.model.eos_token_ids)
+                                   m.limits["max_seq_len"], eos_token_ids=m.model.eos_token_ids,
+                                   enable_prefix_caching=prefix_caching, build_hash=build_id)
         self.step_stats = step_stats or StepStats(num_kv_blocks=m.kv.num_blocks - 1)
         self._live: dict[str, _Live] = {}
         self._ids = itertools.count()
         self.engine_time_s = 0.0
         self.steps = 0
         self.num_preemptions = 0  # requests preempted (KV freed, recomputed later), all steps
+        if scheduler_policy not in ("slo", "fcfs"):
+            raise RequestError(f"scheduler_policy = {scheduler_policy!r}: expected 'slo' or 'fcfs'")
+        self.scheduler_policy = scheduler_policy
+        self.num_threads = num_threads
+        self.step_cost: StepCostModel | None = None
+        # (predicted_s, measured_s, prefill_tokens, decode_batch) of steps run under the slo policy
+        self.step_cost_log: deque[tuple[float, float, int, int]] = deque(maxlen=100_000)
+        self.set_tpot_budget(tpot_budget_ms)
+
+    def set_tpot_budget(self, tpot_budget_ms: float | None) -> str:
+        """Apply the scheduler policy for ``tpot_budget_ms`` (None: FCFS); call between steps.
+
+        Returns one line saying which prefill chunk sizes that gives, and why (for reports).
+        """
+        limit = self.manifest.limits["max_num_tokens"]
+        if self.scheduler_policy == "fcfs" or tpot_budget_ms is None:
+            self.scheduler.chunk_policy = None
+            why = "policy fcfs" if self.scheduler_policy == "fcfs" else "slo policy without a TPOT budget"
+            return f"fcfs ({why}): prefill chunks of up to max_num_tokens = {limit} tokens per step"
+        policy = SloChunkPolicy(self.step_cost_model(), float(tpot_budget_ms), self.kv_manager.block_size, limit)
+        self.scheduler.chunk_policy = policy
+        return policy.describe(self.manifest.limits["max_batch_size"], 256)
+
+    def step_cost_model(self) -> StepCostModel:
+        """The engine's step-cost model: the artifact's ``step_cost.json`` or measured now."""
+        if self.step_cost is None:
+            self.step_cost = load_or_calibrate(
+                self.manifest.path("."), self.engine, self.block_pool, self.kv_manager.block_size,
+                self.manifest.limits["max_num_tokens"], self.manifest.limits["max_batch_size"], self.num_threads)
+        return self.step_cost
+
+    @property
+    def prefix_cache_queries(self) -> int:
+        """Prompt tokens looked up in the prefix cache since load (counter)."""
+        return self.scheduler.prefix_cache_queries
+
+    @property
+    def prefix_cache_hits(self) -> int:
+        """Prompt tokens found in the prefix cache since load (counter)."""
+        return self.scheduler.prefix_cache_hits
 
     # -- requests ----------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | bytes, chat: bool = False) -> list[int]:
@@ -127,8 +186,11 @@ class LLM:
 
     def add_request(self, prompt: str | bytes | Sequence[int], params: SamplingParams | None = None, *,
                     chat: bool = False, request_id: str | None = None, arrival_s: float | None = None,
-                    on_text: Callable[[str], None] | None = None) -> str:
+                    on_text: Callable[[str], None] | None = None, cache_salt: str | None = None) -> str:
         """Queue a request; returns its id. ``prompt`` is text or token ids.
+
+        ``cache_salt``: only requests with the same salt share prefix-cache blocks (vLLM's
+        ``cache_salt``; e.g. one per tenant). None = the common, unsalted cache.
 
         Raises :class:`RequestError` for an empty prompt, invalid UTF-8, bad sampling parameters,
         or a prompt longer than ``max_seq_len`` (the request is refused; nothing else is disturbed).
@@ -143,7 +205,9 @@ class LLM:
                                "Fix: shorten the prompt or build a recipe with a larger max_seq_len.")
         rid = request_id or f"req-{next(self._ids)}"
         arrival = time.monotonic() if arrival_s is None else arrival_s
-        req = Request(rid, tuple(ids), params, arrival_time_s=arrival)
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise RequestError(f"cache_salt = {cache_salt!r}: expected a string or None. Fix: pass e.g. a tenant id.")
+        req = Request(rid, tuple(ids), params, arrival_time_s=arrival, cache_salt=cache_salt)
         self.scheduler.add_request(req)
         out = RequestOutput(rid, tuple(ids))
         self._live[rid] = _Live(req, IncrementalDetokenizer(self.tokenizer.backend, ids), RequestTimer(
@@ -173,6 +237,7 @@ class LLM:
         step = self.scheduler.schedule()
         sampled: dict[str, int] = {}
         now = time.monotonic
+        t_step = time.perf_counter()
         try:
             if step.prefills:
                 for p in step.prefills:
@@ -180,6 +245,8 @@ class LLM:
                     if not live.prefill_started:
                         live.timer.on_prefill_start(now())
                         live.prefill_started = True
+                        cached = live.request.num_cached_tokens or 0
+                        live.timer.cached_prompt_tokens = live.output.cached_tokens = cached
                 batch = PrefillBatch.from_scheduled(step.prefills)
                 logits = self.engine.prefill(batch)
                 self.engine_time_s += self.engine.last_step_s
@@ -206,6 +273,11 @@ class LLM:
         finished = self.scheduler.update(step, sampled)
         self.steps += 1
         self.num_preemptions += len(step.preempted)
+        if self.scheduler.chunk_policy is not None and self.step_cost is not None and not step.is_empty:
+            predicted = self.step_cost.prefill_chunks_time_s([(p.num_tokens, p.start_position) for p in step.prefills])
+            predicted += self.step_cost.decode_time_s(len(step.decodes), sum(d.context_len for d in step.decodes))
+            self.step_cost_log.append((predicted, time.perf_counter() - t_step,
+                                       sum(p.num_tokens for p in step.prefills), len(step.decodes)))
         self.step_stats.on_step(now(), decode_batch_size=len(step.decodes),
                                 kv_blocks_used=self.block_pool.num_used)
         t = now()

@@ -68,6 +68,7 @@ class RequestMetrics:
     prefill_s: float | None  # last prefill end - first prefill start (prefill-only time)
     queue_s: float | None  # first prefill start - arrival
     finish_reason: str | None = None
+    cached_prompt_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
     def to_dict(self) -> dict:
         """JSON-ready dict in **milliseconds** (``*_ms`` keys), as written to report.json."""
@@ -82,6 +83,7 @@ class RequestMetrics:
             "prefill_ms": _ms(self.prefill_s),
             "queue_ms": _ms(self.queue_s),
             "finish_reason": self.finish_reason,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
         }
 
 
@@ -123,6 +125,7 @@ class RequestTimer:
         self.token_times_s: list[float] = []
         self.finish_s: float | None = None
         self.finish_reason: str | None = None
+        self.cached_prompt_tokens = 0  # set by the engine loop at admission (prefix cache)
         self._last_event_s = self.arrival_s
 
     # -- events ---------------------------------------------------------------------------
@@ -198,6 +201,7 @@ class RequestTimer:
             prefill_s=prefill,
             queue_s=queue,
             finish_reason=self.finish_reason,
+            cached_prompt_tokens=self.cached_prompt_tokens,
         )
 
     def _now(self, t: float | None, event: str) -> float:
@@ -374,6 +378,9 @@ class MetricsSummary:
     kv_occupancy: tuple[tuple[float, int], ...] = ()
     peak_rss_bytes: int | None = None
     kv_blocks_in_use_at_end: int | None = None
+    # Prefix cache, in prompt tokens over the run's requests (first admission of each):
+    # queries = total_prompt_tokens looked up, hits = those found cached (vLLM's names).
+    prefix_cache_hits_tokens: int = 0
 
     @property
     def kv_leak_free(self) -> bool | None:
@@ -417,6 +424,10 @@ class MetricsSummary:
             peak_rss_bytes=self.peak_rss_bytes,
             kv_blocks_in_use_at_end=self.kv_blocks_in_use_at_end,
             kv_leak_free=self.kv_leak_free,
+            prefix_cache_queries_tokens=self.total_prompt_tokens,
+            prefix_cache_hits_tokens=self.prefix_cache_hits_tokens,
+            prefix_cache_hit_rate=(self.prefix_cache_hits_tokens / self.total_prompt_tokens
+                                   if self.total_prompt_tokens else None),
         )
         return out
 
@@ -465,6 +476,7 @@ def summarize(
         ),
         peak_rss_bytes=steps.peak_rss_bytes,
         kv_blocks_in_use_at_end=steps.kv_blocks_in_use_at_end,
+        prefix_cache_hits_tokens=sum(r.cached_prompt_tokens for r in requests),
     )
 
 

@@ -137,6 +137,13 @@ class Request:
     error_message: str | None = None  # why, when finish_reason == "error"
     num_prefill_tokens: int = 0
     num_preemptions: int = 0
+    # Prefix caching: a per-request salt (only requests with the same salt share cached KV),
+    # the chained hashes of the full blocks of all_token_ids (filled by the scheduler), and the
+    # prompt tokens the first admission found in the cache (None until admitted; the OpenAI
+    # ``usage.prompt_tokens_details.cached_tokens``).
+    cache_salt: str | None = None
+    block_hashes: list[bytes] = field(default_factory=list)
+    num_cached_tokens: int | None = None
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = tuple(int(t) for t in self.prompt_token_ids)

@@ -7,7 +7,7 @@ once and it is recomputed later) or to queueing.
 
 One step (``schedule`` -> engines -> ``update``)::
 
-    budget = max_num_tokens
+    budget = max_num_tokens   (chunk_policy: decodes + the policy's prefill cap, see slo_policy)
     running, oldest first:  decoding  -> 1 token (ScheduledDecode)         budget -= 1
                             prefilling -> next chunk (ScheduledPrefill)     budget -= chunk
                             (chunks leave one token of budget for every decode behind them)
@@ -15,7 +15,8 @@ One step (``schedule`` -> engines -> ``update``)::
                                           if that is the request itself, it waits
     waiting, FCFS, only if nobody was preempted this step:
                             while budget and running < max_batch_size and the chunk fits:
-                                admit, prefill the first chunk
+                                admit: reuse the longest cached prefix (prefix caching),
+                                prefill the first chunk of the rest
 
 Every running request in its decode phase is in ``decodes`` every step, so sequences at
 different decode steps share one decode batch. A prompt longer than the budget is prefilled in
@@ -27,6 +28,12 @@ Never deadlock: a request whose KV could never fit the whole pool (or whose prom
 request fits alone, and the oldest running request can always preempt all newer ones, so every
 step with work schedules something.
 
+Prefix caching (vLLM v1's automatic prefix caching): at admission a request's full blocks are
+named by chained hashes (:mod:`trtpipe.runtime.prefix_cache`); the longest run of them already in
+the pool is shared instead of recomputed, capped so that at least the last token is computed (its
+logits give the next token). After every step the blocks that became full are offered to the
+cache (``update``), so a preempted request usually finds its own blocks again.
+
 Records are frozen and contain plain ints/tuples only (see ``docs/contracts.md``).
 """
 
@@ -35,10 +42,20 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from trtpipe.runtime.errors import RequestError, TrtpipeError
 from trtpipe.runtime.kv_manager import KVCacheManager
+from trtpipe.runtime.prefix_cache import extend_block_hashes, root_hash
 from trtpipe.runtime.request import Request, RequestStatus
+
+
+class ChunkPolicy(Protocol):
+    """Sizes a step's prefill (e.g. :class:`~trtpipe.runtime.slo_policy.SloChunkPolicy`)."""
+
+    def max_prefill_tokens(self, num_decodes: int, decode_context_sum: int, prefill_context: int = 0) -> int:
+        """Prefill tokens allowed in a step decoding ``num_decodes`` sequences (>= 1)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +120,15 @@ class Scheduler:
         max_batch_size: most running sequences (the decode engine's batch limit).
         max_seq_len: most tokens (prompt + output) per sequence.
         eos_token_ids: token ids that end a request unless ``ignore_eos``.
+        enable_prefix_caching: reuse cached KV blocks of earlier requests (off by default here;
+            :class:`~trtpipe.runtime.llm.LLM` turns it on unless the recipe says otherwise).
+        build_hash: names the artifact in every block hash (KV of another build never matches).
+        chunk_policy: caps each step's prefill tokens given what it decodes (``slo`` policy,
+            :class:`~trtpipe.runtime.slo_policy.SloChunkPolicy`); None = FCFS chunks of up to
+            ``max_num_tokens``. Settable between steps (``scheduler.chunk_policy = ...``).
+
+    ``prefix_cache_queries`` / ``prefix_cache_hits`` count prompt tokens looked up / found in the
+    cache at each admission (vLLM's ``prefix_cache_queries`` / ``prefix_cache_hits``, in tokens).
 
     Raises :class:`TrtpipeError` for limits that cannot work (e.g. a budget smaller than the
     batch, which could not give every running sequence its decode token).
@@ -115,6 +141,9 @@ class Scheduler:
         max_batch_size: int,
         max_seq_len: int,
         eos_token_ids: Iterable[int] = (),
+        enable_prefix_caching: bool = False,
+        build_hash: str = "",
+        chunk_policy: ChunkPolicy | None = None,
     ) -> None:
         for name, value in (
             ("max_num_tokens", max_num_tokens),
@@ -134,6 +163,12 @@ class Scheduler:
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.enable_prefix_caching = bool(enable_prefix_caching)
+        self.build_hash = build_hash
+        self.chunk_policy = chunk_policy
+        self.last_prefill_cap: int | None = None  # the policy's cap in the last step (reports)
+        self.prefix_cache_queries = 0  # tokens looked up at admission
+        self.prefix_cache_hits = 0  # of those, tokens found cached
         self._requests: dict[str, Request] = {}  # unfinished requests by id
         self._waiting: deque[Request] = deque()  # WAITING and PREEMPTED, admission order
         self._running: list[Request] = []  # RUNNING, oldest admission first
@@ -228,7 +263,7 @@ class Scheduler:
         assert not self._step_in_flight, "schedule() called twice without update()"
         self._step_in_flight = True
         kv = self.kv_manager
-        budget = self.max_num_tokens
+        budget = self._step_token_budget()
         prefills: list[ScheduledPrefill] = []
         decodes: list[ScheduledDecode] = []
         preempted: list[str] = []
@@ -258,13 +293,20 @@ class Scheduler:
         # Admitting while preempting would just swap requests in and out (vLLM does the same).
         while not preempted and self._waiting and budget > 0 and len(self._running) < self.max_batch_size:
             request = self._waiting[0]
-            num_new = min(request.num_tokens, budget)
-            if not kv.allocate_slots(request.request_id, num_new, 0):
+            hit = self._cached_prefix(request)
+            num_cached = len(hit) * kv.block_size
+            num_new = min(request.num_tokens - num_cached, budget)
+            if not kv.allocate_slots(request.request_id, num_new, num_cached, cached_block_ids=hit):
                 break  # FCFS: nobody overtakes the head of the queue
             self._waiting.popleft()
             request.status = RequestStatus.RUNNING
-            request.num_computed_tokens = 0
+            request.num_computed_tokens = num_cached
             request.num_prefill_tokens = request.num_tokens  # prompt (+ outputs after preemption)
+            if self.enable_prefix_caching:
+                self.prefix_cache_queries += request.num_tokens
+                self.prefix_cache_hits += num_cached
+            if request.num_cached_tokens is None:  # the first admission: prompt tokens reused
+                request.num_cached_tokens = num_cached
             self._running.append(request)
             budget -= num_new
             prefills.append(self._prefill_record(request, num_new))
@@ -287,6 +329,7 @@ class Scheduler:
             if request is None:
                 continue
             request.num_computed_tokens += prefill.num_tokens
+            self._cache_full_blocks(request)
             if prefill.is_last_chunk and self._append_token(request, sampled[prefill.request_id]):
                 finished.append(request)
         for decode in step.decodes:
@@ -294,6 +337,7 @@ class Scheduler:
             if request is None:
                 continue
             request.num_computed_tokens += 1
+            self._cache_full_blocks(request)
             if self._append_token(request, sampled[decode.request_id]):
                 finished.append(request)
         return finished
@@ -303,6 +347,40 @@ class Scheduler:
     def _live(self, request_id: str) -> Request | None:
         request = self._requests.get(request_id)
         return request if request is not None and request.status is RequestStatus.RUNNING else None
+
+    def _step_token_budget(self) -> int:
+        """``max_num_tokens``, or with a chunk policy: this step's decodes + its prefill cap."""
+        if self.chunk_policy is None:
+            return self.max_num_tokens
+        decoding = [r for r in self._running if not r.is_prefilling]
+        prefilling = next((r for r in self._running if r.is_prefilling), None)
+        context = prefilling.num_computed_tokens if prefilling is not None else 0
+        cap = self.chunk_policy.max_prefill_tokens(
+            len(decoding), sum(r.num_computed_tokens + 1 for r in decoding), context)
+        self.last_prefill_cap = cap
+        return min(self.max_num_tokens, len(decoding) + cap)
+
+    def _cached_prefix(self, request: Request) -> list[int]:
+        """Block ids of the longest cached prefix of ``request``'s tokens ([] when caching is off).
+
+        Capped at ``(num_tokens - 1) // block_size`` blocks: the last token is always computed.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        bs = self.kv_manager.block_size
+        tokens = request.all_token_ids
+        extend_block_hashes(request.block_hashes, tokens, bs, root_hash(self.build_hash, request.cache_salt))
+        return self.kv_manager.find_cached_prefix(request.block_hashes[: (len(tokens) - 1) // bs])
+
+    def _cache_full_blocks(self, request: Request) -> None:
+        """Offer the blocks whose KV the engine just completed to the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.kv_manager.block_size
+        if len(request.block_hashes) < request.num_computed_tokens // bs:
+            root = root_hash(self.build_hash, request.cache_salt)
+            extend_block_hashes(request.block_hashes, request.all_token_ids, bs, root)
+        self.kv_manager.cache_full_blocks(request.request_id, request.block_hashes, request.num_computed_tokens)
 
     def _append_token(self, request: Request, token_id: int) -> bool:
         """Append a sampled token; finish the request if it must stop. Returns True if finished."""
@@ -387,4 +465,4 @@ class Scheduler:
         return None
 
 
-__all__ = ["Scheduler", "SchedulerStep", "ScheduledPrefill", "ScheduledDecode"]
+__all__ = ["ChunkPolicy", "Scheduler", "SchedulerStep", "ScheduledPrefill", "ScheduledDecode"]

@@ -135,6 +135,8 @@ class WorkloadSpec:
     concurrency: int | None = None
     arrival_rate_per_s: float | None = None
     seed: int = 0
+    system_prompt_tokens: int = 0  # a fixed system prompt (corpus tokens) shared by every prompt
+    chat: bool = False  # wrap system prompt + user turn in the model's chat template
 
     def check(self) -> WorkloadSpec:
         """Raise :class:`WorkloadError` naming the field when the spec cannot make requests."""
@@ -155,6 +157,8 @@ class WorkloadSpec:
             bad.append("exactly one of concurrency or arrival_rate_per_s is needed")
         if self.concurrency is not None and self.concurrency < 1:
             bad.append(f"concurrency={self.concurrency}: expected >= 1")
+        if self.system_prompt_tokens < 0:
+            bad.append(f"system_prompt_tokens={self.system_prompt_tokens}: expected >= 0")
         if self.arrival_rate_per_s is not None and not self.arrival_rate_per_s > 0:
             bad.append(f"arrival_rate_per_s={self.arrival_rate_per_s}: expected > 0")
         if bad:
@@ -185,6 +189,8 @@ class WorkItem:
 class _Encoder(Protocol):
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+
 
 def corpus_token_ids(tokenizer: _Encoder) -> list[int]:
     """Token ids of :data:`CORPUS` (no special tokens): the text prompts are sliced from."""
@@ -202,8 +208,30 @@ def _corpus_slice(corpus: Sequence[int], offset: int, n: int) -> tuple[int, ...]
     return tuple(corpus[(offset + i) % m] for i in range(n))
 
 
+def _with_system_prompt(spec: WorkloadSpec, tokenizer: _Encoder, corpus: list[int] | None,
+                        users: list[tuple[int, ...]], chat_template: str | None) -> list[tuple[int, ...]]:
+    """Prefix every user turn with the scenario's fixed system prompt (the first
+    ``system_prompt_tokens`` corpus tokens), in the chat template when ``spec.chat``."""
+    system = _corpus_slice(corpus, 0, spec.system_prompt_tokens) if spec.system_prompt_tokens and corpus else ()
+    if not spec.chat:
+        return [system + u for u in users]
+    if not chat_template:
+        raise WorkloadError(f"workload {spec.name!r}: chat: true but the model has no chat template. "
+                            "Fix: set chat: false in the scenario.")
+    from trtpipe.runtime.chat import render_chat
+
+    system_text = tokenizer.decode(system) if system else None
+    out = []
+    for u in users:
+        messages = ([{"role": "system", "content": system_text}] if system_text else [])
+        messages.append({"role": "user", "content": tokenizer.decode(u)})
+        out.append(tuple(tokenizer.encode(render_chat(chat_template, messages), add_special_tokens=True)))
+    return out
+
+
 def _make_items(spec: WorkloadSpec, tokenizer: _Encoder, corpus: list[int] | None,
-                seeds: Sequence[np.random.SeedSequence], n: int, warmup: bool) -> list[WorkItem]:
+                seeds: Sequence[np.random.SeedSequence], n: int, warmup: bool,
+                chat_template: str | None = None) -> list[WorkItem]:
     """``n`` items from four child seed streams: prompt lengths, offsets, outputs, arrivals."""
     if n == 0:
         return []
@@ -223,6 +251,8 @@ def _make_items(spec: WorkloadSpec, tokenizer: _Encoder, corpus: list[int] | Non
         lens = _draw_lengths(rng_plen, spec.prompt_tokens, n)
         offsets = [int(x) for x in rng_off.integers(0, len(corpus), size=n)]
         prompts = [_corpus_slice(corpus, o, k) for o, k in zip(offsets, lens)]
+    if spec.system_prompt_tokens or spec.chat:
+        prompts = _with_system_prompt(spec, tokenizer, corpus, prompts, chat_template)
     if spec.arrival_rate_per_s is not None and not warmup:
         gaps = rng_arr.exponential(1.0 / spec.arrival_rate_per_s, size=n)
         gaps[0] = 0.0  # the first request opens the measured phase
@@ -232,18 +262,21 @@ def _make_items(spec: WorkloadSpec, tokenizer: _Encoder, corpus: list[int] | Non
     return [WorkItem(a, p, o, warmup) for a, p, o in zip(arrivals, prompts, outs)]
 
 
-def make_workload(spec: WorkloadSpec, tokenizer: _Encoder) -> list[WorkItem]:
+def make_workload(spec: WorkloadSpec, tokenizer: _Encoder, chat_template: str | None = None) -> list[WorkItem]:
     """The requests of ``spec``: warm-up items first (``warmup=True``), then the measured ones.
+
+    ``chat_template``: the model's template, needed by a ``chat`` spec.
 
     Deterministic for a given spec and tokenizer. Raises :class:`WorkloadError` for a bad spec.
     """
     spec.check()
-    corpus = corpus_token_ids(tokenizer) if spec.prompts is None else None
+    corpus = corpus_token_ids(tokenizer) if spec.prompts is None or spec.system_prompt_tokens else None
     if corpus is not None and not corpus:
         raise WorkloadError("the built-in corpus tokenized to no tokens; the tokenizer is broken")
     measured_seeds, warmup_seeds = np.random.SeedSequence(spec.seed).spawn(2)
-    return (_make_items(spec, tokenizer, corpus, warmup_seeds.spawn(4), spec.num_warmup_requests, True)
-            + _make_items(spec, tokenizer, corpus, measured_seeds.spawn(4), spec.num_requests, False))
+    return (_make_items(spec, tokenizer, corpus, warmup_seeds.spawn(4), spec.num_warmup_requests, True, chat_template)
+            + _make_items(spec, tokenizer, corpus, measured_seeds.spawn(4), spec.num_requests, False,
+                          chat_template))
 
 
 # ---------------------------------------------------------------------------------------------

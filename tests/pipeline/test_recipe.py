@@ -74,8 +74,12 @@ def test_shipped_recipe_set():
 def test_shipped_recipes_load(name):
     r = load_recipe(resolve_recipe_path(name), check_files=HAS_SMOLLM2)
     assert r.name == name
-    assert [s.name for s in r.validation.scenarios] == ["chat", "code", "summary"]
-    chat, code, summary = r.validation.scenarios
+    assert [s.name for s in r.validation.scenarios][:3] == ["chat", "code", "summary"]
+    chat, code, summary = r.validation.scenarios[:3]
+    if name == "smollm2-135m-cpu":  # + the shared-system-prompt scenario (prefix caching)
+        (assistant,) = r.validation.scenarios[3:]
+        assert assistant.system_prompt_tokens == 256 and assistant.chat
+        assert assistant.budgets.ttft_ms.p95 == 200
     assert chat.budgets.ttft_ms.p95 is not None
     assert code.budgets.tpot_ms.p90 is not None
     assert summary.budgets.ttft_ms.p50 is not None and summary.budgets.tpot_ms.p95 is not None

@@ -1,0 +1,107 @@
+"""``trtpipe validate --goodput``: per Poisson scenario, the highest arrival rate whose budgets
+hold (:func:`trtpipe.runtime.goodput.find_goodput` over in-process runs of the scenario), with a
+plot of the budgeted latency percentiles against the rate."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+
+def _probe_fn(llm: Any, scenario: Any, spec: Any, err: Any):
+    from trtpipe.runtime.budgets import evaluate_budgets
+    from trtpipe.runtime.goodput import ProbeResult
+    from trtpipe.runtime.metrics import summarize
+    from trtpipe.runtime.workload import make_workload, run_workload
+
+    budgets = scenario.budgets.budget_dicts()
+
+    def probe(rate: float) -> ProbeResult:
+        t = time.perf_counter()
+        s = dataclasses.replace(spec, arrival_rate_per_s=rate, num_warmup_requests=0)
+        items = make_workload(s, llm.tokenizer, chat_template=llm.manifest.model.chat_template)
+        metrics, wall_s, stats = run_workload(llm, items, None)
+        summary = summarize(metrics, wall_s, stats)
+        results = evaluate_budgets(summary, budgets)
+        passed = all(r.passed for r in results)
+        lat = {f"{r.metric}_{r.percentile}": r.measured for r in results if r.percentile}
+        shown = ", ".join(f"{k} {v:.0f}" for k, v in lat.items() if v is not None)
+        err.print(f"  {scenario.name} at {rate:.3g} req/s: {'pass' if passed else 'fail'} ({shown}) "
+                  f"in {time.perf_counter() - t:.0f} s")
+        return ProbeResult(rate, passed, summary.output_tokens_per_s, lat, time.perf_counter() - t)
+
+    return probe
+
+
+def plot_goodput(results: Sequence[Any], limits: dict[str, list[tuple[str, str, float]]]) -> bytes:
+    """PNG: each scenario's budgeted percentiles (ms) against the probed rate, budgets dashed."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, max(1, len(results)), figsize=(5 * max(1, len(results)), 3.6), squeeze=False)
+    for ax, res in zip(axes[0], results):
+        probes = sorted(res.probes, key=lambda p: p.rate_per_s)
+        for metric, pct, limit in limits.get(res.scenario, []):
+            key = f"{metric}_{pct}"
+            pts = [(p.rate_per_s, p.latency_ms.get(key)) for p in probes if p.latency_ms.get(key) is not None]
+            line = ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=key)[0]
+            ax.axhline(limit, linestyle="--", color=line.get_color(), linewidth=1)
+        if res.goodput_per_s:
+            ax.axvline(res.goodput_per_s, color="green", linewidth=1, label="goodput")
+        ax.set_title(f"{res.scenario}: goodput {res.goodput_per_s or 0:.3g} req/s")
+        ax.set_xlabel("arrival rate (req/s)")
+        ax.set_ylabel("latency (ms)")
+        ax.set_xscale("log")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def run_goodput(llm: Any, chosen: Sequence[tuple[Any, Any]], out_dir: Path, err: Any, out: Any,
+                *, time_budget_s: float, max_probes: int = 8, before_each=None) -> list[Any]:
+    """Search each Poisson scenario's goodput (``time_budget_s`` per scenario); write
+    ``goodput.json`` and ``goodput.png`` into ``out_dir``; print a table. Closed-loop scenarios
+    (``concurrency``) have no arrival rate to search and are skipped, with a note.
+    ``before_each(scenario)`` runs before a scenario's search (e.g. to set its TPOT budget)."""
+    from trtpipe.runtime.goodput import find_goodput
+    from trtpipe.runtime.manifest import atomic_write_text
+    from trtpipe.runtime.report import atomic_write_bytes
+
+    results, limits = [], {}
+    for scenario, spec in chosen:
+        if spec.arrival_rate_per_s is None:
+            err.print(f"goodput: scenario {scenario.name} is closed-loop (concurrency "
+                      f"{spec.concurrency}): no arrival rate to search, skipped")
+            continue
+        if not scenario.budgets.limits():
+            err.print(f"goodput: scenario {scenario.name} has no latency budget, skipped")
+            continue
+        if before_each is not None:
+            before_each(scenario)
+        err.print(f"goodput: scenario {scenario.name}, from {spec.arrival_rate_per_s:g} req/s, at most "
+                  f"{max_probes} runs / {time_budget_s:.0f} s")
+        res = find_goodput(scenario.name, _probe_fn(llm, scenario, spec, err), spec.arrival_rate_per_s,
+                           max_probes=max_probes, time_budget_s=time_budget_s)
+        results.append(res)
+        limits[scenario.name] = [(m, p, v) for m, p, v in scenario.budgets.limits()]
+        tok = f"{res.output_tokens_per_s:.1f}" if res.output_tokens_per_s else "-"
+        out.print(f"goodput {scenario.name}: {res.goodput_per_s or 0:.3g} req/s ({tok} output tokens/s) "
+                  f"within its budgets; bracket {res.bracket}, stopped: {res.stopped}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out_dir / "goodput.json", json.dumps([r.to_dict() for r in results], indent=2))
+    if results:
+        atomic_write_bytes(out_dir / "goodput.png", plot_goodput(results, limits))
+    return results
+
+
+__all__ = ["plot_goodput", "run_goodput"]

@@ -1,0 +1,222 @@
+"""A step-cost model of a loaded engine: how long one scheduler step takes.
+
+One step runs the prefill engine once (a packed batch of prompt chunks) and the decode engine
+once (one token per running sequence), so its wall time is the sum of two calls, each a linear
+model of the work it does (least squares over a few timed calls, :func:`calibrate`)::
+
+    prefill_s(n, ctx) = p0 + p1 * n + p2 * n * (ctx + n/2)     n tokens after ctx cached ones
+    decode_s(b, C)    = d0 + d1 * b + d2 * C                   b sequences, C = sum of contexts
+    step_s            = prefill_s (if n > 0) + decode_s (if b > 0)
+
+``p1``/``d1`` are the weight-bound GEMM terms, ``p2``/``d2`` the attention terms (a chunk's
+queries read ``ctx + n/2`` keys on average). The model's stated error is measured on calls that
+were not used to fit it (``error_ms``: the largest absolute miss on those held-out calls, and
+``rel_error``: the largest relative miss), so a scheduler that keeps ``predicted <= budget``
+keeps ``measured <= budget + error_ms`` as far as the held-out calls go.
+
+The model is kept with the artifact (``step_cost.json`` next to ``manifest.json``) with the
+host and thread count it was measured on; :func:`load_or_calibrate` reuses it only there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from trtpipe.runtime.errors import TrtpipeError
+
+STEP_COST_FILE = "step_cost.json"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class StepCostModel:
+    """Coefficients in seconds (see the module docstring); ``error_ms`` / ``rel_error`` from
+    held-out calls; ``host``/``num_threads`` say where it was measured."""
+
+    prefill_s: tuple[float, float, float]  # p0 [s], p1 [s/token], p2 [s/(token*key)]
+    decode_s: tuple[float, float, float]  # d0 [s], d1 [s/sequence], d2 [s/context token]
+    error_ms: float = 0.0
+    rel_error: float = 0.0
+    host: str = ""
+    num_threads: int | None = None
+    calibration_s: float = 0.0
+
+    def prefill_time_s(self, num_tokens: int, context: int = 0) -> float:
+        """Predicted prefill call time for ``num_tokens`` tokens after ``context`` computed ones."""
+        if num_tokens <= 0:
+            return 0.0
+        p0, p1, p2 = self.prefill_s
+        return p0 + p1 * num_tokens + p2 * num_tokens * (context + num_tokens / 2)
+
+    def prefill_chunks_time_s(self, chunks: Sequence[tuple[int, int]]) -> float:
+        """Predicted time of one prefill call packing ``(num_tokens, context)`` chunks."""
+        chunks = [(n, c) for n, c in chunks if n > 0]
+        if not chunks:
+            return 0.0
+        p0, p1, p2 = self.prefill_s
+        return p0 + sum(p1 * n + p2 * n * (c + n / 2) for n, c in chunks)
+
+    def decode_time_s(self, batch: int, context_sum: int) -> float:
+        """Predicted decode call time for ``batch`` sequences holding ``context_sum`` tokens."""
+        if batch <= 0:
+            return 0.0
+        d0, d1, d2 = self.decode_s
+        return d0 + d1 * batch + d2 * context_sum
+
+    def step_time_s(self, num_prefill_tokens: int, prefill_context: int, batch: int, context_sum: int) -> float:
+        """Predicted step time: one prefill call plus one decode call (seconds)."""
+        return self.prefill_time_s(num_prefill_tokens, prefill_context) + self.decode_time_s(batch, context_sum)
+
+    def to_json(self) -> str:
+        return json.dumps({"format_version": FORMAT_VERSION, **asdict(self)}, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "StepCostModel":
+        d = json.loads(text)
+        if d.pop("format_version", None) != FORMAT_VERSION:
+            raise ValueError("step_cost.json: unknown format_version")
+        d["prefill_s"] = tuple(d["prefill_s"])
+        d["decode_s"] = tuple(d["decode_s"])
+        return cls(**d)
+
+
+def fit(prefill_samples: Sequence[tuple[int, int, float]],
+        decode_samples: Sequence[tuple[int, int, float]]) -> StepCostModel:
+    """Least-squares fit of both calls; coefficients clamped at >= 0 (time never falls with work).
+
+    ``prefill_samples``: ``(num_tokens, context, seconds)``; ``decode_samples``: ``(batch,
+    context_sum, seconds)``. Needs at least 3 distinct samples of each.
+    """
+    def solve(rows: list[list[float]], y: list[float]) -> tuple[float, float, float]:
+        a, b = np.asarray(rows, np.float64), np.asarray(y, np.float64)
+        coef = np.linalg.lstsq(a, b, rcond=None)[0]
+        coef = np.maximum(coef, 0.0)
+        # Refit the intercept after clamping, so the model passes through the data's mean.
+        coef[0] = max(0.0, float(np.mean(b - a[:, 1:] @ coef[1:])))
+        return tuple(float(c) for c in coef)  # type: ignore[return-value]
+
+    p = solve([[1.0, n, n * (c + n / 2)] for n, c, _ in prefill_samples], [s for *_, s in prefill_samples])
+    d = solve([[1.0, b, c] for b, c, _ in decode_samples], [s for *_, s in decode_samples])
+    return StepCostModel(prefill_s=p, decode_s=d)
+
+
+def with_error(model: StepCostModel, prefill_held: Sequence[tuple[int, int, float]],
+               decode_held: Sequence[tuple[int, int, float]], **facts: Any) -> StepCostModel:
+    """``model`` with ``error_ms``/``rel_error`` measured on held-out calls (and extra facts)."""
+    misses = [(model.prefill_time_s(n, c), s) for n, c, s in prefill_held]
+    misses += [(model.decode_time_s(b, c), s) for b, c, s in decode_held]
+    err = max((abs(p - s) for p, s in misses), default=0.0)
+    rel = max((abs(p - s) / s for p, s in misses if s > 0), default=0.0)
+    return StepCostModel(**{**asdict(model), "error_ms": err * 1e3, "rel_error": rel, **facts})
+
+
+# ---- measuring a real engine -----------------------------------------------------------------
+
+# (tokens, context) prefill calls and (batch, context per sequence) decode calls: fit / held out.
+PREFILL_FIT = ((16, 0), (64, 0), (192, 0), (64, 192))
+PREFILL_HELD = ((128, 0), (32, 96))
+DECODE_FIT = ((1, 32), (4, 32), (8, 32), (4, 256))
+DECODE_HELD = ((2, 128), (6, 64))
+
+
+def calibrate(engine: Any, block_pool: Any, block_size: int, max_num_tokens: int, max_batch_size: int,
+              *, repeats: int = 2) -> StepCostModel:
+    """Time a few prefill and decode calls of ``engine`` and fit a :class:`StepCostModel`.
+
+    The calls write dummy KV into blocks taken from ``block_pool`` with ``allocate`` (so no
+    block any request owns, and no cached block, is touched; cached ones are evicted) and given
+    back uncached afterwards. Each call is timed ``repeats`` times; the fastest counts (the
+    machine's noise only ever adds time). Takes a second or two on the 2-core CPU host.
+    """
+    from trtpipe.runtime.batch import DecodeBatch, PrefillBatch
+    from trtpipe.runtime.scheduler import ScheduledDecode, ScheduledPrefill
+
+    t_start = time.perf_counter()
+    max_b = min(max_batch_size, max(b for b, _ in DECODE_FIT + DECODE_HELD))
+    prefill_blocks = -(-max(n + c for n, c in PREFILL_FIT + PREFILL_HELD) // block_size)
+    decode_blocks = -(-(max(c for _, c in DECODE_FIT + DECODE_HELD) + 1) // block_size)
+    sizes = [max(prefill_blocks, decode_blocks)] + [decode_blocks] * (max_b - 1)
+    ids = block_pool.allocate(sum(sizes))
+    if ids is None:
+        raise TrtpipeError(
+            f"step-cost calibration needs {sum(sizes)} free KV blocks, the pool has "
+            f"{block_pool.num_free}; fix: run it between requests, or give the pool more blocks "
+            "(kv_cache.num_blocks), or use scheduler.policy: fcfs")
+    tables, at = [], 0
+    for size in sizes:
+        tables.append(tuple(ids[at:at + size]))
+        at += size
+
+    def slots(table, start, n):
+        return tuple(table[p // block_size] * block_size + p % block_size for p in range(start, start + n))
+
+    def timed(call, batch) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            call(batch)
+            best = min(best, time.perf_counter() - t)
+        return best
+
+    def prefill(points):
+        out = []
+        for n, c in points:
+            n = min(n, max_num_tokens)
+            rec = ScheduledPrefill("cal", tuple([1] * n), c, tables[0], slots(tables[0], c, n), True)
+            out.append((n, c, timed(engine.prefill, PrefillBatch.from_scheduled([rec]))))
+        return out
+
+    def decode(points):
+        out = []
+        for b, c in points:
+            b = min(b, max_b)
+            recs = [ScheduledDecode(f"cal{i}", 1, c, tables[i], slots(tables[i], c, 1)[0]) for i in range(b)]
+            out.append((b, b * (c + 1), timed(engine.decode, DecodeBatch.from_scheduled(recs))))
+        return out
+
+    try:
+        timed(engine.prefill, PrefillBatch.from_scheduled(
+            [ScheduledPrefill("w", (1,) * 8, 0, tables[0], slots(tables[0], 0, 8), True)]))  # warm-up
+        model = fit(prefill(PREFILL_FIT), decode(DECODE_FIT))
+        held_p, held_d = prefill(PREFILL_HELD), decode(DECODE_HELD)
+    finally:
+        block_pool.free(ids)
+    return with_error(model, held_p, held_d, host=platform.node(),
+                      calibration_s=round(time.perf_counter() - t_start, 3))
+
+
+def load_or_calibrate(artifact_dir: str | os.PathLike, engine: Any, block_pool: Any, block_size: int,
+                      max_num_tokens: int, max_batch_size: int, num_threads: int | None,
+                      *, log=None) -> StepCostModel:
+    """The artifact's ``step_cost.json`` when it was measured on this host with these threads;
+    else calibrate now and write it there (atomically; a read-only artifact just skips the write)."""
+    from trtpipe.runtime.manifest import atomic_write_text
+
+    path = Path(artifact_dir) / STEP_COST_FILE
+    if path.is_file():
+        try:
+            model = StepCostModel.from_json(path.read_text(encoding="utf-8"))
+            if model.host == platform.node() and model.num_threads == num_threads:
+                return model
+        except (ValueError, KeyError, TypeError):
+            pass  # unreadable or old: measure again
+    model = calibrate(engine, block_pool, block_size, max_num_tokens, max_batch_size)
+    model = StepCostModel(**{**asdict(model), "num_threads": num_threads})
+    if log is not None:
+        log(f"step-cost model measured in {model.calibration_s:.1f} s (error {model.error_ms:.1f} ms)")
+    try:
+        atomic_write_text(path, model.to_json())
+    except OSError:
+        pass
+    return model
+
+
+__all__ = ["STEP_COST_FILE", "StepCostModel", "calibrate", "fit", "load_or_calibrate", "with_error"]
