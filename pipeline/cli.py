@@ -268,5 +268,11 @@ def info_cmd(recipe_or_artifact: str, artifact_root: str) -> None:
     click.echo(f"KV pool: {m.kv.num_blocks} blocks x {m.kv.block_size} tokens, {m.kv.dtype}, {m.kv.pool_bytes / 2**20:.0f} MiB")
 
 
+from trtpipe.pipeline.farm.cli import farm_group, pull_cmd  # noqa: E402  (click only; ray/fsspec lazily)
+
+main.add_command(farm_group)
+main.add_command(pull_cmd)
+
+
 if __name__ == "__main__":
     main()
