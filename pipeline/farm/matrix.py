@@ -76,7 +76,8 @@ def to_json(results: Sequence[CellResult], *, store_url: str, address: str | Non
 
 def to_markdown(results: Sequence[CellResult], *, store_url: str, wall_s: float) -> str:
     recipes = list(dict.fromkeys(r.recipe for r in results))
-    targets = list(dict.fromkeys(r.target for r in results))
+    order = {t: i for i, t in enumerate(("cpu", "orin", "a100", "h200"))}
+    targets = sorted({r.target for r in results}, key=lambda t: (order.get(t, len(order)), t))
     by = {(r.recipe, r.target): r for r in results}
     code = exit_code(results)
     verdict = {EXIT_OK: "PASS", EXIT_FAILED: "FAIL", EXIT_SPEC_WRITTEN: "INCOMPLETE (finish GPU builds on the targets)"}

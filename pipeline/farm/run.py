@@ -82,6 +82,15 @@ def connect(opts: FarmOptions) -> None:
 
     common = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
     if opts.address:
+        host = opts.address.split("://")[-1].rsplit(":", 1)[0]
+        if host in ("127.0.0.1", "localhost"):
+            # Ray rewrites a loopback address to this machine's outward IP, where a head bound
+            # to 127.0.0.1 does not listen; its single-machine mode keeps the loopback address.
+            import ray._private.ray_constants as ray_constants
+
+            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+            ray_constants.ENABLE_RAY_CLUSTER = False
+            common["_node_ip_address"] = "127.0.0.1"
         ray.init(address=opts.address, **common)
     else:
         ray.init(address="local", num_cpus=opts.local_num_cpus or min(2, os.cpu_count() or 1),
@@ -105,7 +114,7 @@ def capacity_problem(cell: CellSpec, nodes: Sequence[dict], address: str | None)
         seen = sorted({k for n in nodes for k in n.get("Resources", {}) if k.startswith("trtpipe_target_")})
         return CellResult(cell.recipe, cell.target, "no_node", build_hash=cell.build_hash, detail=(
             f"no node in the cluster advertises the resource {res} (advertised: {', '.join(seen) or 'none'}). "
-            f"Fix: on a {cell.target} machine run `trtpipe farm node --target {cell.target} {join} --run`."))
+            f"Fix: on each {cell.target} machine run `trtpipe farm node --target {cell.target} {join} --run`."))
     fits = [n for n in have if n.get("Resources", {}).get("memory", float("inf")) >= cell.build_host_bytes]
     if not fits:
         mem = ", ".join(f"{n.get('NodeManagerHostname', '?')}/{n.get('NodeID', '')[:8]} "
