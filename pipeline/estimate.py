@@ -617,7 +617,7 @@ def estimate(recipe: Recipe, config: ModelConfig, target: TargetSpec,
                                    else w_dual + pool_bytes + act.total_bytes),
         usable_memory_bytes=usable, fits=engine <= usable, max_sequences=max_seqs,
         latencies=tuple(rows), warnings=tuple(warnings + lat_warnings),
-        notes=tuple(notes + lat_notes + _build_memory_note(config, target)),
+        notes=tuple(notes + lat_notes + list(_build_memory_note(config, target))),
         build_host_bytes=build_host_bytes(config))
 
 

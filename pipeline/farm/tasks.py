@@ -77,7 +77,6 @@ class CellResult:
     manifest_sha256: str | None = None
     store_url: str | None = None
     log_path: str | None = None
-    attempt: int = 1
     extra: dict = field(default_factory=dict)
 
     @property
@@ -159,7 +158,7 @@ def _failing_budgets(report_json: Path) -> tuple[str, ...]:
     return tuple(out)
 
 
-def run_cell(spec: CellSpec, attempt: int = 1) -> CellResult:
+def run_cell(spec: CellSpec) -> CellResult:
     """Build (and validate) ``spec`` on this node and publish it; never raises for a build or
     validate failure (the result says what happened), only for bugs or a cancelled task."""
     from trtpipe.pipeline.farm.store import ArtifactStore
@@ -167,7 +166,7 @@ def run_cell(spec: CellSpec, attempt: int = 1) -> CellResult:
 
     t0 = time.perf_counter()
     node = _node_name()
-    base = CellResult(spec.recipe, spec.target, "error", node=node, build_hash=spec.build_hash, attempt=attempt)
+    base = CellResult(spec.recipe, spec.target, "error", node=node, build_hash=spec.build_hash)
     store = ArtifactStore(spec.store_url)
     if not spec.force and (found := store.lookup(spec.recipe, spec.target, spec.build_hash)) is not None:
         return replace(base, status="skipped", detail=f"build {spec.build_hash[:12]} is already in the store "
@@ -175,8 +174,9 @@ def run_cell(spec: CellSpec, attempt: int = 1) -> CellResult:
                        validate=found.validate, total_s=time.perf_counter() - t0)
     work = Path(spec.work_dir).expanduser().resolve()
     (work / LOG_DIR).mkdir(parents=True, exist_ok=True)
-    log_path = work / LOG_DIR / f"{spec.recipe}.{spec.target}.{node.split('/')[-1]}.{attempt}.log"
-    log_path.write_text(f"farm cell {spec.recipe} x {spec.target} on {node}, attempt {attempt}\n", encoding="utf-8")
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    log_path = work / LOG_DIR / f"{spec.recipe}.{spec.target}.{node.split('/')[-1]}.{stamp}-{os.getpid()}.log"
+    log_path.write_text(f"farm cell {spec.recipe} x {spec.target} on {node}\n", encoding="utf-8")
     base = replace(base, log_path=str(log_path))
     recipe_arg = _recipe_arg(spec, work)
 

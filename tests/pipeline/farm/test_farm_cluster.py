@@ -156,12 +156,15 @@ def test_validate_failure_lists_the_budget_and_publishes_nothing(cluster, work_d
 def test_killed_node_leaves_no_partial_artifact_and_is_reported(cluster, work_dir, tiny_recipes, tmp_path):
     node = cluster.add_node(**_node_args(h200=1))
     store = tmp_path / "store"
-    log = work_dir / ".farm-logs" / f"tiny-h200.h200.{node.node_id[:8]}.1.log"
     killed: dict = {}
+
+    def building() -> bool:
+        logs = list((work_dir / ".farm-logs").glob(f"tiny-h200.h200.{node.node_id[:8]}.*.log"))
+        return bool(logs) and "$ trtpipe build" in logs[0].read_text()
 
     def kill_when_building():  # the driver runs in this test's thread; the fault comes from here
         deadline = time.monotonic() + 180
-        while not (log.is_file() and "$ trtpipe build" in log.read_text()) and time.monotonic() < deadline:
+        while not building() and time.monotonic() < deadline:
             time.sleep(0.2)
         time.sleep(1.0)  # inside the build
         killed["t"] = time.perf_counter()
