@@ -141,11 +141,11 @@ def _lost(cell: CellSpec, why: str) -> CellResult:
         "`trtpipe farm build` (cells already in the store are skipped)."))
 
 
-def _collect(pending: dict, opts: FarmOptions, log: Callable[[str], None]) -> list[CellResult]:
-    """Wait for every task; a cell whose resource left the cluster is cancelled as node_lost."""
+def _collect(pending: dict, opts: FarmOptions, log: Callable[[str], None], out: list[CellResult]) -> None:
+    """Wait for every task, appending results to ``out`` (kept when Ctrl-C interrupts); a cell
+    whose resource left the cluster is cancelled and reported node_lost."""
     import ray
 
-    out: list[CellResult] = []
     absent_since: dict = {}
     t_end = time.monotonic() + opts.timeout_s
     while pending:
@@ -182,7 +182,6 @@ def _collect(pending: dict, opts: FarmOptions, log: Callable[[str], None]) -> li
                 out.append(CellResult(cell.recipe, cell.target, "error", build_hash=cell.build_hash,
                                       detail=f"timed out after {opts.timeout_s:.0f} s (--timeout-s); cancelled"))
             pending.clear()
-    return out
 
 
 def _cancel_all(pending: dict, log: Callable[[str], None]) -> list[CellResult]:
@@ -221,7 +220,7 @@ def farm_build(recipe_args: Sequence[str], opts: FarmOptions, *, log: Callable[[
                 pending[_submit(cell, opts)] = cell
                 log(f"{cell.recipe} x {cell.target}: submitted (needs {resource_name(cell.target)})")
             try:
-                results += _collect(pending, opts, log)
+                _collect(pending, opts, log, results)
             except KeyboardInterrupt:
                 interrupted = True
                 results += _cancel_all(pending, log)

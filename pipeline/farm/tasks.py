@@ -158,6 +158,21 @@ def _failing_budgets(report_json: Path) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _validate(spec: CellSpec, recipe_arg: str, work: Path, log_path: Path, base: CellResult
+              ) -> tuple[int, CellResult]:
+    """``trtpipe validate`` on the node's artifact -> (exit code, base with validate_s and the
+    failing budgets of the newest report)."""
+    t = time.perf_counter()
+    args = ["validate", recipe_arg, "--artifacts", str(work)]
+    for s in spec.scenarios:
+        args += ["--scenario", s]
+    rc, _ = _run_cli(args, log_path)
+    art = work / spec.recipe / spec.target
+    reports = sorted(art.glob("validate/**/report.json"), key=lambda p: p.stat().st_mtime)
+    failing = _failing_budgets(reports[-1]) if rc == 1 and reports else ()
+    return rc, replace(base, validate_s=time.perf_counter() - t, failing_budgets=failing)
+
+
 def run_cell(spec: CellSpec) -> CellResult:
     """Build (and validate) ``spec`` on this node and publish it; never raises for a build or
     validate failure (the result says what happened), only for bugs or a cancelled task."""
@@ -200,16 +215,9 @@ def run_cell(spec: CellSpec) -> CellResult:
 
     verdict = None
     if spec.validate:
-        t = time.perf_counter()
-        args = ["validate", recipe_arg, "--artifacts", str(work)]
-        for s in spec.scenarios:
-            args += ["--scenario", s]
-        rc, _ = _run_cli(args, log_path)
-        base = replace(base, validate_s=time.perf_counter() - t)
-        report = sorted(art.glob("validate/**/report.json"), key=lambda p: p.stat().st_mtime)
+        rc, base = _validate(spec, recipe_arg, work, log_path, base)
         if rc == 1:
             return replace(base, status="validate_failed", validate="FAIL", total_s=time.perf_counter() - t0,
-                           failing_budgets=_failing_budgets(report[-1]) if report else (),
                            detail="validate failed; not published")
         if rc != 0:
             return replace(base, status="error", detail=f"trtpipe validate exited {rc}: {_error_text(log_path)}",

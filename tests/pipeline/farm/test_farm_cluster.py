@@ -182,6 +182,35 @@ def test_killed_node_leaves_no_partial_artifact_and_is_reported(cluster, work_di
     assert ArtifactStore(store).published() == [] and not (store.exists() and any(store.rglob("*")))
 
 
+def test_ctrl_c_cancels_running_cells_and_stops_their_builds(cluster, tiny_recipes, tmp_path):
+    """KeyboardInterrupt in the driver (what Ctrl-C raises): the running cell is cancelled, its
+    `trtpipe build` child is gone, nothing is published."""
+    import _thread
+
+    work = tmp_path / "work"
+
+    def build_pids() -> list[int]:
+        p = subprocess.run(["pgrep", "-f", "--", f"--artifacts {work}"], capture_output=True, text=True)
+        return [int(x) for x in p.stdout.split()]
+
+    def interrupt_when_building():
+        deadline = time.monotonic() + 180
+        while not build_pids() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)
+        _thread.interrupt_main()
+
+    threading.Thread(target=interrupt_when_building, daemon=True).start()
+    opts = FarmOptions(store_url=str(tmp_path / "store"), address=cluster.address, work_dir=str(work))
+    [r], interrupted = farm_build([str(tiny_recipes["a100"])], opts, log=lambda s: None)
+    assert interrupted and r.status == "cancelled" and r.failed
+    deadline = time.monotonic() + 30
+    while build_pids() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert build_pids() == []  # the build got SIGTERM from the cancelled task
+    assert ArtifactStore(tmp_path / "store").published() == []
+
+
 def test_pull_then_generate_answers_the_france_question(first_run, tmp_path):
     _, _, store, _, _ = first_run
     dest = tmp_path / "device" / CPU_RECIPE / "cpu"
