@@ -8,7 +8,9 @@ and two nodes advertising orin and a100; a node for h200 is added and killed in 
   TensorRT is not importable and no GPU is visible on that node;
 - a target no node advertises fails before anything is submitted;
 - a rerun skips the cell already in the store without starting Ray;
-- a node killed during a build: the cell is reported node_lost, the store holds nothing of it;
+- a node killed during a build: Ray re-runs the cell on another node with the resource; that
+  one killed too: the cell is reported node_lost, the store holds nothing of it;
+- Ctrl-C cancels the running cell and stops its build;
 - ``trtpipe pull`` then ``trtpipe generate`` answers the France question.
 """
 
@@ -153,30 +155,38 @@ def test_validate_failure_lists_the_budget_and_publishes_nothing(cluster, work_d
     assert ArtifactStore(tmp_path / "store").published() == []
 
 
-def test_killed_node_leaves_no_partial_artifact_and_is_reported(cluster, work_dir, tiny_recipes, tmp_path):
-    node = cluster.add_node(**_node_args(h200=1))
+def test_killed_nodes_retry_then_fail_and_leave_no_partial_artifact(cluster, work_dir, tiny_recipes, tmp_path):
+    """Two h200 nodes, --max-retries 1: the node running the build is killed, Ray re-runs the
+    cell on the other one; that one is killed too: the cell is node_lost, the store is empty."""
+    nodes = [cluster.add_node(**_node_args(h200=1)) for _ in range(2)]
     store = tmp_path / "store"
-    killed: dict = {}
+    killed: list = []
 
-    def building() -> bool:
+    def building(node) -> bool:
         logs = list((work_dir / ".farm-logs").glob(f"tiny-h200.h200.{node.node_id[:8]}.*.log"))
         return bool(logs) and "$ trtpipe build" in logs[0].read_text()
 
-    def kill_when_building():  # the driver runs in this test's thread; the fault comes from here
-        deadline = time.monotonic() + 180
-        while not building() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(1.0)  # inside the build
-        killed["t"] = time.perf_counter()
-        cluster.remove_node(node, allow_graceful=False)
+    def kill_each_when_building():  # the driver runs in this test's thread; the faults come from here
+        deadline = time.monotonic() + 240
+        while len(killed) < 2 and time.monotonic() < deadline:
+            hit = [n for n in nodes if n not in killed and building(n)]
+            if not hit:
+                time.sleep(0.2)
+                continue
+            time.sleep(1.0)  # inside the build
+            killed.append(hit[0])
+            cluster.remove_node(hit[0], allow_graceful=False)
+        killed_at.append(time.perf_counter())
 
-    th = threading.Thread(target=kill_when_building, daemon=True)
+    killed_at: list = []
+    th = threading.Thread(target=kill_each_when_building, daemon=True)
     th.start()
     opts = FarmOptions(store_url=str(store), address=cluster.address, work_dir=str(work_dir), max_retries=1)
     [r], _ = farm_build([str(tiny_recipes["h200"])], opts, log=lambda s: None)
     th.join(timeout=60)
-    assert "t" in killed, "the h200 build never started"
-    print(f"\nnode killed: cell reported {time.perf_counter() - killed['t']:.1f} s later: {r.detail}")
+    assert len(killed) == 2, "the retry never started on the second h200 node"
+    print(f"\nboth h200 nodes killed: cell reported {time.perf_counter() - killed_at[0]:.1f} s after the "
+          f"second kill: {r.detail}")
     assert r.status == "node_lost" and r.failed, r
     assert "no other node advertises trtpipe_target_h200" in r.detail or "retries are used up" in r.detail
     assert ArtifactStore(store).published() == [] and not (store.exists() and any(store.rglob("*")))
