@@ -1,6 +1,7 @@
-"""Fixtures of the farm tests: the default recipe's artifact (the worktree's own copy when it is
-up to date, else built once per session, ~85 s) and a tiny Llama (2 layers, hidden 64, byte
-vocabulary) whose GPU-target build stops at its build spec in seconds of CPU time."""
+"""Fixtures of the farm tests: a copy of the default recipe's artifact (the suite's session
+fixture: the checkout's own when current, else built once, ~85 s) and a tiny Llama (2 layers,
+hidden 64, byte vocabulary) whose GPU-target build stops at its build spec in seconds of CPU
+time."""
 
 from __future__ import annotations
 
@@ -9,22 +10,21 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
 CPU_RECIPE = "smollm2-135m-cpu"
 
 
 @pytest.fixture(scope="session")
-def cpu_artifact_root(gguf_path, tmp_path_factory) -> Path:
-    """An artifacts root holding ``smollm2-135m-cpu/cpu``: a copy of ``artifacts/`` of this
-    checkout when it is up to date (build() checks and skips it), else a fresh build."""
+def cpu_artifact_root(default_artifact, tmp_path_factory) -> Path:
+    """An artifacts root holding a copy of ``smollm2-135m-cpu/cpu`` (the suite's default
+    artifact: the checkout's own when current, else built once per session); build() confirms
+    the copy is up to date and skips it."""
     from trtpipe.pipeline.build import build
     from trtpipe.pipeline.recipe import load_recipe, resolve_recipe_path
 
     root = tmp_path_factory.mktemp("cpu-artifacts")
-    src = REPO / "artifacts" / CPU_RECIPE / "cpu"
-    if (src / "manifest.json").is_file():
-        shutil.copytree(src, root / CPU_RECIPE / "cpu", ignore=shutil.ignore_patterns("validate", ".*"))
-    build(load_recipe(resolve_recipe_path(CPU_RECIPE)), root, log=lambda s: None)
+    shutil.copytree(default_artifact, root / CPU_RECIPE / "cpu", ignore=shutil.ignore_patterns("validate", ".*"))
+    res = build(load_recipe(resolve_recipe_path(CPU_RECIPE)), root, log=lambda s: None)
+    assert res.skipped, "the copied default artifact was rebuilt"
     return root
 
 
