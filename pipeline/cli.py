@@ -429,5 +429,11 @@ from trtpipe.pipeline.cli_serve import serve_cmd  # noqa: E402 - registered afte
 
 main.add_command(serve_cmd)
 
+from trtpipe.pipeline.farm.cli import farm_group, pull_cmd  # noqa: E402  (click only; ray/fsspec lazily)
+
+main.add_command(farm_group)
+main.add_command(pull_cmd)
+
+
 if __name__ == "__main__":
     main()

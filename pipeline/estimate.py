@@ -57,6 +57,14 @@ CPU_INT8_HEAD_BYTES_PER_WEIGHT = 1.0 + 5.0 / 32
 INT4_GROUP_BYTES_GPU_SCALE = 2.0
 INT4_GROUP_BYTES_GPU_ZERO_POINT = 0.5
 SCORE_BYTES = 4  # attention scores / softmax are float32 (docs/contracts.md)
+# Host memory of a build (the farm schedules against it): the exporter holds the fp32 torch
+# reference (4 B per parameter) and the graphs it serializes; TensorRT's builder peaks at 3-4x
+# the parameter bytes in public reports (Jetson builds are killed for it). 4x the fp32 bytes
+# plus the loaded libraries (Python, torch, onnx, onnxruntime). Measured here: `trtpipe build
+# smollm2-135m-cpu` peaks at 2.78 GB RSS (/usr/bin/time -v); this gives 2.96 GB.
+BUILD_HOST_PEAK_FACTOR = 4
+BUILD_PARAM_BYTES = 4  # fp32
+BUILD_HOST_BASE_BYTES = 768 * 2**20
 LOGIT_BYTES = 4
 
 
@@ -89,6 +97,13 @@ def total_params(config: ModelConfig) -> int:
     emb = config.vocab_size * config.hidden_size
     lm_head = 0 if config.tie_word_embeddings else emb
     return emb + lm_head + linear_params(config) + bias_params(config) + norm_params(config)
+
+
+def build_host_bytes(config: ModelConfig) -> int:
+    """Host memory ``trtpipe build`` needs at its peak, in bytes:
+    ``BUILD_HOST_PEAK_FACTOR x 4 B (fp32) x total_params + BUILD_HOST_BASE_BYTES`` (export and
+    TensorRT builder peaks, plus the libraries)."""
+    return BUILD_HOST_PEAK_FACTOR * BUILD_PARAM_BYTES * total_params(config) + BUILD_HOST_BASE_BYTES
 
 
 def kv_bytes_per_layer(config: ModelConfig, num_tokens: int, dtype_bytes: int) -> tuple[int, ...]:
@@ -309,6 +324,7 @@ class Estimate:
     latencies: tuple[LatencyRow, ...]
     warnings: tuple[EstimateWarning, ...]
     notes: tuple[str, ...]
+    build_host_bytes: int = 0  # host memory a build of the recipe needs (build_host_bytes)
 
     @property
     def exit_code(self) -> int:
@@ -601,7 +617,17 @@ def estimate(recipe: Recipe, config: ModelConfig, target: TargetSpec,
                                    else w_dual + pool_bytes + act.total_bytes),
         usable_memory_bytes=usable, fits=engine <= usable, max_sequences=max_seqs,
         latencies=tuple(rows), warnings=tuple(warnings + lat_warnings),
-        notes=tuple(notes + lat_notes))
+        notes=tuple(notes + lat_notes + list(_build_memory_note(config, target))),
+        build_host_bytes=build_host_bytes(config))
+
+
+def _build_memory_note(config: ModelConfig, target: TargetSpec) -> tuple[str, ...]:
+    need = build_host_bytes(config)
+    if need <= target.memory_bytes:
+        return ()
+    return (f"building needs about {_fmt_bytes(need)} of host memory (exporter / TensorRT builder peak), "
+            f"more than {target.name}'s {_fmt_bytes(target.memory_bytes)}: export on a bigger machine "
+            "(the build spec) and finish the plans on the target",)
 
 
 # --------------------------------------------------------------------------------------------
@@ -770,6 +796,10 @@ def render(est: Estimate, recipe: Recipe, config: ModelConfig, console: Any,
             tag = " (recipe)" if lay == est.layout else ""
             mem.add_row(f"[bold]engine total, {lay}{tag}[/bold]", f"[bold]{_fmt_bytes(val)}[/bold]",
                         "weights + KV pool + activations")
+    mem.add_row("host memory to build", _fmt_bytes(est.build_host_bytes),
+                f"{BUILD_HOST_PEAK_FACTOR} x fp32 parameter bytes + {BUILD_HOST_BASE_BYTES // 2**20} MiB "
+                "of libraries (export / TensorRT builder peak); "
+                "trtpipe farm refuses nodes with less")
     verdict = "[green]fits[/green]" if est.fits else "[red]does not fit[/red]"
     mem.add_row("usable memory", _fmt_bytes(est.usable_memory_bytes),
                 f"{verdict}; room for {est.max_sequences} sequences of {recipe.max_seq_len} "
