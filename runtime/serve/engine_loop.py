@@ -10,10 +10,11 @@
     sink(event)  ◄── loop.call_soon_threadsafe ◄── per served request: new text + ids -> Delta,
                                                    finished -> Final (blocks already free)
 
-No HTTP handler ever touches the ``LLM``; the engine thread never awaits anything. A cancel (client
-disconnect, timeout, shutdown) is applied before the next step, and ``LLM.cancel`` frees the
-request's KV blocks at once; a request still in the command queue when its cancel arrives is never
-added at all. Text pieces come from the incremental detokenizer (``on_text``), so every piece is
+HTTP handlers only read the ``LLM``'s tokenizer and manifest (immutable after load); its
+scheduler, KV pool and engines belong to the engine thread, which never awaits anything. A cancel
+(client disconnect, timeout, shutdown) is applied before the next step, and ``LLM.cancel`` frees
+the request's KV blocks at once; a request whose add and cancel arrive in the same batch, or that
+still waits for admission, never runs. Text pieces come from the incremental detokenizer (``on_text``), so every piece is
 whole characters; token ids travel separately.
 """
 

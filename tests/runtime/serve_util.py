@@ -36,6 +36,7 @@ class ServerProcess:
         self.ready_timeout_s = ready_timeout_s
         self.lines: list[str] = []
         self.proc: subprocess.Popen | None = None
+        self.health_while_loading: int | None = None
 
     def __enter__(self) -> ServerProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -47,6 +48,11 @@ class ServerProcess:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError("server did not become ready:\n" + "".join(self.lines))
+            if self.health_while_loading is None:  # the first answer of /health before "ready"
+                try:
+                    self.health_while_loading = httpx.get(self.url + "/health", timeout=1).status_code
+                except httpx.TransportError:
+                    pass  # not listening yet
             time.sleep(0.05)
         return self
 

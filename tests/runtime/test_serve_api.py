@@ -41,13 +41,17 @@ def llm(default_artifact):
     return LLM(default_artifact)
 
 
-def test_chat_france_answers_paris(client):
+def test_chat_france_answers_paris(server, client):
+    """The done criterion: the official client gets "Paris"; the server process never loaded torch."""
+    import psutil
+
     r = client.chat.completions.create(model=MODEL, temperature=0,
                                        messages=[{"role": "user", "content": FRANCE_PROMPT}])
     assert "Paris" in r.choices[0].message.content
     assert r.choices[0].finish_reason == "stop"
     assert r.usage.prompt_tokens == 37  # TOOLCHAIN.md: the templated question is 37 tokens
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert not [m.path for m in psutil.Process(server.pid).memory_maps() if "torch" in m.path]
 
 
 def test_greedy_over_http_equals_llm_generate(client, llm):
@@ -256,3 +260,4 @@ def test_models_tokenize_detokenize_health(server):
         chat = h.post(server.url + "/tokenize", json={"messages": [{"role": "user", "content": FRANCE_PROMPT}]})
         assert chat.json()["count"] == 37
         assert h.get(server.url + "/health").status_code == 200
+    assert server.health_while_loading == 503  # probed between "listening" and "ready"

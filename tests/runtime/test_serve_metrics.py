@@ -95,6 +95,31 @@ def test_histograms_agree_with_per_request_metrics(served):
     assert m["trtpipe:kv_blocks_in_use"] == 0 and m["trtpipe:num_requests_running"] == 0
 
 
+def test_disconnect_to_free_time(served):
+    """Close a stream after two chunks; time until the KV pool is back to 0 blocks, read directly
+    from the block pool every 1 ms (no /metrics scrape in the way). Five rounds; bound 1 s."""
+    url, records, llm = served
+    body = {"model": MODEL, "prompt": "Tell me a long story.", "max_tokens": 400, "ignore_eos": True,
+            "stream": True, "temperature": 0}
+    times_ms = []
+    with httpx.Client(timeout=60) as h:
+        for _ in range(5):
+            with h.stream("POST", url + "/v1/completions", json=body) as r:
+                lines = r.iter_lines()
+                for _ in range(2):
+                    while not next(lines).startswith("data: "):
+                        pass
+                assert llm.block_pool.num_used > 0
+                closed_at = time.monotonic()
+            while llm.block_pool.num_used:
+                assert time.monotonic() - closed_at < 1.0, "KV not freed within 1 s of the disconnect"
+                time.sleep(0.001)
+            times_ms.append((time.monotonic() - closed_at) * 1e3)
+    assert records[-1].finish_reason == "abort"
+    print(f"\ndisconnect-to-free: {', '.join(f'{t:.0f}' for t in times_ms)} ms "
+          f"(median {sorted(times_ms)[2]:.0f} ms)")
+
+
 def test_engine_error_fails_the_step_frees_kv_then_dead_loop_turns_health_503(served, monkeypatch):
     """A failing engine step ends that step's requests with an error (stream: an error event, then
     [DONE]; non-stream: 500) and frees their KV; the server keeps serving. After
