@@ -383,7 +383,7 @@ def write_build_spec(recipe: Recipe, final_dir: Path, inputs_hash: str, *, log: 
                     if variant == variants[0]:
                         raise BuildError(f"lowering the {phase} graph for TensorRT ({variant}): {e}") from None
                     variant_errors[variant] = f"{phase}: {e}"
-                    log(f"  ({variant} variant of {phase} not available: {str(e)[:120]}...)")
+                    log(f"  {variant} variant of {phase} not available: {e}")
                     continue
                 timings[f"lower_{key}_s"] = time.perf_counter() - t
                 lowered[key] = m
@@ -494,6 +494,32 @@ def finish_command(spec_path: Path) -> str:
     return f"trtpipe build {d / 'recipe.yaml'} --from-spec {spec_path}"
 
 
+def variants_summary(spec: dict) -> str:
+    """One line per lowering variant of a spec: built (with what it needs), or refused with its
+    full reason (never cut: the console is where a user reads it)."""
+    lines = []
+    for v in spec.get("variants", []):
+        need = ("TensorRT >= 10.7 (Python plugins)" if v == "plugins"
+                else "any TensorRT 10.x, JetPack 6 included (no plugins)")
+        note = spec.get("variant_notes", {}).get(v)
+        lines.append(f"  variant {v}: in the spec; runs on {need}" + (f"; {note}" if note else ""))
+    for v, reason in spec.get("variant_errors", {}).items():
+        lines.append(f"  variant {v}: NOT in the spec: {reason}")
+    return "Variants:\n" + "\n".join(lines)
+
+
+def finish_requirements(spec: dict) -> str:
+    """What the target needs to finish ``spec``: the plugin-free graphs on older TensorRT are
+    offered only when the spec carries them."""
+    plugins = f"TensorRT >= {'.'.join(map(str, MIN_TRT_FOR_PLUGINS))} with Python plugins"
+    variants = spec.get("variants", [])
+    if variants == ["plugin_free"]:
+        return "TensorRT 10.x; the graphs are plugin-free"
+    if "plugin_free" in variants:
+        return plugins + ", or TensorRT < 10.7 (JetPack 6) with the plugin-free graphs"
+    return plugins
+
+
 def build_gpu_target(recipe: Recipe, final_dir: Path, inputs_hash: str, *, force: bool = False,
                      log: Callable[[str], None] = print) -> BuildResult:
     """Export + lower + spec, then build the plans here if this machine is the target.
@@ -520,12 +546,13 @@ def build_gpu_target(recipe: Recipe, final_dir: Path, inputs_hash: str, *, force
     if missing:
         files = ", ".join(sorted(p.name for p in spec_path.parent.iterdir()))
         t = TARGETS[recipe.target]
+        spec = json.loads(spec_path.read_text(encoding="utf-8"))
         raise BuildNeedsTarget(
             f"TensorRT plans for target {recipe.target} ({t.description}) cannot be built on this machine: "
             + "; ".join(missing) + ".\n"
             f"Exported and lowered graphs, golden outputs and the build spec are in {spec_path.parent} ({files}).\n"
-            f"Finish on the target (TensorRT >= {'.'.join(map(str, MIN_TRT_FOR_PLUGINS))} with Python plugins, or the "
-            "plugin-free graphs on older TensorRT; see docs/tensorrt.md):\n"
+            + variants_summary(spec) + "\n"
+            f"Finish on the target ({finish_requirements(spec)}; see docs/tensorrt.md):\n"
             f"  {finish_command(spec_path)}", spec_path)
     return build_from_spec(spec_path, log=log)
 

@@ -140,6 +140,21 @@ def test_choose_lowering_by_tensorrt_version():
         BT.choose_lowering(fail_orin, "10.3.0.30")
 
 
+def test_console_summary_gives_every_variant_its_full_reason():
+    reason = ("prefill: Int4Gemm /model/layers.0/mlp/down_proj (output x, K=1536, N=576, group_size=32) has "
+              "asymmetric INT4 weights (1234 of 27648 blocks have a zero point other than 8), and TensorRT's "
+              "INT4 DequantizeLinear is symmetric only. Fix: ...the very end of the reason")
+    spec = _spec(target={"name": "orin"}, variants=["plugins"], variant_errors={"plugin_free": reason})
+    text = BT.variants_summary(spec)
+    assert text.splitlines()[1] == "  variant plugins: in the spec; runs on TensorRT >= 10.7 (Python plugins)"
+    assert text.splitlines()[2] == f"  variant plugin_free: NOT in the spec: {reason}"
+    # the hint offers the plugin-free graphs only when the spec carries them
+    assert BT.finish_requirements(spec) == "TensorRT >= 10.7 with Python plugins"
+    both = dict(spec, variants=["plugins", "plugin_free"], variant_errors={})
+    assert "TensorRT < 10.7 (JetPack 6) with the plugin-free graphs" in BT.finish_requirements(both)
+    assert BT.finish_requirements(_spec(variants=["plugin_free"])) == "TensorRT 10.x; the graphs are plugin-free"
+
+
 def _env(**kw):
     base = dict(trt_version="10.13.0.35", trt_error=None, gpu_sm=80, gpu_name="NVIDIA A100", cuda_runtime="12.9",
                 platform="x86_64", triton_version="3.9.0")
@@ -272,11 +287,16 @@ def test_orin_dual_profile_int4_records_why_plugin_free_fails(smollm2_2layer, tm
     monkeypatch.setattr(BT, "probe_environment", lambda: _env(trt_version=None, gpu_sm=None, platform="x86_64"))
     r = _recipe(target="orin", precision={"prefill": "int4", "decode": "int4", "int4": {"group_size": 32}},
                 engine={"layout": "dual_profile", "plugin_free": False, "orin_trt_lt_10_7": "plugin_free"})
-    with pytest.raises(BT.BuildNeedsTarget):
-        BT.build_gpu_target(r, tmp_path / "t-trt" / "orin", "h")
+    logs: list[str] = []
+    with pytest.raises(BT.BuildNeedsTarget) as e:
+        BT.build_gpu_target(r, tmp_path / "t-trt" / "orin", "h", log=logs.append)
     spec = json.loads((tmp_path / "t-trt" / "orin.spec" / "build_spec.json").read_text())
     assert spec["variants"] == ["plugins"]
-    assert "asymmetric" in spec["variant_errors"]["plugin_free"]
+    reason = spec["variant_errors"]["plugin_free"]
+    assert "asymmetric" in reason and reason.endswith("or run that phase in fp16.")
+    assert f"variant plugin_free: NOT in the spec: {reason}" in str(e.value)  # the whole reason on the console
+    assert any(reason.split(": ", 1)[1] in line for line in logs)
+    assert "plugin-free graphs" not in str(e.value)  # never offered when the spec lacks them
     (plan,) = spec["plans"]
     assert plan["name"] == "engine" and [p["phase"] for p in plan["profiles"]] == ["prefill", "decode"]
     dec = plan["profiles"][1]["shapes"]
