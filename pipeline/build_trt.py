@@ -40,8 +40,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from trtpipe.pipeline.build import (TRTPIPE_VERSION, BuildError, BuildResult, _golden, _write_graphs_shared, publish_artifact,
+from trtpipe.pipeline.build import (TRTPIPE_VERSION, BuildError, BuildResult, _write_graphs_shared, publish_artifact,
                                     load_model)
+from trtpipe.pipeline.golden import golden_for_build
 from trtpipe.pipeline.recipe import Recipe, check_recipe_against_model, plan_kv_num_blocks, recipe_hash
 from trtpipe.runtime.manifest import (FORMAT_VERSION, MANIFEST_NAME, GraphEntry, KVLayout, Manifest,
                                       atomic_write_text, load_manifest, sha256_file)
@@ -424,11 +425,12 @@ def write_build_spec(recipe: Recipe, final_dir: Path, inputs_hash: str, *, log: 
         shared = _write_graphs_shared(lowered, tmp)
         timings["write_s"] = time.perf_counter() - t
         (tmp / "tokenizer.json").write_text(loaded.tokenizer_json or "", encoding="utf-8")
-        log("recording golden outputs from the torch reference ...")
         t = time.perf_counter()
-        ref32 = refs.get("fp32") or build_reference_model(loaded, "fp32", rope_table_len=recipe.max_seq_len,
-                                                          sliding_window=recipe.sliding_window)
-        golden = _golden(ref32, loaded.tokenizer_json, config.chat_template, recipe.validation.correctness.num_tokens)
+        golden, _ = golden_for_build(
+            loaded, recipe.sliding_window, recipe.validation.correctness.num_tokens,
+            lambda: refs.get("fp32") or build_reference_model(loaded, "fp32", rope_table_len=recipe.max_seq_len,
+                                                              sliding_window=recipe.sliding_window),
+            final_dir.parents[1], log=log)
         (tmp / "golden.json").write_text(json.dumps(golden), encoding="utf-8")
         timings["golden_s"] = time.perf_counter() - t
         (tmp / "recipe.yaml").write_text(_recipe_text(recipe), encoding="utf-8")
