@@ -307,6 +307,76 @@ def test_orin_dual_profile_int4_records_why_plugin_free_fails(smollm2_2layer, tm
         BT.choose_lowering(spec, "10.3.0.30")
 
 
+def _orin_jetpack6_recipe(gate: float):
+    return _recipe(target="orin", precision={"prefill": "int4", "decode": "int4", "int4": {"group_size": 32}},
+                   engine={"layout": "dual_profile", "plugin_free": False, "orin_trt_lt_10_7": "plugin_free",
+                           "plugin_free_int4": "requantize_symmetric"},
+                   validate={"correctness": {"num_sequences": 4, "num_tokens": 8,
+                                             "plugin_free_teacher_forced_agreement_min": gate}})
+
+
+@pytest.fixture(scope="module")
+def orin_jetpack6_spec(smollm2_2layer, tmp_path_factory):
+    """The Orin INT4 recipe's shape (dual profile, Q4_1 weights) with the re-quantized plugin-free variant."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr(BT, "load_model", lambda recipe: smollm2_2layer)
+    mp.setattr(BT, "probe_environment", lambda: _env(trt_version=None, gpu_sm=None, platform="x86_64"))
+    final = tmp_path_factory.mktemp("art") / "t-trt" / "orin"
+    logs: list[str] = []
+    try:
+        with pytest.raises(BT.BuildNeedsTarget) as e:
+            BT.build_gpu_target(_orin_jetpack6_recipe(0.5), final, "h", log=logs.append)
+    finally:
+        mp.undo()
+    return e.value, final, logs
+
+
+@pytest.mark.slow
+def test_orin_jetpack6_variant_is_requantized_measured_and_offered(orin_jetpack6_spec):
+    import onnx
+
+    err, final, logs = orin_jetpack6_spec
+    sdir = final.with_name("orin.spec")
+    spec = json.loads((sdir / "build_spec.json").read_text())
+    assert spec["variants"] == ["plugins", "plugin_free"] and spec["variant_errors"] == {}
+    rec = spec["variant_agreement"]["plugin_free"]
+    agree, total = map(int, rec["agreeing_tokens"].split("/"))
+    assert total == 4 * 8 and rec["agreement"] == round(agree / total, 6) and rec["minimum"] == 0.5
+    assert rec["agreement"] >= 0.5
+    assert spec["graphs"]["prefill.plugin_free"]["int4_weights"] == "requantized_symmetric"
+    assert "int4_weights" not in spec["graphs"]["prefill"]
+    assert [p["name"] for p in spec["plans"]] == ["engine", "engine.plugin_free"]
+    msg = str(err)
+    assert "variant plugin_free: in the spec; runs on any TensorRT 10.x, JetPack 6 included" in msg
+    assert f"agreement {rec['agreement']:.4f}" in msg
+    assert "or TensorRT < 10.7 (JetPack 6) with the plugin-free graphs" in msg
+    assert BT.choose_lowering(spec, "10.3.0.30") == "plugin_free"
+    # what TensorRT 10.3 parses: no custom node, INT4 DequantizeLinear without zero points
+    m = onnx.load(str(sdir / "prefill.plugin_free.onnx"), load_external_data=False)
+    assert not [n for n in m.graph.node if n.domain == "trtpipe"]
+    dqs = [n for n in m.graph.node if n.op_type == "DequantizeLinear"]
+    assert len(dqs) == 2 * 7 and all(len(n.input) == 2 for n in dqs)  # 2 layers x 7 linears (LM head: MatMul)
+    assert any("re-quantized plugin-free weights: agreement" in line for line in logs)
+
+
+@pytest.mark.slow
+def test_orin_jetpack6_variant_below_its_gate_is_refused(smollm2_2layer, tmp_path, monkeypatch):
+    from trtpipe.pipeline import variant_agreement as VA
+
+    monkeypatch.setattr(BT, "load_model", lambda recipe: smollm2_2layer)
+    monkeypatch.setattr(BT, "probe_environment", lambda: _env(trt_version=None, gpu_sm=None, platform="x86_64"))
+    monkeypatch.setattr(VA, "teacher_forced_agreement_dense", lambda *a, **k: VA.Agreement(25, 32))
+    with pytest.raises(BT.BuildNeedsTarget) as e:
+        BT.build_gpu_target(_orin_jetpack6_recipe(0.9), tmp_path / "t-trt" / "orin", "h", log=lambda s: None)
+    spec = json.loads((tmp_path / "t-trt" / "orin.spec" / "build_spec.json").read_text())
+    assert spec["variants"] == ["plugins"] and [p["name"] for p in spec["plans"]] == ["engine"]
+    reason = spec["variant_errors"]["plugin_free"]
+    assert "25/32 = 0.7812" in reason and "plugin_free_teacher_forced_agreement_min = 0.9" in reason
+    assert f"variant plugin_free: NOT in the spec: {reason}" in str(e.value)
+    assert "plugin-free graphs" not in str(e.value)
+    assert not (tmp_path / "t-trt" / "orin.spec" / "prefill.plugin_free.onnx").exists()
+
+
 # ----------------------------------------------------------------------------------------------
 # TensorRT-RTX smoke build (CPU, ahead of time for sm_80)
 # ----------------------------------------------------------------------------------------------
@@ -323,6 +393,20 @@ def test_rtx_smoke_builds_both_plugin_free_graphs(split_spec):
         r = BT.rtx_smoke_build(sdir / plan["graph"], [p["shapes"] for p in plan["profiles"]], sm=80)
         assert r.ok, r.log_tail
         assert r.engine_bytes > 49152 * 576 * 2  # holds at least the fp16 embedding
+
+
+@pytest.mark.rtx
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_RTX, reason="tensorrt-rtx not installed (pip install -r requirements-rtx.txt)")
+def test_rtx_smoke_builds_the_requantized_jetpack6_variant(orin_jetpack6_spec):
+    """The dual-profile plugin-free plan (symmetric INT4 DequantizeLinear + MatMul, fp16) parses and
+    builds; RTX cannot target sm_87, so sm_80 stands in for the parser/builder check."""
+    _, final, _ = orin_jetpack6_spec
+    sdir = final.with_name("orin.spec")
+    spec = json.loads((sdir / "build_spec.json").read_text())
+    (plan,) = [p for p in spec["plans"] if p["name"] == "engine.plugin_free"]
+    r = BT.rtx_smoke_build(sdir / plan["graph"], [p["shapes"] for p in plan["profiles"]], sm=80)
+    assert r.ok, r.log_tail
 
 
 @pytest.mark.rtx
