@@ -8,9 +8,11 @@ Runs the torch reference (fp32 activations, CPU) of the recipe's model, teacher-
 golden sequences (pipeline/variant_agreement.py), with each weight form:
 
 - fp32: the dequantized weights the golden outputs come from (a check of the method: ~1.0);
-- int4 Q4_1 exact: what the plugin variant and the CPU default run (GGUF Q4_1 blocks as is);
-- int4 symmetric, least squares (the plugin-free variant's weights: engine.plugin_free_int4:
-  requantize_symmetric), and plain round-to-nearest symmetric (absmax/7) for comparison.
+- int4 Q4_1 exact (the plugin variant and the CPU default): the golden's own weights, not rerun;
+- the plugin-free variant's weight forms (engine.plugin_free_int4): the dequantized weights in
+  fp16 (dequantize_float), symmetric INT4 with least-squares scales (requantize_symmetric), and
+  plain round-to-nearest symmetric INT4 (absmax/7) for comparison;
+- optionally (--cpu-artifact) a CPU artifact through the runtime's teacher forcing (ONNX Runtime).
 """
 
 from __future__ import annotations
@@ -29,14 +31,15 @@ def main() -> int:
     ap.add_argument("--golden", type=Path, default=ROOT / "artifacts" / "smollm2-135m-cpu" / "cpu" / "golden.json")
     ap.add_argument("--recipe", default="smollm2-135m-orin")
     ap.add_argument("--num-tokens", type=int, default=None, help="cut each sequence (default: all recorded)")
+    ap.add_argument("--cpu-artifact", type=Path, default=None,
+                    help="also run this CPU artifact through the runtime's teacher forcing on the same golden")
     args = ap.parse_args()
     import copy
 
-    import numpy as np
     import torch
 
     from trtpipe.pipeline.build import load_model
-    from trtpipe.pipeline.model import Int4Linear, build_reference_model
+    from trtpipe.pipeline.model import FloatLinear, Int4Linear, build_reference_model
     from trtpipe.pipeline.recipe import load_recipe, resolve_recipe_path
     from trtpipe.pipeline.variant_agreement import (requantized_reference, teacher_forced_agreement_dense)
     from trtpipe.plugins import int4_pack as P
@@ -55,21 +58,40 @@ def main() -> int:
     t = time.perf_counter()
     ref_sym = requantized_reference(ref4)
     print(f"re-quantized (least squares) in {time.perf_counter() - t:.1f} s")
+    def rtn_float(m):  # plain symmetric round-to-nearest (absmax/7), fp32 scales, as float weights
+        w = dequantize_int4(m.b_packed.numpy(), m.scales.numpy(), m.zero_points.numpy(), m.K, m.N, m.group_size)
+        packed, scales, _ = P.quantize_rtn(w, m.group_size, symmetric=True)
+        return FloatLinear(dequantize_int4(packed, scales, None, m.K, m.N, m.group_size))
+
     ref_rtn = copy.deepcopy(ref4)
-    for m in ref_rtn.modules():
-        if isinstance(m, Int4Linear) and m.bits == 4:
-            w = dequantize_int4(m.b_packed.numpy(), m.scales.numpy(), m.zero_points.numpy(), m.K, m.N, m.group_size)
-            packed, scales, _ = P.quantize_rtn(w, m.group_size, symmetric=True)
-            m.b_packed, m.scales = torch.from_numpy(packed), torch.from_numpy(scales)
-            m.zero_points = torch.full_like(m.zero_points, 8.0)
+    for parent in list(ref_rtn.modules()):
+        for name, m in list(parent.named_children()):
+            if isinstance(m, Int4Linear) and m.bits == 4:
+                setattr(parent, name, rtn_float(m))
     print(f"golden: {args.golden} ({seqs} sequences, {n} tokens each at most; {golden.get('reference')})")
+    print("int4 Q4_1 exact (plugin variant, CPU default): the golden's own weights (the fp32 reference IS the "
+          "dequantized Q4_1), so 1.0 on this reference by construction; engines differ by their kernels")
+    ref_f16 = requantized_reference(ref4, "dequantize_float", weight_dtype="fp16")
     for name, ref in (("fp32 (dequantized GGUF; the golden's own weights)", ref32),
-                      ("int4 Q4_1 exact (plugin variant, CPU default)", ref4),
-                      ("int4 symmetric least-squares (plugin-free variant)", ref_sym),
+                      ("fp16 dequantized (plugin-free: dequantize_float)", ref_f16),
+                      ("int4 symmetric least-squares (requantize_symmetric)", ref_sym),
                       ("int4 symmetric RTN absmax/7 (comparison)", ref_rtn)):
         t = time.perf_counter()
         a = teacher_forced_agreement_dense(ref, golden, seqs, n)
         print(f"{name:55s} {a.agree}/{a.total} = {a.value:.4f}  ({time.perf_counter() - t:.1f} s)")
+    if args.cpu_artifact is not None:
+        from trtpipe.runtime.llm import LLM
+        from trtpipe.runtime.teacher_forcing import teacher_forced_agreement
+
+        llm = LLM(args.cpu_artifact, num_threads=2)
+        agree = total = 0
+        for sq in golden["sequences"]:
+            want = [int(x) for x in sq["output_ids"][:n]]
+            _, preds = teacher_forced_agreement(llm, sq["prompt_ids"], want)
+            agree += sum(p == w for p, w in zip(preds, want))
+            total += len(want)
+        print(f"{'CPU artifact via ONNX Runtime (runtime teacher forcing)':55s} {agree}/{total} = {agree / total:.4f}"
+              f"  ({args.cpu_artifact})")
     return 0
 
 

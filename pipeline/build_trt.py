@@ -308,9 +308,9 @@ def spec_dir_for(final_dir: Path) -> Path:
 def _lower(model, recipe: Recipe, phase: str, plugin_free: bool, decode_graph: bool):
     from trtpipe.plugins.trt_lowering import lower_for_trt
 
-    requantize = plugin_free and recipe.engine.plugin_free_int4 == "requantize_symmetric"
     return lower_for_trt(model, dtype=recipe.activation_dtype(phase), plugin_free=plugin_free, decode=decode_graph,
-                         kv_dtype=recipe.kv_dtype, requantize_asymmetric=requantize)
+                         kv_dtype=recipe.kv_dtype,
+                         asymmetric_int4=recipe.engine.plugin_free_int4 if plugin_free else "refuse")
 
 
 def _plugin_free_agreement_min(recipe: Recipe) -> float | None:
@@ -318,32 +318,42 @@ def _plugin_free_agreement_min(recipe: Recipe) -> float | None:
     return c.plugin_free_teacher_forced_agreement_min if c is not None else None
 
 
+PLUGIN_FREE_INT4_WEIGHTS = {
+    "requantize_symmetric": "int4 symmetric, re-quantized (least-squares scale per block) from the dequantized weights",
+    "dequantize_float": "the dequantized INT4 weights stored in the activation dtype (float MatMul)",
+}
+
+
 def gate_requantized_variant(recipe: Recipe, ref_int4: Any, golden: dict, *,
                              log: Callable[[str], None] = print) -> tuple[dict, str | None]:
-    """Measure the re-quantized plugin-free weights against the golden outputs (teacher-forced,
-    torch reference on the CPU: :mod:`trtpipe.pipeline.variant_agreement`) and gate them on
+    """Measure the plugin-free variant's changed weights (``engine.plugin_free_int4``) against the
+    golden outputs (teacher-forced, torch reference on the CPU:
+    :mod:`trtpipe.pipeline.variant_agreement`) and gate them on
     ``validate.correctness.plugin_free_teacher_forced_agreement_min``.
     Returns (record for the spec, refusal reason or None)."""
     from trtpipe.pipeline.variant_agreement import requantized_reference, teacher_forced_agreement_dense
 
     c = recipe.validation.correctness
+    mode = recipe.engine.plugin_free_int4
     minimum = _plugin_free_agreement_min(recipe)
     t = time.perf_counter()
-    log(f"measuring the re-quantized plugin-free weights: teacher-forced on {c.num_sequences} golden sequences x "
-        f"{c.num_tokens} tokens (torch reference, fp32 activations, CPU) ...")
-    a = teacher_forced_agreement_dense(requantized_reference(ref_int4), golden, c.num_sequences, c.num_tokens)
+    log(f"measuring the plugin-free variant's weights ({mode}): teacher-forced on {c.num_sequences} golden "
+        f"sequences x {c.num_tokens} tokens (torch reference, fp32 activations, CPU) ...")
+    ref = requantized_reference(ref_int4, mode, weight_dtype=recipe.activation_dtype("prefill"))
+    a = teacher_forced_agreement_dense(ref, golden, c.num_sequences, c.num_tokens)
     record = {"agreement": round(a.value, 6), "agreeing_tokens": f"{a.agree}/{a.total}", "minimum": minimum,
-              "weights": "int4 symmetric, re-quantized (least-squares scale per block) from the dequantized weights",
+              "weights": PLUGIN_FREE_INT4_WEIGHTS[mode],
               "method": "teacher-forced argmax vs the fp32 golden outputs; torch reference with the same weights, "
                         "fp32 activations, on the build machine's CPU (not TensorRT)",
               "seconds": round(time.perf_counter() - t, 1)}
-    log(f"  re-quantized plugin-free weights: agreement {a.value:.4f} ({a.agree}/{a.total}) vs min {minimum}")
+    log(f"  plugin-free weights ({mode}): agreement {a.value:.4f} ({a.agree}/{a.total}) vs min {minimum}")
     if minimum is not None and a.value < minimum:
-        return record, (f"its INT4 weights re-quantized symmetrically (engine.plugin_free_int4: requantize_symmetric) "
-                        f"agree with the fp32 reference on {a.agree}/{a.total} = {a.value:.4f} teacher-forced tokens, "
-                        f"below validate.correctness.plugin_free_teacher_forced_agreement_min = {minimum}. Fix: run "
-                        "that variant in fp16 (precision), upgrade to TensorRT >= 10.7 (JetPack 7) for the plugins, "
-                        "or lower the minimum if this agreement is acceptable.")
+        other = "dequantize_float" if mode == "requantize_symmetric" else "a higher-precision phase"
+        return record, (f"its weights ({PLUGIN_FREE_INT4_WEIGHTS[mode]}; engine.plugin_free_int4: {mode}) agree with "
+                        f"the fp32 reference on {a.agree}/{a.total} = {a.value:.4f} teacher-forced tokens, below "
+                        f"validate.correctness.plugin_free_teacher_forced_agreement_min = {minimum}. Fix: use {other}, "
+                        "upgrade to TensorRT >= 10.7 (JetPack 7) for the plugins, or lower the minimum if this "
+                        "agreement is acceptable.")
     return record, None
 
 
@@ -467,7 +477,7 @@ def write_build_spec(recipe: Recipe, final_dir: Path, inputs_hash: str, *, log: 
         variant_agreement: dict[str, dict] = {}
         variant_notes: dict[str, str] = {}
         requantized = ("plugin_free" in variants and "plugin_free" not in variant_errors
-                       and eng.plugin_free_int4 == "requantize_symmetric" and "int4" in refs
+                       and eng.plugin_free_int4 != "refuse" and "int4" in refs
                        and has_asymmetric_int4(refs["int4"]))
         if requantized:
             t = time.perf_counter()
@@ -483,12 +493,12 @@ def write_build_spec(recipe: Recipe, final_dir: Path, inputs_hash: str, *, log: 
                 for k in [k for k in lowered if k.endswith(".plugin_free")]:
                     lowered.pop(k), graphs_meta.pop(k)
             else:
-                variant_notes["plugin_free"] = (f"INT4 weights re-quantized symmetrically; teacher-forced agreement "
+                variant_notes["plugin_free"] = (f"{record['weights']}; teacher-forced agreement "
                                                 f"{record['agreement']:.4f} ({record['agreeing_tokens']}) >= "
                                                 f"{record['minimum']} on the CPU reference")
                 for k, meta in graphs_meta.items():
                     if meta["lowering"] == "plugin_free":
-                        meta["int4_weights"] = "requantized_symmetric"
+                        meta["int4_weights"] = eng.plugin_free_int4
         t = time.perf_counter()
         dup = 0 if dual else duplicated_weight_bytes({k: v for k, v in lowered.items() if "." not in k})
         shared = _write_graphs_shared(lowered, tmp)

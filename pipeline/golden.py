@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -106,6 +107,23 @@ def golden_for_build(loaded, sliding_window: int | None, num_tokens: int, make_r
     return cached_golden(artifact_root, key, num_tokens, record, log=log)
 
 
+@contextmanager
+def torch_threads(n: int = 1):
+    """Run the block with ``n`` torch intra-op threads (restored after). The reference runs
+    single-threaded: measured on the shared 2-core host (load ~15), 6 reference tokens took 102.6 s
+    with 2 threads and 12.3 s with 1 (OpenMP threads spin-waiting on a descheduled partner), and
+    one thread count everywhere keeps the float reduction order, so the cached recording is the
+    same on every machine of one CPU family."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def reference_greedy(ref, prompt_ids: list[int], num_tokens: int, block_size: int = 16,
                      eos: set[int] | frozenset = frozenset(),
                      on_token: Callable[[int], None] | None = None) -> tuple[list[int], list[np.ndarray]]:
@@ -169,7 +187,8 @@ def record_golden(ref_fp32, tokenizer_json: str, chat_template: str | None, num_
                 log(f"  golden prompt {i + 1}/{len(prompts)}: {step + 1}/{num_tokens} tokens, {rate:.1f} tokens/s, "
                     f"at most {(num_tokens - step - 1) / rate:.0f} s left for this prompt")
 
-        gen, logits = reference_greedy(ref_fp32, ids, num_tokens, eos=eos, on_token=progress)
+        with torch_threads(1):
+            gen, logits = reference_greedy(ref_fp32, ids, num_tokens, eos=eos, on_token=progress)
         top = []
         for row in logits:
             k = np.argsort(-row)[:5]
@@ -234,4 +253,5 @@ def cached_golden(artifact_root: Path, key: GoldenKey, num_tokens: int, record: 
 
 
 __all__ = ["GOLDEN_CACHE_DIR", "GOLDEN_PROMPTS", "GoldenKey", "cache_path", "cached_golden", "golden_for_build", "golden_key",
-           "model_content_sha256", "record_golden", "reference_code_sha256", "reference_greedy", "truncate_golden"]
+           "model_content_sha256", "record_golden", "reference_code_sha256", "reference_greedy", "torch_threads",
+           "truncate_golden"]

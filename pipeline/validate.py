@@ -222,9 +222,9 @@ def check_correctness(llm: Any, recipe: Recipe, golden: dict) -> dict:
         agreement = agree / total
         threshold, gate_key = spec.int4_teacher_forced_agreement_min, "int4_teacher_forced_agreement_min"
         backend = getattr(getattr(llm, "manifest", None), "backend", None) or {}
-        if (backend.get("int4_weights") == "requantized_symmetric"
+        if (backend.get("int4_weights") in ("requantize_symmetric", "dequantize_float")
                 and spec.plugin_free_teacher_forced_agreement_min is not None):
-            # the plugin-free TensorRT variant runs re-quantized weights: its own gate
+            # the plugin-free TensorRT variant runs changed weights (engine.plugin_free_int4): its own gate
             threshold = spec.plugin_free_teacher_forced_agreement_min
             gate_key = "plugin_free_teacher_forced_agreement_min"
         out.update(method="teacher-forced argmax agreement", agreement=round(agreement, 6),

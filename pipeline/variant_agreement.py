@@ -42,28 +42,36 @@ def has_asymmetric_int4(ref: Any) -> bool:
     return any(isinstance(m, Int4Linear) and m.bits == 4 and bool((m.zero_points != 8).any()) for m in ref.modules())
 
 
-def requantized_reference(ref_int4: Any) -> Any:
-    """A copy of an INT4 reference whose asymmetric 4-bit linears compute with the symmetric
-    blocks the plugin-free lowering writes, held as float32 ``(code - 8) * scale`` (the values
-    ``int4_gemm`` would dequantize, bit for bit, without dequantizing them at every call);
-    8-bit and symmetric linears are unchanged."""
-    from torch import nn
+def requantized_reference(ref_int4: Any, mode: str = "requantize_symmetric", *, weight_dtype: str = "fp16") -> Any:
+    """A copy of an INT4 reference whose asymmetric 4-bit linears compute with the weights the
+    plugin-free lowering writes for ``mode`` (``engine.plugin_free_int4``), held as float32:
 
+    - ``requantize_symmetric``: ``(code - 8) * scale`` of the symmetric blocks (the values
+      ``int4_gemm`` would dequantize, bit for bit, without dequantizing them at every call);
+    - ``dequantize_float``: the dequantized weights rounded to ``weight_dtype`` (the cast pass
+      stores them in the activation dtype).
+
+    8-bit and symmetric linears are unchanged."""
     from trtpipe.pipeline.model import FloatLinear, Int4Linear
     from trtpipe.plugins.int4_pack import requantize_symmetric
     from trtpipe.plugins.reference import dequantize_int4
+    from trtpipe.plugins.trt_lowering import _np_float
 
     out = copy.deepcopy(ref_int4)
     for parent in list(out.modules()):
         for name, m in list(parent.named_children()):
             if not isinstance(m, Int4Linear) or m.bits != 4 or not bool((m.zero_points != 8).any()):
                 continue
-            packed, scales = requantize_symmetric(m.b_packed.numpy(), m.scales.numpy(), m.zero_points.numpy(),
-                                                  m.K, m.N, m.group_size)
-            w = dequantize_int4(packed, scales, None, m.K, m.N, m.group_size)  # [N, K] float32
+            args = (m.b_packed.numpy(), m.scales.numpy(), m.zero_points.numpy(), m.K, m.N, m.group_size)
+            if mode == "requantize_symmetric":
+                packed, scales = requantize_symmetric(*args)
+                w = dequantize_int4(packed, scales, None, m.K, m.N, m.group_size)  # [N, K] float32
+            elif mode == "dequantize_float":
+                w = dequantize_int4(*args).astype(_np_float(weight_dtype)).astype(np.float32)
+            else:
+                raise ValueError(f"mode {mode!r}: expected requantize_symmetric or dequantize_float")
             bias = None if m.bias is None else m.bias.detach().numpy()
-            new: nn.Module = FloatLinear(w, bias)
-            setattr(parent, name, new)
+            setattr(parent, name, FloatLinear(w, bias))
     return out
 
 
@@ -72,12 +80,15 @@ def teacher_forced_agreement_dense(ref: Any, golden: dict, num_sequences: int, n
     over the first ``num_sequences`` sequences cut to ``num_tokens`` tokens (as validate does)."""
     import torch
 
+    from trtpipe.pipeline.golden import torch_threads
+
     agree = total = 0
     for s in golden["sequences"][:num_sequences]:
         prompt = [int(t) for t in s["prompt_ids"]]
         want = [int(t) for t in s["output_ids"][:num_tokens]]
         ids = torch.tensor([prompt + want[:-1]], dtype=torch.int64)
-        logits = ref.forward_dense(ids)[0]  # [L, V]
+        with torch_threads(1):
+            logits = ref.forward_dense(ids)[0]  # [L, V]
         preds = logits[len(prompt) - 1:].argmax(-1).tolist()
         agree += sum(p == w for p, w in zip(preds, want))
         total += len(want)

@@ -343,7 +343,7 @@ def test_orin_jetpack6_variant_is_requantized_measured_and_offered(orin_jetpack6
     agree, total = map(int, rec["agreeing_tokens"].split("/"))
     assert total == 4 * 8 and rec["agreement"] == round(agree / total, 6) and rec["minimum"] == 0.5
     assert rec["agreement"] >= 0.5
-    assert spec["graphs"]["prefill.plugin_free"]["int4_weights"] == "requantized_symmetric"
+    assert spec["graphs"]["prefill.plugin_free"]["int4_weights"] == "requantize_symmetric"
     assert "int4_weights" not in spec["graphs"]["prefill"]
     assert [p["name"] for p in spec["plans"]] == ["engine", "engine.plugin_free"]
     msg = str(err)
@@ -356,7 +356,7 @@ def test_orin_jetpack6_variant_is_requantized_measured_and_offered(orin_jetpack6
     assert not [n for n in m.graph.node if n.domain == "trtpipe"]
     dqs = [n for n in m.graph.node if n.op_type == "DequantizeLinear"]
     assert len(dqs) == 2 * 7 and all(len(n.input) == 2 for n in dqs)  # 2 layers x 7 linears (LM head: MatMul)
-    assert any("re-quantized plugin-free weights: agreement" in line for line in logs)
+    assert any("plugin-free weights (requantize_symmetric): agreement" in line for line in logs)
 
 
 @pytest.mark.slow

@@ -493,7 +493,7 @@ def _orin_data() -> dict:
 
 def test_plugin_free_int4_requantization_and_its_gate_come_together(cpu_data):
     orin = _orin_data()
-    assert orin["engine"]["plugin_free_int4"] == "requantize_symmetric"
+    assert orin["engine"]["plugin_free_int4"] == "dequantize_float"
     gate = orin["validate"]["correctness"]["plugin_free_teacher_forced_agreement_min"]
     assert 0 < gate <= 1
     err = error_of(orin, lambda d: d["validate"]["correctness"].pop("plugin_free_teacher_forced_agreement_min"))
@@ -501,10 +501,10 @@ def test_plugin_free_int4_requantization_and_its_gate_come_together(cpu_data):
                    "set validate.correctness.plugin_free_teacher_forced_agreement_min, e.g. 0.9")
     err = error_of(orin, lambda d: d["engine"].update(plugin_free_int4="refuse"))
     assert_problem(err, "validate.correctness.plugin_free_teacher_forced_agreement_min", str(gate),
-                   "engine.plugin_free_int4: requantize_symmetric")
+                   "engine.plugin_free_int4: dequantize_float")
     err = error_of(orin, lambda d: d["engine"].update(orin_trt_lt_10_7="fail"))
-    assert_problem(err, "engine.plugin_free_int4", "'requantize_symmetric'", "add a plugin-free variant")
+    assert_problem(err, "engine.plugin_free_int4", "'dequantize_float'", "add a plugin-free variant")
     err = error_of(orin, lambda d: d["engine"].update(plugin_free_int4="symmetric"))
-    assert "engine.plugin_free_int4 = 'symmetric'" in str(err) and "requantize_symmetric" in str(err)
+    assert "engine.plugin_free_int4 = 'symmetric'" in str(err) and "dequantize_float" in str(err)
     err = error_of(cpu_data, lambda d: d.update(engine={"plugin_free_int4": "requantize_symmetric"}))
     assert_problem(err, "engine.plugin_free_int4", "'requantize_symmetric'", "remove engine.plugin_free_int4")

@@ -260,7 +260,7 @@ def test_requantized_plugin_free_artifact_is_gated_by_its_own_minimum(monkeypatc
     k = math.ceil(gate * 100)  # agreeing tokens: at the plugin-free minimum, below the INT4 one
     assert k < 95
     monkeypatch.setattr(TF, "teacher_forced_agreement", lambda llm, p, w: (k / 100, w[:k] + [0] * (100 - k)))
-    for weights, key, passed in (("requantized_symmetric", "plugin_free_teacher_forced_agreement_min", True),
+    for weights, key, passed in (("dequantize_float", "plugin_free_teacher_forced_agreement_min", True),
                                  ("as_exported", "int4_teacher_forced_agreement_min", False)):
         llm = SimpleNamespace(manifest=SimpleNamespace(backend={"name": "trt", "int4_weights": weights}))
         c = check_correctness(llm, r, golden)

@@ -285,7 +285,7 @@ def test_plugin_free_int4_asymmetric_can_be_requantized_symmetrically():
     w = rng.standard_normal((N, K)).astype(np.float32) + 0.5  # asymmetric blocks
     packed, scales, zp = P.quantize_rtn(w, G, symmetric=False)
     zp_float = R.unpack_zero_points_uint8(zp, N, K // G).astype(np.float32)
-    lowered = lower_plugin_free(_int4_model(K, N, G, packed, scales, zp_float), requantize_asymmetric=True)
+    lowered = lower_plugin_free(_int4_model(K, N, G, packed, scales, zp_float), asymmetric_int4="requantize_symmetric")
     assert [n.op_type for n in lowered.graph.node] == ["DequantizeLinear", "MatMul"]
     dq = lowered.graph.node[0]
     assert len(dq.input) == 2  # no zero point: TensorRT's symmetric INT4
@@ -299,3 +299,19 @@ def test_plugin_free_int4_asymmetric_can_be_requantized_symmetrically():
     y_asym = R.int4_gemm(a, packed, scales, zp_float, K=K, N=N, group_size=G)
     rms = lambda x: float(np.sqrt(np.mean(np.square(x))))  # noqa: E731
     assert rms(y - y_asym) < 0.15 * rms(y_asym)
+
+
+def test_plugin_free_int4_asymmetric_can_be_dequantized_to_a_float_matmul():
+    rng = np.random.default_rng(6)
+    K, N, G = 64, 16, 32
+    packed, scales, zp = P.quantize_rtn(rng.standard_normal((N, K)).astype(np.float32) + 0.5, G, symmetric=False)
+    zp_float = R.unpack_zero_points_uint8(zp, N, K // G).astype(np.float32)
+    lowered = lower_for_trt(_int4_model(K, N, G, packed, scales, zp_float), dtype="fp16", plugin_free=True,
+                            asymmetric_int4="dequantize_float")
+    assert [n.op_type for n in lowered.graph.node if n.op_type in ("MatMul", "DequantizeLinear")] == ["MatMul"]
+    w = next(t for t in lowered.graph.initializer if "/w_dequantized_" in t.name)
+    assert w.data_type == TensorProto.FLOAT16 and list(w.dims) == [K, N]
+    want = R.dequantize_int4(packed, scales, zp_float, K, N, G).T.astype(np.float16)
+    np.testing.assert_array_equal(numpy_helper.to_array(w), want)
+    with pytest.raises(OpError, match="asymmetric_int4 = 'maybe'"):
+        lower_plugin_free(_int4_model(K, N, G, packed, scales, zp_float), asymmetric_int4="maybe")
