@@ -307,17 +307,18 @@ def test_orin_dual_profile_int4_records_why_plugin_free_fails(smollm2_2layer, tm
         BT.choose_lowering(spec, "10.3.0.30")
 
 
-def _orin_jetpack6_recipe(gate: float):
+def _orin_jetpack6_recipe(gate: float, mode: str = "requantize_symmetric"):
     return _recipe(target="orin", precision={"prefill": "int4", "decode": "int4", "int4": {"group_size": 32}},
                    engine={"layout": "dual_profile", "plugin_free": False, "orin_trt_lt_10_7": "plugin_free",
-                           "plugin_free_int4": "requantize_symmetric"},
+                           "plugin_free_int4": mode},
                    validate={"correctness": {"num_sequences": 4, "num_tokens": 8,
                                              "plugin_free_teacher_forced_agreement_min": gate}})
 
 
-@pytest.fixture(scope="module")
-def orin_jetpack6_spec(smollm2_2layer, tmp_path_factory):
-    """The Orin INT4 recipe's shape (dual profile, Q4_1 weights) with the re-quantized plugin-free variant."""
+@pytest.fixture(scope="module", params=["requantize_symmetric", "dequantize_float"])
+def orin_jetpack6_spec(request, smollm2_2layer, tmp_path_factory):
+    """The Orin INT4 recipe's shape (dual profile, Q4_1 weights) with a plugin-free variant whose
+    asymmetric INT4 weights are re-quantized symmetrically, or dequantized to fp16 (the shipped recipe)."""
     mp = pytest.MonkeyPatch()
     mp.setattr(BT, "load_model", lambda recipe: smollm2_2layer)
     mp.setattr(BT, "probe_environment", lambda: _env(trt_version=None, gpu_sm=None, platform="x86_64"))
@@ -325,17 +326,17 @@ def orin_jetpack6_spec(smollm2_2layer, tmp_path_factory):
     logs: list[str] = []
     try:
         with pytest.raises(BT.BuildNeedsTarget) as e:
-            BT.build_gpu_target(_orin_jetpack6_recipe(0.5), final, "h", log=logs.append)
+            BT.build_gpu_target(_orin_jetpack6_recipe(0.5, request.param), final, "h", log=logs.append)
     finally:
         mp.undo()
-    return e.value, final, logs
+    return e.value, final, logs, request.param
 
 
 @pytest.mark.slow
 def test_orin_jetpack6_variant_is_requantized_measured_and_offered(orin_jetpack6_spec):
     import onnx
 
-    err, final, logs = orin_jetpack6_spec
+    err, final, logs, mode = orin_jetpack6_spec
     sdir = final.with_name("orin.spec")
     spec = json.loads((sdir / "build_spec.json").read_text())
     assert spec["variants"] == ["plugins", "plugin_free"] and spec["variant_errors"] == {}
@@ -343,7 +344,7 @@ def test_orin_jetpack6_variant_is_requantized_measured_and_offered(orin_jetpack6
     agree, total = map(int, rec["agreeing_tokens"].split("/"))
     assert total == 4 * 8 and rec["agreement"] == round(agree / total, 6) and rec["minimum"] == 0.5
     assert rec["agreement"] >= 0.5
-    assert spec["graphs"]["prefill.plugin_free"]["int4_weights"] == "requantize_symmetric"
+    assert spec["graphs"]["prefill.plugin_free"]["int4_weights"] == mode
     assert "int4_weights" not in spec["graphs"]["prefill"]
     assert [p["name"] for p in spec["plans"]] == ["engine", "engine.plugin_free"]
     msg = str(err)
@@ -355,8 +356,13 @@ def test_orin_jetpack6_variant_is_requantized_measured_and_offered(orin_jetpack6
     m = onnx.load(str(sdir / "prefill.plugin_free.onnx"), load_external_data=False)
     assert not [n for n in m.graph.node if n.domain == "trtpipe"]
     dqs = [n for n in m.graph.node if n.op_type == "DequantizeLinear"]
-    assert len(dqs) == 2 * 7 and all(len(n.input) == 2 for n in dqs)  # 2 layers x 7 linears (LM head: MatMul)
-    assert any("plugin-free weights (requantize_symmetric): agreement" in line for line in logs)
+    if mode == "requantize_symmetric":  # 2 layers x 7 linears (LM head: MatMul), no zero points
+        assert len(dqs) == 2 * 7 and all(len(n.input) == 2 for n in dqs)
+    else:  # fp16 weights, plain MatMul; the dequantized Q4_1 weights agree with their fp32 reference
+        assert dqs == [] and rec["agreement"] >= 0.95
+        w = next(t for t in m.graph.initializer if "/w_dequantized_" in t.name)
+        assert w.data_type == onnx.TensorProto.FLOAT16
+    assert any(f"plugin-free weights ({mode}): agreement" in line for line in logs)
 
 
 @pytest.mark.slow
@@ -401,7 +407,7 @@ def test_rtx_smoke_builds_both_plugin_free_graphs(split_spec):
 def test_rtx_smoke_builds_the_requantized_jetpack6_variant(orin_jetpack6_spec):
     """The dual-profile plugin-free plan (symmetric INT4 DequantizeLinear + MatMul, fp16) parses and
     builds; RTX cannot target sm_87, so sm_80 stands in for the parser/builder check."""
-    _, final, _ = orin_jetpack6_spec
+    _, final, _, _ = orin_jetpack6_spec
     sdir = final.with_name("orin.spec")
     spec = json.loads((sdir / "build_spec.json").read_text())
     (plan,) = [p for p in spec["plans"] if p["name"] == "engine.plugin_free"]
