@@ -42,6 +42,14 @@ def has_asymmetric_int4(ref: Any) -> bool:
     return any(isinstance(m, Int4Linear) and m.bits == 4 and bool((m.zero_points != 8).any()) for m in ref.modules())
 
 
+def _float_dtype(name: str):
+    if name == "bf16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return {"fp16": np.float16, "fp32": np.float32}[name]
+
+
 def requantized_reference(ref_int4: Any, mode: str = "requantize_symmetric", *, weight_dtype: str = "fp16") -> Any:
     """A copy of an INT4 reference whose asymmetric 4-bit linears compute with the weights the
     plugin-free lowering writes for ``mode`` (``engine.plugin_free_int4``), held as float32:
@@ -55,8 +63,6 @@ def requantized_reference(ref_int4: Any, mode: str = "requantize_symmetric", *, 
     from trtpipe.pipeline.model import FloatLinear, Int4Linear
     from trtpipe.plugins.int4_pack import requantize_symmetric
     from trtpipe.plugins.reference import dequantize_int4
-    from trtpipe.plugins.trt_lowering import _np_float
-
     out = copy.deepcopy(ref_int4)
     for parent in list(out.modules()):
         for name, m in list(parent.named_children()):
@@ -67,7 +73,7 @@ def requantized_reference(ref_int4: Any, mode: str = "requantize_symmetric", *, 
                 packed, scales = requantize_symmetric(*args)
                 w = dequantize_int4(packed, scales, None, m.K, m.N, m.group_size)  # [N, K] float32
             elif mode == "dequantize_float":
-                w = dequantize_int4(*args).astype(_np_float(weight_dtype)).astype(np.float32)
+                w = dequantize_int4(*args).astype(_float_dtype(weight_dtype)).astype(np.float32)
             else:
                 raise ValueError(f"mode {mode!r}: expected requantize_symmetric or dequantize_float")
             bias = None if m.bias is None else m.bias.detach().numpy()
