@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 
+from trtpipe.pipeline.golden import GOLDEN_PROMPTS, golden_for_build, reference_greedy  # noqa: F401 (re-exported)
 from trtpipe.pipeline.recipe import Recipe, build_hash, check_recipe_against_model, plan_kv_num_blocks, recipe_hash
 from trtpipe.plugins.errors import TrtpipeError
 from trtpipe.runtime.manifest import (FORMAT_VERSION, MANIFEST_NAME, GraphEntry, KVLayout, Manifest,
@@ -33,14 +33,6 @@ from trtpipe.runtime.model_config import ModelConfig
 TRTPIPE_VERSION = "0.1.0"
 DATA_FILE = "weights.data"
 DATA_ALIGN_BYTES = 4096  # page-aligned tensors: mmap-friendly
-GOLDEN_PROMPTS = (
-    "What is the capital of France?",
-    "Write a Python function that returns the n-th Fibonacci number.",
-    "Explain in two sentences why the sky is blue.",
-    "List three uses of a paperclip.",
-)
-
-
 class BuildError(TrtpipeError):
     """The build could not finish (the previous artifact, if any, is left intact)."""
 
@@ -176,60 +168,6 @@ def _write_graphs_shared(models: dict[str, "object"], out_dir: Path) -> dict:
                 _, off, ln = seen[t.name]
                 shared[t.name] = (dtypes[t.data_type], list(t.dims), off, ln)
     return shared
-
-
-def reference_greedy(ref, prompt_ids: list[int], num_tokens: int, block_size: int = 16,
-                     eos: set[int] | frozenset = frozenset()) -> tuple[list[int], list[np.ndarray]]:
-    """Greedy continuation with the torch reference through its paged path (prefill once, then
-    one decode step per token). Returns (token ids, logits per generated position [V])."""
-    import torch
-
-    c = ref.config
-    total = len(prompt_ids) + num_tokens
-    nb = -(-total // block_size) + 1
-    caches = []
-    for i in range(c.num_layers):
-        shape = (nb, block_size, c.layer_num_kv_heads[i], c.head_dim)
-        caches += [torch.zeros(shape), torch.zeros(shape)]
-    table = np.arange(1, nb, dtype=np.int64)[None, :]
-    slot = lambda p: table[0, p // block_size] * block_size + p % block_size  # noqa: E731
-    n = len(prompt_ids)
-    pos = np.arange(n)
-    logits, caches = ref.run_paged(prompt_ids, pos, slot(pos), table, [n], [0, n], [n - 1], caches)
-    out, all_logits = [], []
-    for step in range(num_tokens):
-        row = logits[0].numpy()
-        all_logits.append(row)
-        nxt = int(np.argmax(row))
-        out.append(nxt)
-        if nxt in eos or step == num_tokens - 1:
-            break
-        p = n + step
-        logits, caches = ref.run_paged([nxt], [p], [slot(p)], table, [p + 1], [0, 1], [0], caches)
-    return out, all_logits
-
-
-def _golden(ref_fp32, tokenizer_json: str, chat_template: str | None, num_tokens: int,
-            log: Callable[[str], None] = lambda s: None) -> dict:
-    """Greedy continuations and top-5 logits from the fp32 torch reference (the teacher)."""
-    from tokenizers import Tokenizer
-
-    from trtpipe.runtime.chat import default_chat_messages, render_chat
-
-    tok = Tokenizer.from_str(tokenizer_json)
-    eos = set(ref_fp32.config.eos_token_ids)
-    out = []
-    for i, prompt in enumerate(GOLDEN_PROMPTS):
-        log(f"recording golden outputs from the torch reference: prompt {i + 1}/{len(GOLDEN_PROMPTS)}")
-        text = render_chat(chat_template, default_chat_messages(prompt)) if chat_template else prompt
-        ids = tok.encode(text, add_special_tokens=True).ids
-        gen, logits = reference_greedy(ref_fp32, ids, num_tokens, eos=eos)
-        top = []
-        for row in logits:
-            k = np.argsort(-row)[:5]
-            top.append([[int(i), float(row[i])] for i in k])
-        out.append({"prompt": prompt, "prompt_ids": ids, "output_ids": gen, "top5": top})
-    return {"reference": "torch fp32 (dequantized weights)", "num_tokens": num_tokens, "sequences": out}
 
 
 def publish_artifact(tmp: Path, final: Path, log: Callable[[str], None] | None = None) -> Path | None:
@@ -374,11 +312,11 @@ def build(recipe: Recipe, artifact_root: str | Path = "artifacts", *, force: boo
         (tmp / "tokenizer.json").write_text(loaded.tokenizer_json or "", encoding="utf-8")
         if golden:
             t = time.perf_counter()
-            log("recording golden outputs from the torch reference ...")
-            ref32 = refs.get("fp32") or build_reference_model(loaded, "fp32", rope_table_len=recipe.max_seq_len,
-                                                              sliding_window=window)
-            gold = _golden(ref32, loaded.tokenizer_json, config.chat_template,
-                           recipe.validation.correctness.num_tokens, log)
+            gold, _ = golden_for_build(
+                loaded, window, recipe.validation.correctness.num_tokens,
+                lambda: refs.get("fp32") or build_reference_model(loaded, "fp32", rope_table_len=recipe.max_seq_len,
+                                                                  sliding_window=window),
+                Path(artifact_root), log=log)
             (tmp / "golden.json").write_text(json.dumps(gold), encoding="utf-8")
             timings["golden_s"] = time.perf_counter() - t
         import onnxruntime

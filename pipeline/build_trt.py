@@ -40,8 +40,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from trtpipe.pipeline.build import (TRTPIPE_VERSION, BuildError, BuildResult, _golden, _write_graphs_shared, publish_artifact,
+from trtpipe.pipeline.build import (TRTPIPE_VERSION, BuildError, BuildResult, _write_graphs_shared, publish_artifact,
                                     load_model)
+from trtpipe.pipeline.golden import golden_for_build
+from trtpipe.pipeline.variant_agreement import has_asymmetric_int4
 from trtpipe.pipeline.recipe import Recipe, check_recipe_against_model, plan_kv_num_blocks, recipe_hash
 from trtpipe.runtime.manifest import (FORMAT_VERSION, MANIFEST_NAME, GraphEntry, KVLayout, Manifest,
                                       atomic_write_text, load_manifest, sha256_file)
@@ -307,7 +309,52 @@ def _lower(model, recipe: Recipe, phase: str, plugin_free: bool, decode_graph: b
     from trtpipe.plugins.trt_lowering import lower_for_trt
 
     return lower_for_trt(model, dtype=recipe.activation_dtype(phase), plugin_free=plugin_free, decode=decode_graph,
-                         kv_dtype=recipe.kv_dtype)
+                         kv_dtype=recipe.kv_dtype,
+                         asymmetric_int4=recipe.engine.plugin_free_int4 if plugin_free else "refuse")
+
+
+def _plugin_free_agreement_min(recipe: Recipe) -> float | None:
+    c = recipe.validation.correctness
+    return c.plugin_free_teacher_forced_agreement_min if c is not None else None
+
+
+PLUGIN_FREE_INT4_WEIGHTS = {
+    "requantize_symmetric": "int4 symmetric, re-quantized (least-squares scale per block) from the dequantized weights",
+    "dequantize_float": "the dequantized INT4 weights stored in the activation dtype (float MatMul)",
+}
+
+
+def gate_requantized_variant(recipe: Recipe, ref_int4: Any, golden: dict, *,
+                             log: Callable[[str], None] = print) -> tuple[dict, str | None]:
+    """Measure the plugin-free variant's changed weights (``engine.plugin_free_int4``) against the
+    golden outputs (teacher-forced, torch reference on the CPU:
+    :mod:`trtpipe.pipeline.variant_agreement`) and gate them on
+    ``validate.correctness.plugin_free_teacher_forced_agreement_min``.
+    Returns (record for the spec, refusal reason or None)."""
+    from trtpipe.pipeline.variant_agreement import requantized_reference, teacher_forced_agreement_dense
+
+    c = recipe.validation.correctness
+    mode = recipe.engine.plugin_free_int4
+    minimum = _plugin_free_agreement_min(recipe)
+    t = time.perf_counter()
+    log(f"measuring the plugin-free variant's weights ({mode}): teacher-forced on {c.num_sequences} golden "
+        f"sequences x {c.num_tokens} tokens (torch reference, fp32 activations, CPU) ...")
+    ref = requantized_reference(ref_int4, mode, weight_dtype=recipe.activation_dtype("prefill"))
+    a = teacher_forced_agreement_dense(ref, golden, c.num_sequences, c.num_tokens)
+    record = {"agreement": round(a.value, 6), "agreeing_tokens": f"{a.agree}/{a.total}", "minimum": minimum,
+              "weights": PLUGIN_FREE_INT4_WEIGHTS[mode],
+              "method": "teacher-forced argmax vs the fp32 golden outputs; torch reference with the same weights, "
+                        "fp32 activations, on the build machine's CPU (not TensorRT)",
+              "seconds": round(time.perf_counter() - t, 1)}
+    log(f"  plugin-free weights ({mode}): agreement {a.value:.4f} ({a.agree}/{a.total}) vs min {minimum}")
+    if minimum is not None and a.value < minimum:
+        other = "dequantize_float" if mode == "requantize_symmetric" else "a higher-precision phase"
+        return record, (f"its weights ({PLUGIN_FREE_INT4_WEIGHTS[mode]}; engine.plugin_free_int4: {mode}) agree with "
+                        f"the fp32 reference on {a.agree}/{a.total} = {a.value:.4f} teacher-forced tokens, below "
+                        f"validate.correctness.plugin_free_teacher_forced_agreement_min = {minimum}. Fix: use {other}, "
+                        "upgrade to TensorRT >= 10.7 (JetPack 7) for the plugins, or lower the minimum if this "
+                        "agreement is acceptable.")
+    return record, None
 
 
 def write_build_spec(recipe: Recipe, final_dir: Path, inputs_hash: str, *, log: Callable[[str], None] = print) -> Path:
@@ -383,7 +430,7 @@ def write_build_spec(recipe: Recipe, final_dir: Path, inputs_hash: str, *, log: 
                     if variant == variants[0]:
                         raise BuildError(f"lowering the {phase} graph for TensorRT ({variant}): {e}") from None
                     variant_errors[variant] = f"{phase}: {e}"
-                    log(f"  ({variant} variant of {phase} not available: {str(e)[:120]}...)")
+                    log(f"  {variant} variant of {phase} not available: {e}")
                     continue
                 timings[f"lower_{key}_s"] = time.perf_counter() - t
                 lowered[key] = m
@@ -420,17 +467,43 @@ def write_build_spec(recipe: Recipe, final_dir: Path, inputs_hash: str, *, log: 
                        {k: v["input_types"] for k, v in graphs_meta.items() if "." not in k}, recipe)
 
         t = time.perf_counter()
+        golden, _ = golden_for_build(
+            loaded, recipe.sliding_window, recipe.validation.correctness.num_tokens,
+            lambda: refs.get("fp32") or build_reference_model(loaded, "fp32", rope_table_len=recipe.max_seq_len,
+                                                              sliding_window=recipe.sliding_window),
+            final_dir.parents[1], log=log)
+        (tmp / "golden.json").write_text(json.dumps(golden), encoding="utf-8")
+        timings["golden_s"] = time.perf_counter() - t
+        variant_agreement: dict[str, dict] = {}
+        variant_notes: dict[str, str] = {}
+        requantized = ("plugin_free" in variants and "plugin_free" not in variant_errors
+                       and eng.plugin_free_int4 != "refuse" and "int4" in refs
+                       and has_asymmetric_int4(refs["int4"]))
+        if requantized:
+            t = time.perf_counter()
+            record, refusal = gate_requantized_variant(recipe, refs["int4"], golden, log=log)
+            timings["plugin_free_agreement_s"] = time.perf_counter() - t
+            variant_agreement["plugin_free"] = record
+            if refusal is not None:
+                if variants == ["plugin_free"]:
+                    raise BuildError(f"the plugin-free lowering of recipe {recipe.name}: {refusal}")
+                variant_errors["plugin_free"] = refusal
+                log(f"  plugin_free variant not available: {refusal}")
+                plans = [p for p in plans if not p.name.endswith(".plugin_free")]
+                for k in [k for k in lowered if k.endswith(".plugin_free")]:
+                    lowered.pop(k), graphs_meta.pop(k)
+            else:
+                variant_notes["plugin_free"] = (f"{record['weights']}; teacher-forced agreement "
+                                                f"{record['agreement']:.4f} ({record['agreeing_tokens']}) >= "
+                                                f"{record['minimum']} on the CPU reference")
+                for k, meta in graphs_meta.items():
+                    if meta["lowering"] == "plugin_free":
+                        meta["int4_weights"] = eng.plugin_free_int4
+        t = time.perf_counter()
         dup = 0 if dual else duplicated_weight_bytes({k: v for k, v in lowered.items() if "." not in k})
         shared = _write_graphs_shared(lowered, tmp)
         timings["write_s"] = time.perf_counter() - t
         (tmp / "tokenizer.json").write_text(loaded.tokenizer_json or "", encoding="utf-8")
-        log("recording golden outputs from the torch reference ...")
-        t = time.perf_counter()
-        ref32 = refs.get("fp32") or build_reference_model(loaded, "fp32", rope_table_len=recipe.max_seq_len,
-                                                          sliding_window=recipe.sliding_window)
-        golden = _golden(ref32, loaded.tokenizer_json, config.chat_template, recipe.validation.correctness.num_tokens)
-        (tmp / "golden.json").write_text(json.dumps(golden), encoding="utf-8")
-        timings["golden_s"] = time.perf_counter() - t
         (tmp / "recipe.yaml").write_text(_recipe_text(recipe), encoding="utf-8")
         for meta in graphs_meta.values():
             meta["sha256"] = sha256_file(tmp / meta["file"])
@@ -452,6 +525,10 @@ def write_build_spec(recipe: Recipe, final_dir: Path, inputs_hash: str, *, log: 
             "orin_trt_lt_10_7": eng.orin_trt_lt_10_7 if recipe.target == "orin" else None,
             "variants": [v for v in variants if v not in variant_errors],
             "variant_errors": variant_errors,
+            "variant_notes": variant_notes,
+            "variant_agreement": variant_agreement,
+            "plugin_free_int4": eng.plugin_free_int4,
+            "plugin_free_agreement_min": _plugin_free_agreement_min(recipe),
             "builder": {"optimization_level": eng.builder_optimization_level,
                         "workspace_mib": eng.workspace_mib or target.workspace_mib,
                         "strongly_typed": True, "precision_flags": []},
@@ -494,6 +571,32 @@ def finish_command(spec_path: Path) -> str:
     return f"trtpipe build {d / 'recipe.yaml'} --from-spec {spec_path}"
 
 
+def variants_summary(spec: dict) -> str:
+    """One line per lowering variant of a spec: built (with what it needs), or refused with its
+    full reason (never cut: the console is where a user reads it)."""
+    lines = []
+    for v in spec.get("variants", []):
+        need = ("TensorRT >= 10.7 (Python plugins)" if v == "plugins"
+                else "any TensorRT 10.x, JetPack 6 included (no plugins)")
+        note = spec.get("variant_notes", {}).get(v)
+        lines.append(f"  variant {v}: in the spec; runs on {need}" + (f"; {note}" if note else ""))
+    for v, reason in spec.get("variant_errors", {}).items():
+        lines.append(f"  variant {v}: NOT in the spec: {reason}")
+    return "Variants:\n" + "\n".join(lines)
+
+
+def finish_requirements(spec: dict) -> str:
+    """What the target needs to finish ``spec``: the plugin-free graphs on older TensorRT are
+    offered only when the spec carries them."""
+    plugins = f"TensorRT >= {'.'.join(map(str, MIN_TRT_FOR_PLUGINS))} with Python plugins"
+    variants = spec.get("variants", [])
+    if variants == ["plugin_free"]:
+        return "TensorRT 10.x; the graphs are plugin-free"
+    if "plugin_free" in variants:
+        return plugins + ", or TensorRT < 10.7 (JetPack 6) with the plugin-free graphs"
+    return plugins
+
+
 def build_gpu_target(recipe: Recipe, final_dir: Path, inputs_hash: str, *, force: bool = False,
                      log: Callable[[str], None] = print) -> BuildResult:
     """Export + lower + spec, then build the plans here if this machine is the target.
@@ -507,7 +610,10 @@ def build_gpu_target(recipe: Recipe, final_dir: Path, inputs_hash: str, *, force
     reuse = False
     if not force and spec_path.is_file():
         try:
-            reuse = json.loads(spec_path.read_text(encoding="utf-8")).get("inputs_hash") == inputs_hash
+            old = json.loads(spec_path.read_text(encoding="utf-8"))
+            # the variant gate is in validate (not in the build hash): a changed minimum re-gates
+            reuse = (old.get("inputs_hash") == inputs_hash
+                     and old.get("plugin_free_agreement_min") == _plugin_free_agreement_min(recipe))
         except (OSError, ValueError):
             reuse = False
     if reuse:
@@ -520,12 +626,13 @@ def build_gpu_target(recipe: Recipe, final_dir: Path, inputs_hash: str, *, force
     if missing:
         files = ", ".join(sorted(p.name for p in spec_path.parent.iterdir()))
         t = TARGETS[recipe.target]
+        spec = json.loads(spec_path.read_text(encoding="utf-8"))
         raise BuildNeedsTarget(
             f"TensorRT plans for target {recipe.target} ({t.description}) cannot be built on this machine: "
             + "; ".join(missing) + ".\n"
             f"Exported and lowered graphs, golden outputs and the build spec are in {spec_path.parent} ({files}).\n"
-            f"Finish on the target (TensorRT >= {'.'.join(map(str, MIN_TRT_FOR_PLUGINS))} with Python plugins, or the "
-            "plugin-free graphs on older TensorRT; see docs/tensorrt.md):\n"
+            + variants_summary(spec) + "\n"
+            f"Finish on the target ({finish_requirements(spec)}; see docs/tensorrt.md):\n"
             f"  {finish_command(spec_path)}", spec_path)
     return build_from_spec(spec_path, log=log)
 
@@ -680,7 +787,9 @@ def build_from_spec(spec_path: str | Path, *, log: Callable[[str], None] = print
             recipe_hash=spec["recipe"]["hash"], inputs_hash=spec["inputs_hash"],
             backend={"name": "trt", "flavor": "tensorrt", "version": env.trt_version,
                      "cuda_runtime": env.cuda_runtime, "lowering": lowering, "plugin_abi_hash": plugin_abi_hash(),
-                     "triton": env.triton_version if lowering == "plugins" else None},
+                     "triton": env.triton_version if lowering == "plugins" else None,
+                     "int4_weights": spec["graphs"][("prefill" if spec["layout"] == "dual_profile" else "decode")
+                                                    + sfx].get("int4_weights", "as_exported")},
             target={"name": tname, "sm": env.gpu_sm, "platform": env.platform, "gpu": env.gpu_name},
             op_abi_hash=spec["op_abi_hash"], plugin_versions=plugin_versions,
             model=ModelConfig.from_dict(spec["model"]), kv=KVLayout(**kv), graphs=graphs, files=files,
@@ -696,7 +805,7 @@ def build_from_spec(spec_path: str | Path, *, log: Callable[[str], None] = print
                         "plan_bytes": {f: (tmp / f).stat().st_size for f in set(plan_files.values())}},
         )
         atomic_write_text(tmp / MANIFEST_NAME, manifest.to_json())
-        publish_artifact(tmp, final)
+        publish_artifact(tmp, final, log)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

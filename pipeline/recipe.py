@@ -269,7 +269,15 @@ class EngineSpec(_Spec):
     the same precision in both phases; saves memory on Orin). ``plugin_free``: lower
     PagedAttention/Int4Gemm to standard TensorRT layers instead of plugins.
     ``orin_trt_lt_10_7``: what to do on an Orin whose TensorRT is older than 10.7 (JetPack 6, no
-    Python plugins): build ``plugin_free`` or ``fail``. ``builder_optimization_level`` (0-5) and
+    Python plugins): build ``plugin_free`` or ``fail``. ``plugin_free_int4``: what the
+    plugin-free lowering does with asymmetric INT4 weights (GGUF Q4_1), which TensorRT's INT4
+    ``DequantizeLinear`` (symmetric only) cannot express: ``refuse`` (that variant is not built,
+    the reason is printed), ``requantize_symmetric`` (symmetric INT4 blocks of the same group
+    size, least-squares scale per block, re-quantized from the dequantized weights; measured on
+    SmolLM2: teacher-forced agreement 0.772, too low) or ``dequantize_float`` (the dequantized
+    weights in the activation dtype, fp16: 4x the INT4 weight bytes, agreement ~1). Either way
+    the build measures the variant's teacher-forced agreement and keeps it only if it reaches
+    ``validate.correctness.plugin_free_teacher_forced_agreement_min``. ``builder_optimization_level`` (0-5) and
     ``workspace_mib`` go to the TensorRT builder. ``intra_op_num_threads``: ONNX Runtime threads
     (cpu target only; None = ONNX Runtime's default). ``ort_accuracy_level`` (cpu only):
     MatMulNBits ``accuracy_level`` for INT4 weights: 4 quantizes activations to int8 per block
@@ -294,6 +302,7 @@ class EngineSpec(_Spec):
     layout: Literal["split", "dual_profile"] = "split"
     plugin_free: bool = False
     orin_trt_lt_10_7: Literal["plugin_free", "fail"] = "fail"
+    plugin_free_int4: Literal["refuse", "requantize_symmetric", "dequantize_float"] = "refuse"
     builder_optimization_level: int = Field(3, ge=0, le=5, examples=[3])
     workspace_mib: int | None = Field(None, ge=1, examples=[4096])
     intra_op_num_threads: int | None = Field(None, ge=1, examples=[2])
@@ -302,7 +311,7 @@ class EngineSpec(_Spec):
     ort_sessions: Literal["auto", "one", "two"] = "auto"
 
 
-_TRT_ONLY_ENGINE_KEYS = ("layout", "plugin_free", "orin_trt_lt_10_7",
+_TRT_ONLY_ENGINE_KEYS = ("layout", "plugin_free", "orin_trt_lt_10_7", "plugin_free_int4",
                          "builder_optimization_level", "workspace_mib")
 
 
@@ -562,9 +571,13 @@ class CorrectnessSpec(_Spec):
     """Correctness gate of validate: run ``num_sequences`` reference continuations of
     ``num_tokens`` tokens teacher-forced through the INT4 engines and the full-precision
     reference; the fraction of positions whose argmax agrees must be at least
-    ``int4_teacher_forced_agreement_min``."""
+    ``int4_teacher_forced_agreement_min``. ``plugin_free_teacher_forced_agreement_min``: the
+    same gate for the plugin-free variant whose asymmetric INT4 weights were changed for
+    TensorRT (``engine.plugin_free_int4``: re-quantized or dequantized), applied when the build measures it
+    (on the CPU, against the fp32 reference) and by validate on an artifact of that variant."""
 
     int4_teacher_forced_agreement_min: float = Field(0.95, gt=0, le=1, examples=[0.95])
+    plugin_free_teacher_forced_agreement_min: float | None = Field(None, gt=0, le=1, examples=[0.9])
     num_sequences: int = Field(4, ge=1, examples=[4])
     num_tokens: int = Field(64, ge=1, examples=[64])
 
@@ -782,6 +795,7 @@ def _recipe_issues(r: Recipe) -> list[_Issue]:
             out.append(_Issue(("engine", "orin_trt_lt_10_7"), r.engine.orin_trt_lt_10_7,
                               f"this key only on target orin (this recipe targets {r.target})",
                               "remove engine.orin_trt_lt_10_7"))
+        out += _plugin_free_int4_issues(r)
         if r.engine.layout == "dual_profile" and r.precision.prefill != r.precision.decode:
             out.append(_Issue(("engine", "layout"), "dual_profile",
                               "the same precision for prefill and decode (one plan, one copy of "
@@ -797,6 +811,39 @@ def _recipe_issues(r: Recipe) -> list[_Issue]:
                               f"longest prompt + longest output ({longest} + "
                               f"{s.output_tokens.max_tokens}) <= max_seq_len ({r.max_seq_len})",
                               "shorten the prompts or outputs, or raise max_seq_len"))
+    return out
+
+
+def _plugin_free_int4_issues(r: Recipe) -> list[_Issue]:
+    """engine.plugin_free_int4 and its agreement gate come together, on a recipe that has a
+    plugin-free INT4 variant."""
+    out: list[_Issue] = []
+    e = r.engine
+    c = r.validation.correctness
+    gate = c.plugin_free_teacher_forced_agreement_min if c is not None else None
+    gate_key = ("validate", "correctness", "plugin_free_teacher_forced_agreement_min")
+    if e.plugin_free_int4 != "refuse":
+        has_variant = e.plugin_free or (r.target == "orin" and e.orin_trt_lt_10_7 == "plugin_free")
+        if not has_variant:
+            out.append(_Issue(("engine", "plugin_free_int4"), e.plugin_free_int4,
+                              "a recipe with a plugin-free variant (engine.plugin_free: true, or on orin "
+                              "engine.orin_trt_lt_10_7: plugin_free)",
+                              "remove engine.plugin_free_int4, or add a plugin-free variant"))
+        elif "int4" not in (r.precision.prefill, r.precision.decode):
+            out.append(_Issue(("engine", "plugin_free_int4"), e.plugin_free_int4,
+                              "an INT4 phase (there are no INT4 weights to re-quantize)",
+                              "remove engine.plugin_free_int4"))
+        elif gate is None:
+            out.append(_Issue(gate_key, None,
+                              f"a minimum teacher-forced agreement (0..1] for the plugin-free variant "
+                              f"({e.plugin_free_int4}): it changes the weights, so the build measures it and "
+                              "keeps the variant only above this gate",
+                              "set validate.correctness.plugin_free_teacher_forced_agreement_min, e.g. 0.9"))
+    elif gate is not None:
+        out.append(_Issue(gate_key, gate,
+                          "this key only with engine.plugin_free_int4: requantize_symmetric or "
+                          "dequantize_float (it gates the plugin-free variant whose weights they change)",
+                          "remove it, or set engine.plugin_free_int4: dequantize_float"))
     return out
 
 

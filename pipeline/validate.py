@@ -170,7 +170,9 @@ def check_correctness(llm: Any, recipe: Recipe, golden: dict) -> dict:
 
     fp32 prefill and decode: greedy ids must equal the golden ids exactly (both stop at EOS).
     Otherwise (INT4, fp16...): teacher-forced argmax agreement over all positions of the golden
-    sequences must be >= ``validate.correctness.int4_teacher_forced_agreement_min``. Uses the
+    sequences must be >= ``validate.correctness.int4_teacher_forced_agreement_min`` (for an
+    artifact whose INT4 weights were re-quantized for the plugin-free TensorRT lowering:
+    ``plugin_free_teacher_forced_agreement_min``). Uses the
     first ``num_sequences`` golden sequences, each cut to ``num_tokens`` tokens.
     """
     from trtpipe.runtime.teacher_forcing import first_mismatch, greedy_ids, teacher_forced_agreement
@@ -222,9 +224,15 @@ def check_correctness(llm: Any, recipe: Recipe, golden: dict) -> dict:
             total += len(want)
             in_top5 += n_top5
         agreement = agree / total
-        threshold = spec.int4_teacher_forced_agreement_min
+        threshold, gate_key = spec.int4_teacher_forced_agreement_min, "int4_teacher_forced_agreement_min"
+        backend = getattr(getattr(llm, "manifest", None), "backend", None) or {}
+        if (backend.get("int4_weights") in ("requantize_symmetric", "dequantize_float")
+                and spec.plugin_free_teacher_forced_agreement_min is not None):
+            # the plugin-free TensorRT variant runs changed weights (engine.plugin_free_int4): its own gate
+            threshold = spec.plugin_free_teacher_forced_agreement_min
+            gate_key = "plugin_free_teacher_forced_agreement_min"
         out.update(method="teacher-forced argmax agreement", agreement=round(agreement, 6),
-                   agreeing_tokens=f"{agree}/{total}", threshold=threshold,
+                   agreeing_tokens=f"{agree}/{total}", threshold=threshold, threshold_key=gate_key,
                    passed=agreement >= threshold,
                    margin=round(agreement - threshold, 6),
                    in_reference_top5=f"{in_top5}/{total}", num_tokens=total)

@@ -38,6 +38,8 @@ __all__ = [
     "pack_zero_points_uint8",
     "unpack_zero_points_uint8",
     "quantize_rtn",
+    "quantize_symmetric_mse",
+    "requantize_symmetric",
     "GGUF_BLOCK",
     "GGUF_BLOCK_BYTES",
     "unpack_gguf_q4_codes",
@@ -163,6 +165,86 @@ def quantize_rtn(
     packed = pack_int4(q.reshape(N, K), G)
     zero_points = None if symmetric else pack_zero_points_uint8(zp.astype(np.uint8))
     return packed, scales, zero_points
+
+
+SYMMETRIC_SCALE_DIVISORS = tuple(np.linspace(6.0, 8.5, 11).tolist())  # scale = absmax / d candidates
+
+
+def quantize_symmetric_mse(w: np.ndarray, group_size: int, *, scale_dtype=np.float16,
+                           divisors: tuple[float, ...] = SYMMETRIC_SCALE_DIVISORS) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric blockwise 4-bit quantization of ``w [N, K]`` with the scale that minimizes each
+    block's squared error: TensorRT's INT4 ``DequantizeLinear`` form (``w ~= c * scale``,
+    c = code - 8 in [-8, 7], no zero point).
+
+    For each block, ``scale = absmax / d`` for every ``d`` in ``divisors`` (6.0 .. 8.5: d = 7 is
+    plain round-to-nearest with no clipping, d = 8 uses code -8 for a negative extreme, d > 8
+    clips the extremes to shrink the step for the bulk), rounded to ``scale_dtype`` (fp16: the
+    dtype TensorRT runs the scales in, so the codes are chosen for the scale it will use),
+    ``c = clip(round(w / scale), -8, 7)``; the candidate with the smallest ``sum((w - c*scale)^2)``
+    wins (ties: the first). Same search as llama.cpp's ``make_qx_quants`` in spirit (a grid over
+    the scale, least squares), without its per-candidate refit. An all-zero block gets scale 1
+    and codes 8 (exactly 0; TensorRT may refuse a zero scale).
+
+    Returns ``(packed [N, K/G, G/2] uint8, MatMulNBits order with implied zero point 8,
+    scales [N, K/G] float32, exactly representable in ``scale_dtype``)``.
+    Raises :class:`OpError` like :func:`quantize_rtn`.
+    """
+    x = np.asarray(w)
+    if x.ndim != 2 or x.dtype.kind != "f":
+        raise OpError(f"w: shape {x.shape} dtype {x.dtype}, expected a 2-D float array [N, K]")
+    N, K = x.shape
+    _check_group_size(K, group_size)
+    G = int(group_size)
+    if not np.all(np.isfinite(x)):
+        raise OpError("w: contains NaN or Inf; cannot quantize")
+    blocks = x.astype(np.float32).reshape(N, K // G, G)
+    absmax = np.abs(blocks).max(axis=-1)  # [N, nb]
+    best_err = np.full(absmax.shape, np.inf, np.float32)
+    best_scale = np.ones(absmax.shape, np.float32)
+    for d in divisors:
+        s = (absmax / np.float32(d)).astype(scale_dtype).astype(np.float32)
+        s = np.where(s > 0, s, np.float32(1))
+        c = np.clip(np.round(blocks / s[..., None]), -8, 7)
+        err = np.square(blocks - c * s[..., None]).sum(axis=-1)
+        better = err < best_err
+        best_err = np.where(better, err, best_err)
+        best_scale = np.where(better, s, best_scale)
+    codes = np.clip(np.round(blocks / best_scale[..., None]), -8, 7).astype(np.int16) + 8
+    return pack_int4(codes.reshape(N, K).astype(np.uint8), G), best_scale.astype(np.float32)
+
+
+def requantize_symmetric(b_packed: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, K: int,
+                         N: int, group_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Asymmetric INT4 blocks (e.g. GGUF Q4_1 as float zero points) -> symmetric INT4 blocks of
+    the same group size, re-quantized from the dequantized weights with
+    :func:`quantize_symmetric_mse`. Not exact: each weight moves by up to about half a (new)
+    code step; measure the model's agreement (docs/tensorrt.md).
+
+    Returns ``(packed [N, K/G, G/2] uint8, scales [N, K/G] float32)``; zero point 8 implied.
+    """
+    import hashlib
+
+    from trtpipe.plugins.reference import dequantize_int4
+
+    h = hashlib.sha1(f"{K},{N},{group_size}".encode())
+    for a in (b_packed, scales, zero_points):
+        if a is not None:
+            a = np.ascontiguousarray(a)
+            h.update(str(a.dtype).encode() + a.tobytes())
+    key = h.hexdigest()
+    hit = _REQUANT_MEMO.get(key)
+    if hit is not None:  # the build re-quantizes the same weights for the lowering and for measuring
+        return hit[0].copy(), hit[1].copy()
+    w = dequantize_int4(b_packed, scales, zero_points, K, N, group_size)
+    packed, new_scales = quantize_symmetric_mse(w, group_size)
+    size = packed.nbytes + new_scales.nbytes
+    if sum(p.nbytes + s.nbytes for p, s in _REQUANT_MEMO.values()) + size <= _REQUANT_MEMO_MAX_BYTES:
+        _REQUANT_MEMO[key] = (packed.copy(), new_scales.copy())
+    return packed, new_scales
+
+
+_REQUANT_MEMO: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+_REQUANT_MEMO_MAX_BYTES = 512 << 20
 
 
 # --------------------------------------------------------------------------------------------

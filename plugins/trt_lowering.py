@@ -28,7 +28,9 @@ Passes (each ``ModelProto -> ModelProto``, returning a new model; idempotent):
   ``Gather`` by block table, causal + window masks; shared with the ONNX Runtime lowering,
   :mod:`trtpipe.plugins.ort_lowering`) and ``Int4Gemm`` as blockwise INT4 ``DequantizeLinear`` +
   ``MatMul``. TensorRT's INT4 dequantization is symmetric only (zero point 0), so asymmetric
-  weights (per-block zero points != 8, e.g. GGUF Q4_1) raise :class:`OpError`.
+  weights (per-block zero points != 8, e.g. GGUF Q4_1) raise :class:`OpError`, or, when asked,
+  are re-quantized to symmetric blocks of the same group size (least-squares scale per block)
+  or stored dequantized as float weights of a plain ``MatMul``.
 
   Cost of going plugin-free: TensorRT's ``ScatterND`` writes a new output tensor, so each step
   copies every layer's pool (the plugin writes in place); attention reads ``MB * block_size``
@@ -339,9 +341,17 @@ def _int4_tensor(values: np.ndarray, name: str) -> onnx.TensorProto:
     return numpy_helper.from_array(np.ascontiguousarray(values.astype(np.int8)).astype(ml_dtypes.int4), name)
 
 
-def _lower_int4_gemm_dq(b, node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> None:
+ASYMMETRIC_INT4_MODES = ("refuse", "requantize_symmetric", "dequantize_float")
+
+
+def _lower_int4_gemm_dq(b, node: onnx.NodeProto, inits: dict[str, onnx.TensorProto], *,
+                        asymmetric_int4: str = "refuse") -> None:
     """``Int4Gemm`` -> ``MatMul(A, DequantizeLinear(W_int4 [K, N], scale [K/G, N], axis=0,
-    block_size=G))``. Symmetric only (zero point 8 everywhere), see the module docstring."""
+    block_size=G))``. Symmetric only (zero point 8 everywhere), see the module docstring.
+    Asymmetric blocks (``asymmetric_int4``): ``refuse`` raises; ``requantize_symmetric``
+    re-quantizes them (:func:`~trtpipe.plugins.int4_pack.requantize_symmetric`, same group size);
+    ``dequantize_float`` writes ``MatMul(A, W^T)`` with W dequantized at lowering time (exact up
+    to the float rounding; the cast pass then stores it in the activation dtype)."""
     from trtpipe.plugins.reference import unpack_int4_codes, unpack_zero_points_uint8
 
     a = _attrs(node)
@@ -359,15 +369,36 @@ def _lower_int4_gemm_dq(b, node: onnx.NodeProto, inits: dict[str, onnx.TensorPro
         zp = unpack_zero_points_uint8(zt, N, nb).astype(np.float32) if zt.dtype == np.uint8 else zt.astype(np.float32)
     else:
         zp = np.full((N, nb), 8.0, np.float32)
+    if asymmetric_int4 not in ASYMMETRIC_INT4_MODES:
+        raise OpError(f"asymmetric_int4 = {asymmetric_int4!r}: expected one of {ASYMMETRIC_INT4_MODES}")
+    if not np.all(zp == 8.0) and asymmetric_int4 == "dequantize_float":
+        from trtpipe.plugins.reference import dequantize_int4
+
+        raw_zp = numpy_helper.to_array(inits[zp_name])
+        w = dequantize_int4(packed, scales, raw_zp, K, N, G)  # [N, K] float32
+        name = b.name("w_dequantized")
+        b.inits.append(numpy_helper.from_array(np.ascontiguousarray(w.T.astype(scales.dtype)), name))  # [K, N]
+        b.op("MatMul", [node.input[0], name], "matmul", outputs=list(node.output))
+        return
+    if not np.all(zp == 8.0) and asymmetric_int4 == "requantize_symmetric":
+        from trtpipe.plugins.int4_pack import requantize_symmetric
+
+        raw_zp = numpy_helper.to_array(inits[zp_name])
+        packed, sym_scales = requantize_symmetric(packed, scales, raw_zp, K, N, G)
+        scales = sym_scales.astype(scales.dtype)
+        zp = np.full((N, nb), 8.0, np.float32)
     if not np.all(zp == 8.0):
         bad = int(np.sum(zp != 8.0))
         raise OpError(
             f"Int4Gemm {node.name} (output {node.output[0]}, K={K}, N={N}, group_size={G}) has asymmetric INT4 weights ({bad} of {zp.size} "
             "blocks have a zero point other than 8), and TensorRT's INT4 DequantizeLinear is symmetric only, so "
             "the plugin-free lowering cannot express them. Fix: use the Int4Gemm plugin (engine.plugin_free: false, "
-            "TensorRT >= 10.7), or re-quantize symmetrically (precision.int4.symmetric: true; a GGUF Q4_1 file is "
-            "asymmetric and is repacked as is at group_size 32, so pick group_size 64 or 128 to re-quantize), "
-            "or run that phase in fp16.")
+            "TensorRT >= 10.7), or let the plugin-free variant re-quantize them symmetrically "
+            "(engine.plugin_free_int4: requantize_symmetric) or store them dequantized in fp16 "
+            "(engine.plugin_free_int4: dequantize_float), gated by "
+            "validate.correctness.plugin_free_teacher_forced_agreement_min), or re-quantize every variant "
+            "(precision.int4.symmetric: true; a GGUF Q4_1 file is asymmetric and is repacked as is at group_size "
+            "32, so pick group_size 64 or 128 to re-quantize), or run that phase in fp16.")
     codes = unpack_int4_codes(packed, K, N, G).astype(np.int16) - 8  # [N, K] in [-8, 7]
     w = b.name("w_int4")
     s = b.name("w_scale")
@@ -399,12 +430,17 @@ def _lower_int8_gemm_float(b, node: onnx.NodeProto, inits: dict[str, onnx.Tensor
     b.op("MatMul", [node.input[0], name], "matmul", outputs=list(node.output))
 
 
-def lower_plugin_free(model: onnx.ModelProto, *, decode: bool = False) -> onnx.ModelProto:
+def lower_plugin_free(model: onnx.ModelProto, *, decode: bool = False,
+                      asymmetric_int4: str = "refuse") -> onnx.ModelProto:
     """Rewrite every ``trtpipe`` node into standard ONNX ops TensorRT parses without plugins.
 
     ``decode``: one query token per sequence (the split layout's decode graph), which takes the
     ONNX Runtime lowering's decode-specialized attention (no padded query layout).
-    Raises :class:`OpError` for asymmetric INT4 weights or an unknown ``trtpipe`` op.
+    ``asymmetric_int4``: what asymmetric INT4 weights become (see :func:`_lower_int4_gemm_dq`):
+    ``refuse``, ``requantize_symmetric`` (not exact; the build measures the model's agreement) or
+    ``dequantize_float``.
+    Raises :class:`OpError` for asymmetric INT4 weights (unless re-quantized) or an unknown
+    ``trtpipe`` op.
     Idempotent (a lowered graph has no ``trtpipe`` node).
     """
     from trtpipe.plugins import ort_lowering as OL
@@ -441,7 +477,7 @@ def lower_plugin_free(model: onnx.ModelProto, *, decode: bool = False) -> onnx.M
         elif node.op_type == "Int4Gemm" and int(_attrs(node).get("bits", 4)) == 8:
             _lower_int8_gemm_float(b, node, inits)
         elif node.op_type == "Int4Gemm":
-            _lower_int4_gemm_dq(b, node, inits)
+            _lower_int4_gemm_dq(b, node, inits, asymmetric_int4=asymmetric_int4)
         else:
             raise OpError(f"no plugin-free TensorRT lowering for {OP_DOMAIN}::{node.op_type} (node {node.name})")
         nodes.extend(b.nodes)
@@ -458,10 +494,12 @@ def lower_plugin_free(model: onnx.ModelProto, *, decode: bool = False) -> onnx.M
 
 
 def lower_for_trt(model: onnx.ModelProto, *, dtype: str, plugin_free: bool, decode: bool = False,
-                  kv_dtype: str | None = None) -> onnx.ModelProto:
+                  kv_dtype: str | None = None, asymmetric_int4: str = "refuse") -> onnx.ModelProto:
     """The whole TensorRT lowering of one exported fp32 graph: custom ops (plugins or
-    plugin-free), then the float cast to ``dtype`` ("fp32" | "fp16" | "bf16")."""
-    lowered = lower_plugin_free(model, decode=decode) if plugin_free else lower_with_plugins(model, decode=decode)
+    plugin-free, the latter optionally re-quantizing asymmetric INT4 weights), then the float
+    cast to ``dtype`` ("fp32" | "fp16" | "bf16")."""
+    lowered = (lower_plugin_free(model, decode=decode, asymmetric_int4=asymmetric_int4) if plugin_free
+               else lower_with_plugins(model, decode=decode))
     return cast_float_graph(lowered, dtype, kv_dtype=kv_dtype)
 
 

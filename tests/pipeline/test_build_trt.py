@@ -140,6 +140,21 @@ def test_choose_lowering_by_tensorrt_version():
         BT.choose_lowering(fail_orin, "10.3.0.30")
 
 
+def test_console_summary_gives_every_variant_its_full_reason():
+    reason = ("prefill: Int4Gemm /model/layers.0/mlp/down_proj (output x, K=1536, N=576, group_size=32) has "
+              "asymmetric INT4 weights (1234 of 27648 blocks have a zero point other than 8), and TensorRT's "
+              "INT4 DequantizeLinear is symmetric only. Fix: ...the very end of the reason")
+    spec = _spec(target={"name": "orin"}, variants=["plugins"], variant_errors={"plugin_free": reason})
+    text = BT.variants_summary(spec)
+    assert text.splitlines()[1] == "  variant plugins: in the spec; runs on TensorRT >= 10.7 (Python plugins)"
+    assert text.splitlines()[2] == f"  variant plugin_free: NOT in the spec: {reason}"
+    # the hint offers the plugin-free graphs only when the spec carries them
+    assert BT.finish_requirements(spec) == "TensorRT >= 10.7 with Python plugins"
+    both = dict(spec, variants=["plugins", "plugin_free"], variant_errors={})
+    assert "TensorRT < 10.7 (JetPack 6) with the plugin-free graphs" in BT.finish_requirements(both)
+    assert BT.finish_requirements(_spec(variants=["plugin_free"])) == "TensorRT 10.x; the graphs are plugin-free"
+
+
 def _env(**kw):
     base = dict(trt_version="10.13.0.35", trt_error=None, gpu_sm=80, gpu_name="NVIDIA A100", cuda_runtime="12.9",
                 platform="x86_64", triton_version="3.9.0")
@@ -272,11 +287,16 @@ def test_orin_dual_profile_int4_records_why_plugin_free_fails(smollm2_2layer, tm
     monkeypatch.setattr(BT, "probe_environment", lambda: _env(trt_version=None, gpu_sm=None, platform="x86_64"))
     r = _recipe(target="orin", precision={"prefill": "int4", "decode": "int4", "int4": {"group_size": 32}},
                 engine={"layout": "dual_profile", "plugin_free": False, "orin_trt_lt_10_7": "plugin_free"})
-    with pytest.raises(BT.BuildNeedsTarget):
-        BT.build_gpu_target(r, tmp_path / "t-trt" / "orin", "h")
+    logs: list[str] = []
+    with pytest.raises(BT.BuildNeedsTarget) as e:
+        BT.build_gpu_target(r, tmp_path / "t-trt" / "orin", "h", log=logs.append)
     spec = json.loads((tmp_path / "t-trt" / "orin.spec" / "build_spec.json").read_text())
     assert spec["variants"] == ["plugins"]
-    assert "asymmetric" in spec["variant_errors"]["plugin_free"]
+    reason = spec["variant_errors"]["plugin_free"]
+    assert "asymmetric" in reason and reason.endswith("or run that phase in fp16.")
+    assert f"variant plugin_free: NOT in the spec: {reason}" in str(e.value)  # the whole reason on the console
+    assert any(reason.split(": ", 1)[1] in line for line in logs)
+    assert "plugin-free graphs" not in str(e.value)  # never offered when the spec lacks them
     (plan,) = spec["plans"]
     assert plan["name"] == "engine" and [p["phase"] for p in plan["profiles"]] == ["prefill", "decode"]
     dec = plan["profiles"][1]["shapes"]
@@ -285,6 +305,82 @@ def test_orin_dual_profile_int4_records_why_plugin_free_fails(smollm2_2layer, tm
     assert spec["builder"]["workspace_mib"] == 2048 and spec["duplicated_weights_bytes"] == 0
     with pytest.raises(BuildError, match="JetPack 6.*asymmetric"):
         BT.choose_lowering(spec, "10.3.0.30")
+
+
+def _orin_jetpack6_recipe(gate: float, mode: str = "requantize_symmetric"):
+    return _recipe(target="orin", precision={"prefill": "int4", "decode": "int4", "int4": {"group_size": 32}},
+                   engine={"layout": "dual_profile", "plugin_free": False, "orin_trt_lt_10_7": "plugin_free",
+                           "plugin_free_int4": mode},
+                   validate={"correctness": {"num_sequences": 4, "num_tokens": 8,
+                                             "plugin_free_teacher_forced_agreement_min": gate}})
+
+
+@pytest.fixture(scope="module", params=["requantize_symmetric", "dequantize_float"])
+def orin_jetpack6_spec(request, smollm2_2layer, tmp_path_factory):
+    """The Orin INT4 recipe's shape (dual profile, Q4_1 weights) with a plugin-free variant whose
+    asymmetric INT4 weights are re-quantized symmetrically, or dequantized to fp16 (the shipped recipe)."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr(BT, "load_model", lambda recipe: smollm2_2layer)
+    mp.setattr(BT, "probe_environment", lambda: _env(trt_version=None, gpu_sm=None, platform="x86_64"))
+    final = tmp_path_factory.mktemp("art") / "t-trt" / "orin"
+    logs: list[str] = []
+    try:
+        with pytest.raises(BT.BuildNeedsTarget) as e:
+            BT.build_gpu_target(_orin_jetpack6_recipe(0.5, request.param), final, "h", log=logs.append)
+    finally:
+        mp.undo()
+    return e.value, final, logs, request.param
+
+
+@pytest.mark.slow
+def test_orin_jetpack6_variant_is_requantized_measured_and_offered(orin_jetpack6_spec):
+    import onnx
+
+    err, final, logs, mode = orin_jetpack6_spec
+    sdir = final.with_name("orin.spec")
+    spec = json.loads((sdir / "build_spec.json").read_text())
+    assert spec["variants"] == ["plugins", "plugin_free"] and spec["variant_errors"] == {}
+    rec = spec["variant_agreement"]["plugin_free"]
+    agree, total = map(int, rec["agreeing_tokens"].split("/"))
+    assert total == 4 * 8 and rec["agreement"] == round(agree / total, 6) and rec["minimum"] == 0.5
+    assert rec["agreement"] >= 0.5
+    assert spec["graphs"]["prefill.plugin_free"]["int4_weights"] == mode
+    assert "int4_weights" not in spec["graphs"]["prefill"]
+    assert [p["name"] for p in spec["plans"]] == ["engine", "engine.plugin_free"]
+    msg = str(err)
+    assert "variant plugin_free: in the spec; runs on any TensorRT 10.x, JetPack 6 included" in msg
+    assert f"agreement {rec['agreement']:.4f}" in msg
+    assert "or TensorRT < 10.7 (JetPack 6) with the plugin-free graphs" in msg
+    assert BT.choose_lowering(spec, "10.3.0.30") == "plugin_free"
+    # what TensorRT 10.3 parses: no custom node, INT4 DequantizeLinear without zero points
+    m = onnx.load(str(sdir / "prefill.plugin_free.onnx"), load_external_data=False)
+    assert not [n for n in m.graph.node if n.domain == "trtpipe"]
+    dqs = [n for n in m.graph.node if n.op_type == "DequantizeLinear"]
+    if mode == "requantize_symmetric":  # 2 layers x 7 linears (LM head: MatMul), no zero points
+        assert len(dqs) == 2 * 7 and all(len(n.input) == 2 for n in dqs)
+    else:  # fp16 weights, plain MatMul; the dequantized Q4_1 weights agree with their fp32 reference
+        assert dqs == [] and rec["agreement"] >= 0.95
+        w = next(t for t in m.graph.initializer if "/w_dequantized_" in t.name)
+        assert w.data_type == onnx.TensorProto.FLOAT16
+    assert any(f"plugin-free weights ({mode}): agreement" in line for line in logs)
+
+
+@pytest.mark.slow
+def test_orin_jetpack6_variant_below_its_gate_is_refused(smollm2_2layer, tmp_path, monkeypatch):
+    from trtpipe.pipeline import variant_agreement as VA
+
+    monkeypatch.setattr(BT, "load_model", lambda recipe: smollm2_2layer)
+    monkeypatch.setattr(BT, "probe_environment", lambda: _env(trt_version=None, gpu_sm=None, platform="x86_64"))
+    monkeypatch.setattr(VA, "teacher_forced_agreement_dense", lambda *a, **k: VA.Agreement(25, 32))
+    with pytest.raises(BT.BuildNeedsTarget) as e:
+        BT.build_gpu_target(_orin_jetpack6_recipe(0.9), tmp_path / "t-trt" / "orin", "h", log=lambda s: None)
+    spec = json.loads((tmp_path / "t-trt" / "orin.spec" / "build_spec.json").read_text())
+    assert spec["variants"] == ["plugins"] and [p["name"] for p in spec["plans"]] == ["engine"]
+    reason = spec["variant_errors"]["plugin_free"]
+    assert "25/32 = 0.7812" in reason and "plugin_free_teacher_forced_agreement_min = 0.9" in reason
+    assert f"variant plugin_free: NOT in the spec: {reason}" in str(e.value)
+    assert "plugin-free graphs" not in str(e.value)
+    assert not (tmp_path / "t-trt" / "orin.spec" / "prefill.plugin_free.onnx").exists()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -303,6 +399,20 @@ def test_rtx_smoke_builds_both_plugin_free_graphs(split_spec):
         r = BT.rtx_smoke_build(sdir / plan["graph"], [p["shapes"] for p in plan["profiles"]], sm=80)
         assert r.ok, r.log_tail
         assert r.engine_bytes > 49152 * 576 * 2  # holds at least the fp16 embedding
+
+
+@pytest.mark.rtx
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_RTX, reason="tensorrt-rtx not installed (pip install -r requirements-rtx.txt)")
+def test_rtx_smoke_builds_the_requantized_jetpack6_variant(orin_jetpack6_spec):
+    """The dual-profile plugin-free plan (symmetric INT4 DequantizeLinear + MatMul, fp16) parses and
+    builds; RTX cannot target sm_87, so sm_80 stands in for the parser/builder check."""
+    _, final, _, _ = orin_jetpack6_spec
+    sdir = final.with_name("orin.spec")
+    spec = json.loads((sdir / "build_spec.json").read_text())
+    (plan,) = [p for p in spec["plans"] if p["name"] == "engine.plugin_free"]
+    r = BT.rtx_smoke_build(sdir / plan["graph"], [p["shapes"] for p in plan["profiles"]], sm=80)
+    assert r.ok, r.log_tail
 
 
 @pytest.mark.rtx

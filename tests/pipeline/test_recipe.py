@@ -489,3 +489,26 @@ def test_ort_engine_settings_resolve_and_are_checked(cpu_data):
         x["kv_cache"]["dtype"] = "fp16"
         x["engine"] = {"ort_float_zero_points": "exact"}
     assert_problem(error_of(cpu_data, ort_key_on_gpu), "engine.ort_float_zero_points", "'exact'", "target: cpu")
+
+
+def _orin_data() -> dict:
+    return yaml.safe_load(resolve_recipe_path("smollm2-135m-orin").read_text())
+
+
+def test_plugin_free_int4_requantization_and_its_gate_come_together(cpu_data):
+    orin = _orin_data()
+    assert orin["engine"]["plugin_free_int4"] == "dequantize_float"
+    gate = orin["validate"]["correctness"]["plugin_free_teacher_forced_agreement_min"]
+    assert 0 < gate <= 1
+    err = error_of(orin, lambda d: d["validate"]["correctness"].pop("plugin_free_teacher_forced_agreement_min"))
+    assert_problem(err, "validate.correctness.plugin_free_teacher_forced_agreement_min", "None",
+                   "set validate.correctness.plugin_free_teacher_forced_agreement_min, e.g. 0.9")
+    err = error_of(orin, lambda d: d["engine"].update(plugin_free_int4="refuse"))
+    assert_problem(err, "validate.correctness.plugin_free_teacher_forced_agreement_min", str(gate),
+                   "engine.plugin_free_int4: dequantize_float")
+    err = error_of(orin, lambda d: d["engine"].update(orin_trt_lt_10_7="fail"))
+    assert_problem(err, "engine.plugin_free_int4", "'dequantize_float'", "add a plugin-free variant")
+    err = error_of(orin, lambda d: d["engine"].update(plugin_free_int4="symmetric"))
+    assert "engine.plugin_free_int4 = 'symmetric'" in str(err) and "dequantize_float" in str(err)
+    err = error_of(cpu_data, lambda d: d.update(engine={"plugin_free_int4": "requantize_symmetric"}))
+    assert_problem(err, "engine.plugin_free_int4", "'requantize_symmetric'", "remove engine.plugin_free_int4")

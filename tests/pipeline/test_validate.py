@@ -242,3 +242,30 @@ def test_validate_tight_budget_fails_with_json(tiny):
     assert (b["metric"], b["percentile"], b["limit"], b["passed"]) == ("ttft_ms", "p50", 0.001, False)
     assert b["margin"] < 0
     assert "FAIL" in res.stderr
+
+
+def test_plugin_free_variant_artifact_is_gated_by_its_own_minimum(monkeypatch):
+    """An Orin artifact of the plugin-free variant (asymmetric INT4 changed for TensorRT) is held to
+    validate.correctness.plugin_free_teacher_forced_agreement_min; the plugin variant to the INT4 one."""
+    import trtpipe.runtime.teacher_forcing as TF
+    from trtpipe.pipeline.validate import check_correctness
+
+    from trtpipe.pipeline.recipe import parse_recipe
+
+    data = yaml.safe_load((RECIPES_DIR / "smollm2-135m-orin.yaml").read_text())
+    data["validate"]["correctness"].update(int4_teacher_forced_agreement_min=0.95,
+                                           plugin_free_teacher_forced_agreement_min=0.9)
+    r = parse_recipe(data, origin="orin-test.yaml", base_dir=RECIPES_DIR)
+    gate = r.validation.correctness.plugin_free_teacher_forced_agreement_min
+    import math
+
+    want = list(range(100, 200))
+    golden = {"num_tokens": 100, "sequences": [{"prompt_ids": [1, 2], "output_ids": want}]}
+    k = math.ceil(gate * 100)  # agreeing tokens: at the plugin-free minimum, below the INT4 one
+    assert k < 95
+    monkeypatch.setattr(TF, "teacher_forced_agreement", lambda llm, p, w: (k / 100, w[:k] + [0] * (100 - k)))
+    for weights, key, passed in (("dequantize_float", "plugin_free_teacher_forced_agreement_min", True),
+                                 ("as_exported", "int4_teacher_forced_agreement_min", False)):
+        llm = SimpleNamespace(manifest=SimpleNamespace(backend={"name": "trt", "int4_weights": weights}))
+        c = check_correctness(llm, r, golden)
+        assert c["threshold_key"] == key and c["passed"] is passed, c

@@ -272,3 +272,46 @@ def test_float_zero_point_requant_to_8bit_moves_each_weight_at_most_d_over_32():
     assert np.allclose(err.max(-1), err.min(-1), atol=1e-7)
     with pytest.raises(OpError, match="expected \\[N, K/G\\]"):
         P.requantize_float_zp_to_uint8_8bit(codes, scales[:, :1], zp, G)
+
+
+# --------------------------------------------------------------------------------------------
+# symmetric re-quantization for TensorRT's INT4 DequantizeLinear (no zero point)
+# --------------------------------------------------------------------------------------------
+
+
+def test_symmetric_mse_beats_plain_rtn_per_block_and_uses_fp16_scales():
+    rng = np.random.default_rng(11)
+    N, K, G = 64, 256, 32
+    w = rng.standard_normal((N, K)).astype(np.float32) * rng.uniform(0.01, 2.0, (N, 1)).astype(np.float32)
+    w[3, :G] = 0.0  # an all-zero block
+    packed, scales = P.quantize_symmetric_mse(w, G)
+    assert packed.shape == (N, K // G, G // 2) and scales.shape == (N, K // G) and scales.dtype == np.float32
+    np.testing.assert_array_equal(scales.astype(np.float16).astype(np.float32), scales)  # exact in fp16
+    assert scales[3, 0] == 1.0 and np.all(scales > 0)  # never a zero scale
+    deq = R.dequantize_int4(packed, scales, None, K, N, G)
+    assert np.all(deq[3, :G] == 0.0)
+    rtn_packed, rtn_scales, _ = P.quantize_rtn(w, G, symmetric=True)
+    rtn = R.dequantize_int4(rtn_packed, rtn_scales.astype(np.float16).astype(np.float32), None, K, N, G)
+    err = np.square(w - deq).reshape(N, K // G, G).sum(-1)
+    err_rtn = np.square(w - rtn).reshape(N, K // G, G).sum(-1)
+    # d = 7 (plain RTN) is one of the candidates, so no block gets worse (up to the fp16 scale rounding
+    # of the candidate vs RTN's own scale), and the total error drops
+    assert np.all(err <= err_rtn * (1 + 1e-3) + 1e-12)
+    assert err.sum() < 0.95 * err_rtn.sum()
+
+
+def test_requantize_symmetric_of_gguf_q4_1_blocks_stays_close():
+    rng = np.random.default_rng(12)
+    N, K = 8, 128
+    d = rng.uniform(0.01, 0.05, (N, K // 32)).astype(np.float16)
+    m = -rng.uniform(0.0, 0.3, (N, K // 32)).astype(np.float16)
+    q = rng.integers(0, 16, (N, K), dtype=np.uint8)
+    w = q.reshape(N, K // 32, 32) * d.astype(np.float32)[..., None] + m.astype(np.float32)[..., None]
+    packed = P.pack_int4(q, 32)
+    zp = (-m.astype(np.float32) / d.astype(np.float32)).astype(np.float32)
+    new_packed, new_scales = P.requantize_symmetric(packed, d.astype(np.float32), zp, K, N, 32)
+    deq = R.dequantize_int4(new_packed, new_scales, None, K, N, 32).reshape(N, K // 32, 32)
+    absmax = np.abs(w).max(-1, keepdims=True)
+    # within a (new) code step of absmax/6 everywhere: the widest candidate step, clipping included
+    assert np.all(np.abs(deq - w) <= absmax / 6 + 1e-6)
+    assert np.sqrt(np.mean((deq - w) ** 2)) < 0.35 * np.sqrt(np.mean(w ** 2))

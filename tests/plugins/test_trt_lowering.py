@@ -277,3 +277,41 @@ def test_eight_bit_lm_head_becomes_a_float_matmul_in_both_lowerings():
         assert [n.op_type for n in lowered.graph.node] == ["MatMul"]
         (y,) = _run(lowered, {"A": a})
         np.testing.assert_allclose(y, a @ w.T, rtol=1e-5, atol=1e-5)
+
+
+def test_plugin_free_int4_asymmetric_can_be_requantized_symmetrically():
+    rng = np.random.default_rng(5)
+    K, N, G = 128, 32, 32
+    w = rng.standard_normal((N, K)).astype(np.float32) + 0.5  # asymmetric blocks
+    packed, scales, zp = P.quantize_rtn(w, G, symmetric=False)
+    zp_float = R.unpack_zero_points_uint8(zp, N, K // G).astype(np.float32)
+    lowered = lower_plugin_free(_int4_model(K, N, G, packed, scales, zp_float), asymmetric_int4="requantize_symmetric")
+    assert [n.op_type for n in lowered.graph.node] == ["DequantizeLinear", "MatMul"]
+    dq = lowered.graph.node[0]
+    assert len(dq.input) == 2  # no zero point: TensorRT's symmetric INT4
+    a = rng.standard_normal((4, K)).astype(np.float32)
+    (y,) = _run(lowered, {"A": a})
+    sym_packed, sym_scales = P.requantize_symmetric(packed, scales, zp_float, K, N, G)
+    # exactly the weights requantize_symmetric gives (what the build measures on the CPU) ...
+    np.testing.assert_allclose(y, R.int4_gemm(a, sym_packed, sym_scales, None, K=K, N=N, group_size=G),
+                               rtol=1e-4, atol=1e-4)
+    # ... and close to the asymmetric original (4-bit noise: relative RMS ~0.1 on Gaussian weights)
+    y_asym = R.int4_gemm(a, packed, scales, zp_float, K=K, N=N, group_size=G)
+    rms = lambda x: float(np.sqrt(np.mean(np.square(x))))  # noqa: E731
+    assert rms(y - y_asym) < 0.15 * rms(y_asym)
+
+
+def test_plugin_free_int4_asymmetric_can_be_dequantized_to_a_float_matmul():
+    rng = np.random.default_rng(6)
+    K, N, G = 64, 16, 32
+    packed, scales, zp = P.quantize_rtn(rng.standard_normal((N, K)).astype(np.float32) + 0.5, G, symmetric=False)
+    zp_float = R.unpack_zero_points_uint8(zp, N, K // G).astype(np.float32)
+    lowered = lower_for_trt(_int4_model(K, N, G, packed, scales, zp_float), dtype="fp16", plugin_free=True,
+                            asymmetric_int4="dequantize_float")
+    assert [n.op_type for n in lowered.graph.node if n.op_type in ("MatMul", "DequantizeLinear")] == ["MatMul"]
+    w = next(t for t in lowered.graph.initializer if "/w_dequantized_" in t.name)
+    assert w.data_type == TensorProto.FLOAT16 and list(w.dims) == [K, N]
+    want = R.dequantize_int4(packed, scales, zp_float, K, N, G).T.astype(np.float16)
+    np.testing.assert_array_equal(numpy_helper.to_array(w), want)
+    with pytest.raises(OpError, match="asymmetric_int4 = 'maybe'"):
+        lower_plugin_free(_int4_model(K, N, G, packed, scales, zp_float), asymmetric_int4="maybe")
