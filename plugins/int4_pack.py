@@ -140,15 +140,9 @@ def quantize_rtn(
         OpError: w not 2-D float, K % G != 0 (names K, G and group sizes that divide K),
             G not a power of two >= 16, non-finite weights.
     """
-    x = np.asarray(w)
-    if x.ndim != 2 or x.dtype.kind != "f":
-        raise OpError(f"w: shape {x.shape} dtype {x.dtype}, expected a 2-D float array [N, K]")
-    N, K = x.shape
-    _check_group_size(K, group_size)
-    G = int(group_size)
-    if not np.all(np.isfinite(x)):
-        raise OpError("w: contains NaN or Inf; cannot quantize")
-    blocks = x.astype(np.float32).reshape(N, K // G, G)
+    blocks = _weight_blocks(w, group_size)  # [N, K/G, G] float32
+    N, nb, G = blocks.shape
+    K = nb * G
     if symmetric:
         scales = (np.abs(blocks).max(axis=-1) / np.float32(7)).astype(np.float32)
         zp = np.full(scales.shape, 8, dtype=np.int32)
@@ -165,6 +159,19 @@ def quantize_rtn(
     packed = pack_int4(q.reshape(N, K), G)
     zero_points = None if symmetric else pack_zero_points_uint8(zp.astype(np.uint8))
     return packed, scales, zero_points
+
+
+def _weight_blocks(w: np.ndarray, group_size: int) -> np.ndarray:
+    """``w [N, K]`` float -> ``[N, K/G, G]`` float32 blocks, after the checks every quantizer
+    shares (2-D float, a valid group size, finite). Raises :class:`OpError`."""
+    x = np.asarray(w)
+    if x.ndim != 2 or x.dtype.kind != "f":
+        raise OpError(f"w: shape {x.shape} dtype {x.dtype}, expected a 2-D float array [N, K]")
+    N, K = x.shape
+    _check_group_size(K, group_size)
+    if not np.all(np.isfinite(x)):
+        raise OpError("w: contains NaN or Inf; cannot quantize")
+    return x.astype(np.float32).reshape(N, K // int(group_size), int(group_size))
 
 
 SYMMETRIC_SCALE_DIVISORS = tuple(np.linspace(6.0, 8.5, 11).tolist())  # scale = absmax / d candidates
@@ -189,15 +196,9 @@ def quantize_symmetric_mse(w: np.ndarray, group_size: int, *, scale_dtype=np.flo
     scales [N, K/G] float32, exactly representable in ``scale_dtype``)``.
     Raises :class:`OpError` like :func:`quantize_rtn`.
     """
-    x = np.asarray(w)
-    if x.ndim != 2 or x.dtype.kind != "f":
-        raise OpError(f"w: shape {x.shape} dtype {x.dtype}, expected a 2-D float array [N, K]")
-    N, K = x.shape
-    _check_group_size(K, group_size)
-    G = int(group_size)
-    if not np.all(np.isfinite(x)):
-        raise OpError("w: contains NaN or Inf; cannot quantize")
-    blocks = x.astype(np.float32).reshape(N, K // G, G)
+    blocks = _weight_blocks(w, group_size)  # [N, K/G, G] float32
+    N, nb, G = blocks.shape
+    K = nb * G
     absmax = np.abs(blocks).max(axis=-1)  # [N, nb]
     best_err = np.full(absmax.shape, np.inf, np.float32)
     best_scale = np.ones(absmax.shape, np.float32)
