@@ -303,9 +303,21 @@ def one_run(engine: str, load: dict, args, work: Path, tag: str) -> dict:
         return res | {"error": f"aiperf did not finish in {timeout:.0f} s (log: {out_dir / 'aiperf.log'})"}
     summary = serve_report.read_aiperf_summary(out_dir)
     if summary is None:
-        tail = " | ".join((out_dir / "aiperf.log").read_text(errors="replace").strip().splitlines()[-5:])[-700:]
-        return res | {"error": f"aiperf exit {rc}, no profile_export_aiperf.json: {tail}"}
+        return res | {"error": f"aiperf exit {rc}, no profile_export_aiperf.json: {_aiperf_error(out_dir)}"}
     return res | {"metrics": summary}
+
+
+def _aiperf_error(out_dir: Path) -> str:
+    """aiperf's first logged ERROR line (its console output is a box drawing), else its output's tail."""
+    for log in (out_dir / "logs" / "aiperf.log", out_dir / "aiperf.log"):
+        try:
+            lines = log.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        errs = [ln.split(" - ERROR - ", 1)[1] for ln in lines if " - ERROR - " in ln]
+        if errs:
+            return errs[0][:600] + f" (log: {log})"
+    return " | ".join(ln.strip() for ln in lines[-5:])[-600:] if lines else "(no log)"
 
 
 def _children_cpu_s() -> float:
@@ -353,6 +365,8 @@ def measure(engines: list[str], args, work: Path, t_start: float) -> tuple[dict,
                 print(f"skip {e} at {rate} req/s: another run would pass --max-minutes", flush=True)
                 continue
             t0 = time.monotonic()
+            if args.wait_quiet > 0:
+                peers.wait_quiet(args.wait_quiet, args.max_foreign_load)
             r = one_run(e, {"rate": rate, "count": args.requests_per_rate}, args, work, f"rate{i}-{e}")
             t_run = max(t_run, time.monotonic() - t0)
             runs.append(r)
@@ -388,6 +402,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="bound each aiperf run to S seconds (aiperf --benchmark-duration); 0: no bound")
     ap.add_argument("--max-minutes", type=float, default=15.0,
                     help="start no run that would end past this many minutes of measuring (setup not counted)")
+    ap.add_argument("--wait-quiet", type=float, default=30.0, metavar="S",
+                    help="before each run, wait up to S seconds for other processes to use less than "
+                         "--max-foreign-load cores (the machine may be shared); 0: do not wait")
+    ap.add_argument("--max-foreign-load", type=float, default=0.3, metavar="CORES",
+                    help="runs during which other processes used more cores than this are marked noisy")
+    ap.add_argument("--note", help="a line printed at the top of the report (e.g. 'smoke run on a busy machine')")
     ap.add_argument("--threads", type=int, default=2, help="threads of each server")
     ap.add_argument("--trtpipe", type=Path, default=MAIN_VENV / "bin" / "trtpipe",
                     help="the trtpipe executable whose `serve` is measured (default: the repo's .venv)")
@@ -448,6 +468,7 @@ def run(args, raw_path: Path) -> int:
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "engines": engines,
             "threads": args.threads, "requests_per_rate": args.requests_per_rate,
             "warmup_requests": args.warmup_requests, "duration_s": args.duration, "workload": workload,
+            "note": args.note, "max_foreign_load": args.max_foreign_load, "raw_json": str(_rel(raw_path)),
             "slo": {"ttft_p95_ms": TTFT_SLO_MS, "tpot_p90_ms": TPOT_SLO_MS}, "machine": machine,
             "wall_s": round(time.monotonic() - t_start, 1), "command": " ".join(["python", "bench/serve.py",
                                                                                    *sys.argv[1:]]),
@@ -460,6 +481,13 @@ def run(args, raw_path: Path) -> int:
     print("\n" + md.split(serve_report.ANALYSIS_BEGIN)[0])
     print(f"wrote {args.out} and {raw_path}")
     return 0
+
+
+def _rel(p: Path) -> Path:
+    try:
+        return p.resolve().relative_to(REPO)
+    except ValueError:
+        return p
 
 
 def _sigterm(signum, frame):  # noqa: ANN001

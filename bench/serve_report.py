@@ -54,6 +54,12 @@ def goodput(m: dict) -> str:
     return "n/a" if g is None else f"{g:.2f} req/s"
 
 
+def errors(m: dict) -> int:
+    """Failed requests: the counts of aiperf's ``error_summary`` (a list of {error_details, count})."""
+    es = m.get("error_summary") or []
+    return sum(int(e.get("count", 0)) for e in es if isinstance(e, dict)) if isinstance(es, list) else 0
+
+
 def slo_met(m: dict, slo: dict) -> bool | None:
     ttft, tpot = _stat(m, "time_to_first_token", "p95"), _stat(m, "inter_token_latency", "p90")
     if ttft is None or tpot is None:
@@ -127,25 +133,29 @@ COLUMNS = (  # (header, metric, stat, digits)
 def _results_table(raw: dict) -> list[str]:
     meta, runs = raw["meta"], raw["runs"]
     engines = meta["engines"]
-    L = ["| rate (req/s) | server | " + " | ".join(c[0] for c in COLUMNS) + " | SLO met | errors |",
-         "|---|---|" + "---|" * len(COLUMNS) + "---|---|"]
+    mfl = meta.get("max_foreign_load", 0.3)
+    L = ["| rate (req/s) | server | " + " | ".join(c[0] for c in COLUMNS) + " | SLO met | errors | other load |",
+         "|---|---|" + "---|" * len(COLUMNS) + "---|---|---|"]
     for rate in raw["plan"]["rates"]:
         by = {r["engine"]: r for r in runs if r.get("load", {}).get("rate") == rate}
         for e in engines:
             r = by.get(e)
             if r is None or "error" in r:
                 why = "not run" if r is None else r["error"][:160].replace("|", "/")
-                L.append(f"| {rate:g} | {LABELS[e]} | " + " | ".join("—" for _ in COLUMNS) + f" | — | {why} |")
+                L.append(f"| {rate:g} | {LABELS[e]} | " + " | ".join("—" for _ in COLUMNS) + f" | — | {why} | |")
                 continue
             m = r["metrics"]
             met = slo_met(m, meta["slo"])
-            errs = int(_stat(m, "error_request_count", "avg") or 0)
+            errs = errors(m)
+            fl = r.get("foreign_load_cores")
+            noisy = fl is not None and fl > mfl
             L.append(f"| {rate:g} | {LABELS[e]} | " + " | ".join(_f(_stat(m, c[1], c[2]), c[3]) for c in COLUMNS)
-                     + f" | {'—' if met is None else ('yes' if met else 'no')} | {errs} |")
+                     + f" | {'—' if met is None else ('yes' if met else 'no')} | {errs} | "
+                     + f"{'**' if noisy else ''}{fl} cores{' (noisy)**' if noisy else ''} |")
         if len(engines) == 2 and all(e in by and "metrics" in by[e] for e in engines):
             a, b = by[engines[0]]["metrics"], by[engines[1]]["metrics"]
             L.append(f"| {rate:g} | *{engines[0]} / {engines[1]}* | "
-                     + " | ".join(_ratio(_stat(a, c[1], c[2]), _stat(b, c[1], c[2])) for c in COLUMNS) + " | | |")
+                     + " | ".join(_ratio(_stat(a, c[1], c[2]), _stat(b, c[1], c[2])) for c in COLUMNS) + " | | | |")
     return L
 
 
@@ -202,7 +212,9 @@ def render(raw: dict, analysis: str) -> str:
              "that request's TPOT; its percentiles are over requests. Goodput: requests per second whose own TTFT <= "
              f"{meta['slo']['ttft_p95_ms']:g} ms and ITL <= {meta['slo']['tpot_p90_ms']:g} ms (aiperf `--goodput`). "
              f"SLO met: TTFT p95 <= {meta['slo']['ttft_p95_ms']:g} ms and ITL p90 <= {meta['slo']['tpot_p90_ms']:g} ms "
-             "at that rate. Ratio rows: trtpipe / llama.cpp (latency < 1 and throughput > 1 favour trtpipe).\n")
+             "at that rate. Ratio rows: trtpipe / llama.cpp (latency < 1 and throughput > 1 favour trtpipe). Other "
+             "load: cores that other processes used during the run (more than "
+             f"{meta.get('max_foreign_load', 0.3):g}: noisy; see Machine and noise).\n")
     L += _results_table(raw)
     L.append("")
     L += _goodput_summary(raw)
