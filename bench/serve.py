@@ -189,13 +189,20 @@ def write_dataset(path: Path, artifact: Path, num_requests: int, seed: int = SEE
             "output_tokens_mean": sum(osl) / len(osl), "output_tokens_total": sum(osl)}
 
 
-def trtpipe_threads_flag(trtpipe: Path) -> list[str]:
-    """``--threads 2`` when this trtpipe's ``serve`` has the option (checked in its --help)."""
+def trtpipe_has_threads(trtpipe: Path) -> bool:
+    """Whether this trtpipe's ``serve`` takes ``--threads`` (from its --help).
+
+    Raises SystemExit when the executable has no ``serve`` command at all.
+    """
     try:
-        h = subprocess.run([str(trtpipe), "serve", "--help"], capture_output=True, text=True, timeout=120).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return ["--threads"] if "--threads" in h else []
+        p = subprocess.run([str(trtpipe), "serve", "--help"], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SystemExit(f"--trtpipe {trtpipe}: `serve --help` failed ({e})") from None
+    if p.returncode != 0:
+        raise SystemExit(f"--trtpipe {trtpipe}: this trtpipe has no working `serve` command (exit {p.returncode}: "
+                         f"{(p.stderr or p.stdout).strip().splitlines()[-1:]}). Fix: pip install -e '.[serve]' "
+                         "in a checkout that has it, or pass --trtpipe OTHER_CHECKOUT/.venv/bin/trtpipe")
+    return "--threads" in p.stdout
 
 
 def server_command(engine: str, port: int, args) -> tuple[list[str], str]:
@@ -450,7 +457,7 @@ def run(args, raw_path: Path) -> int:
         raise SystemExit(f"--trtpipe {args.trtpipe}: no such executable. Fix: pip install -e '.[serve]' into .venv")
     if not (args.artifact / "manifest.json").is_file():
         raise SystemExit(f"{args.artifact}: no built artifact. Fix: trtpipe build recipes/smollm2-135m-cpu.yaml")
-    args.trtpipe_threads_flag = "trtpipe" in engines and bool(trtpipe_threads_flag(args.trtpipe))
+    args.trtpipe_threads_flag = "trtpipe" in engines and trtpipe_has_threads(args.trtpipe)
     t_start = time.monotonic()
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="trtpipe-servebench-") as tmp:
