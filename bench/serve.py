@@ -380,7 +380,7 @@ def run(args, raw_path: Path) -> int:
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     if bad := [e for e in engines if e not in ENGINES]:
         raise SystemExit(f"--engines: unknown {bad}; expected names from {list(ENGINES)}")
-    own_llama = args.llama_python.resolve() == (BENCH_VENV / "bin" / "python").resolve()
+    own_llama = args.llama_python.absolute() == (BENCH_VENV / "bin" / "python").absolute()  # venv pythons are symlinks
     needs = ["aiperf"] + (["llama.cpp-server"] if "llama.cpp" in engines and own_llama else [])
     state = load_setup_state()
     if args.setup or (not args.no_setup and any(unavailable_reason(g, state) for g in needs)):
