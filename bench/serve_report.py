@@ -134,28 +134,30 @@ def _results_table(raw: dict) -> list[str]:
     meta, runs = raw["meta"], raw["runs"]
     engines = meta["engines"]
     mfl = meta.get("max_foreign_load", 0.3)
-    L = ["| rate (req/s) | server | " + " | ".join(c[0] for c in COLUMNS) + " | SLO met | errors | other load |",
-         "|---|---|" + "---|" * len(COLUMNS) + "---|---|---|"]
+    L = ["| rate (req/s) | server | " + " | ".join(c[0] for c in COLUMNS) + " | SLO met | done | errors | other load |",
+         "|---|---|" + "---|" * len(COLUMNS) + "---|---|---|---|"]
+    sent = meta["requests_per_rate"]
     for rate in raw["plan"]["rates"]:
         by = {r["engine"]: r for r in runs if r.get("load", {}).get("rate") == rate}
         for e in engines:
             r = by.get(e)
             if r is None or "error" in r:
                 why = "not run" if r is None else r["error"][:160].replace("|", "/")
-                L.append(f"| {rate:g} | {LABELS[e]} | " + " | ".join("—" for _ in COLUMNS) + f" | — | {why} | |")
+                L.append(f"| {rate:g} | {LABELS[e]} | " + " | ".join("—" for _ in COLUMNS) + f" | — | — | {why} | |")
                 continue
             m = r["metrics"]
             met = slo_met(m, meta["slo"])
             errs = errors(m)
+            done = int(_stat(m, "completed_request_count", "avg") or _stat(m, "request_count", "avg") or 0)
             fl = r.get("foreign_load_cores")
             noisy = fl is not None and fl > mfl
             L.append(f"| {rate:g} | {LABELS[e]} | " + " | ".join(_f(_stat(m, c[1], c[2]), c[3]) for c in COLUMNS)
-                     + f" | {'—' if met is None else ('yes' if met else 'no')} | {errs} | "
+                     + f" | {'—' if met is None else ('yes' if met else 'no')} | {done}/{sent} | {errs} | "
                      + f"{'**' if noisy else ''}{fl} cores{' (noisy)**' if noisy else ''} |")
         if len(engines) == 2 and all(e in by and "metrics" in by[e] for e in engines):
             a, b = by[engines[0]]["metrics"], by[engines[1]]["metrics"]
             L.append(f"| {rate:g} | *{engines[0]} / {engines[1]}* | "
-                     + " | ".join(_ratio(_stat(a, c[1], c[2]), _stat(b, c[1], c[2])) for c in COLUMNS) + " | | | |")
+                     + " | ".join(_ratio(_stat(a, c[1], c[2]), _stat(b, c[1], c[2])) for c in COLUMNS) + " | | | | |")
     return L
 
 
@@ -219,7 +221,9 @@ def render(raw: dict, analysis: str) -> str:
              "that request's TPOT; its percentiles are over requests. Goodput: requests per second whose own TTFT <= "
              f"{meta['slo']['ttft_p95_ms']:g} ms and ITL <= {meta['slo']['tpot_p90_ms']:g} ms (aiperf `--goodput`). "
              f"SLO met: TTFT p95 <= {meta['slo']['ttft_p95_ms']:g} ms and ITL p90 <= {meta['slo']['tpot_p90_ms']:g} ms "
-             "at that rate. Ratio rows: trtpipe / llama.cpp (latency < 1 and throughput > 1 favour trtpipe). Other "
+             "at that rate. Done: requests completed of those sent (a request still running when the run's "
+             f"--duration ({meta.get('duration_s', 0):g} s) plus aiperf's 30 s grace period ends is not counted, "
+             "nor in any statistic). Ratio rows: trtpipe / llama.cpp (latency < 1 and throughput > 1 favour trtpipe). Other "
              "load: cores that other processes used during the run (more than "
              f"{meta.get('max_foreign_load', 0.3):g}: noisy; see Machine and noise).\n")
     L += _results_table(raw)

@@ -32,6 +32,7 @@ def _metrics(ttft_p50, ttft_p95, itl_p90, tok_s, goodput, errors=0):
     return {"time_to_first_token": {"p50": ttft_p50, "p95": ttft_p95, "p99": ttft_p95},
             "inter_token_latency": {"p50": itl_p90, "p90": itl_p90, "p95": itl_p90, "p99": itl_p90},
             "output_token_throughput": {"avg": tok_s}, "request_throughput": {"avg": 1.0},
+            "completed_request_count": {"avg": 8 - errors},
             "goodput": {"avg": goodput},
             "error_summary": [{"error_details": {"code": 503}, "count": errors}] if errors else []}
 
@@ -57,8 +58,8 @@ def test_report_ratios_slo_and_goodput_are_the_hand_computed_ones():
     trt, llama, ratio = rows
     # TTFT p50 100 / 400 = 0.25x, TTFT p95 180 / 500 = 0.36x, ITL 20 / 10 = 2.00x, tok/s 60 / 30 = 2.00x.
     assert ratio.split(" | ")[2:6] == ["0.25x", "0.36x", "0.36x", "2.00x"]
-    assert "| 60.0 |" in trt and "| 0.90 | yes | 0 |" in trt  # TTFT p95 180 <= 200 and ITL p90 20 <= 50
-    assert "| 0.00 | no | 2 |" in llama  # TTFT p95 500 > 200; two failed requests
+    assert "| 60.0 |" in trt and "| 0.90 | yes | 8/8 | 0 |" in trt  # TTFT p95 180 <= 200 and ITL p90 20 <= 50
+    assert "| 0.00 | no | 6/8 | 2 |" in llama  # TTFT p95 500 > 200; two failed requests
     assert "**0.9 cores (noisy)**" in llama and "0.1 cores |" in trt
     assert "highest measured rate with TTFT p95 <= 200 ms and TPOT p90 <= 50 ms: **1 req/s**" in md
     assert "llama.cpp server (llama-cpp-python): highest measured rate" in md and "**none**" in md
