@@ -51,6 +51,7 @@ import argparse
 import json
 import os
 import random
+import shlex
 import shutil
 import signal
 import subprocess
@@ -179,6 +180,7 @@ def aiperf_command(url: str, model: str, load: dict, args, out_dir: Path, extra:
            "--random-seed", str(SEED), "--extra-inputs", json.dumps(extra | {"temperature": 0.0}),
            "--goodput", f"time_to_first_token:{TTFT_SLO_MS:g} inter_token_latency:{TPOT_SLO_MS:g}",
            "--artifact-dir", str(out_dir), "--ui-type", "none", "--no-server-metrics", "--no-auto-plot",
+           "--no-gpu-telemetry",  # else it polls DCGM exporters on localhost:9400/9401
            # max_tokens, not max_completion_tokens: llama-cpp-python ignores the latter (and then
            # generates until the context is full); trtpipe takes either.
            "--use-legacy-max-tokens",
@@ -220,7 +222,7 @@ def one_run(engine: str, load: dict, args, work: Path, tag: str) -> dict:
         res["aiperf_cmd"] = acmd
         busy0, srv0, self0 = system_busy_s(), process_tree_cpu_s(srv.pid), _children_cpu_s()
         t0 = time.monotonic()
-        timeout = (args.duration or 600) + 180
+        timeout = (args.duration or 600) + 30 + 300  # + aiperf's grace period, start-up and warm-up
         p = spawn(acmd, aiperf_env(), out_dir / "aiperf.log", cwd=out_dir)
         try:
             rc = p.wait(timeout=timeout)
@@ -413,8 +415,8 @@ def run(args, raw_path: Path) -> int:
             "warmup_requests": args.warmup_requests, "duration_s": args.duration, "workload": workload,
             "note": args.note, "max_foreign_load": args.max_foreign_load, "raw_json": str(_rel(raw_path)),
             "slo": {"ttft_p95_ms": TTFT_SLO_MS, "tpot_p90_ms": TPOT_SLO_MS}, "machine": machine,
-            "wall_s": round(time.monotonic() - t_start, 1), "command": " ".join(["python", "bench/serve.py",
-                                                                                   *sys.argv[1:]]),
+            "wall_s": round(time.monotonic() - t_start, 1),
+            "command": shlex.join(["python", "bench/serve.py", *sys.argv[1:]]),
             "versions": serve_report.versions(args, AIPERF_VENV), "setup": state}
     raw = {"meta": meta, "plan": plan, "runs": runs}
     raw_path.write_text(json.dumps(raw, indent=1))

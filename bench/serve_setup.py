@@ -65,7 +65,7 @@ def setup(groups: list[str], retry_failed: bool, log=print) -> dict[str, dict]:
             env.setdefault("CMAKE_ARGS", "-DGGML_NATIVE=ON")
             env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
         log(f"setup: pip install into {venv.name}/: {' '.join(reqs)} (llama-cpp-python builds from source: "
-            "10-20 min on 2 cores) ..." if group == "llama.cpp-server" else
+            "10-20 min on 2 quiet cores, 60 min on a busy one) ..." if group == "llama.cpp-server" else
             f"setup: pip install into {venv.name}/: {' '.join(reqs)} ...")
         p = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
                             *reqs], env=env, capture_output=True, text=True, timeout=3600)
