@@ -294,11 +294,11 @@ def measure(engines: list[str], args, work: Path, t_start: float) -> tuple[dict,
         print(f"capacity (req/s at concurrency {args.probe_concurrency}): "
               + ", ".join(f"{e} {c:.2f}" for e, c in caps.items()) + f" -> rates {rates}", flush=True)
     runs: list[dict] = []
-    t_run = 0.0
+    t_run: dict[str, float] = {}  # each server's longest run so far: the estimate of its next one
     for i, rate in enumerate(rates):
         for e in engines[i % len(engines):] + engines[:i % len(engines)]:
             elapsed = time.monotonic() - t_start
-            if elapsed + t_run > args.max_minutes * 60:
+            if elapsed + t_run.get(e, 0.0) > args.max_minutes * 60:
                 runs.append({"engine": e, "load": {"rate": rate}, "error": f"skipped: --max-minutes {args.max_minutes:g}"})
                 print(f"skip {e} at {rate} req/s: another run would pass --max-minutes", flush=True)
                 continue
@@ -306,7 +306,7 @@ def measure(engines: list[str], args, work: Path, t_start: float) -> tuple[dict,
             if args.wait_quiet > 0:
                 peers.wait_quiet(args.wait_quiet, args.max_foreign_load)
             r = one_run(e, {"rate": rate, "count": args.requests_per_rate}, args, work, f"rate{i}-{e}")
-            t_run = max(t_run, time.monotonic() - t0)
+            t_run[e] = max(t_run.get(e, 0.0), time.monotonic() - t0)
             runs.append(r)
             _print_run(f"{rate:g} req/s", r)
     return {"rates": rates, "probe": probe}, runs
