@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from trtpipe.pipeline.recipe import Recipe
-from trtpipe.pipeline.validate import (ValidateUsageError, _load, _print_scenario, _run_scenario, finish_report,
-                                       report_dir, scenario_workload_spec, select_scenarios)
+from trtpipe.pipeline.validate import (ValidateUsageError, finish_report, load_recipe_for_validate, print_scenario,
+                                       report_dir, run_scenario, scenario_workload_spec, select_scenarios)
 
 MEASURED_BY = ("client over HTTP: streamed POST /v1/completions; TTFT = request sent -> first non-empty text "
                "chunk; TPOT and ITL from chunk arrival times (network, HTTP and SSE included)")
@@ -112,7 +112,7 @@ def run_validate_http(recipe: str | os.PathLike | Recipe, *, url: str | None = N
 
     if (url is None) == (not serve):
         raise ValidateUsageError("pass exactly one of --url URL (a running server) and --serve (start one).")
-    r = _load(recipe)
+    r = load_recipe_for_validate(recipe)
     chosen = select_scenarios(r, list(dict.fromkeys(scenarios)))
     specs = [(s, scenario_workload_spec(r, s)) for s in chosen]
     art = Path(artifact_dir) if artifact_dir is not None else artifact_dir_for(r, artifact_root)
@@ -130,9 +130,9 @@ def run_validate_http(recipe: str | os.PathLike | Recipe, *, url: str | None = N
                 return run_workload_http(base, model, items, concurrency, api_key=api_key,
                                          on_request_done=on_request_done)
 
-            reports.append(_run_scenario(None, scenario, spec, err, run=run, tokenizer=tokenizer,
+            reports.append(run_scenario(None, scenario, spec, err, run=run, tokenizer=tokenizer,
                                          chat_template=chat_template))
-            _print_scenario(out, reports[-1])
+            print_scenario(out, reports[-1])
     env = {"measured_by": MEASURED_BY, "url": base, "server": "started by --serve" if serve else "external",
            "client_host": platform.node(), "client_platform": platform.platform(), "cpu_count": os.cpu_count(),
            "load_avg_1_5_15m_at_end": [round(x, 2) for x in os.getloadavg()]}
@@ -140,7 +140,7 @@ def run_validate_http(recipe: str | os.PathLike | Recipe, *, url: str | None = N
                              f"{r.name}` in-process for the golden-output check"}
     paths = write_report(report_dir(art, r, chosen) / "http", recipe_name=r.name, target=r.target,
                          scenarios=reports, correctness=correctness, env=env)
-    return finish_report(out, paths, as_json)
+    return finish_report(out, err, paths, as_json)
 
 
 __all__ = ["run_validate_http", "served", "MEASURED_BY"]
