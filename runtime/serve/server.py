@@ -48,6 +48,10 @@ class ServeConfig:
     api_key: str | None = None
     shutdown_grace_s: float = 10.0
     num_threads: int | None = None
+    # runtime settings of the LLM (see LLM.__init__); the CLI takes them from the recipe
+    prefix_caching: bool = True
+    scheduler_policy: str = "slo"
+    tpot_budget_ms: float | None = None
 
 
 class _Server(uvicorn.Server):
@@ -86,7 +90,9 @@ def _load(cfg: ServeConfig, state: ServeState, url: str, echo: Callable[[str], N
 
     t = time.perf_counter()
     try:
-        llm = LLM(cfg.artifact_dir, num_threads=cfg.num_threads)
+        llm = LLM(cfg.artifact_dir, num_threads=cfg.num_threads, prefix_caching=cfg.prefix_caching,
+                  scheduler_policy=cfg.scheduler_policy)
+        chunking = llm.set_tpot_budget(cfg.tpot_budget_ms)  # slo + budget: step-cost model (step_cost.json)
     except Exception as e:  # noqa: BLE001 - reported on /health and stderr, server keeps answering 503
         state.load_error = f"loading {cfg.artifact_dir} failed: {e}"
         echo(f"trtpipe serve: error: {state.load_error}")
@@ -95,6 +101,8 @@ def _load(cfg: ServeConfig, state: ServeState, url: str, echo: Callable[[str], N
     # request on (an out-of-memory shows at start, not hours later when the pool fills).
     for array in llm.pool.keys + llm.pool.values:
         array.fill(0)
+    echo(f"trtpipe serve: prefix caching {'on' if cfg.prefix_caching else 'off'}; scheduler "
+         f"{cfg.scheduler_policy}; prefill chunks: {chunking}")
     metrics = ServeMetrics(cfg.model_name)
     engine = EngineLoop(llm, max_queued_requests=cfg.max_queued_requests,
                         request_timeout_s=cfg.request_timeout_s, on_finished=metrics.on_finished)
