@@ -451,9 +451,9 @@ def run_validate(recipe: str | os.PathLike | Recipe, *, artifact_dir: str | os.P
                          correctness=correctness, env=env)
 
     def search_goodput() -> None:
-        from trtpipe.pipeline.goodput import run_goodput
+        from trtpipe.pipeline.goodput import in_process_runner, run_goodput
 
-        run_goodput(llm, specs, paths.report_json.parent, err, out, time_budget_s=goodput_time_s,
+        run_goodput(in_process_runner(llm), specs, paths.report_json.parent, err, out, time_budget_s=goodput_time_s,
                     before_each=lambda s: llm.set_tpot_budget(scenario_tpot_budget_ms(r, s)))
 
     return finish_report(out, err, paths, as_json, then=search_goodput if goodput else None)
