@@ -282,21 +282,20 @@ def validate_cmd(recipe: str, artifact_dir: str | None, artifact_root: str, scen
     Reports: artifacts/<recipe>/<target>/validate/ (report.json, report.md, PNG plots); a run of
     some scenarios only (--scenario) writes to validate/scenarios-<names>/ and keeps the full one.
     Over HTTP (--url URL or --serve): the same scenarios, report (validate/http/), plots and gate,
-    measured at the client; the golden-output check runs in-process only.
+    measured at the client; the golden-output check runs in-process only. --goodput then probes
+    the server itself (its own scheduler settings; in-process, each scenario's TPOT budget).
     Example: trtpipe validate smollm2-135m-cpu --scenario chat
     """
     from trtpipe.pipeline.validate import run_validate
 
     try:
         if url is not None or serve_:
-            if goodput:
-                raise click.UsageError("--goodput searches arrival rates in-process only (for now); drop "
-                                       "--url/--serve, or drop --goodput to validate over HTTP.")
             from trtpipe.pipeline.validate_http import run_validate_http
 
             sys.exit(run_validate_http(recipe, url=url, serve=serve_, artifact_dir=artifact_dir,
                                        artifact_root=artifact_root, scenarios=scenarios, as_json=as_json,
-                                       threads=threads, api_key=api_key))
+                                       threads=threads, api_key=api_key, goodput=goodput,
+                                       goodput_time_s=goodput_time_s))
         code = run_validate(recipe, artifact_dir=artifact_dir, artifact_root=artifact_root,
                             scenarios=scenarios, as_json=as_json, threads=threads, goodput=goodput,
                             goodput_time_s=goodput_time_s)

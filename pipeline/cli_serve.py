@@ -6,6 +6,7 @@ The server itself lives in :mod:`trtpipe.runtime.serve` (no torch); this is only
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
@@ -38,9 +39,17 @@ def _need_serve_extra() -> None:
 @click.option("--artifacts", "artifact_root", default="artifacts", show_default=True,
               help="Root folder for artifacts (<root>/<recipe>/<target>).")
 @click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads.")
+@click.option("--no-prefix-caching", is_flag=True,
+              help="Turn automatic prefix caching off (overrides the recipe's kv_cache.prefix_caching).")
+@click.option("--scheduler-policy", type=click.Choice(["slo", "fcfs"]), default=None,
+              help="Override the recipe's scheduler.policy (artifact folder: slo).")
+@click.option("--tpot-budget-ms", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Override the recipe's scheduler.tpot_budget_ms: the TPOT the slo policy sizes prefill "
+                   "chunks for (artifact folder: none, so FCFS chunks).")
 def serve_cmd(recipe_or_artifact: str, host: str, port: int, max_queued_requests: int,
               request_timeout_s: float | None, api_key: str | None, shutdown_grace_s: float,
-              artifact_root: str, threads: int | None) -> None:
+              artifact_root: str, threads: int | None, no_prefix_caching: bool,
+              scheduler_policy: str | None, tpot_budget_ms: float | None) -> None:
     """Serve a built artifact over an OpenAI-compatible HTTP API (no torch needed).
 
     \b
@@ -51,13 +60,23 @@ def serve_cmd(recipe_or_artifact: str, host: str, port: int, max_queued_requests
     SIGTERM/SIGINT: stop admitting, let running requests finish (--shutdown-grace-s), exit 0.
 
     \b
+    Runtime settings (printed at start, with the prefill chunk size they give):
+      RECIPE           kv_cache.prefix_caching, scheduler.policy and scheduler.tpot_budget_ms of
+                       the recipe. The validate scenarios' tpot_ms/itl_ms budgets do not apply:
+                       they describe one workload each, a server sees them all; without
+                       scheduler.tpot_budget_ms the slo policy runs FCFS (chunks of max_num_tokens).
+      ARTIFACT folder  the defaults: prefix caching on, policy slo, no TPOT budget (FCFS chunks).
+      --no-prefix-caching, --scheduler-policy, --tpot-budget-ms override either.
+    Requests may send cache_salt (vLLM's field): prefix-cache blocks are shared only within a salt.
+
+    \b
     Example:
       trtpipe serve smollm2-135m-cpu --port 8000
       python -c "from openai import OpenAI; c = OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='-');
         print(c.chat.completions.create(model='smollm2-135m-cpu', temperature=0,
               messages=[{'role': 'user', 'content': 'What is the capital of France?'}]).choices[0].message.content)"
     """
-    from trtpipe.pipeline.cli import _fail, resolve_artifact
+    from trtpipe.pipeline.cli import _fail
     from trtpipe.plugins.errors import TrtpipeError
 
     _need_serve_extra()
@@ -65,11 +84,36 @@ def serve_cmd(recipe_or_artifact: str, host: str, port: int, max_queued_requests
     from trtpipe.runtime.serve.server import ServeConfig, serve
 
     try:
-        art = resolve_artifact(recipe_or_artifact, artifact_root)
+        art, settings, source = serve_settings(recipe_or_artifact, artifact_root)
         name = load_manifest(art, verify_hashes=False).recipe_name
     except TrtpipeError as e:
         _fail(e)
+    overrides = {"prefix_caching": False if no_prefix_caching else None, "scheduler_policy": scheduler_policy,
+                 "tpot_budget_ms": tpot_budget_ms}
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    settings.update(overrides)
+    if overrides:
+        source += "; overridden: " + ", ".join(f"{k}={v}" for k, v in overrides.items())
+    click.echo(f"trtpipe serve: runtime settings from {source}", err=True)
     cfg = ServeConfig(artifact_dir=art, model_name=name, host=host, port=port,
                       max_queued_requests=max_queued_requests, request_timeout_s=request_timeout_s,
-                      api_key=api_key, shutdown_grace_s=shutdown_grace_s, num_threads=threads)
+                      api_key=api_key, shutdown_grace_s=shutdown_grace_s, num_threads=threads, **settings)
     sys.exit(serve(cfg, echo=lambda s: click.echo(s, err=True)))
+
+
+def serve_settings(recipe_or_artifact: str, artifact_root: str) -> tuple[Path, dict, str]:
+    """The artifact, the LLM's runtime settings (``prefix_caching``, ``scheduler_policy``,
+    ``tpot_budget_ms``) and where they came from: a recipe's ``kv_cache.prefix_caching`` and
+    ``scheduler`` section; an artifact folder's defaults. Raises TrtpipeError (CLI exit 2)."""
+    from trtpipe.pipeline.cli_artifact import artifact_for_recipe, load_recipe_for_deploy, resolve_artifact
+
+    p = Path(recipe_or_artifact)
+    if p.is_dir() and (p / "manifest.json").is_file():
+        return p, {"prefix_caching": True, "scheduler_policy": "slo", "tpot_budget_ms": None}, \
+            "the defaults (an artifact folder, no recipe)"
+    if p.is_dir():
+        return resolve_artifact(recipe_or_artifact, artifact_root), {}, ""  # raises "not an artifact"
+    r = load_recipe_for_deploy(recipe_or_artifact)
+    settings = {"prefix_caching": r.kv_cache.prefix_caching, "scheduler_policy": r.scheduler.policy,
+                "tpot_budget_ms": r.scheduler.tpot_budget_ms}
+    return artifact_for_recipe(r, artifact_root), settings, f"recipe {r.name!r} (kv_cache, scheduler)"

@@ -1,6 +1,10 @@
 """``trtpipe validate --goodput``: per Poisson scenario, the highest arrival rate whose budgets
-hold (:func:`trtpipe.runtime.goodput.find_goodput` over in-process runs of the scenario), with a
-plot of the budgeted latency percentiles against the rate."""
+hold (:func:`trtpipe.runtime.goodput.find_goodput` over runs of the scenario), with a plot of the
+budgeted latency percentiles against the rate.
+
+A :class:`ProbeRunner` says how one run goes: in-process (``LLM``, :func:`in_process_runner`) or
+over HTTP against ``trtpipe serve`` (``validate --url/--serve``, :func:`http_runner`); the search,
+the budgets and the files written are the same."""
 
 from __future__ import annotations
 
@@ -8,22 +12,48 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 
-def _probe_fn(llm: Any, scenario: Any, spec: Any, err: Any):
+@dataclasses.dataclass(frozen=True)
+class ProbeRunner:
+    """How a probe runs a workload: ``tokenizer`` and ``chat_template`` build its items
+    (``make_workload``), ``run(items)`` runs them open-loop and returns ``run_workload``'s
+    (metrics, wall seconds, step stats)."""
+
+    tokenizer: Any
+    chat_template: str | None
+    run: Callable[[Sequence[Any]], tuple[Any, float, Any]]
+
+
+def in_process_runner(llm: Any) -> ProbeRunner:
+    from trtpipe.runtime.workload import run_workload
+
+    return ProbeRunner(llm.tokenizer, llm.manifest.model.chat_template, lambda items: run_workload(llm, items, None))
+
+
+def http_runner(url: str, model: str, tokenizer: Any, chat_template: str | None,
+                api_key: str | None = None) -> ProbeRunner:
+    """Probes against a running ``trtpipe serve`` (timed at the client, as ``validate --url``)."""
+    from trtpipe.runtime.serve.http_client import run_workload_http
+
+    return ProbeRunner(tokenizer, chat_template,
+                       lambda items: run_workload_http(url, model, items, None, api_key=api_key))
+
+
+def _probe_fn(runner: ProbeRunner, scenario: Any, spec: Any, err: Any):
     from trtpipe.runtime.budgets import evaluate_budgets
     from trtpipe.runtime.goodput import ProbeResult
     from trtpipe.runtime.metrics import summarize
-    from trtpipe.runtime.workload import make_workload, run_workload
+    from trtpipe.runtime.workload import make_workload
 
     budgets = scenario.budgets.budget_dicts()
 
     def probe(rate: float) -> ProbeResult:
         t = time.perf_counter()
         s = dataclasses.replace(spec, arrival_rate_per_s=rate, num_warmup_requests=0)
-        items = make_workload(s, llm.tokenizer, chat_template=llm.manifest.model.chat_template)
-        metrics, wall_s, stats = run_workload(llm, items, None)
+        items = make_workload(s, runner.tokenizer, chat_template=runner.chat_template)
+        metrics, wall_s, stats = runner.run(items)
         summary = summarize(metrics, wall_s, stats)
         results = evaluate_budgets(summary, budgets)
         passed = all(r.passed for r in results)
@@ -67,7 +97,7 @@ def plot_goodput(results: Sequence[Any], limits: dict[str, list[tuple[str, str, 
     return buf.getvalue()
 
 
-def run_goodput(llm: Any, chosen: Sequence[tuple[Any, Any]], out_dir: Path, err: Any, out: Any,
+def run_goodput(runner: ProbeRunner, chosen: Sequence[tuple[Any, Any]], out_dir: Path, err: Any, out: Any,
                 *, time_budget_s: float, max_probes: int = 8, before_each=None) -> list[Any]:
     """Search each Poisson scenario's goodput (``time_budget_s`` per scenario); write
     ``goodput.json`` and ``goodput.png`` into ``out_dir``; print a table. Closed-loop scenarios
@@ -90,7 +120,7 @@ def run_goodput(llm: Any, chosen: Sequence[tuple[Any, Any]], out_dir: Path, err:
             before_each(scenario)
         err.print(f"goodput: scenario {scenario.name}, from {spec.arrival_rate_per_s:g} req/s, at most "
                   f"{max_probes} runs / {time_budget_s:.0f} s")
-        res = find_goodput(scenario.name, _probe_fn(llm, scenario, spec, err), spec.arrival_rate_per_s,
+        res = find_goodput(scenario.name, _probe_fn(runner, scenario, spec, err), spec.arrival_rate_per_s,
                            max_probes=max_probes, time_budget_s=time_budget_s)
         results.append(res)
         limits[scenario.name] = [(m, p, v) for m, p, v in scenario.budgets.limits()]
@@ -104,4 +134,4 @@ def run_goodput(llm: Any, chosen: Sequence[tuple[Any, Any]], out_dir: Path, err:
     return results
 
 
-__all__ = ["plot_goodput", "run_goodput"]
+__all__ = ["ProbeRunner", "http_runner", "in_process_runner", "plot_goodput", "run_goodput"]

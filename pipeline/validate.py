@@ -29,7 +29,7 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from trtpipe.pipeline.recipe import (CorrectnessSpec, Recipe, Scenario, build_hash, load_recipe, recipe_hash,
                                      resolve_recipe_path)
@@ -65,7 +65,9 @@ def check_artifact_matches_recipe(manifest: Any, recipe: Recipe, artifact_dir: P
             f"`trtpipe build {recipe.origin}`, or pass the recipe the artifact was built from.")
 
 
-def _load(recipe: str | os.PathLike | Recipe) -> Recipe:
+def load_recipe_for_validate(recipe: str | os.PathLike | Recipe) -> Recipe:
+    """``recipe`` (a path, a shipped recipe name or a :class:`Recipe`) as a :class:`Recipe`, without
+    looking up the model source."""
     if isinstance(recipe, Recipe):
         return recipe
     # the model source is not looked up: validate reads only the artifact (a device may have
@@ -291,7 +293,7 @@ def _summary_line(s: Any) -> str:
             f"{s.prefix_cache_hits_tokens}/{s.total_prompt_tokens} prompt tokens hit")
 
 
-def _run_scenario(llm: Any, scenario: Scenario, spec: Any, err: Any, run: Any = None, tokenizer: Any = None,
+def run_scenario(llm: Any, scenario: Scenario, spec: Any, err: Any, run: Any = None, tokenizer: Any = None,
                   chat_template: str | None = None):
     """Run one scenario's workload (progress on ``err``); its :class:`ScenarioReport`.
 
@@ -325,7 +327,7 @@ def _run_scenario(llm: Any, scenario: Scenario, spec: Any, err: Any, run: Any = 
     return ScenarioReport(scenario.name, summary, tuple(results), tuple(metrics))
 
 
-def _print_scenario(out: Any, rep: Any) -> None:
+def print_scenario(out: Any, rep: Any) -> None:
     """The latency table, the run facts and the budget table (measured, limit, margin, result)."""
     from trtpipe.runtime.report import render_rich_table
 
@@ -410,7 +412,7 @@ def run_validate(recipe: str | os.PathLike | Recipe, *, artifact_dir: str | os.P
     from trtpipe.runtime.manifest import load_manifest
     from trtpipe.runtime.report import write_report
 
-    r = _load(recipe)
+    r = load_recipe_for_validate(recipe)
     names = list(dict.fromkeys(scenarios))  # repeated --scenario runs once
     chosen = select_scenarios(r, names)
     specs = [(s, scenario_workload_spec(r, s)) for s in chosen]
@@ -448,19 +450,26 @@ def run_validate(recipe: str | os.PathLike | Recipe, *, artifact_dir: str | os.P
         why = llm.set_tpot_budget(scenario_tpot_budget_ms(r, scenario))
         env["prefill_chunking"][scenario.name] = why
         err.print(f"scenario {scenario.name}: prefill chunks: {why}")
-        reports.append(_run_scenario(llm, scenario, spec, err))
-        _print_scenario(out, reports[-1])
+        reports.append(run_scenario(llm, scenario, spec, err))
+        print_scenario(out, reports[-1])
     if llm.step_cost is not None:
         env["step_cost_model"] = json.loads(llm.step_cost.to_json())
 
     paths = write_report(report_dir(art, r, chosen), recipe_name=r.name, target=r.target, scenarios=reports,
                          correctness=correctness, env=env)
-    return finish_report(out, paths, as_json)
+
+    def search_goodput() -> None:
+        from trtpipe.pipeline.goodput import in_process_runner, run_goodput
+
+        run_goodput(in_process_runner(llm), specs, paths.report_json.parent, err, out, time_budget_s=goodput_time_s,
+                    before_each=lambda s: llm.set_tpot_budget(scenario_tpot_budget_ms(r, s)))
+
+    return finish_report(out, err, paths, as_json, then=search_goodput if goodput else None)
 
 
-def finish_report(out: Any, paths: Any, as_json: bool) -> int:
-    """Print the gate line and where the report went (report.json on stdout with ``as_json``);
-    the gate's exit code."""
+def finish_report(out: Any, err: Any, paths: Any, as_json: bool, then: Callable[[], None] | None = None) -> int:
+    """Print the gate line and where the report went; run ``then`` (e.g. the goodput search);
+    print report.json on stdout with ``as_json``. Returns the gate's exit code."""
     doc = json.loads(paths.report_json.read_text(encoding="utf-8"))
     gate = doc["gate"]
     word = {None: "not run", True: "pass", False: "[red]FAIL[/red]"}
@@ -472,16 +481,13 @@ def finish_report(out: Any, paths: Any, as_json: bool) -> int:
               f"{paths.report_json.parent})")
     if paths.notice:
         err.print(paths.notice)
-    if goodput:
-        from trtpipe.pipeline.goodput import run_goodput
-
-        run_goodput(llm, specs, paths.report_json.parent, err, out, time_budget_s=goodput_time_s,
-                    before_each=lambda s: llm.set_tpot_budget(scenario_tpot_budget_ms(r, s)))
+    if then is not None:
+        then()
     if as_json:
         sys.stdout.write(paths.report_json.read_text(encoding="utf-8"))
         sys.stdout.flush()
     return int(gate["exit_code"])
 
-
-__all__ = ["ValidateUsageError", "build_hash", "scenario_tpot_budget_ms", "check_artifact_matches_recipe", "check_correctness",
-           "load_golden", "run_validate", "scenario_workload_spec", "select_scenarios"]
+__all__ = ["ValidateUsageError", "build_hash", "scenario_tpot_budget_ms", "check_artifact_matches_recipe",
+           "check_correctness", "finish_report", "load_golden", "load_recipe_for_validate", "print_scenario",
+           "report_dir", "run_scenario", "run_validate", "scenario_workload_spec", "select_scenarios"]

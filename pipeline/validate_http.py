@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from trtpipe.pipeline.recipe import Recipe
-from trtpipe.pipeline.validate import (ValidateUsageError, _load, _print_scenario, _run_scenario, finish_report,
-                                       report_dir, scenario_workload_spec, select_scenarios)
+from trtpipe.pipeline.validate import (ValidateUsageError, finish_report, load_recipe_for_validate, print_scenario,
+                                       report_dir, run_scenario, scenario_workload_spec, select_scenarios)
 
 MEASURED_BY = ("client over HTTP: streamed POST /v1/completions; TTFT = request sent -> first non-empty text "
                "chunk; TPOT and ITL from chunk arrival times (network, HTTP and SSE included)")
@@ -98,10 +98,12 @@ def _local_chat_template(artifact_dir: Path) -> str | None:
 def run_validate_http(recipe: str | os.PathLike | Recipe, *, url: str | None = None, serve: bool = False,
                       artifact_dir: str | os.PathLike | None = None, artifact_root: str | os.PathLike = "artifacts",
                       scenarios: Sequence[str] = (), as_json: bool = False, threads: int | None = None,
-                      api_key: str | None = None) -> int:
+                      api_key: str | None = None, goodput: bool = False, goodput_time_s: float = 300.0) -> int:
     """Validate over HTTP; returns the gate's exit code (0 pass, 1 fail). Exactly one of ``url``
-    and ``serve``. Raises :class:`ValidateUsageError` (CLI exit 2) for an unreachable server or one
-    serving another model."""
+    and ``serve``. ``goodput``: then search each Poisson scenario's goodput against the same server
+    (its own scheduler settings apply: the per-scenario TPOT budget of the in-process search cannot
+    be set over HTTP). Raises :class:`ValidateUsageError` (CLI exit 2) for an unreachable server or
+    one serving another model."""
     from contextlib import nullcontext
 
     from rich.console import Console
@@ -112,7 +114,7 @@ def run_validate_http(recipe: str | os.PathLike | Recipe, *, url: str | None = N
 
     if (url is None) == (not serve):
         raise ValidateUsageError("pass exactly one of --url URL (a running server) and --serve (start one).")
-    r = _load(recipe)
+    r = load_recipe_for_validate(recipe)
     chosen = select_scenarios(r, list(dict.fromkeys(scenarios)))
     specs = [(s, scenario_workload_spec(r, s)) for s in chosen]
     art = Path(artifact_dir) if artifact_dir is not None else artifact_dir_for(r, artifact_root)
@@ -130,17 +132,24 @@ def run_validate_http(recipe: str | os.PathLike | Recipe, *, url: str | None = N
                 return run_workload_http(base, model, items, concurrency, api_key=api_key,
                                          on_request_done=on_request_done)
 
-            reports.append(_run_scenario(None, scenario, spec, err, run=run, tokenizer=tokenizer,
-                                         chat_template=chat_template))
-            _print_scenario(out, reports[-1])
-    env = {"measured_by": MEASURED_BY, "url": base, "server": "started by --serve" if serve else "external",
-           "client_host": platform.node(), "client_platform": platform.platform(), "cpu_count": os.cpu_count(),
-           "load_avg_1_5_15m_at_end": [round(x, 2) for x in os.getloadavg()]}
-    correctness = {"method": "not checked over HTTP (needs the engine's logits); run `trtpipe validate "
-                             f"{r.name}` in-process for the golden-output check"}
-    paths = write_report(report_dir(art, r, chosen) / "http", recipe_name=r.name, target=r.target,
-                         scenarios=reports, correctness=correctness, env=env)
-    return finish_report(out, paths, as_json)
+            reports.append(run_scenario(None, scenario, spec, err, run=run, tokenizer=tokenizer,
+                                        chat_template=chat_template))
+            print_scenario(out, reports[-1])
+        env = {"measured_by": MEASURED_BY, "url": base, "server": "started by --serve" if serve else "external",
+               "client_host": platform.node(), "client_platform": platform.platform(),
+               "cpu_count": os.cpu_count(), "load_avg_1_5_15m_at_end": [round(x, 2) for x in os.getloadavg()]}
+        correctness = {"method": "not checked over HTTP (needs the engine's logits); run `trtpipe validate "
+                                 f"{r.name}` in-process for the golden-output check"}
+        paths = write_report(report_dir(art, r, chosen) / "http", recipe_name=r.name, target=r.target,
+                             scenarios=reports, correctness=correctness, env=env)
 
+        def search_goodput() -> None:  # while the server is still up (--serve stops it on exit)
+            from trtpipe.pipeline.goodput import http_runner, run_goodput
+
+            err.print("goodput over HTTP: the server's own scheduler settings apply to every probe")
+            run_goodput(http_runner(base, model, tokenizer, chat_template, api_key), specs,
+                        paths.report_json.parent, err, out, time_budget_s=goodput_time_s)
+
+        return finish_report(out, err, paths, as_json, then=search_goodput if goodput else None)
 
 __all__ = ["run_validate_http", "served", "MEASURED_BY"]

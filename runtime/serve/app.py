@@ -158,7 +158,7 @@ def create_app(state: ServeState) -> FastAPI:
                 pass
 
         try:
-            rid = eng.submit(ids, params, sink)
+            rid = eng.submit(ids, params, sink, cache_salt=req.cache_salt)
         except EngineBusy as e:
             raise reject(e.reason, ServeError(503, f"overloaded: {e}; retry after {RETRY_AFTER_S} s",
                                               type_="service_unavailable", code=e.reason,
@@ -244,7 +244,7 @@ async def _stream(eng: EngineLoop, rid: str, events: asyncio.Queue, b: ResponseB
             else:
                 yield b.chunk("", finish_reason=out.finish_reason, first=first)
                 if b.req.include_usage:
-                    yield b.usage_chunk(len(out.output_token_ids))
+                    yield b.usage_chunk(len(out.output_token_ids), out.cached_tokens)
             yield DONE
             return
     finally:
@@ -281,7 +281,7 @@ async def _collect(request: Request, eng: EngineLoop, rid: str, events: asyncio.
     out = task.result().output
     if out.finish_reason == "error":
         raise ServeError(500, f"engine error: {out.error_message}", type_="server_error")
-    return JSONResponse(b.full(out.text, out.output_token_ids, out.finish_reason))
+    return JSONResponse(b.full(out.text, out.output_token_ids, out.finish_reason, out.cached_tokens))
 
 
 __all__ = ["ServeState", "create_app", "RETRY_AFTER_S"]

@@ -112,8 +112,8 @@ class EngineLoop:
         return self
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Callable[[Any], None],
-               arrival_s: float | None = None) -> str:
-        """Queue a request; returns its id. Events (:class:`Delta`, then one :class:`Final`) go to
+               arrival_s: float | None = None, cache_salt: str | None = None) -> str:
+        """Queue a request; returns its id. ``cache_salt``: see ``LLM.add_request``. Events (:class:`Delta`, then one :class:`Final`) go to
         ``sink`` from the engine thread. Raises :class:`EngineBusy` when it cannot be admitted."""
         if not self._admitting:
             raise EngineBusy("shutting_down", "the server is shutting down and admits no new requests")
@@ -126,7 +126,7 @@ class EngineLoop:
         rid = f"req-{self._ids}"
         arrival = time.monotonic() if arrival_s is None else arrival_s
         self._num_submitted += 1
-        self._commands.put(("add", rid, prompt_ids, params, sink, arrival))
+        self._commands.put(("add", rid, prompt_ids, params, sink, arrival, cache_salt))
         return rid
 
     def cancel(self, request_id: str) -> None:
@@ -195,12 +195,14 @@ class EngineLoop:
             pass
         return cmds
 
-    def _add(self, rid: str, ids: list[int], params: SamplingParams, sink: Callable, arrival: float) -> None:
+    def _add(self, rid: str, ids: list[int], params: SamplingParams, sink: Callable, arrival: float,
+             cache_salt: str | None) -> None:
         self._num_taken += 1
         timeout = self.request_timeout_s
         served = _Served(rid, sink, None if timeout is None else arrival + timeout)
         try:
-            self.llm.add_request(ids, params, request_id=rid, arrival_s=arrival, on_text=served.pieces.append)
+            self.llm.add_request(ids, params, request_id=rid, arrival_s=arrival, on_text=served.pieces.append,
+                                 cache_salt=cache_salt)
         except Exception as e:  # validated upstream; a refusal here still answers the client
             sink(Final(RequestOutput(rid, tuple(ids), finished=True, finish_reason="error",
                                      error_message=str(e))))

@@ -18,7 +18,9 @@ request_queue_time_seconds                     first prefill start - arrival, pe
 Counters: ``prompt_tokens`` (prompt tokens of requests that got their prefill), ``generation_tokens``
 (output tokens), ``request_success{finished_reason}`` (every finished request, by reason: stop,
 length, abort, timeout, error), ``num_preemptions``, ``requests_rejected{reason}`` (queue_full,
-shutting_down, engine_dead, bad_request, unauthorized). Gauges are read at scrape time from the
+shutting_down, engine_dead, bad_request, unauthorized), ``prefix_cache_queries`` / ``prefix_cache_hits``
+(prompt tokens looked up in / found in the prefix cache, vLLM v1's counters; hit rate = hits /
+queries; read from ``LLM.prefix_cache_queries`` / ``_hits`` at scrape time). Gauges are read at scrape time from the
 engine: ``num_requests_running``, ``num_requests_waiting``, ``kv_cache_usage_perc`` (fraction of
 usable KV blocks in use, 0..1, as vLLM), ``kv_blocks_in_use``.
 """
@@ -73,6 +75,11 @@ class ServeMetrics:
                                     labels, registry=reg).labels(model_name)
         self._rejected = Counter(PREFIX + "requests_rejected", "Requests refused before admission.",
                                  (*labels, "reason"), registry=reg)
+        self._prefix = {name: Counter(PREFIX + name, doc, labels, registry=reg).labels(model_name) for name, doc in (
+            ("prefix_cache_queries", "Prefix cache queries, in prompt tokens looked up."),
+            ("prefix_cache_hits", "Prefix cache hits, in prompt tokens found in the cache."),
+        )}
+        self._prefix_seen = {name: 0 for name in self._prefix}
         self._gauges = {name: Gauge(PREFIX + name, doc, labels, registry=reg).labels(model_name) for name, doc in (
             ("num_requests_running", "Requests in the running batch."),
             ("num_requests_waiting", "Requests waiting for admission."),
@@ -85,7 +92,7 @@ class ServeMetrics:
     def bind(self, read: Callable[[], dict[str, float]]) -> None:
         """Read the gauges (and the preemption count) from the engine at scrape time: ``read()``
         returns num_requests_running, num_requests_waiting, kv_cache_usage_perc, kv_blocks_in_use
-        and num_preemptions (a running total)."""
+        and the running totals num_preemptions, prefix_cache_queries and prefix_cache_hits."""
         self._read = read
 
     def on_finished(self, out: RequestOutput) -> None:
@@ -121,6 +128,11 @@ class ServeMetrics:
             if total > self._num_preemptions_seen:
                 self._preemptions.inc(total - self._num_preemptions_seen)
                 self._num_preemptions_seen = total
+            for name, counter in self._prefix.items():
+                total = int(values[name])
+                if total > self._prefix_seen[name]:
+                    counter.inc(total - self._prefix_seen[name])
+                    self._prefix_seen[name] = total
         return generate_latest(self.registry)
 
 

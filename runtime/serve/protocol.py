@@ -7,6 +7,9 @@ was expected and the fix, and whose body is OpenAI's error shape::
 
     {"error": {"message": "...", "type": "invalid_request_error", "param": "temperature", "code": null}}
 
+``cache_salt`` (vLLM's extension): requests share prefix-cache blocks only with requests of the
+same salt (null: the common cache), so one tenant cannot time another's prompts.
+
 Defaults are OpenAI's, written down rather than hidden: ``temperature`` 1.0, ``top_p`` 1.0,
 ``max_tokens`` 16 for completions and "up to max_seq_len" for chat, ``n`` 1, ``stream`` false.
 Unknown fields are ignored (clients send many); fields we cannot honour (``n`` > 1, ``logprobs``,
@@ -72,6 +75,7 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     return_token_ids: bool
+    cache_salt: str | None = None  # vLLM's field: only requests with the same salt share prefix-cache blocks
 
     def sampling_params(self, max_new_tokens: int) -> SamplingParams:
         return SamplingParams(max_new_tokens=max_new_tokens, temperature=self.temperature, top_k=self.top_k,
@@ -177,6 +181,9 @@ def _common(doc: dict, served_models: tuple[str, ...]) -> dict:
         include_usage=bool(opts and opts.get("include_usage")),
         return_token_ids=_get(doc, "return_token_ids", False, lambda v: isinstance(v, bool),
                               "true or false", "send a JSON boolean"),
+        cache_salt=_get(doc, "cache_salt", None, lambda v: isinstance(v, str) and v != "",
+                        "null or a non-empty string (vLLM's cache_salt)",
+                        'send e.g. "cache_salt": "tenant-42", or drop it (the shared prefix cache)'),
     )
 
 

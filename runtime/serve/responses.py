@@ -45,11 +45,14 @@ class ResponseBuilder:
         return {"id": f"cmpl-{self.id}", "object": "text_completion", "created": self.created,
                 "model": self.req.model}
 
-    def usage(self, num_output_tokens: int) -> dict:
+    def usage(self, num_output_tokens: int, cached_tokens: int = 0) -> dict:
+        """OpenAI's usage object; ``prompt_tokens_details.cached_tokens``: prompt tokens whose KV
+        came from the prefix cache (a multiple of the KV block size; 0 on a miss)."""
         n = len(self.prompt_token_ids)
-        return {"prompt_tokens": n, "completion_tokens": num_output_tokens, "total_tokens": n + num_output_tokens}
+        return {"prompt_tokens": n, "completion_tokens": num_output_tokens, "total_tokens": n + num_output_tokens,
+                "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
-    def full(self, text: str, token_ids: list[int], finish_reason: str | None) -> dict:
+    def full(self, text: str, token_ids: list[int], finish_reason: str | None, cached_tokens: int = 0) -> dict:
         """The non-streaming response."""
         choice: dict = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
         if self._chat:
@@ -58,7 +61,7 @@ class ResponseBuilder:
             choice["text"] = text
         if self.req.return_token_ids:
             choice["token_ids"] = list(token_ids)
-        doc = {**self._head(False), "choices": [choice], "usage": self.usage(len(token_ids))}
+        doc = {**self._head(False), "choices": [choice], "usage": self.usage(len(token_ids), cached_tokens)}
         if self.req.return_token_ids:
             doc["prompt_token_ids"] = list(self.prompt_token_ids)
         return doc
@@ -82,9 +85,9 @@ class ResponseBuilder:
             doc["prompt_token_ids"] = list(self.prompt_token_ids)
         return sse(doc)
 
-    def usage_chunk(self, num_output_tokens: int) -> bytes:
+    def usage_chunk(self, num_output_tokens: int, cached_tokens: int = 0) -> bytes:
         """The last chunk before ``[DONE]`` when ``stream_options.include_usage``: no choices."""
-        return sse({**self._head(True), "choices": [], "usage": self.usage(num_output_tokens)})
+        return sse({**self._head(True), "choices": [], "usage": self.usage(num_output_tokens, cached_tokens)})
 
 
 def error_chunk(message: str, type_: str = "server_error", status: int = 500) -> bytes:

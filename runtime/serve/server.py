@@ -21,13 +21,16 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import uvicorn
 
 from trtpipe.runtime.serve.app import ServeState, create_app
 from trtpipe.runtime.serve.engine_loop import EngineLoop
 from trtpipe.runtime.serve.prometheus import ServeMetrics
+
+if TYPE_CHECKING:
+    from trtpipe.runtime.llm import LLM
 
 log = logging.getLogger("trtpipe.serve")
 
@@ -45,6 +48,10 @@ class ServeConfig:
     api_key: str | None = None
     shutdown_grace_s: float = 10.0
     num_threads: int | None = None
+    # runtime settings of the LLM (see LLM.__init__); the CLI takes them from the recipe
+    prefix_caching: bool = True
+    scheduler_policy: str = "slo"
+    tpot_budget_ms: float | None = None
 
 
 class _Server(uvicorn.Server):
@@ -62,6 +69,20 @@ class _Server(uvicorn.Server):
         self.on_signal()
 
 
+def engine_readings(llm: LLM, engine: EngineLoop) -> Callable[[], dict[str, float]]:
+    """What ``ServeMetrics.bind`` reads at scrape time: gauges from the engine's scheduler and
+    block pool, running totals (preemptions, prefix-cache tokens) from the ``LLM``'s counters."""
+    return lambda: {
+        "num_requests_running": llm.scheduler.num_running,
+        "num_requests_waiting": engine.num_waiting,
+        "kv_cache_usage_perc": llm.block_pool.num_used / max(1, llm.block_pool.num_blocks - 1),
+        "kv_blocks_in_use": llm.block_pool.num_used,
+        "num_preemptions": llm.num_preemptions,
+        "prefix_cache_queries": llm.prefix_cache_queries,
+        "prefix_cache_hits": llm.prefix_cache_hits,
+    }
+
+
 def _load(cfg: ServeConfig, state: ServeState, url: str, echo: Callable[[str], None],
           server: uvicorn.Server) -> None:
     """Load the model and start the engine (a thread, so /health answers meanwhile)."""
@@ -69,7 +90,9 @@ def _load(cfg: ServeConfig, state: ServeState, url: str, echo: Callable[[str], N
 
     t = time.perf_counter()
     try:
-        llm = LLM(cfg.artifact_dir, num_threads=cfg.num_threads)
+        llm = LLM(cfg.artifact_dir, num_threads=cfg.num_threads, prefix_caching=cfg.prefix_caching,
+                  scheduler_policy=cfg.scheduler_policy)
+        chunking = llm.set_tpot_budget(cfg.tpot_budget_ms)  # slo + budget: step-cost model (step_cost.json)
     except Exception as e:  # noqa: BLE001 - reported on /health and stderr, server keeps answering 503
         state.load_error = f"loading {cfg.artifact_dir} failed: {e}"
         echo(f"trtpipe serve: error: {state.load_error}")
@@ -78,16 +101,12 @@ def _load(cfg: ServeConfig, state: ServeState, url: str, echo: Callable[[str], N
     # request on (an out-of-memory shows at start, not hours later when the pool fills).
     for array in llm.pool.keys + llm.pool.values:
         array.fill(0)
+    echo(f"trtpipe serve: prefix caching {'on' if cfg.prefix_caching else 'off'}; scheduler "
+         f"{cfg.scheduler_policy}; prefill chunks: {chunking}")
     metrics = ServeMetrics(cfg.model_name)
     engine = EngineLoop(llm, max_queued_requests=cfg.max_queued_requests,
                         request_timeout_s=cfg.request_timeout_s, on_finished=metrics.on_finished)
-    metrics.bind(lambda: {
-        "num_requests_running": llm.scheduler.num_running,
-        "num_requests_waiting": engine.num_waiting,
-        "kv_cache_usage_perc": llm.block_pool.num_used / max(1, llm.block_pool.num_blocks - 1),
-        "kv_blocks_in_use": llm.block_pool.num_used,
-        "num_preemptions": llm.num_preemptions,
-    })
+    metrics.bind(engine_readings(llm, engine))
     state.metrics = metrics
     state.engine = engine.start()
     while not server.started and not server.should_exit:  # the ready line means "connect now"
@@ -130,4 +149,4 @@ def serve(cfg: ServeConfig, echo: Callable[[str], None] | None = None) -> int:
     return 0
 
 
-__all__ = ["ServeConfig", "serve"]
+__all__ = ["ServeConfig", "serve", "engine_readings"]

@@ -269,3 +269,18 @@ def test_plugin_free_variant_artifact_is_gated_by_its_own_minimum(monkeypatch):
         llm = SimpleNamespace(manifest=SimpleNamespace(backend={"name": "trt", "int4_weights": weights}))
         c = check_correctness(llm, r, golden)
         assert c["threshold_key"] == key and c["passed"] is passed, c
+
+
+@pytest.mark.slow
+def test_validate_goodput_in_process_with_json(tiny):
+    """--goodput after the gate, in-process: a budget no rate meets -> every probe fails, the
+    search only descends, goodput null; --json keeps stdout for report.json alone."""
+    recipe, art = tiny
+    res = invoke(recipe, "--artifact", art, "--scenario", "tight", "--json", "--goodput", "--goodput-time-s", "15")
+    assert res.exit_code == 1, res.output
+    assert json.loads(res.stdout)["gate"]["exit_code"] == 1
+    [g] = json.loads((art / "validate" / "scenarios-tight" / "goodput.json").read_text())
+    rates = [p["rate_per_s"] for p in g["probes"]]
+    assert g["goodput_requests_per_s"] is None and rates[0] == 50.0 and len(rates) >= 2
+    assert not any(p["passed"] for p in g["probes"]) and rates == sorted(rates, reverse=True)
+    assert "goodput tight:" in res.stderr

@@ -65,3 +65,27 @@ def test_validate_url_gate_fails_and_wrong_server_is_usage_error(server, tmp_pat
     other.write_text(yaml.safe_dump(data))
     r = subprocess.run(cmd[:4] + [str(other), "--url", server.url], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "not recipe 'another-model'" in r.stderr
+
+
+def test_goodput_over_http(server, tmp_path):
+    """--goodput with --url: the bisection probes the live server (Poisson arrivals, timed at the
+    client) and writes goodput.json/.png next to the HTTP report. A budget every rate meets: each
+    probe passes, so the search only climbs (rates double from the scenario's) until its probe or
+    time limit."""
+    data = yaml.safe_load(_recipe(tmp_path, 60000).read_text())
+    scen = data["validate"]["scenarios"][0]
+    del scen["concurrency"]
+    scen.update(arrival_rate_per_s=2.0, num_requests=3, output_tokens=4)
+    path = tmp_path / "poisson.yaml"
+    path.write_text(yaml.safe_dump(data))
+    cmd = [sys.executable, "-m", "trtpipe.pipeline.cli", "validate", str(path), "--url", server.url,
+           "--artifact", str(tmp_path / "art"), "--goodput", "--goodput-time-s", "20"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "goodput over HTTP: the server's own scheduler settings apply" in r.stderr
+    out = tmp_path / "art" / "validate" / "http"
+    [res] = json.loads((out / "goodput.json").read_text())
+    assert res["scenario"] == "tiny" and (out / "goodput.png").stat().st_size > 0
+    rates = [p["rate_per_s"] for p in res["probes"]]
+    assert rates[0] == 2.0 and all(p["passed"] for p in res["probes"]) and len(rates) >= 2
+    assert res["goodput_requests_per_s"] == max(rates) and rates == sorted(rates)

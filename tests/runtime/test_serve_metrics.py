@@ -29,6 +29,7 @@ def served(default_artifact):
     from trtpipe.runtime.serve.app import ServeState, create_app
     from trtpipe.runtime.serve.engine_loop import EngineLoop
     from trtpipe.runtime.serve.prometheus import ServeMetrics
+    from trtpipe.runtime.serve.server import engine_readings
 
     llm = LLM(default_artifact)
     records = []
@@ -39,9 +40,7 @@ def served(default_artifact):
         metrics.on_finished(out)
 
     engine = EngineLoop(llm, max_queued_requests=64, on_finished=on_finished).start()
-    metrics.bind(lambda: {"num_requests_running": llm.scheduler.num_running, "num_requests_waiting": engine.num_waiting,
-                          "kv_cache_usage_perc": 0.0, "kv_blocks_in_use": llm.block_pool.num_used,
-                          "num_preemptions": llm.num_preemptions})
+    metrics.bind(engine_readings(llm, engine))
     state = ServeState(model_name=MODEL, engine=engine, metrics=metrics)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))
@@ -118,6 +117,51 @@ def test_disconnect_to_free_time(served):
     assert records[-1].finish_reason == "abort"
     print(f"\ndisconnect-to-free: {', '.join(f'{t:.0f}' for t in times_ms)} ms "
           f"(median {sorted(times_ms)[2]:.0f} ms)")
+
+
+SYSTEM = ("You are a careful assistant for a travel agency in Lyon. Answer in one short sentence, name "
+          "places precisely, never invent prices, and say so when you do not know. The agency sells train "
+          "trips across France, Italy and Switzerland, and city breaks of two to five nights.")
+
+
+def test_prefix_cache_over_openai_client_cache_salt_and_metrics(served):
+    """Two chats sharing a long system prompt: the second reports cached_tokens (a whole number of
+    KV blocks) and the same greedy text as the same chat under another cache_salt (0 cached:
+    salted blocks are a separate cache). /metrics' prefix-cache counters equal the LLM's."""
+    openai = pytest.importorskip("openai")
+    url, records, llm = served
+    client = openai.OpenAI(base_url=url + "/v1", api_key="-", max_retries=0, timeout=120)
+    block = llm.kv_manager.block_size
+
+    def chat(question: str, **extra):
+        msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+        return client.chat.completions.create(model=MODEL, messages=msgs, temperature=0, max_tokens=8, **extra)
+
+    first = chat("Which city is the agency in?")
+    second = chat("Name one Swiss city you sell trips to.")
+    salted = chat("Name one Swiss city you sell trips to.", extra_body={"cache_salt": "tenant-b"})
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert 0 < cached < second.usage.prompt_tokens and cached % block == 0, (cached, block)
+    assert cached >= 3 * block  # the system prompt alone is over 50 tokens
+    assert salted.usage.prompt_tokens_details.cached_tokens == 0
+    assert salted.choices[0].message.content == second.choices[0].message.content
+    assert first.usage.prompt_tokens_details.cached_tokens % block == 0
+
+    stream = chat("Name one Swiss city you sell trips to.", extra_body={"cache_salt": "tenant-b"}, stream=True,
+                  stream_options={"include_usage": True})
+    usage = [c.usage for c in stream if c.usage is not None]
+    n = usage[0].prompt_tokens  # a repeat: every full block but the one holding the last prompt token
+    assert len(usage) == 1 and usage[0].prompt_tokens_details.cached_tokens == (n - 1) // block * block
+
+    m = read_metrics(httpx.get(url + "/metrics", timeout=10).text)
+    assert m["trtpipe:prefix_cache_queries_total"] == llm.prefix_cache_queries > 0
+    hits = m["trtpipe:prefix_cache_hits_total"]
+    assert hits == llm.prefix_cache_hits >= cached + usage[0].prompt_tokens_details.cached_tokens
+
+    r = httpx.post(url + "/v1/chat/completions", timeout=10, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "cache_salt": 7})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt"
+    assert "cache_salt = 7: expected null or a non-empty string" in r.json()["error"]["message"]
 
 
 def test_engine_error_fails_the_step_frees_kv_then_dead_loop_turns_health_503(served, monkeypatch):

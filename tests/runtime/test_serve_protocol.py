@@ -76,6 +76,21 @@ def test_sse_chunks_keep_text_and_ids_apart():
     assert raw.startswith(b"data: ") and raw.endswith(b"\n\n") and "日本".encode() in raw  # UTF-8, not \\u escapes
     delta = json.loads(raw[6:])["choices"][0]
     assert delta["delta"] == {"content": "日本"} and delta["token_ids"] == [100, 101]
-    usage = json.loads(b.usage_chunk(2)[6:])
-    assert usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    usage = json.loads(b.usage_chunk(2, 16)[6:])
+    assert usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+                                                         "prompt_tokens_details": {"cached_tokens": 16}}
     assert DONE == b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("salt", [42, "", ["a"], {"t": 1}, True])
+def test_bad_cache_salt_is_400_naming_the_field(salt):
+    with pytest.raises(ServeError) as e:
+        parse_chat({"model": MODELS[0], "messages": [{"role": "user", "content": "Hi"}], "cache_salt": salt}, MODELS)
+    assert e.value.status == 400 and e.value.param == "cache_salt"
+    assert e.value.message.startswith(f"cache_salt = {salt!r}: expected null or a non-empty string")
+
+
+def test_cache_salt_passes_through():
+    doc = {"model": MODELS[0], "prompt": "Hi", "cache_salt": "tenant-1"}
+    assert parse_completion(doc, MODELS).cache_salt == "tenant-1"
+    assert parse_completion({**doc, "cache_salt": None}, MODELS).cache_salt is None

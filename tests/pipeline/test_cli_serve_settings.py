@@ -1,0 +1,65 @@
+"""`trtpipe serve RECIPE` applies the recipe's runtime settings (kv_cache.prefix_caching,
+scheduler.policy, scheduler.tpot_budget_ms); an artifact folder gets the defaults; the CLI flags
+override either. End to end: a recipe with prefix caching off serves two chats sharing a long
+system prompt with 0 cached tokens, and the start line names the slo chunk size."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+from serve_util import ServerProcess, read_metrics  # noqa: E402
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("uvicorn")
+
+
+def _recipe(tmp_path: Path, **runtime) -> Path:
+    """The default recipe (same name and build settings, so the same artifact) with runtime settings."""
+    from trtpipe.pipeline.recipe import resolve_recipe_path
+
+    data = yaml.safe_load(Path(resolve_recipe_path("smollm2-135m-cpu")).read_text())
+    data["kv_cache"]["prefix_caching"] = runtime.get("prefix_caching", True)
+    data["scheduler"] = {k: v for k, v in runtime.items() if k in ("policy", "tpot_budget_ms")}
+    path = tmp_path / "serve-settings.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_settings_from_recipe_and_artifact_defaults(tmp_path, default_artifact):
+    from trtpipe.pipeline.cli_serve import serve_settings
+
+    root = default_artifact.parent.parent
+    art, settings, source = serve_settings(str(_recipe(tmp_path, prefix_caching=False, policy="fcfs",
+                                                       tpot_budget_ms=40)), str(root))
+    assert art == default_artifact and source == "recipe 'smollm2-135m-cpu' (kv_cache, scheduler)"
+    assert settings == {"prefix_caching": False, "scheduler_policy": "fcfs", "tpot_budget_ms": 40}
+    art, settings, source = serve_settings(str(default_artifact), "unused")
+    assert art == default_artifact and source.startswith("the defaults")
+    assert settings == {"prefix_caching": True, "scheduler_policy": "slo", "tpot_budget_ms": None}
+
+
+def test_serve_recipe_without_prefix_caching_and_slo_override(tmp_path, default_artifact):
+    recipe = _recipe(tmp_path, prefix_caching=False, policy="fcfs")
+    system = "You answer questions about French geography in one short sentence. " * 6
+    with ServerProcess(recipe, "--artifacts", str(default_artifact.parent.parent), "--scheduler-policy", "slo",
+                       "--tpot-budget-ms", "50") as s:
+        text = "".join(s.lines)
+        assert ("runtime settings from recipe 'smollm2-135m-cpu' (kv_cache, scheduler); overridden: "
+                "scheduler_policy=slo, tpot_budget_ms=50.0") in text
+        assert "prefix caching off; scheduler slo; prefill chunks: slo: TPOT budget 50 ms" in text
+        cached = []
+        for q in ("Where is Lyon?", "Where is Lille?"):
+            r = httpx.post(s.url + "/v1/chat/completions", timeout=120, json={
+                "model": "smollm2-135m-cpu", "max_tokens": 4, "temperature": 0,
+                "messages": [{"role": "system", "content": system}, {"role": "user", "content": q}]})
+            assert r.status_code == 200, r.text
+            cached.append(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+        assert cached == [0, 0]
+        m = read_metrics(httpx.get(s.url + "/metrics", timeout=10).text)
+        assert m["trtpipe:prefix_cache_hits_total"] == 0 and m["trtpipe:prefix_cache_queries_total"] == 0
