@@ -113,6 +113,18 @@ def test_artifacts_root_from_env_then_current_folder(arts, tmp_path, monkeypatch
     assert res.exit_code == 0, res.output
 
 
+def test_serve_and_pull_take_the_artifacts_root_from_env(tmp_path, monkeypatch):
+    """serve and pull honour $TRTPIPE_ARTIFACTS like every other command (they once had their own
+    --artifacts option that ignored it and looked in ./artifacts)."""
+    monkeypatch.chdir(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    res = invoke("serve", NAME, "--port", 0, env={"TRTPIPE_ARTIFACTS": str(elsewhere)})
+    assert res.exit_code == 2, res.output
+    assert str((elsewhere / NAME / "cpu").resolve()) in res.stderr
+    for cmd in ("serve", "pull"):
+        assert "TRTPIPE_ARTIFACTS" in invoke(cmd, "--help").stdout
+
+
 def test_validate_names_the_folder_it_looked_in(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     res = invoke("validate", NAME, env={"TRTPIPE_ARTIFACTS": None})
