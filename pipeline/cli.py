@@ -327,7 +327,8 @@ def estimate_cmd(recipe: str, target: str | None, as_json: bool) -> None:
 
 @main.command("export")
 @click.argument("recipe")
-@click.option("--out", "out_dir", default=None, help="Folder for prefill.onnx / decode.onnx (default: artifacts/<recipe>/<target>/export).")
+@click.option("--out", "out_dir", default=None, help="Folder for prefill.onnx / decode.onnx (default: artifacts/<recipe>/<target>-export, "
+              "beside the built artifact, never inside it).")
 def export_cmd(recipe: str, out_dir: str | None) -> None:
     """Export the unlowered prefill and decode ONNX graphs (with trtpipe:: custom ops) for RECIPE.
 

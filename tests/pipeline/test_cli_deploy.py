@@ -125,6 +125,12 @@ def test_serve_and_pull_take_the_artifacts_root_from_env(tmp_path, monkeypatch):
         assert "TRTPIPE_ARTIFACTS" in invoke(cmd, "--help").stdout
 
 
+def test_export_help_names_the_folder_it_writes():
+    """export's default --out is <root>/<recipe>/<target>-export (cli.export_cmd), and --help says so."""
+    text = " ".join(invoke("export", "--help").stdout.split())
+    assert "artifacts/<recipe>/<target>-export" in text
+
+
 def test_validate_names_the_folder_it_looked_in(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     res = invoke("validate", NAME, env={"TRTPIPE_ARTIFACTS": None})
