@@ -131,6 +131,19 @@ def test_export_help_names_the_folder_it_writes():
     assert "artifacts/<recipe>/<target>-export" in text
 
 
+def test_validate_url_takes_the_server_root_or_the_openai_base_url():
+    """--url: http(s) only (a bare host:port is a usage error naming the fix, not "cannot reach
+    the server ... start it"); the README's OpenAI base_url (.../v1) means the same server."""
+    from trtpipe.pipeline.validate_http import server_base_url
+
+    assert server_base_url("http://127.0.0.1:8000") == "http://127.0.0.1:8000"
+    assert server_base_url("http://127.0.0.1:8000/v1/") == "http://127.0.0.1:8000"
+    assert server_base_url(" HTTPS://h:1/ ") == "HTTPS://h:1"
+    res = invoke("validate", NAME, "--url", "127.0.0.1:8000", "--scenario", "chat")
+    assert res.exit_code == 2
+    assert "expected an http:// or https:// URL" in res.stderr and "--url http://127.0.0.1:8000" in res.stderr
+
+
 def test_validate_names_the_folder_it_looked_in(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     res = invoke("validate", NAME, env={"TRTPIPE_ARTIFACTS": None})
