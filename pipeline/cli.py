@@ -146,7 +146,8 @@ def _sampling_options(f):
         click.option("--stop", multiple=True, help="Stop string (repeatable)."),
         click.option("--system", default=None, help="System message of the chat template (implies --chat)."),
         artifacts_option,
-        click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads."),
+        click.option("--threads", default=None, type=click.IntRange(min=1),
+                     help="ONNX Runtime intra-op threads (default: the recipe's engine.intra_op_num_threads, else ONNX Runtime's)."),
     ]):
         f = opt(f)
     return f
@@ -259,7 +260,8 @@ def chat_cmd(recipe_or_artifact: str, max_new_tokens: int, temperature: float, t
 @artifacts_option
 @click.option("--scenario", "scenarios", multiple=True, help="Run only this scenario (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
-@click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads.")
+@click.option("--threads", default=None, type=click.IntRange(min=1),
+              help="ONNX Runtime intra-op threads (default: the recipe's engine.intra_op_num_threads, else ONNX Runtime's).")
 @click.option("--url", default=None, help="Measure a running `trtpipe serve` at this URL over streaming HTTP "
               "(TTFT/TPOT/ITL at the client) instead of in-process.")
 @click.option("--serve", "serve_", is_flag=True, help="Start `trtpipe serve` on a free loopback port for the run "

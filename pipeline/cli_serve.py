@@ -39,7 +39,8 @@ def _need_serve_extra() -> None:
 @click.option("--shutdown-grace-s", default=10.0, show_default=True, type=click.FloatRange(min=0),
               help="On SIGTERM/SIGINT: how long running requests may finish before they are cancelled.")
 @artifacts_option
-@click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads.")
+@click.option("--threads", default=None, type=click.IntRange(min=1),
+              help="ONNX Runtime intra-op threads (default: the recipe's engine.intra_op_num_threads, else ONNX Runtime's).")
 @click.option("--no-prefix-caching", is_flag=True,
               help="Turn automatic prefix caching off (overrides the recipe's kv_cache.prefix_caching).")
 @click.option("--scheduler-policy", type=click.Choice(["slo", "fcfs"]), default=None,

@@ -144,6 +144,15 @@ def test_validate_url_takes_the_server_root_or_the_openai_base_url():
     assert "expected an http:// or https:// URL" in res.stderr and "--url http://127.0.0.1:8000" in res.stderr
 
 
+@pytest.mark.parametrize("command", ["generate", "chat", "validate", "serve"])
+def test_threads_must_be_positive(command, tmp_path, monkeypatch):
+    """--threads 0 / -3 is a usage error naming the flag (ONNX Runtime took -3 silently)."""
+    monkeypatch.chdir(tmp_path)
+    for bad in ("0", "-3"):
+        res = invoke(command, NAME, "--threads", bad)
+        assert res.exit_code == 2 and "'--threads'" in res.output and "x>=1" in res.output, res.output
+
+
 def test_validate_names_the_folder_it_looked_in(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     res = invoke("validate", NAME, env={"TRTPIPE_ARTIFACTS": None})
