@@ -29,6 +29,8 @@ from trtpipe.runtime.serve.app import ServeState, create_app
 from trtpipe.runtime.serve.engine_loop import EngineLoop
 from trtpipe.runtime.serve.prometheus import ServeMetrics
 
+EXIT_USAGE = 2  # the CLI's exit code for usage errors (trtpipe.pipeline.cli; runtime/ cannot import it)
+
 if TYPE_CHECKING:
     from trtpipe.runtime.llm import LLM
 
@@ -136,10 +138,16 @@ def serve(cfg: ServeConfig, echo: Callable[[str], None] | None = None) -> int:
     server.on_signal = lambda: threading.Thread(target=drain, name="trtpipe-drain", daemon=True).start()
     echo(f"trtpipe serve: listening at {url} (loading {cfg.artifact_dir} ...; /health answers 503 while loading)")
     threading.Thread(target=_load, args=(cfg, state, url, echo, server), name="trtpipe-load", daemon=True).start()
-    server.run()
-    if server.started is False:
-        echo(f"trtpipe serve: error: could not listen on {cfg.host}:{cfg.port} (port in use?)")
-        return 1
+    try:
+        server.run()
+    except SystemExit:  # uvicorn exits 3 (its STARTUP_FAILURE, trtpipe's "finish on the target") when bind fails
+        if server.started:
+            raise
+    if not server.started:
+        echo(f"trtpipe serve: error: --host {cfg.host} --port {cfg.port}: could not listen there (uvicorn's "
+             "line above says why: address in use, unknown host). Fix: pass a free --port (0: any free "
+             "port) or a local --host.")
+        return EXIT_USAGE
     if state.engine is not None:
         llm = state.engine.llm
         echo(f"trtpipe serve: stopped ({llm.block_pool.num_used} KV blocks in use, "

@@ -95,3 +95,24 @@ def test_cache_salt_passes_through():
     doc = {"model": MODELS[0], "prompt": "Hi", "cache_salt": "tenant-1"}
     assert parse_completion(doc, MODELS).cache_salt == "tenant-1"
     assert parse_completion({**doc, "cache_salt": None}, MODELS).cache_salt is None
+
+
+def test_serve_on_a_port_in_use_is_a_usage_error(tmp_path):
+    """bind fails (address in use): exit code 2 with the fix, not uvicorn's SystemExit(3), which
+    is trtpipe's "GPU build spec written" code. No model is needed: bind fails before loading ends."""
+    import socket
+
+    pytest.importorskip("uvicorn")
+    from trtpipe.runtime.serve.server import ServeConfig, serve
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    lines: list[str] = []
+    try:
+        code = serve(ServeConfig(artifact_dir=tmp_path, model_name="m", port=port), echo=lines.append)
+    finally:
+        held.close()
+    assert code == 2
+    assert any(f"--port {port}: could not listen" in ln and "Fix: pass a free --port" in ln for ln in lines), lines
