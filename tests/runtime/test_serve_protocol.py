@@ -116,3 +116,22 @@ def test_serve_on_a_port_in_use_is_a_usage_error(tmp_path):
         held.close()
     assert code == 2
     assert any(f"--port {port}: could not listen" in ln and "Fix: pass a free --port" in ln for ln in lines), lines
+
+
+def test_bound_url_names_the_port_actually_bound():
+    """--port 0: the ready line names the port the OS picked (it said http://127.0.0.1:0)."""
+    import socket
+    from types import SimpleNamespace
+
+    pytest.importorskip("uvicorn")
+    from trtpipe.runtime.serve.server import bound_url
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    try:
+        port = sock.getsockname()[1]
+        server = SimpleNamespace(servers=[SimpleNamespace(sockets=[sock])])
+        assert bound_url(server, "http://127.0.0.1:0") == f"http://127.0.0.1:{port}"
+        assert bound_url(SimpleNamespace(), "http://127.0.0.1:0") == "http://127.0.0.1:0"  # not listening yet
+    finally:
+        sock.close()
