@@ -40,7 +40,8 @@ def _need_serve_extra() -> None:
               help="On SIGTERM/SIGINT: how long running requests may finish before they are cancelled.")
 @artifacts_option
 @click.option("--threads", default=None, type=click.IntRange(min=1),
-              help="ONNX Runtime intra-op threads (default: the recipe's engine.intra_op_num_threads, else ONNX Runtime's).")
+              help="ONNX Runtime intra-op threads (default: the recipe's engine.intra_op_num_threads, "
+                   "else ONNX Runtime's).")
 @click.option("--no-prefix-caching", is_flag=True,
               help="Turn automatic prefix caching off (overrides the recipe's kv_cache.prefix_caching).")
 @click.option("--scheduler-policy", type=click.Choice(["slo", "fcfs"]), default=None,

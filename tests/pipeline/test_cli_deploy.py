@@ -144,6 +144,14 @@ def test_validate_url_takes_the_server_root_or_the_openai_base_url():
     assert "expected an http:// or https:// URL" in res.stderr and "--url http://127.0.0.1:8000" in res.stderr
 
 
+def test_goodput_time_must_be_positive(tmp_path, monkeypatch):
+    """--goodput-time-s 0 / -5 is a usage error up front, not after the whole validate run."""
+    monkeypatch.chdir(tmp_path)
+    for bad in ("0", "-5"):
+        res = invoke("validate", NAME, "--goodput", "--goodput-time-s", bad)
+        assert res.exit_code == 2 and "'--goodput-time-s'" in res.output and "x>0" in res.output, res.output
+
+
 @pytest.mark.parametrize("command", ["generate", "chat", "validate", "serve"])
 def test_threads_must_be_positive(command, tmp_path, monkeypatch):
     """--threads 0 / -3 is a usage error naming the flag (ONNX Runtime took -3 silently)."""
