@@ -22,6 +22,8 @@ from trtpipe.pipeline.cli_artifact import artifacts_option, resolve_artifact
 from trtpipe.plugins.errors import TrtpipeError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NEEDS_TARGET = 0, 1, 2, 3
+THREADS_HELP = ("ONNX Runtime intra-op threads (default: the recipe's engine.intra_op_num_threads, "
+                "else ONNX Runtime's).")
 
 def _fail(e: Exception, code: int = EXIT_USAGE) -> None:
     click.echo(click.style("error: ", fg="red", bold=True) + str(e), err=True)
@@ -146,7 +148,8 @@ def _sampling_options(f):
         click.option("--stop", multiple=True, help="Stop string (repeatable)."),
         click.option("--system", default=None, help="System message of the chat template (implies --chat)."),
         artifacts_option,
-        click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads."),
+        click.option("--threads", default=None, type=click.IntRange(min=1),
+                     help=THREADS_HELP),
     ]):
         f = opt(f)
     return f
@@ -259,7 +262,8 @@ def chat_cmd(recipe_or_artifact: str, max_new_tokens: int, temperature: float, t
 @artifacts_option
 @click.option("--scenario", "scenarios", multiple=True, help="Run only this scenario (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
-@click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads.")
+@click.option("--threads", default=None, type=click.IntRange(min=1),
+              help=THREADS_HELP)
 @click.option("--url", default=None, help="Measure a running `trtpipe serve` at this URL over streaming HTTP "
               "(TTFT/TPOT/ITL at the client) instead of in-process.")
 @click.option("--serve", "serve_", is_flag=True, help="Start `trtpipe serve` on a free loopback port for the run "
@@ -267,7 +271,7 @@ def chat_cmd(recipe_or_artifact: str, max_new_tokens: int, temperature: float, t
 @click.option("--api-key", default=None, envvar="TRTPIPE_API_KEY", help="API key of the server (--url).")
 @click.option("--goodput", is_flag=True, help="Then find each Poisson scenario's goodput: the highest "
               "arrival rate (bisection) at which its budgets hold; writes goodput.json/.png.")
-@click.option("--goodput-time-s", default=300.0, show_default=True, type=float,
+@click.option("--goodput-time-s", default=300.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Time limit of the goodput search per scenario (seconds).")
 def validate_cmd(recipe: str, artifact_dir: str | None, artifact_root: str, scenarios: tuple[str, ...],
                  as_json: bool, threads: int | None, url: str | None, serve_: bool, api_key: str | None,
@@ -327,7 +331,9 @@ def estimate_cmd(recipe: str, target: str | None, as_json: bool) -> None:
 
 @main.command("export")
 @click.argument("recipe")
-@click.option("--out", "out_dir", default=None, help="Folder for prefill.onnx / decode.onnx (default: artifacts/<recipe>/<target>/export).")
+@click.option("--out", "out_dir", default=None,
+              help="Folder for prefill.onnx / decode.onnx (default: artifacts/<recipe>/<target>-export, "
+                   "beside the built artifact, never inside it).")
 def export_cmd(recipe: str, out_dir: str | None) -> None:
     """Export the unlowered prefill and decode ONNX graphs (with trtpipe:: custom ops) for RECIPE.
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import click
 
+from trtpipe.pipeline.cli_artifact import artifacts_option
+
 
 def _need_serve_extra() -> None:
     try:
@@ -36,9 +38,10 @@ def _need_serve_extra() -> None:
               help="Require 'Authorization: Bearer KEY' on /v1 and /tokenize (401 otherwise).")
 @click.option("--shutdown-grace-s", default=10.0, show_default=True, type=click.FloatRange(min=0),
               help="On SIGTERM/SIGINT: how long running requests may finish before they are cancelled.")
-@click.option("--artifacts", "artifact_root", default="artifacts", show_default=True,
-              help="Root folder for artifacts (<root>/<recipe>/<target>).")
-@click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads.")
+@artifacts_option
+@click.option("--threads", default=None, type=click.IntRange(min=1),
+              help="ONNX Runtime intra-op threads (default: the recipe's engine.intra_op_num_threads, "
+                   "else ONNX Runtime's).")
 @click.option("--no-prefix-caching", is_flag=True,
               help="Turn automatic prefix caching off (overrides the recipe's kv_cache.prefix_caching).")
 @click.option("--scheduler-policy", type=click.Choice(["slo", "fcfs"]), default=None,

@@ -65,6 +65,17 @@ def served(artifact_dir: Path, threads: int | None, ready_timeout_s: float = 300
                 proc.wait(timeout=10)
 
 
+def server_base_url(url: str) -> str:
+    """``--url`` as the server's root: ``http(s)://host:port`` without a final ``/`` or ``/v1``
+    (the OpenAI ``base_url`` a user copies from the README works too). Raises
+    :class:`ValidateUsageError` for a URL without an http:// or https:// scheme."""
+    base = url.strip().rstrip("/")
+    if not base.lower().startswith(("http://", "https://")):
+        raise ValidateUsageError(f"--url {url!r}: expected an http:// or https:// URL of a `trtpipe serve`. "
+                                 "Fix: pass e.g. --url http://127.0.0.1:8000")
+    return base[:-3] if base.endswith("/v1") else base
+
+
 def _served_model(url: str, recipe: Recipe, headers: dict[str, str]) -> str:
     import httpx
 
@@ -114,6 +125,7 @@ def run_validate_http(recipe: str | os.PathLike | Recipe, *, url: str | None = N
 
     if (url is None) == (not serve):
         raise ValidateUsageError("pass exactly one of --url URL (a running server) and --serve (start one).")
+    url = server_base_url(url) if url is not None else None
     r = load_recipe_for_validate(recipe)
     chosen = select_scenarios(r, list(dict.fromkeys(scenarios)))
     specs = [(s, scenario_workload_spec(r, s)) for s in chosen]
@@ -121,7 +133,7 @@ def run_validate_http(recipe: str | os.PathLike | Recipe, *, url: str | None = N
     out = Console(stderr=as_json, highlight=False)
     err = Console(stderr=True, highlight=False)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    with (served(art, threads) if serve else nullcontext(url.rstrip("/"))) as base:
+    with (served(art, threads) if serve else nullcontext(url)) as base:
         err.print(f"validate {r.name} over HTTP at {base}" + (" (started by --serve)" if serve else ""))
         model = _served_model(base, r, headers)
         tokenizer = HttpTokenizer(base, headers)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from trtpipe.pipeline.cli_artifact import artifacts_option
 from trtpipe.plugins.errors import TrtpipeError
 
 EXIT_USAGE = 2
@@ -156,8 +157,7 @@ def farm_node_cmd(target: str, address: str | None, num_cpus: int | None, run_it
 @click.option("--store", "store_url", envvar="TRTPIPE_STORE", required=True,
               help="Artifact store: a folder or an fsspec URL (env TRTPIPE_STORE).")
 @click.option("--dest", default=None, help="Where to put it (default: <artifacts>/<recipe>/<target>).")
-@click.option("--artifacts", "artifact_root", default="artifacts", show_default=True,
-              help="Artifacts root for the default --dest.")
+@artifacts_option
 @click.option("--build-hash", default=None, help="A specific build instead of `latest`.")
 def pull_cmd(recipe: str, target: str, store_url: str, dest: str | None, artifact_root: str,
              build_hash: str | None) -> None:

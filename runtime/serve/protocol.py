@@ -97,6 +97,10 @@ def parse_json_body(raw: bytes) -> dict:
         raise ServeError(400, f"body: invalid JSON ({e.msg} at line {e.lineno} column {e.colno}); expected "
                               "a JSON object. Fix: send valid JSON with Content-Type: application/json.",
                          param="body") from None
+    except RecursionError:  # json's C scanner recurses once per level: "[[[[..." exhausts the stack
+        raise ServeError(400, "body: JSON nested too deeply to parse; expected a JSON object of OpenAI "
+                              "request fields. Fix: send the request body, not a deeply nested value.",
+                         param="body") from None
     if not isinstance(doc, dict):
         raise bad_field("body", doc, "a JSON object", 'send e.g. {"model": ..., "prompt": ...}')
     return doc

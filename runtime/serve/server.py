@@ -29,6 +29,8 @@ from trtpipe.runtime.serve.app import ServeState, create_app
 from trtpipe.runtime.serve.engine_loop import EngineLoop
 from trtpipe.runtime.serve.prometheus import ServeMetrics
 
+EXIT_USAGE = 2  # the CLI's exit code for usage errors (trtpipe.pipeline.cli; runtime/ cannot import it)
+
 if TYPE_CHECKING:
     from trtpipe.runtime.llm import LLM
 
@@ -83,6 +85,16 @@ def engine_readings(llm: LLM, engine: EngineLoop) -> Callable[[], dict[str, floa
     }
 
 
+def bound_url(server: uvicorn.Server, url: str) -> str:
+    """``url`` with the port the server actually listens on (``--port 0`` picks a free one, and
+    ``http://127.0.0.1:0`` would tell the user nothing); ``url`` itself before it listens."""
+    for srv in getattr(server, "servers", None) or ():
+        for sock in srv.sockets:
+            port = sock.getsockname()[1]
+            return f"{url.rsplit(':', 1)[0]}:{port}"
+    return url
+
+
 def _load(cfg: ServeConfig, state: ServeState, url: str, echo: Callable[[str], None],
           server: uvicorn.Server) -> None:
     """Load the model and start the engine (a thread, so /health answers meanwhile)."""
@@ -111,6 +123,7 @@ def _load(cfg: ServeConfig, state: ServeState, url: str, echo: Callable[[str], N
     state.engine = engine.start()
     while not server.started and not server.should_exit:  # the ready line means "connect now"
         time.sleep(0.05)
+    url = bound_url(server, url)
     echo(f"trtpipe serve: ready at {url} (model {cfg.model_name!r}, loaded in "
          f"{time.perf_counter() - t:.1f} s; OpenAI base_url {url}/v1)")
 
@@ -134,12 +147,19 @@ def serve(cfg: ServeConfig, echo: Callable[[str], None] | None = None) -> int:
         server.should_exit = True
 
     server.on_signal = lambda: threading.Thread(target=drain, name="trtpipe-drain", daemon=True).start()
-    echo(f"trtpipe serve: listening at {url} (loading {cfg.artifact_dir} ...; /health answers 503 while loading)")
+    free = " (port 0: a free one, named on the ready line)" if cfg.port == 0 else ""
+    echo(f"trtpipe serve: listening at {url}{free} (loading {cfg.artifact_dir} ...; /health answers 503 while loading)")
     threading.Thread(target=_load, args=(cfg, state, url, echo, server), name="trtpipe-load", daemon=True).start()
-    server.run()
-    if server.started is False:
-        echo(f"trtpipe serve: error: could not listen on {cfg.host}:{cfg.port} (port in use?)")
-        return 1
+    try:
+        server.run()
+    except SystemExit:  # uvicorn exits 3 (its STARTUP_FAILURE, trtpipe's "finish on the target") when bind fails
+        if server.started:
+            raise
+    if not server.started:
+        echo(f"trtpipe serve: error: --host {cfg.host} --port {cfg.port}: could not listen there (uvicorn's "
+             "line above says why: address in use, unknown host). Fix: pass a free --port (0: any free "
+             "port) or a local --host.")
+        return EXIT_USAGE
     if state.engine is not None:
         llm = state.engine.llm
         echo(f"trtpipe serve: stopped ({llm.block_pool.num_used} KV blocks in use, "
@@ -149,4 +169,4 @@ def serve(cfg: ServeConfig, echo: Callable[[str], None] | None = None) -> int:
     return 0
 
 
-__all__ = ["ServeConfig", "serve", "engine_readings"]
+__all__ = ["ServeConfig", "serve", "engine_readings", "bound_url"]

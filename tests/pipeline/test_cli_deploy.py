@@ -113,6 +113,54 @@ def test_artifacts_root_from_env_then_current_folder(arts, tmp_path, monkeypatch
     assert res.exit_code == 0, res.output
 
 
+def test_serve_and_pull_take_the_artifacts_root_from_env(tmp_path, monkeypatch):
+    """serve and pull honour $TRTPIPE_ARTIFACTS like every other command (they once had their own
+    --artifacts option that ignored it and looked in ./artifacts)."""
+    monkeypatch.chdir(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    res = invoke("serve", NAME, "--port", 0, env={"TRTPIPE_ARTIFACTS": str(elsewhere)})
+    assert res.exit_code == 2, res.output
+    assert str((elsewhere / NAME / "cpu").resolve()) in res.stderr
+    for cmd in ("serve", "pull"):
+        assert "TRTPIPE_ARTIFACTS" in invoke(cmd, "--help").stdout
+
+
+def test_export_help_names_the_folder_it_writes():
+    """export's default --out is <root>/<recipe>/<target>-export (cli.export_cmd), and --help says so."""
+    text = " ".join(invoke("export", "--help").stdout.split())
+    assert "artifacts/<recipe>/<target>-export" in text
+
+
+def test_validate_url_takes_the_server_root_or_the_openai_base_url():
+    """--url: http(s) only (a bare host:port is a usage error naming the fix, not "cannot reach
+    the server ... start it"); the README's OpenAI base_url (.../v1) means the same server."""
+    from trtpipe.pipeline.validate_http import server_base_url
+
+    assert server_base_url("http://127.0.0.1:8000") == "http://127.0.0.1:8000"
+    assert server_base_url("http://127.0.0.1:8000/v1/") == "http://127.0.0.1:8000"
+    assert server_base_url(" HTTPS://h:1/ ") == "HTTPS://h:1"
+    res = invoke("validate", NAME, "--url", "127.0.0.1:8000", "--scenario", "chat")
+    assert res.exit_code == 2
+    assert "expected an http:// or https:// URL" in res.stderr and "--url http://127.0.0.1:8000" in res.stderr
+
+
+def test_goodput_time_must_be_positive(tmp_path, monkeypatch):
+    """--goodput-time-s 0 / -5 is a usage error up front, not after the whole validate run."""
+    monkeypatch.chdir(tmp_path)
+    for bad in ("0", "-5"):
+        res = invoke("validate", NAME, "--goodput", "--goodput-time-s", bad)
+        assert res.exit_code == 2 and "'--goodput-time-s'" in res.output and "x>0" in res.output, res.output
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "validate", "serve"])
+def test_threads_must_be_positive(command, tmp_path, monkeypatch):
+    """--threads 0 / -3 is a usage error naming the flag (ONNX Runtime took -3 silently)."""
+    monkeypatch.chdir(tmp_path)
+    for bad in ("0", "-3"):
+        res = invoke(command, NAME, "--threads", bad)
+        assert res.exit_code == 2 and "'--threads'" in res.output and "x>=1" in res.output, res.output
+
+
 def test_validate_names_the_folder_it_looked_in(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     res = invoke("validate", NAME, env={"TRTPIPE_ARTIFACTS": None})

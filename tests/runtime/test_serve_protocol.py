@@ -58,7 +58,8 @@ def test_refusals_name_the_field(body, param):
 
 
 def test_body_must_be_utf8_json_object():
-    for raw in (b"\xc3\x28", b"{", b"[]"):
+    deep = b"[" * 100_000 + b"]" * 100_000  # RecursionError in json: was a 500 with a traceback in the log
+    for raw in (b"\xc3\x28", b"{", b"[]", deep):
         with pytest.raises(ServeError) as e:
             parse_json_body(raw)
         assert e.value.param == "body"
@@ -94,3 +95,43 @@ def test_cache_salt_passes_through():
     doc = {"model": MODELS[0], "prompt": "Hi", "cache_salt": "tenant-1"}
     assert parse_completion(doc, MODELS).cache_salt == "tenant-1"
     assert parse_completion({**doc, "cache_salt": None}, MODELS).cache_salt is None
+
+
+def test_serve_on_a_port_in_use_is_a_usage_error(tmp_path):
+    """bind fails (address in use): exit code 2 with the fix, not uvicorn's SystemExit(3), which
+    is trtpipe's "GPU build spec written" code. No model is needed: bind fails before loading ends."""
+    import socket
+
+    pytest.importorskip("uvicorn")
+    from trtpipe.runtime.serve.server import ServeConfig, serve
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    lines: list[str] = []
+    try:
+        code = serve(ServeConfig(artifact_dir=tmp_path, model_name="m", port=port), echo=lines.append)
+    finally:
+        held.close()
+    assert code == 2
+    assert any(f"--port {port}: could not listen" in ln and "Fix: pass a free --port" in ln for ln in lines), lines
+
+
+def test_bound_url_names_the_port_actually_bound():
+    """--port 0: the ready line names the port the OS picked (it said http://127.0.0.1:0)."""
+    import socket
+    from types import SimpleNamespace
+
+    pytest.importorskip("uvicorn")
+    from trtpipe.runtime.serve.server import bound_url
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    try:
+        port = sock.getsockname()[1]
+        server = SimpleNamespace(servers=[SimpleNamespace(sockets=[sock])])
+        assert bound_url(server, "http://127.0.0.1:0") == f"http://127.0.0.1:{port}"
+        assert bound_url(SimpleNamespace(), "http://127.0.0.1:0") == "http://127.0.0.1:0"  # not listening yet
+    finally:
+        sock.close()
