@@ -354,7 +354,12 @@ class Scheduler:
             return self.max_num_tokens
         decoding = [r for r in self._running if not r.is_prefilling]
         prefilling = next((r for r in self._running if r.is_prefilling), None)
-        context = prefilling.num_computed_tokens if prefilling is not None else 0
+        if prefilling is not None:
+            context = prefilling.num_computed_tokens
+        elif self._waiting:  # the next admission starts after its cached prefix, not at 0
+            context = len(self._cached_prefix(self._waiting[0])) * self.kv_manager.block_size
+        else:
+            context = 0
         cap = self.chunk_policy.max_prefill_tokens(
             len(decoding), sum(r.num_computed_tokens + 1 for r in decoding), context)
         self.last_prefill_cap = cap
