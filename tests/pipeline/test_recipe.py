@@ -79,7 +79,7 @@ def test_shipped_recipes_load(name):
     if name == "smollm2-135m-cpu":  # + the shared-system-prompt scenario (prefix caching)
         (assistant,) = r.validation.scenarios[3:]
         assert assistant.system_prompt_tokens == 256 and assistant.chat
-        assert assistant.budgets.ttft_ms.p95 == 200
+        assert assistant.budgets.ttft_ms.p95 == 500
     assert chat.budgets.ttft_ms.p95 is not None
     assert code.budgets.tpot_ms.p90 is not None
     assert summary.budgets.ttft_ms.p50 is not None and summary.budgets.tpot_ms.p95 is not None
