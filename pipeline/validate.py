@@ -322,7 +322,7 @@ def run_scenario(llm: Any, scenario: Scenario, spec: Any, err: Any, run: Any = N
         metrics, wall_s, stats = run(items, spec.concurrency,
                                      lambda done, total: bar.update(task, completed=done))
     summary = summarize(metrics, wall_s, stats)
-    results = evaluate_budgets(summary, scenario.budgets.budget_dicts())
+    results = evaluate_budgets(summary, scenario.budgets.runtime_budgets())
     err.print(f"  done in {time.perf_counter() - t:.1f} s")
     return ScenarioReport(scenario.name, summary, tuple(results), tuple(metrics))
 
