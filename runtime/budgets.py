@@ -230,6 +230,36 @@ def gate_exit_code(
     return 0 if ok else 1
 
 
+@dataclass(frozen=True)
+class Gate:
+    """The validate gate, computed once (:meth:`of`) and then printed and written as it is.
+
+    ``correctness_passed`` / ``kv_leak_free``: None when that check was not run (it then does not
+    affect the gate). ``exit_code``: 0 pass, 1 fail (:func:`gate_exit_code`).
+    """
+
+    budgets_passed: bool
+    correctness_passed: bool | None
+    kv_leak_free: bool | None
+    exit_code: int
+
+    @property
+    def passed(self) -> bool:
+        return self.exit_code == 0
+
+    @classmethod
+    def of(cls, results: Sequence[BudgetResult], correctness_passed: bool | None,
+           kv_leak_free: bool | None) -> Gate:
+        """The gate over every scenario's budget rows, the correctness verdict and the leak check."""
+        code = gate_exit_code(results, correctness_passed is not False, kv_leak_free=kv_leak_free)
+        return cls(all(r.passed for r in results), correctness_passed, kv_leak_free, code)
+
+    def to_dict(self) -> dict:
+        """report.json's ``gate`` object."""
+        return {"passed": self.passed, "exit_code": self.exit_code, "budgets_passed": self.budgets_passed,
+                "correctness_passed": self.correctness_passed, "kv_leak_free": self.kv_leak_free}
+
+
 __all__ = [
     "BUDGET_METRICS",
     "LATENCY_BUDGET_METRICS",
@@ -237,6 +267,7 @@ __all__ = [
     "Budget",
     "BudgetError",
     "BudgetResult",
+    "Gate",
     "evaluate_budgets",
     "gate_exit_code",
     "parse_budget",

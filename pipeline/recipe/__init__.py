@@ -26,6 +26,7 @@ The package, one job per module (imports go down this list, never up):
     pydantic_errors.py  pydantic ValidationError -> RecipeProblem lines with fixes
     loading.py          YAML file / shipped name -> Recipe
     hashing.py          recipe_hash, build_hash
+    workload.py         a validate scenario -> the runtime's WorkloadSpec
 
 Units are in the names: ``*_ms`` milliseconds, ``*_mib`` MiB (2**20 bytes), ``*_per_s`` per second,
 ``*_tokens`` / ``max_seq_len`` / ``max_num_tokens`` tokens.
@@ -45,6 +46,7 @@ from trtpipe.pipeline.recipe.checks import check_recipe_against_model
 from trtpipe.pipeline.recipe.loading import (DEFAULT_RECIPE_NAME, RECIPES_DIR, load_recipe, parse_recipe,
                                              resolve_recipe_path, shipped_recipe_names)
 from trtpipe.pipeline.recipe.hashing import build_hash, recipe_hash
+from trtpipe.pipeline.recipe.workload import scenario_workload_spec
 from trtpipe.plugins.dtypes import DTYPES as _DTYPES, FLOAT_NAMES as _FLOAT_NAMES
 
 # Bytes per element of the recipe's float dtypes, derived from the one table (plugins/dtypes.py);
@@ -58,5 +60,5 @@ __all__ = [
     "PromptTokens", "RECIPES_DIR", "Range", "Recipe", "RecipeError", "RecipeProblem", "Scenario",
     "SchedulerSpec", "Target", "UniformTokens", "ValidateSpec", "build_hash", "check_recipe_against_model",
     "kv_block_bytes", "load_recipe", "parse_recipe", "plan_kv_num_blocks", "recipe_hash", "resolve_recipe_path",
-    "shipped_recipe_names",
+    "scenario_workload_spec", "shipped_recipe_names",
 ]
