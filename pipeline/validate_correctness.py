@@ -159,8 +159,9 @@ def agreement_threshold(llm: Any, spec: CorrectnessSpec) -> tuple[float, str]:
     """(minimum agreement, its recipe key): the plugin-free gate for an artifact whose INT4 weights
     were changed for TensorRT (manifest ``backend.int4_weights``), else the INT4 one."""
     backend = getattr(getattr(llm, "manifest", None), "backend", None) or {}
-    if backend.get("int4_weights") in _CHANGED_INT4_WEIGHTS and spec.plugin_free_teacher_forced_agreement_min is not None:
-        return spec.plugin_free_teacher_forced_agreement_min, "plugin_free_teacher_forced_agreement_min"
+    plugin_free_min = spec.plugin_free_teacher_forced_agreement_min
+    if backend.get("int4_weights") in _CHANGED_INT4_WEIGHTS and plugin_free_min is not None:
+        return plugin_free_min, "plugin_free_teacher_forced_agreement_min"
     return spec.int4_teacher_forced_agreement_min, "int4_teacher_forced_agreement_min"
 
 
