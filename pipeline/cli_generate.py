@@ -15,8 +15,17 @@ from trtpipe.pipeline.cli_common import EXIT_FAILED, EXIT_OK, THREADS_HELP, fail
 from trtpipe.plugins.errors import TrtpipeError
 
 
-def _sampling_options(f):
-    """The sampling flags shared by generate and chat."""
+GENERATE_SYSTEM_HELP = "System message of the chat template (implies --chat)."
+CHAT_SYSTEM_HELP = ("System message that opens the conversation (kept when the oldest turns are dropped "
+                    "and after /reset).")
+
+
+def _sampling_options(system_help: str):
+    """The sampling flags shared by generate and chat (``--system`` with the command's own help)."""
+    return lambda f: _add_sampling_options(f, system_help)
+
+
+def _add_sampling_options(f, system_help: str):
     for opt in reversed([
         click.option("--max-new-tokens", default=128, show_default=True, type=int,
                      help="Most tokens to generate (capped by the artifact's max_seq_len, with a note)."),
@@ -25,7 +34,7 @@ def _sampling_options(f):
         click.option("--top-p", default=1.0, show_default=True, type=float, help="1.0 = off."),
         click.option("--seed", default=None, type=int, help="Seed for sampling (reproducible)."),
         click.option("--stop", multiple=True, help="Stop string (repeatable)."),
-        click.option("--system", default=None, help="System message of the chat template (implies --chat)."),
+        click.option("--system", default=None, help=system_help),
         artifacts_option,
         click.option("--threads", default=None, type=click.IntRange(min=1),
                      help=THREADS_HELP),
@@ -39,7 +48,7 @@ def _sampling_options(f):
 @click.argument("prompt", required=False)
 @click.option("--prompt-file", default=None, metavar="FILE", help="Read the prompt from FILE (UTF-8).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
-@_sampling_options
+@_sampling_options(GENERATE_SYSTEM_HELP)
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Print text as it arrives.")
 def generate_cmd(recipe_or_artifact: str, prompt: str | None, prompt_file: str | None, chat: bool,
                  max_new_tokens: int, temperature: float, top_k: int, top_p: float, seed: int | None,
@@ -94,7 +103,7 @@ def generate_cmd(recipe_or_artifact: str, prompt: str | None, prompt_file: str |
 
 @click.command("chat")
 @click.argument("recipe_or_artifact")
-@_sampling_options
+@_sampling_options(CHAT_SYSTEM_HELP)
 def chat_cmd(recipe_or_artifact: str, max_new_tokens: int, temperature: float, top_k: int, top_p: float,
              seed: int | None, stop: tuple[str, ...], system: str | None, artifact_root: str,
              threads: int | None) -> None:
@@ -105,6 +114,8 @@ def chat_cmd(recipe_or_artifact: str, max_new_tokens: int, temperature: float, t
     next turn; when it no longer fits in max_seq_len, the oldest turns are dropped (with a note).
     Commands: /exit (or Ctrl-D) ends, /reset forgets the conversation, /help.
     Piped input works: one message per line.
+    Exit codes: 0 ended (/exit or end of input); 1 a turn failed in the engine (the error is
+    printed, that turn is not kept and the chat goes on); 2 usage or artifact error.
     Example: trtpipe chat smollm2-135m-cpu --system "You are a terse assistant."
     """
     from trtpipe.pipeline.cli_chat import run_chat

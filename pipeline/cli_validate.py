@@ -24,7 +24,9 @@ from trtpipe.plugins.errors import TrtpipeError
               "(TTFT/TPOT/ITL at the client) instead of in-process.")
 @click.option("--serve", "serve_", is_flag=True, help="Start `trtpipe serve` on a free loopback port for the run "
               "and measure it over HTTP (like --url).")
-@click.option("--api-key", default=None, envvar="TRTPIPE_API_KEY", help="API key of the server (--url).")
+@click.option("--api-key", default=None, envvar="TRTPIPE_API_KEY", show_envvar=True,
+              help="API key of the server (--url): sent as 'Authorization: Bearer KEY'; default: $TRTPIPE_API_KEY "
+                   "(what `trtpipe serve --api-key` reads too).")
 @click.option("--goodput", is_flag=True, help="Then find each Poisson scenario's goodput: the highest "
               "arrival rate (bisection) at which its budgets hold; writes goodput.json/.png.")
 @click.option("--goodput-time-s", default=300.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
