@@ -5,7 +5,7 @@ the correctness gate. Budgets leave the recipe as the runtime's own records
 from __future__ import annotations
 
 import difflib
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
@@ -35,12 +35,11 @@ def _int_shorthand(value: Any) -> Any:
     return value
 
 
-class OutputTokens(Spec):
-    """Output lengths in tokens: ``fixed: n`` (or just ``n``) or ``uniform: {min, max}``.
-    Generation is forced to that length (EOS ignored) so runs are comparable."""
+class _Lengths(Spec):
+    """Token lengths given in one of ``FORMS``; a bare integer ``n`` means ``{fixed: n}``."""
 
-    fixed: int | None = Field(None, ge=1, examples=[64])
-    uniform: UniformTokens | None = None
+    FORMS: ClassVar[tuple[str, ...]]
+    EXAMPLE: ClassVar[str]  # the fix shown when not exactly one form is given
 
     @model_validator(mode="before")
     @classmethod
@@ -48,14 +47,24 @@ class OutputTokens(Spec):
         return _int_shorthand(value)
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> "OutputTokens":
-        given = [k for k in ("fixed", "uniform") if getattr(self, k) is not None]
+    def _exactly_one(self) -> "_Lengths":
+        given = [k for k in self.FORMS if getattr(self, k) is not None]
         if len(given) != 1:
-            raise fail(Issue((), {k: getattr(self, k) for k in given} or MISSING,
-                               "exactly one of fixed or uniform",
-                               "write e.g. `output_tokens: 64` or "
-                               "`output_tokens: {uniform: {min: 16, max: 64}}`"))
+            forms = ", ".join(self.FORMS[:-1]) + " or " + self.FORMS[-1]
+            raise fail(Issue((), {k: getattr(self, k) for k in given} or MISSING, f"exactly one of {forms}",
+                             self.EXAMPLE))
         return self
+
+
+class OutputTokens(_Lengths):
+    """Output lengths in tokens: ``fixed: n`` (or just ``n``) or ``uniform: {min, max}``.
+    Generation is forced to that length (EOS ignored) so runs are comparable."""
+
+    FORMS = ("fixed", "uniform")
+    EXAMPLE = "write e.g. `output_tokens: 64` or `output_tokens: {uniform: {min: 16, max: 64}}`"
+
+    fixed: int | None = Field(None, ge=1, examples=[64])
+    uniform: UniformTokens | None = None
 
     @property
     def max_tokens(self) -> int:
@@ -66,29 +75,17 @@ class OutputTokens(Spec):
         return self.uniform.max
 
 
-class PromptTokens(Spec):
+class PromptTokens(_Lengths):
     """Prompt lengths in tokens: ``fixed: n`` (or just ``n``), ``uniform: {min, max}``, or
     ``file``: a prompt file (path resolved against the recipe's folder, then the CWD) whose
     prompts are used as written."""
 
+    FORMS = ("fixed", "uniform", "file")
+    EXAMPLE = "write e.g. `prompt_tokens: 128` or `prompt_tokens: {uniform: {min: 32, max: 128}}`"
+
     fixed: int | None = Field(None, ge=1, examples=[128])
     uniform: UniformTokens | None = None
     file: str | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _shorthand(cls, value: Any) -> Any:
-        return _int_shorthand(value)
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> "PromptTokens":
-        given = [k for k in ("fixed", "uniform", "file") if getattr(self, k) is not None]
-        if len(given) != 1:
-            raise fail(Issue((), {k: getattr(self, k) for k in given} or MISSING,
-                               "exactly one of fixed, uniform or file",
-                               "write e.g. `prompt_tokens: 128` or "
-                               "`prompt_tokens: {uniform: {min: 32, max: 128}}`"))
-        return self
 
     @property
     def max_tokens(self) -> int | None:
