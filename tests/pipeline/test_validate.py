@@ -345,3 +345,23 @@ def test_correctness_result_dict_keeps_report_keys():
     assert (d["sequences_exact"], d["passed"], d["notes"], d["num_sequences"]) == ("1/2", False, "n", 2)
     assert d["sequences"][1] == {"prompt": "q", "tokens": 4, "exact": False, "first_mismatch": 2}
     assert "1/2 golden sequences" in e.line() and "FAIL" in e.line()
+
+
+def test_kv_leak_after_the_correctness_check_fails_it_instead_of_crashing(monkeypatch, tmp_path):
+    """KV blocks left in use after the correctness requests: no AssertionError; the check fails with
+    a note naming the count, so the gate exits 1 and the report is still written."""
+    from rich.console import Console
+
+    import trtpipe.pipeline.validate as V
+    from trtpipe.pipeline.validate_correctness import CorrectnessResult, ExactSequence
+
+    ok = CorrectnessResult(reference="golden.json", precision="prefill fp32, decode fp32", settings_from="recipe",
+                           method="exact", passed=True, num_tokens=4, sequences=(ExactSequence("p", 4, True, None),))
+    monkeypatch.setattr(V, "check_correctness", lambda llm, r, golden: ok)
+    console = Console(file=open(tmp_path / "out.txt", "w"), highlight=False)
+    recipe = load_recipe(CPU_RECIPE, check_files=False)
+    for used, passed in ((0, True), (3, False)):
+        llm = SimpleNamespace(block_pool=SimpleNamespace(num_used=used))
+        c = V._run_correctness(llm, recipe, {}, console, console)
+        assert c.passed is passed and c.seconds is not None
+        assert (c.notes is not None and "3 KV blocks still in use" in c.notes) is (used == 3)
