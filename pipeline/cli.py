@@ -18,8 +18,7 @@ from __future__ import annotations
 import click
 
 from trtpipe.pipeline.cli_build import build_cmd, export_cmd
-from trtpipe.pipeline.cli_common import (EXIT_FAILED, EXIT_NEEDS_TARGET, EXIT_OK, EXIT_USAGE,  # noqa: F401
-                                         THREADS_HELP, fail, load_recipe_arg)  # (re-exported)
+from trtpipe.pipeline.cli_common import EXIT_FAILED, EXIT_NEEDS_TARGET, EXIT_OK, EXIT_USAGE
 from trtpipe.pipeline.cli_generate import chat_cmd, generate_cmd
 from trtpipe.pipeline.cli_info import info_cmd
 from trtpipe.pipeline.cli_serve import serve_cmd
@@ -27,9 +26,6 @@ from trtpipe.pipeline.cli_validate import estimate_cmd, validate_cmd
 from trtpipe.pipeline.farm.cli import farm_group, pull_cmd  # click only; ray/fsspec lazily
 from trtpipe.plugins.errors import TrtpipeError
 from trtpipe.plugins.versions import TRTPIPE_VERSION
-
-_fail = fail  # the name other modules imported before the split
-_load_recipe = load_recipe_arg
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -81,6 +77,8 @@ def recipes_cmd() -> None:
 for _cmd in (build_cmd, export_cmd, generate_cmd, chat_cmd, validate_cmd, estimate_cmd, info_cmd, serve_cmd,
              farm_group, pull_cmd):
     main.add_command(_cmd)
+
+__all__ = ["EXIT_FAILED", "EXIT_NEEDS_TARGET", "EXIT_OK", "EXIT_USAGE", "main"]
 
 
 if __name__ == "__main__":
