@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trtpipe.pipeline.tokenizer_gguf import end_of_generation_ids
 from trtpipe.pipeline.weights import LoadedModel, WeightTensor
 from trtpipe.plugins.errors import TrtpipeError
 from trtpipe.runtime.model_config import ModelConfig, RopeScaling
@@ -119,9 +120,6 @@ def config_from_gguf(reader, path: Path) -> ModelConfig:
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     vocab = int(_field(reader, f"{arch}.vocab_size", 0) or (len(tokens.data) if tokens else 0))
     names = {t.name for t in reader.tensors}
-    eos = _field(reader, "tokenizer.ggml.eos_token_id")
-    eot = _field(reader, "tokenizer.ggml.eot_token_id")
-    eos_ids = tuple(dict.fromkeys(int(x) for x in (eos, eot) if x is not None))
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
     return ModelConfig(
         architecture=str(arch),
@@ -140,7 +138,7 @@ def config_from_gguf(reader, path: Path) -> ModelConfig:
         rope_scaling=rope_scaling,
         layer_sliding_window=(window,) * num_layers if window else (),
         bos_token_id=int(bos) if bos is not None else None,
-        eos_token_ids=eos_ids,
+        eos_token_ids=end_of_generation_ids(reader),
         chat_template=_field(reader, "tokenizer.chat_template"),
         name=str(_field(reader, "general.name", path.stem)),
     )

@@ -210,14 +210,34 @@ def _optional_id(fields: Mapping[str, Any], key: str) -> int | None:
     return None if value is None else int(value)
 
 
+def end_of_generation_ids(reader_or_fields: Any) -> tuple[int, ...]:
+    """The token ids that end a generation: EOS, then EOT and EOM when the file names them.
+
+    ``reader_or_fields``: a ``gguf.GGUFReader``, its ``.fields``, or a mapping key -> value.
+    Returns the ids of ``tokenizer.ggml.eos_token_id``, ``eot_token_id`` (end of turn) and
+    ``eom_token_id`` (end of message, e.g. Llama 3.1's ``<|eom_id|>`` after a tool call) in that
+    order, without repeats; ``()`` when none is set.
+
+    Follows llama.cpp ``src/llama-vocab.cpp``: ``llama_vocab::is_eog`` is true for every id in
+    ``special_eog_ids``, and loading always inserts the EOS, EOT and EOM ids there. llama.cpp also
+    adds tokens found by their text (``<|im_end|>``, ``<|endoftext|>``, ...), a workaround its own
+    comment calls "not ideal"; we read only the ids the file declares, which is what transformers'
+    ``generation_config.eos_token_id`` holds for the models we check (SmolLM2: ``(2,)``).
+    This is the one EOS rule of trtpipe: the GGUF model config and the tokenizer metadata use it.
+    """
+    fields = _fields_of(reader_or_fields)
+    ids = (_optional_id(fields, key) for key in (KEY_EOS_ID, KEY_EOT_ID, KEY_EOM_ID))
+    return tuple(dict.fromkeys(token_id for token_id in ids if token_id is not None))
+
+
 def gguf_tokenizer_metadata(reader_or_fields: Any) -> dict[str, Any]:
     """The tokenizer facts a runtime needs, read from GGUF metadata (no vocabulary work).
 
     Returns a dict with keys:
       ``tokenizer_model`` (str, ``tokenizer.ggml.model``), ``pre_tokenizer`` (str | None),
       ``vocab_size`` (int), ``bos_token_id`` / ``eos_token_id`` / ``unk_token_id`` /
-      ``pad_token_id`` (int | None), ``eos_token_ids`` (tuple[int, ...]: EOS, then EOT and EOM
-      when the file names them: the ids that end a generation), ``bos_token`` / ``eos_token``
+      ``pad_token_id`` (int | None), ``eos_token_ids`` (tuple[int, ...]: the ids that end a
+      generation, :func:`end_of_generation_ids`), ``bos_token`` / ``eos_token``
       (their text, for chat templates; None when absent), ``add_bos_token`` / ``add_eos_token``
       (bool; when the key is absent, llama.cpp's default for the type: BOS for SentencePiece,
       Llama 3 and Tekken), ``chat_template`` (str | None).
@@ -229,10 +249,6 @@ def gguf_tokenizer_metadata(reader_or_fields: Any) -> dict[str, Any]:
     default_add_bos = model == "llama" or (spec is not None and spec.default_add_bos)
     bos_id = _optional_id(fields, KEY_BOS_ID)
     eos_id = _optional_id(fields, KEY_EOS_ID)
-    eos_ids: list[int] = []
-    for token_id in (eos_id, _optional_id(fields, KEY_EOT_ID), _optional_id(fields, KEY_EOM_ID)):
-        if token_id is not None and token_id not in eos_ids:
-            eos_ids.append(token_id)
     tokens_field = fields.get(KEY_TOKENS)
     vocab_size = len(tokens_field.data) if hasattr(tokens_field, "data") else len(tokens_field or ())
     return {
@@ -243,7 +259,7 @@ def gguf_tokenizer_metadata(reader_or_fields: Any) -> dict[str, Any]:
         "eos_token_id": eos_id,
         "unk_token_id": _optional_id(fields, KEY_UNK_ID),
         "pad_token_id": _optional_id(fields, KEY_PAD_ID),
-        "eos_token_ids": tuple(eos_ids),
+        "eos_token_ids": end_of_generation_ids(fields),
         "bos_token": _token_text(fields, bos_id),
         "eos_token": _token_text(fields, eos_id),
         "add_bos_token": bool(_value(fields, KEY_ADD_BOS, default_add_bos)),
