@@ -93,9 +93,9 @@ ANSWER_IDS = [504, 3575, 282, 4649, 314, 7042, 30, 2]  # greedy answer (TOOLCHAI
 
 # --- synthetic metadata (no model needed) -----------------------------------------------------
 def _byte_alphabet() -> list[str]:
-    from trtpipe.pipeline.tokenizer_gguf import _BYTE_TO_CHAR
+    from trtpipe.pipeline.tokenizer_gguf import BYTE_TO_CHAR
 
-    return [_BYTE_TO_CHAR[b] for b in range(256)]
+    return [BYTE_TO_CHAR[b] for b in range(256)]
 
 
 def _tiny_fields(**overrides):
