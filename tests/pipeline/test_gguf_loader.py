@@ -81,6 +81,36 @@ def test_one_eos_list_for_model_config_and_tokenizer(tmp_path, ids, expected):
     assert end_of_generation_ids(reader) == expected
 
 
+@pytest.mark.parametrize(
+    ("metadata", "check"),
+    [
+        ({"rope_scaling_type": gguf.RopeScalingType.LINEAR, "rope_scaling_factor": 4.0},
+         lambda c: c.rope_scaling is not None and (c.rope_scaling.rope_type, c.rope_scaling.factor) == ("linear", 4.0)),
+        ({"rope_scaling_type": gguf.RopeScalingType.NONE}, lambda c: c.rope_scaling is None),
+        ({"sliding_window": 8}, lambda c: c.layer_sliding_window == (8,)),
+        ({}, lambda c: c.layer_sliding_window == (0,) and c.rope_scaling is None),
+    ],
+)
+def test_rope_scaling_and_window_metadata(tmp_path, metadata, check):
+    p = tmp_path / "m.gguf"
+    _write(p, np.zeros((64, 64), np.float32), np.zeros((32, 64), np.float32), metadata=metadata)
+    assert check(load_gguf(p, with_tokenizer=False).config)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "message"),
+    [
+        ({"rope_scaling_type": gguf.RopeScalingType.YARN}, r"llama\.rope\.scaling\.type = 'yarn' is not supported"),
+        ({"rope_dimension_count": 8}, r"llama\.rope\.dimension_count = 8 differs from head_dim 16"),
+    ],
+)
+def test_unsupported_metadata_names_key_and_value(tmp_path, metadata, message):
+    p = tmp_path / "bad.gguf"
+    _write(p, np.zeros((64, 64), np.float32), np.zeros((32, 64), np.float32), metadata=metadata)
+    with pytest.raises(ModelLoadError, match=message):
+        load_gguf(p, with_tokenizer=False)
+
+
 def test_unsupported_tensor_type_names_tensor_and_type(tmp_path):
     q = np.zeros((64, 64), np.float32)
     k = np.zeros((32, 64), np.float32)
