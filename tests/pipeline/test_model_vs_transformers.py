@@ -105,6 +105,23 @@ def test_qwen2_bias_and_window(tmp_path):
     assert diff <= 1e-4, diff
 
 
+def test_eos_ids_follow_generation_config(tmp_path):
+    """generate() stops on generation_config.json's eos ids (Llama 3.1 style: several); the
+    loaded config lists config.json's EOS first, then those, once each."""
+    m = _make("LlamaForCausalLM", "LlamaConfig", eos_token_id=2)
+    m.generation_config.eos_token_id = [2, 7, 9]
+    _save(tmp_path, m)
+    assert transformers.GenerationConfig.from_pretrained(tmp_path).eos_token_id == [2, 7, 9]
+    assert load_hf_folder(tmp_path).config.eos_token_ids == (2, 7, 9)
+    (tmp_path / "generation_config.json").unlink()
+    assert load_hf_folder(tmp_path).config.eos_token_ids == (2,)
+    (tmp_path / "generation_config.json").write_text("{broken")
+    from trtpipe.pipeline.gguf_loader import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match=r"generation_config\.json: eos_token_id could not be read"):
+        load_hf_folder(tmp_path)
+
+
 def test_unknown_rope_scaling_is_an_error(tmp_path):
     m = _make("LlamaForCausalLM", "LlamaConfig")
     _save(tmp_path, m)
