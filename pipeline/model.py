@@ -31,7 +31,7 @@ from trtpipe.pipeline.weights import LoadedModel
 from trtpipe.plugins import int4_pack
 from trtpipe.plugins.dtypes import FLOAT_NAMES
 from trtpipe.plugins.errors import OpError
-from trtpipe.plugins.reference import rope_cos_sin
+from trtpipe.plugins.reference import rope_cos_sin, unpack_zero_points_uint8
 from trtpipe.runtime.model_config import ModelConfig
 
 
@@ -87,7 +87,7 @@ class Int4Linear(nn.Module):
         self.register_buffer("scales", torch.from_numpy(np.ascontiguousarray(scales, np.float32)))
         zp = np.ascontiguousarray(zero_points)
         if zp.dtype == np.uint8 and bits == 4:  # packed 4-bit -> float (one export signature; exact for integers)
-            zp = np.stack([zp & 0x0F, zp >> 4], axis=-1).reshape(N, -1)[:, : K // group_size]
+            zp = unpack_zero_points_uint8(zp, N, K // group_size)
         self.register_buffer("zero_points", torch.from_numpy(zp.astype(np.float32)))
         self.bias = None if bias is None else _param(bias)
         self.K, self.N, self.group_size, self.bits = K, N, group_size, bits
