@@ -57,7 +57,7 @@ def _token_ids(value) -> list[int]:
     return [int(v) for v in value] if isinstance(value, list) else [int(value)]
 
 
-def end_of_generation_ids(cfg: dict, path: Path) -> tuple[int, ...]:
+def _end_of_generation_ids(cfg: dict, path: Path) -> tuple[int, ...]:
     """The ids that end a generation for a Hugging Face folder: ``config.json``'s ``eos_token_id``,
     then those of ``generation_config.json`` (what transformers' ``generate()`` stops on, e.g.
     Llama 3.1 Instruct's ``[128001, 128008, 128009]``: end of text, of message, of turn), in that
@@ -82,7 +82,7 @@ def end_of_generation_ids(cfg: dict, path: Path) -> tuple[int, ...]:
 
 def config_from_hf(cfg: dict, path: Path) -> ModelConfig:
     """ModelConfig from a Hugging Face ``config.json`` dict (``cfg``) of the folder ``path``; the
-    end-of-generation ids also read ``path / "generation_config.json"`` (:func:`end_of_generation_ids`).
+    end-of-generation ids also read ``path / "generation_config.json"`` (:func:`_end_of_generation_ids`).
     Raises :class:`ModelLoadError` for an unsupported architecture or RoPE scaling type."""
     archs = cfg.get("architectures") or []
     arch = next((_ARCHS[a] for a in archs if a in _ARCHS), None)
@@ -122,7 +122,7 @@ def config_from_hf(cfg: dict, path: Path) -> ModelConfig:
         rope_scaling=_rope_scaling(cfg, path),
         layer_sliding_window=windows,
         bos_token_id=cfg.get("bos_token_id"),
-        eos_token_ids=end_of_generation_ids(cfg, path),
+        eos_token_ids=_end_of_generation_ids(cfg, path),
         name=path.name,
     )
 
