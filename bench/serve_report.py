@@ -15,8 +15,10 @@ import json
 import subprocess
 from pathlib import Path
 
-ANALYSIS_BEGIN = "<!-- analysis:begin (kept across runs of bench/serve.py) -->"
-ANALYSIS_END = "<!-- analysis:end -->"
+import md_analysis
+from md_analysis import ANALYSIS_END, analysis_begin
+
+ANALYSIS_BEGIN = analysis_begin("bench/serve.py")
 STATS = ("avg", "p50", "p90", "p95", "p99", "min", "max")
 KEPT = ("time_to_first_token", "inter_token_latency", "request_latency", "output_token_throughput",
         "request_throughput", "goodput", "good_request_count", "request_count", "error_request_count",
@@ -99,13 +101,8 @@ def versions(args, aiperf_venv: Path) -> dict:
 
 
 def read_analysis(doc: Path) -> str:
-    try:
-        text = doc.read_text()
-    except OSError:
-        return ""
-    if ANALYSIS_BEGIN in text and ANALYSIS_END in text:
-        return text.split(ANALYSIS_BEGIN, 1)[1].split(ANALYSIS_END, 1)[0]
-    return ""
+    """The kept analysis block of docs/serving.md (:func:`md_analysis.read_analysis`)."""
+    return md_analysis.read_analysis(doc, ANALYSIS_BEGIN)
 
 
 # ---------------------------------------------------------------------------------------------

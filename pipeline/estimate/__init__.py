@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from trtpipe.pipeline.estimate.command import run_estimate
-from trtpipe.pipeline.estimate.estimator import estimate
+from trtpipe.pipeline.estimate.estimator import estimate, roofline, windowed_config
 from trtpipe.pipeline.estimate.kv import KVEstimate
 from trtpipe.pipeline.estimate.latency import LatencyRow, Roofline, roofline_s
 from trtpipe.pipeline.estimate.memory import (BUILD_HOST_BASE_BYTES, BUILD_HOST_PEAK_FACTOR, Activations, MemoryFit,
@@ -46,5 +46,5 @@ __all__: Sequence[str] = (
     "kv_bytes_per_sequence", "prefill_flops", "decode_flops", "roofline_s", "linear_params",
     "total_params", "activation_dtype", "activation_bytes", "Activations", "Roofline",
     "KVEstimate", "MemoryFit", "WeightsEstimate", "build_host_bytes", "render",
-    "BUILD_HOST_BASE_BYTES", "BUILD_HOST_PEAK_FACTOR", "EXIT_OK", "EXIT_FAILED",
+    "roofline", "windowed_config", "BUILD_HOST_BASE_BYTES", "BUILD_HOST_PEAK_FACTOR", "EXIT_OK", "EXIT_FAILED",
 )
