@@ -171,6 +171,14 @@ def setup(force: bool = False, retry_failed: bool = True, log=print) -> dict:
         log(f"setup:   [{group}] {'ok' if state[group]['ok'] else 'FAILED'} in {state[group]['seconds']} s")
         SETUP_FILE.write_text(json.dumps(state, indent=2))
 
+    _build_models(state, done, log)
+    shutil.rmtree(MODELS_DIR / "cache", ignore_errors=True)
+    SETUP_FILE.write_text(json.dumps(state, indent=2))
+    return state
+
+
+def _model_steps() -> dict[str, tuple[tuple[str, ...], Path, list[str]]]:
+    """step -> (the steps it needs, the folder it builds, the command)."""
     hf = MODELS_DIR / "hf-from-gguf"
     models = {
         "model:hf": (("common",), hf, [str(bench_python()), "-c", _MAKE_HF, str(gguf_path()), str(hf)]),
@@ -180,8 +188,13 @@ def setup(force: bool = False, retry_failed: bool = True, log=print) -> dict:
         models[f"model:ortgenai-{prec}"] = (("onnxruntime-genai", "model:hf"), out, [
             str(bench_python()), "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(out),
             "-p", prec, "-e", "cpu", "-c", str(MODELS_DIR / "cache")])
+    return models
+
+
+def _build_models(state: dict, done, log) -> None:
+    """Build the peers' model folders (skipping those ``done``), recording each step in ``state``."""
     MODELS_DIR.mkdir(parents=True, exist_ok=True)
-    for step, (deps, out, cmd) in models.items():
+    for step, (deps, out, cmd) in _model_steps().items():
         if done(step) and (out.exists() or not state[step].get("ok")):
             continue
         missing = [d for d in deps if not state.get(d, {}).get("ok")]
@@ -195,9 +208,7 @@ def setup(force: bool = False, retry_failed: bool = True, log=print) -> dict:
         state[step] = _run_step(cmd, env=_offline_env())
         log(f"setup:   {step} {'ok' if state[step]['ok'] else 'FAILED'} in {state[step]['seconds']} s")
         SETUP_FILE.write_text(json.dumps(state, indent=2))
-    shutil.rmtree(MODELS_DIR / "cache", ignore_errors=True)
-    SETUP_FILE.write_text(json.dumps(state, indent=2))
-    return state
+
 
 def unavailable_reason(spec: EngineSpec, state: dict) -> str | None:
     """Why an engine cannot run (None if it can)."""
