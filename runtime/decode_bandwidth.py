@@ -143,8 +143,8 @@ class DecodeBandwidth:
 
     def describe(self) -> str:
         """``"decode bandwidth 12.4 GB/s (107.3 MB per step / 8.65 ms TPOT; 41% of 30.0 GB/s)"``."""
-        peak = "" if self.fraction_of_peak is None else (
-            f"; {self.fraction_of_peak:.0%} of {self.peak_bytes_per_s / 1e9:.1f} GB/s")  # type: ignore[operator]
+        frac, peak_bw = self.fraction_of_peak, self.peak_bytes_per_s
+        peak = "" if frac is None or peak_bw is None else f"; {frac:.0%} of {peak_bw / 1e9:.1f} GB/s"
         return (f"decode bandwidth {self.bytes_per_s / 1e9:.1f} GB/s ({self.step_read_bytes / 1e6:.1f} MB per step / "
                 f"{self.tpot_s * 1e3:.3g} ms TPOT{peak})")
 
