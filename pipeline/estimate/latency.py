@@ -21,6 +21,7 @@ from trtpipe.pipeline.estimate.weights import PhaseWeights
 from trtpipe.pipeline.recipe import Recipe, Scenario
 from trtpipe.pipeline.targets import TargetSpec
 from trtpipe.runtime.decode_bandwidth import DecodeReadModel
+from trtpipe.runtime.kv_planning import cdiv
 from trtpipe.runtime.model_config import ModelConfig
 
 
@@ -62,7 +63,7 @@ class Roofline:
     def ttft_s(self, prompt_tokens: int, peak: bool = False) -> tuple[float, str]:
         """Prefill of one prompt from position 0: its FLOP; the weights read once per chunk of
         ``max_num_tokens`` plus the KV written."""
-        chunks = -(-prompt_tokens // self.max_num_tokens)
+        chunks = cdiv(prompt_tokens, self.max_num_tokens)
         nbytes = (chunks * self.prefill.step_read_bytes
                   + kv_bytes_per_sequence(self.config, prompt_tokens, self.kv_dtype_bytes))
         return self._time(prefill_flops(self.config, prompt_tokens), nbytes, self.prefill_compute_dtype, peak)
