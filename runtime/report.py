@@ -243,7 +243,8 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
             f"output); prompt tokens {sm['total_prompt_tokens']}, output tokens "
             f"{sm['total_output_tokens']}, wall {sm['wall_s']:.3f} s",
             f"- output tokens/s: {_fmt(sm['output_tokens_per_s'])}"
-            + (f"; {DecodeBandwidth.from_dict(bw).describe()} at TPOT p50" if (bw := s.get("decode_bandwidth")) else ""),
+            + (f"; {DecodeBandwidth.from_dict(bw).describe()} at TPOT p50"
+               if (bw := s.get("decode_bandwidth")) else ""),
             f"- decode batch size: peak {_opt(sm['peak_decode_batch_size'])}, "
             f"mean {_fmt(sm['mean_decode_batch_size'])}",
             f"- KV blocks: peak used {_opt(sm['peak_kv_blocks_used'])} of "
