@@ -206,10 +206,25 @@ def generate_cmd(recipe_or_artifact: str, prompt: str | None, prompt_file: str |
     m = out.metrics
     tpot = f"{m.tpot_s * 1e3:.1f} ms" if m.tpot_s is not None else "n/a (1 token)"
     ttft = f"{m.ttft_s * 1e3:.1f} ms" if m.ttft_s is not None else "n/a"
-    click.echo(click.style(f"[{out.finish_reason}] {m.output_tokens} tokens, TTFT {ttft}, TPOT {tpot}", dim=True), err=True)
+    from trtpipe.runtime.decode_bandwidth import request_decode_note
+
+    peak = None if llm.manifest.target.get("name") in (None, "cpu") else _target_bandwidth(llm.manifest.target["name"])
+    bw = request_decode_note(llm.manifest, m.prompt_tokens, m.output_tokens, m.tpot_s, peak)
+    click.echo(click.style(f"[{out.finish_reason}] {m.output_tokens} tokens, TTFT {ttft}, TPOT {tpot}{bw}", dim=True),
+               err=True)
     if out.finish_reason == "error":
         click.echo(f"error: {out.error_message}", err=True)
         sys.exit(EXIT_FAILED)
+
+
+def _target_bandwidth(name: str) -> float | None:
+    """The target table's read bandwidth of a GPU target (bytes/s); None for an unknown name."""
+    from trtpipe.pipeline.targets import get_target
+
+    try:
+        return get_target(name).bandwidth_bytes_per_s
+    except TrtpipeError:
+        return None
 
 
 @main.command("chat")

@@ -455,8 +455,13 @@ def run_validate(recipe: str | os.PathLike | Recipe, *, artifact_dir: str | os.P
     if llm.step_cost is not None:
         env["step_cost_model"] = json.loads(llm.step_cost.to_json())
 
+    from trtpipe.pipeline.targets import get_target
+    from trtpipe.runtime.decode_bandwidth import read_model_from_manifest
+
+    peak_bw = None if r.target == "cpu" else get_target(r.target).bandwidth_bytes_per_s  # cpu: not measured here
     paths = write_report(report_dir(art, r, chosen), recipe_name=r.name, target=r.target, scenarios=reports,
-                         correctness=correctness, env=env)
+                         correctness=correctness, env=env, decode_read=read_model_from_manifest(llm.manifest),
+                         target_bandwidth_bytes_per_s=peak_bw)
 
     def search_goodput() -> None:
         from trtpipe.pipeline.goodput import in_process_runner, run_goodput
