@@ -111,15 +111,17 @@ def _time_ms(torch, fn, warmup: int = 10, iters: int = 50) -> float:
 
 
 def _paged_case(rng, H, KVH, D, BS, NB, chunks, dtype):
+    from trtpipe.runtime.kv_planning import blocks_for_tokens
+
     kc = rng.standard_normal((NB, BS, KVH, D)).astype(dtype)
     vc = rng.standard_normal((NB, BS, KVH, D)).astype(dtype)
     free = list(rng.permutation(np.arange(1, NB)))
     S = len(chunks)
-    MB = max(-(-(c + n) // BS) for c, n in chunks)
+    MB = max(blocks_for_tokens(c + n, BS) for c, n in chunks)
     bt = np.zeros((S, MB), np.int64)
     cl, qsl, slots = np.zeros(S, np.int64), np.zeros(S + 1, np.int64), []
     for s, (cached, new) in enumerate(chunks):
-        nb = -(-(cached + new) // BS)
+        nb = blocks_for_tokens(cached + new, BS)
         bt[s, :nb] = [free.pop() for _ in range(nb)]
         cl[s], qsl[s + 1] = cached + new, qsl[s] + new
         slots += [int(bt[s, p // BS] * BS + p % BS) for p in range(cached, cached + new)]

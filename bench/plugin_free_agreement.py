@@ -26,39 +26,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--golden", type=Path, default=ROOT / "artifacts" / "smollm2-135m-cpu" / "cpu" / "golden.json")
     ap.add_argument("--recipe", default="smollm2-135m-orin")
     ap.add_argument("--num-tokens", type=int, default=None, help="cut each sequence (default: all recorded)")
     ap.add_argument("--cpu-artifact", type=Path, default=None,
                     help="also run this CPU artifact through the runtime's teacher forcing on the same golden")
-    args = ap.parse_args()
+    return ap
+
+
+def rtn_reference(ref4):
+    """A copy of the INT4 reference whose 4-bit GEMMs are re-quantized by plain symmetric
+    round-to-nearest (absmax/7, fp32 scales) and held as float weights."""
     import copy
 
-    import torch
-
-    from trtpipe.pipeline.build import load_model
-    from trtpipe.pipeline.model import FloatLinear, Int4Linear, build_reference_model
-    from trtpipe.pipeline.recipe import load_recipe, resolve_recipe_path
-    from trtpipe.pipeline.variant_agreement import (requantized_reference, teacher_forced_agreement_dense)
+    from trtpipe.pipeline.model import FloatLinear, Int4Linear
     from trtpipe.plugins import int4_pack as P
     from trtpipe.plugins.reference import dequantize_int4
 
-    torch.set_num_threads(2)
-    golden = json.loads(args.golden.read_text())
-    n = args.num_tokens or golden["num_tokens"]
-    seqs = len(golden["sequences"])
-    recipe = load_recipe(resolve_recipe_path(args.recipe))
-    loaded = load_model(recipe)
-    kw = dict(rope_table_len=recipe.max_seq_len, sliding_window=recipe.sliding_window)
-    g = recipe.precision.int4.group_size
-    ref32 = build_reference_model(loaded, "fp32", **kw)
-    ref4 = build_reference_model(loaded, "int4", g, False, **kw)
-    t = time.perf_counter()
-    ref_sym = requantized_reference(ref4)
-    print(f"re-quantized (least squares) in {time.perf_counter() - t:.1f} s")
-    def rtn_float(m):  # plain symmetric round-to-nearest (absmax/7), fp32 scales, as float weights
+    def rtn_float(m):
         w = dequantize_int4(m.b_packed.numpy(), m.scales.numpy(), m.zero_points.numpy(), m.K, m.N, m.group_size)
         packed, scales, _ = P.quantize_rtn(w, m.group_size, symmetric=True)
         return FloatLinear(dequantize_int4(packed, scales, None, m.K, m.N, m.group_size))
@@ -68,6 +55,46 @@ def main() -> int:
         for name, m in list(parent.named_children()):
             if isinstance(m, Int4Linear) and m.bits == 4:
                 setattr(parent, name, rtn_float(m))
+    return ref_rtn
+
+
+def cpu_artifact_agreement(artifact: Path, golden: dict, n: int) -> tuple[int, int]:
+    """(agreeing, total) teacher-forced tokens of a CPU artifact through the runtime (ONNX Runtime)."""
+    from trtpipe.runtime.llm import LLM
+    from trtpipe.runtime.teacher_forcing import teacher_forced_agreement
+
+    llm = LLM(artifact, num_threads=2)
+    agree = total = 0
+    for sq in golden["sequences"]:
+        want = [int(x) for x in sq["output_ids"][:n]]
+        _, preds = teacher_forced_agreement(llm, sq["prompt_ids"], want)
+        agree += sum(p == w for p, w in zip(preds, want))
+        total += len(want)
+    return agree, total
+
+
+def main() -> int:
+    args = _parser().parse_args()
+    import torch
+
+    from trtpipe.pipeline.build import load_model
+    from trtpipe.pipeline.model import build_reference_model
+    from trtpipe.pipeline.recipe import load_recipe, resolve_recipe_path
+    from trtpipe.pipeline.variant_agreement import requantized_reference, teacher_forced_agreement_dense
+
+    torch.set_num_threads(2)
+    golden = json.loads(args.golden.read_text())
+    n = args.num_tokens or golden["num_tokens"]
+    seqs = len(golden["sequences"])
+    recipe = load_recipe(resolve_recipe_path(args.recipe))
+    loaded = load_model(recipe)
+    kw = dict(rope_table_len=recipe.max_seq_len, sliding_window=recipe.sliding_window)
+    ref32 = build_reference_model(loaded, "fp32", **kw)
+    ref4 = build_reference_model(loaded, "int4", recipe.precision.int4.group_size, False, **kw)
+    t = time.perf_counter()
+    ref_sym = requantized_reference(ref4)
+    print(f"re-quantized (least squares) in {time.perf_counter() - t:.1f} s")
+    ref_rtn = rtn_reference(ref4)
     print(f"golden: {args.golden} ({seqs} sequences, {n} tokens each at most; {golden.get('reference')})")
     print("int4 Q4_1 exact (plugin variant, CPU default): the golden's own weights (the fp32 reference IS the "
           "dequantized Q4_1), so 1.0 on this reference by construction; engines differ by their kernels")
@@ -80,16 +107,7 @@ def main() -> int:
         a = teacher_forced_agreement_dense(ref, golden, seqs, n)
         print(f"{name:55s} {a.agree}/{a.total} = {a.value:.4f}  ({time.perf_counter() - t:.1f} s)")
     if args.cpu_artifact is not None:
-        from trtpipe.runtime.llm import LLM
-        from trtpipe.runtime.teacher_forcing import teacher_forced_agreement
-
-        llm = LLM(args.cpu_artifact, num_threads=2)
-        agree = total = 0
-        for sq in golden["sequences"]:
-            want = [int(x) for x in sq["output_ids"][:n]]
-            _, preds = teacher_forced_agreement(llm, sq["prompt_ids"], want)
-            agree += sum(p == w for p, w in zip(preds, want))
-            total += len(want)
+        agree, total = cpu_artifact_agreement(args.cpu_artifact, golden, n)
         print(f"{'CPU artifact via ONNX Runtime (runtime teacher forcing)':55s} {agree}/{total} = {agree / total:.4f}"
               f"  ({args.cpu_artifact})")
     return 0

@@ -26,71 +26,69 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--tpot-budget-ms", type=float, default=50.0)
     ap.add_argument("--artifact", default=str(ROOT / "artifacts" / "smollm2-135m-cpu" / "cpu"))
     ap.add_argument("--remeasure-cost", action="store_true", help="delete step_cost.json first")
     ap.add_argument("--json", dest="json_out", default=None, help="also write the results here")
-    args = ap.parse_args()
+    return ap
 
-    from trtpipe.pipeline.recipe import load_recipe
+
+def run_scenario(llm, recipe, scenario_name: str) -> dict:
+    """One run of a recipe scenario on ``llm``: its TTFT/ITL/TPOT percentiles (ms), prefix-cache
+    hits, wall time and the 1-minute load average before and after."""
     from trtpipe.pipeline.validate import scenario_workload_spec
-    from trtpipe.runtime.llm import LLM
     from trtpipe.runtime.metrics import summarize
-    from trtpipe.runtime.step_cost import STEP_COST_FILE
     from trtpipe.runtime.workload import make_workload, run_workload
 
-    if args.remeasure_cost:
-        (Path(args.artifact) / STEP_COST_FILE).unlink(missing_ok=True)
-    recipe = load_recipe(ROOT / "recipes" / "smollm2-135m-cpu.yaml")
-    llm = LLM(args.artifact, scheduler_policy="slo")
-    t = time.perf_counter()
-    cost = llm.step_cost_model()
-    print(f"step-cost model ({time.perf_counter() - t:.1f} s): {json.dumps(json.loads(cost.to_json()))}")
-    tpl = llm.manifest.model.chat_template
+    spec = scenario_workload_spec(recipe, recipe.validation.scenario(scenario_name))
+    items = make_workload(spec, llm.tokenizer, chat_template=llm.manifest.model.chat_template)
+    load0 = os.getloadavg()[0]
+    metrics, wall_s, stats = run_workload(llm, items, spec.concurrency)
+    s = summarize(metrics, wall_s, stats)
+    return {"ttft_p50_ms": s.latency_ms("ttft", "p50"), "ttft_p95_ms": s.latency_ms("ttft", "p95"),
+            "itl_p99_ms": s.latency_ms("itl", "p99"), "itl_p50_ms": s.latency_ms("itl", "p50"),
+            "tpot_p95_ms": s.latency_ms("tpot", "p95"), "cached_tokens": s.prefix_cache_hits_tokens,
+            "prompt_tokens": s.total_prompt_tokens, "wall_s": round(wall_s, 1),
+            "load_1m": [round(load0, 1), round(os.getloadavg()[0], 1)]}
 
-    def run(scenario_name: str) -> dict:
-        spec = scenario_workload_spec(recipe, recipe.validation.scenario(scenario_name))
-        items = make_workload(spec, llm.tokenizer, chat_template=tpl)
-        load0 = os.getloadavg()[0]
-        metrics, wall_s, stats = run_workload(llm, items, spec.concurrency)
-        s = summarize(metrics, wall_s, stats)
-        return {"ttft_p50_ms": s.latency_ms("ttft", "p50"), "ttft_p95_ms": s.latency_ms("ttft", "p95"),
-                "itl_p99_ms": s.latency_ms("itl", "p99"), "itl_p50_ms": s.latency_ms("itl", "p50"),
-                "tpot_p95_ms": s.latency_ms("tpot", "p95"), "cached_tokens": s.prefix_cache_hits_tokens,
-                "prompt_tokens": s.total_prompt_tokens, "wall_s": round(wall_s, 1),
-                "load_1m": [round(load0, 1), round(os.getloadavg()[0], 1)]}
 
+def run_reps(llm, recipe, reps: int, tpot_budget_ms: float) -> tuple[dict[str, list[dict]], list[float]]:
+    """``reps`` interleaved repetitions (assistant: cache on, off; summary: slo, fcfs); returns the
+    runs by name and the step-cost model's relative errors over the slo runs' steps."""
     results: dict[str, list[dict]] = {"assistant_cache_on": [], "assistant_cache_off": [],
                                       "summary_slo": [], "summary_fcfs": []}
     errors: list[float] = []
-    for rep in range(args.reps):
+    for rep in range(reps):
         for on in (True, False):
             llm.set_tpot_budget(None)
             llm.scheduler.enable_prefix_caching = on
             llm.block_pool.reset_prefix_cache()
-            r = run("assistant")
+            r = run_scenario(llm, recipe, "assistant")
             results[f"assistant_cache_{'on' if on else 'off'}"].append(r)
             print(f"rep {rep} assistant cache {'on ' if on else 'off'}: {r}", flush=True)
         llm.scheduler.enable_prefix_caching = True
         for policy in ("slo", "fcfs"):
             llm.block_pool.reset_prefix_cache()
             llm.scheduler_policy = policy
-            why = llm.set_tpot_budget(args.tpot_budget_ms)
+            why = llm.set_tpot_budget(tpot_budget_ms)
             llm.step_cost_log.clear()
-            r = run("summary")
+            r = run_scenario(llm, recipe, "summary")
             if policy == "slo":
                 errors += [abs(p - m) / m for p, m, _, _ in llm.step_cost_log if m > 0]
             results[f"summary_{policy}"].append(r)
             print(f"rep {rep} summary {policy}: {r}\n    chunking: {why}", flush=True)
+    return results, sorted(errors)
 
+
+def summarize_reps(results: dict[str, list[dict]], errors: list[float], cost) -> dict:
+    """Medians over the repetitions: the ratios the docstring names, and the cost model's error."""
     def med(key: str, field: str) -> float:
         return statistics.median(r[field] for r in results[key])
 
-    errors.sort()
-    summary = {
+    return {
         "assistant_ttft_p95_ms_on_off": [med("assistant_cache_on", "ttft_p95_ms"), med("assistant_cache_off", "ttft_p95_ms")],
         "assistant_ttft_p95_ratio_on_over_off": med("assistant_cache_on", "ttft_p95_ms") / med("assistant_cache_off", "ttft_p95_ms"),
         "summary_itl_p99_ms_slo_fcfs": [med("summary_slo", "itl_p99_ms"), med("summary_fcfs", "itl_p99_ms")],
@@ -99,6 +97,23 @@ def main() -> int:
         "cost_model_stated_error_ms": cost.error_ms,
         "num_steps_compared": len(errors),
     }
+
+
+def main() -> int:
+    args = _parser().parse_args()
+    from trtpipe.pipeline.recipe import load_recipe
+    from trtpipe.runtime.llm import LLM
+    from trtpipe.runtime.step_cost import STEP_COST_FILE
+
+    if args.remeasure_cost:
+        (Path(args.artifact) / STEP_COST_FILE).unlink(missing_ok=True)
+    recipe = load_recipe(ROOT / "recipes" / "smollm2-135m-cpu.yaml")
+    llm = LLM(args.artifact, scheduler_policy="slo")
+    t = time.perf_counter()
+    cost = llm.step_cost_model()
+    print(f"step-cost model ({time.perf_counter() - t:.1f} s): {json.dumps(json.loads(cost.to_json()))}")
+    results, errors = run_reps(llm, recipe, args.reps, args.tpot_budget_ms)
+    summary = summarize_reps(results, errors, cost)
     print(json.dumps(summary, indent=2))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"runs": results, "summary": summary}, indent=2))

@@ -146,7 +146,7 @@ def step_children(root, num_steps: int) -> list[tuple[str, float]]:
     return sorted(((k, v * 1e3 / num_steps) for k, v in totals.items()), key=lambda kv: -kv[1])
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--artifact", type=Path, default=DEFAULT_ARTIFACT)
     ap.add_argument("--threads", type=int, default=2)
@@ -157,64 +157,73 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-pyinstrument", action="store_true")
     ap.add_argument("--no-ort-profile", action="store_true", help="skip onnxruntime's per-node profile")
     ap.add_argument("--json", action="store_true", help="print one JSON line (for bench/peers.py)")
-    args = ap.parse_args(argv)
+    return ap
 
-    from trtpipe.runtime.llm import LLM
 
-    llm = LLM(args.artifact, num_threads=args.threads)
-    ids = prompt_token_ids(args.artifact)[: args.prompt_tokens]
+def time_decode(llm, ids: list[int], num_steps: int, num_runs: int, threads: int) -> dict:
+    """The three nested timers over ``num_runs`` runs of ``num_steps`` decode steps (after a
+    warm-up): trimmed means per step, the slowest 10 % dropped (preemption by other processes on
+    the shared cores), so the parts add up: step = ort run + engine wrapper + runtime overhead.
+    Also the achieved decode bandwidth (:mod:`trtpipe.runtime.decode_bandwidth`) at the mean context."""
+    from trtpipe.runtime.decode_bandwidth import decode_bandwidth, read_model_from_manifest
+
     ort_times = _wrap_ort_runs(llm)
     decode_steps(llm, ids, 8, ort_times)  # warm-up
-    rows = [r for _ in range(args.runs) for r in decode_steps(llm, ids, args.steps, ort_times)]
-    # Trimmed means (slowest 10 % of steps dropped: preemption by other processes on the shared
-    # cores), so the parts add up: step = ort run + engine wrapper + runtime overhead.
+    rows = [r for _ in range(num_runs) for r in decode_steps(llm, ids, num_steps, ort_times)]
     kept = sorted(rows)[: max(1, int(len(rows) * 0.9))]
     step, engine, ort_run = (statistics.fmean(r[i] for r in kept) for i in range(3))
     overhead, wrapper = step - engine, engine - ort_run
-    res = {
-        "threads": args.threads, "prompt_tokens": len(ids), "num_steps": len(rows), "num_steps_kept": len(kept),
+    read = read_model_from_manifest(llm.manifest)
+    bw = None if read is None else decode_bandwidth(read, step, len(ids) + num_steps // 2)
+    return {
+        "threads": threads, "prompt_tokens": len(ids), "num_steps": len(rows), "num_steps_kept": len(kept),
         "step_s": step, "engine_s": engine, "ort_run_s": ort_run, "overhead_s": overhead,
         "engine_wrapper_s": wrapper,
         "overhead_fraction": overhead / step,
         "overhead_incl_wrapper_fraction": (overhead + wrapper) / step,
+        "decode_bandwidth": None if bw is None else bw.to_dict(),
     }
 
-    top: list[str] = []
-    if not args.no_pyinstrument:
-        try:
-            from pyinstrument import Profiler
-        except ImportError:
-            top = ["(pyinstrument is not installed: pip install pyinstrument)"]
-        else:
-            llm.add_request(ids, __import__("trtpipe.runtime.request", fromlist=["SamplingParams"]).SamplingParams(
-                max_new_tokens=args.steps + 1, ignore_eos=True))
-            llm.step()  # prefill, outside the profile
-            prof = Profiler(interval=0.0002)
-            prof.start()
-            while llm.has_unfinished():
-                llm.step()
-            prof.stop()
-            text = prof.output_text(unicode=False, color=False, show_all=False, short_mode=False)
-            top = [ln for ln in text.splitlines() if ln.strip()][: args.top]
-            res["pyinstrument_step_children"] = step_children(prof.last_session.root_frame(), args.steps)
-    res["pyinstrument_top"] = top
-    if not args.no_ort_profile:
-        del llm  # one model in memory at a time
-        res["ort_ops"] = ort_op_profile(args.artifact, args.threads, ids, args.steps)
 
-    if args.json:
-        print(RESULT_MARK + json.dumps(res))
-        return 0
+def pyinstrument_profile(llm, ids: list[int], num_steps: int, top_lines: int, res: dict) -> list[str]:
+    """The top of pyinstrument's call tree over one request's decode steps (and, into ``res``,
+    the callees of ``LLM.step``); one line saying why when pyinstrument is not installed."""
+    try:
+        from pyinstrument import Profiler
+    except ImportError:
+        return ["(pyinstrument is not installed: pip install pyinstrument)"]
+    from trtpipe.runtime.request import SamplingParams
+
+    llm.add_request(ids, SamplingParams(max_new_tokens=num_steps + 1, ignore_eos=True))
+    llm.step()  # prefill, outside the profile
+    prof = Profiler(interval=0.0002)
+    prof.start()
+    while llm.has_unfinished():
+        llm.step()
+    prof.stop()
+    text = prof.output_text(unicode=False, color=False, show_all=False, short_mode=False)
+    res["pyinstrument_step_children"] = step_children(prof.last_session.root_frame(), num_steps)
+    return [ln for ln in text.splitlines() if ln.strip()][:top_lines]
+
+
+def print_text(res: dict) -> None:
+    """The human-readable form of ``res`` (what --json prints as one line)."""
     ms = lambda x: f"{x * 1e3:7.3f} ms"  # noqa: E731
-    print(f"batch-1 decode, {len(ids)}-token prompt, {len(rows)} steps, {args.threads} threads "
+    step, engine, ort_run = res["step_s"], res["engine_s"], res["ort_run_s"]
+    wrapper, overhead = res["engine_wrapper_s"], res["overhead_s"]
+    print(f"batch-1 decode, {res['prompt_tokens']}-token prompt, {res['num_steps']} steps, {res['threads']} threads "
           "(trimmed means per step)")
     print(f"  step (TPOT)          {ms(step)}")
     print(f"  engine               {ms(engine)}   ({engine / step * 100:.1f} %)")
     print(f"    ort run            {ms(ort_run)}   ({ort_run / step * 100:.1f} %)")
     print(f"    engine wrapper     {ms(wrapper)}   ({wrapper / step * 100:.1f} %)")
     print(f"  runtime overhead     {ms(overhead)}   ({overhead / step * 100:.1f} %; target <= 10 %)")
-    if top:
-        print("\n" + "\n".join(top))
+    if res.get("decode_bandwidth"):
+        from trtpipe.runtime.decode_bandwidth import DecodeBandwidth
+
+        print(f"  {DecodeBandwidth.from_dict(res['decode_bandwidth']).describe()}")
+    if res["pyinstrument_top"]:
+        print("\n" + "\n".join(res["pyinstrument_top"]))
     if res.get("ort_ops"):
         o = res["ort_ops"]
         print(f"\nonnxruntime profile of the decode graph (model_run {o['run_ms']:.2f} ms/step, "
@@ -228,6 +237,24 @@ def main(argv: list[str] | None = None) -> int:
         print("\nunder LLM.step, per decode step (pyinstrument, inflated by the profiler):")
         for name, ms_ in res["pyinstrument_step_children"]:
             print(f"  {ms_:8.3f} ms  {name}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from trtpipe.runtime.llm import LLM
+
+    llm = LLM(args.artifact, num_threads=args.threads)
+    ids = prompt_token_ids(args.artifact)[: args.prompt_tokens]
+    res = time_decode(llm, ids, args.steps, args.runs, args.threads)
+    res["pyinstrument_top"] = ([] if args.no_pyinstrument
+                               else pyinstrument_profile(llm, ids, args.steps, args.top, res))
+    if not args.no_ort_profile:
+        del llm  # one model in memory at a time
+        res["ort_ops"] = ort_op_profile(args.artifact, args.threads, ids, args.steps)
+    if args.json:
+        print(RESULT_MARK + json.dumps(res))
+    else:
+        print_text(res)
     return 0
 
 

@@ -15,8 +15,10 @@ import json
 import subprocess
 from pathlib import Path
 
-ANALYSIS_BEGIN = "<!-- analysis:begin (kept across runs of bench/serve.py) -->"
-ANALYSIS_END = "<!-- analysis:end -->"
+import md_analysis
+from md_analysis import ANALYSIS_END, analysis_begin
+
+ANALYSIS_BEGIN = analysis_begin("bench/serve.py")
 STATS = ("avg", "p50", "p90", "p95", "p99", "min", "max")
 KEPT = ("time_to_first_token", "inter_token_latency", "request_latency", "output_token_throughput",
         "request_throughput", "goodput", "good_request_count", "request_count", "error_request_count",
@@ -99,13 +101,8 @@ def versions(args, aiperf_venv: Path) -> dict:
 
 
 def read_analysis(doc: Path) -> str:
-    try:
-        text = doc.read_text()
-    except OSError:
-        return ""
-    if ANALYSIS_BEGIN in text and ANALYSIS_END in text:
-        return text.split(ANALYSIS_BEGIN, 1)[1].split(ANALYSIS_END, 1)[0]
-    return ""
+    """The kept analysis block of docs/serving.md (:func:`md_analysis.read_analysis`)."""
+    return md_analysis.read_analysis(doc, ANALYSIS_BEGIN)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -198,9 +195,7 @@ def _noise(raw: dict) -> list[str]:
     return L
 
 
-def render(raw: dict, analysis: str) -> str:
-    meta, plan = raw["meta"], raw["plan"]
-    w, v = meta["workload"], meta["versions"]
+def _intro(meta: dict) -> list[str]:
     L = ["# Serving: `trtpipe serve` vs llama.cpp's OpenAI server, driven by aiperf\n"]
     if meta.get("note"):
         L.append(f"> **{meta['note']}**\n")
@@ -226,14 +221,13 @@ def render(raw: dict, analysis: str) -> str:
              "nor in any statistic). Ratio rows: trtpipe / llama.cpp (latency < 1 and throughput > 1 favour trtpipe). Other "
              "load: cores that other processes used during the run (more than "
              f"{meta.get('max_foreign_load', 0.3):g}: noisy; see Machine and noise).\n")
-    L += _results_table(raw)
-    L.append("")
-    L += _goodput_summary(raw)
-    L.append("")
-    L.append(ANALYSIS_BEGIN)
-    L.append(analysis.strip("\n") if analysis.strip() else "## Analysis\n\n(not written yet)")
-    L.append(ANALYSIS_END + "\n")
-    L.append("## How it was run\n")
+    return L
+
+
+def _how_run(raw: dict) -> list[str]:
+    meta, plan = raw["meta"], raw["plan"]
+    w, v = meta["workload"], meta["versions"]
+    L = ["## How it was run\n"]
     L.append(f"- Servers, one at a time, each started fresh for every run on 127.0.0.1 and stopped after it, "
              f"{meta['threads']} threads each:")
     for e in meta["engines"]:
@@ -262,15 +256,24 @@ def render(raw: dict, analysis: str) -> str:
     example = next((r["aiperf_cmd"] for r in raw["runs"] if "aiperf_cmd" in r), None)
     if example:
         L.append(f"- aiperf command (one run): `{' '.join(example)}`")
-    L.append("")
-    L.append("## Machine and noise\n")
-    L += _noise(raw)
-    L.append("")
-    L.append("## Setup (`python bench/serve.py --setup`)\n")
+    return L + [""]
+
+
+def _setup_table(meta: dict) -> list[str]:
+    L = ["## Setup (`python bench/serve.py --setup`)\n"]
     L.append("| step | venv | result | seconds | when |")
     L.append("|---|---|---|---|---|")
     for k, s in meta.get("setup", {}).items():
         res = ("ok" + (f" ({s['note']})" if s.get("note") else "")) if s.get("ok") else "FAILED: " + str(s.get("error"))
         L.append(f"| {k} | {s.get('venv')} | {res} | {s.get('seconds')} | {s.get('when', '')} |")
-    L.append("")
+    return L + [""]
+
+
+def render(raw: dict, analysis: str) -> str:
+    """docs/serving.md: the results per rate, goodput, the kept ``analysis``, how it was run,
+    machine and noise, and the setup record."""
+    kept = [ANALYSIS_BEGIN, analysis.strip("\n") if analysis.strip() else "## Analysis\n\n(not written yet)",
+            ANALYSIS_END + "\n"]
+    L = (_intro(raw["meta"]) + _results_table(raw) + [""] + _goodput_summary(raw) + [""] + kept + _how_run(raw)
+         + ["## Machine and noise\n"] + _noise(raw) + [""] + _setup_table(raw["meta"]))
     return "\n".join(L)

@@ -91,14 +91,34 @@ def generate_cmd(recipe_or_artifact: str, prompt: str | None, prompt_file: str |
             click.echo(out.text)
     except TrtpipeError as e:
         fail(e)
-    m = out.metrics
-    tpot = f"{m.tpot_s * 1e3:.1f} ms" if m.tpot_s is not None else "n/a (1 token)"
-    ttft = f"{m.ttft_s * 1e3:.1f} ms" if m.ttft_s is not None else "n/a"
-    stats = f"[{out.finish_reason}] {m.output_tokens} tokens, TTFT {ttft}, TPOT {tpot}"
-    click.echo(click.style(stats, dim=True), err=True)
+    click.echo(click.style(_request_stats(llm, out), dim=True), err=True)
     if out.finish_reason == "error":
         click.echo(f"error: {out.error_message}", err=True)
         sys.exit(EXIT_FAILED)
+
+
+def _request_stats(llm, out) -> str:
+    """``[stop] 24 tokens, TTFT 80.1 ms, TPOT 11.2 ms`` plus the achieved decode tokens/s and read
+    bandwidth (and its share of a GPU target's, from the target table)."""
+    from trtpipe.runtime.decode_bandwidth import request_decode_note
+
+    m = out.metrics
+    tpot = f"{m.tpot_s * 1e3:.1f} ms" if m.tpot_s is not None else "n/a (1 token)"
+    ttft = f"{m.ttft_s * 1e3:.1f} ms" if m.ttft_s is not None else "n/a"
+    target = llm.manifest.target.get("name")
+    peak = None if target in (None, "cpu") else _target_bandwidth(target)
+    bw = request_decode_note(llm.manifest, m.prompt_tokens, m.output_tokens, m.tpot_s, peak)
+    return f"[{out.finish_reason}] {m.output_tokens} tokens, TTFT {ttft}, TPOT {tpot}{bw}"
+
+
+def _target_bandwidth(name: str) -> float | None:
+    """The target table's read bandwidth of a GPU target (bytes/s); None for an unknown name."""
+    from trtpipe.pipeline.targets import get_target
+
+    try:
+        return get_target(name).bandwidth_bytes_per_s
+    except TrtpipeError:
+        return None
 
 
 @click.command("chat")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trtpipe.pipeline.tokenizer_gguf.fields import end_of_generation_ids, metadata_value, vocab_size
 from trtpipe.pipeline.weights import LoadedModel, WeightTensor
 from trtpipe.plugins.errors import TrtpipeError
 from trtpipe.runtime.model_config import ModelConfig, RopeScaling
@@ -57,13 +58,6 @@ def gguf_to_hf_name(name: str) -> str | None:
     return None
 
 
-def _field(reader, key: str, default=None):
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    return f.contents()
-
-
 def _unpermute_rows(data: np.ndarray, n_head: int) -> np.ndarray:
     """Inverse of llama.cpp's ``permute(w, n_head)`` on the row (output-feature) axis.
 
@@ -77,72 +71,86 @@ def _unpermute_rows(data: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
-def config_from_gguf(reader, path: Path) -> ModelConfig:
-    """Model facts from GGUF metadata. Missing required keys raise :class:`ModelLoadError`."""
-    arch = _field(reader, "general.architecture")
+def _architecture(reader, path: Path) -> str:
+    arch = metadata_value(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHS:
         raise ModelLoadError(
             f"{path}: general.architecture = {arch!r} is not supported; expected one of "
             f"{SUPPORTED_ARCHS}. Fix: use a Llama-family model."
         )
+    return str(arch)
 
-    def req(key: str):
-        v = _field(reader, f"{arch}.{key}")
-        if v is None:
-            raise ModelLoadError(f"{path}: GGUF metadata key {arch}.{key} is missing")
-        return v
 
-    num_layers = int(req("block_count"))
-    hidden = int(req("embedding_length"))
-    heads = int(req("attention.head_count"))
-    kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", heads))
-    head_dim = int(_field(reader, f"{arch}.attention.key_length", hidden // heads))
-    rope_dim = _field(reader, f"{arch}.rope.dimension_count", head_dim)
+def _required(reader, path: Path, key: str):
+    """Value of a required metadata key; :class:`ModelLoadError` naming the key when missing."""
+    value = metadata_value(reader, key)
+    if value is None:
+        raise ModelLoadError(f"{path}: GGUF metadata key {key} is missing")
+    return value
+
+
+def _head_dim(reader, path: Path, arch: str, hidden: int, heads: int) -> int:
+    """``{arch}.attention.key_length`` (default hidden / heads); rotary must cover all of it."""
+    head_dim = int(metadata_value(reader, f"{arch}.attention.key_length", hidden // heads))
+    rope_dim = metadata_value(reader, f"{arch}.rope.dimension_count", head_dim)
     if int(rope_dim) != head_dim:
         raise ModelLoadError(
             f"{path}: {arch}.rope.dimension_count = {rope_dim} differs from head_dim {head_dim}; "
             "partial rotary embeddings are not supported."
         )
-    rope_scaling = None
-    stype = _field(reader, f"{arch}.rope.scaling.type")
-    if stype not in (None, "none"):
-        factor = float(_field(reader, f"{arch}.rope.scaling.factor", 1.0))
-        if stype == "linear":
-            rope_scaling = RopeScaling("linear", factor)
-        else:
-            raise ModelLoadError(
-                f"{path}: {arch}.rope.scaling.type = {stype!r} is not supported; expected "
-                "'linear' (llama3 scaling is read from Hugging Face configs). Fix: convert the "
-                "model from its Hugging Face folder."
-            )
-    window = int(_field(reader, f"{arch}.attention.sliding_window", 0) or 0)
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    vocab = int(_field(reader, f"{arch}.vocab_size", 0) or (len(tokens.data) if tokens else 0))
+    return head_dim
+
+
+def _rope_scaling(reader, path: Path, arch: str) -> RopeScaling | None:
+    """``{arch}.rope.scaling.type``: absent/"none" -> None, "linear" -> kept, anything else raises."""
+    stype = metadata_value(reader, f"{arch}.rope.scaling.type")
+    if stype in (None, "none"):
+        return None
+    if stype == "linear":
+        return RopeScaling("linear", float(metadata_value(reader, f"{arch}.rope.scaling.factor", 1.0)))
+    raise ModelLoadError(
+        f"{path}: {arch}.rope.scaling.type = {stype!r} is not supported; expected "
+        "'linear' (llama3 scaling is read from Hugging Face configs). Fix: convert the "
+        "model from its Hugging Face folder."
+    )
+
+
+def config_from_gguf(reader, path: Path) -> ModelConfig:
+    """Model facts from GGUF metadata (a ``gguf.GGUFReader``; ``path`` names the file in errors).
+
+    Key names follow llama.cpp (``{arch}.block_count``, ``{arch}.attention.head_count``, ...).
+    End-of-generation ids: :func:`~trtpipe.pipeline.tokenizer_gguf.end_of_generation_ids`.
+    Raises :class:`ModelLoadError` for an unsupported architecture, partial rotary, an unsupported
+    RoPE scaling type, or a missing required key (each named).
+    """
+    arch = _architecture(reader, path)
+    num_layers = int(_required(reader, path, f"{arch}.block_count"))
+    hidden = int(_required(reader, path, f"{arch}.embedding_length"))
+    heads = int(_required(reader, path, f"{arch}.attention.head_count"))
+    window = int(metadata_value(reader, f"{arch}.attention.sliding_window", 0) or 0)
+    vocab = int(metadata_value(reader, f"{arch}.vocab_size", 0) or vocab_size(reader.fields))
     names = {t.name for t in reader.tensors}
-    eos = _field(reader, "tokenizer.ggml.eos_token_id")
-    eot = _field(reader, "tokenizer.ggml.eot_token_id")
-    eos_ids = tuple(dict.fromkeys(int(x) for x in (eos, eot) if x is not None))
-    bos = _field(reader, "tokenizer.ggml.bos_token_id")
+    bos = metadata_value(reader, "tokenizer.ggml.bos_token_id")
     return ModelConfig(
-        architecture=str(arch),
+        architecture=arch,
         num_layers=num_layers,
         hidden_size=hidden,
         num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        intermediate_size=int(req("feed_forward_length")),
+        num_kv_heads=int(metadata_value(reader, f"{arch}.attention.head_count_kv", heads)),
+        head_dim=_head_dim(reader, path, arch, hidden, heads),
+        intermediate_size=int(_required(reader, path, f"{arch}.feed_forward_length")),
         vocab_size=vocab,
-        max_position_embeddings=int(req("context_length")),
-        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        rms_norm_eps=float(req("attention.layer_norm_rms_epsilon")),
+        max_position_embeddings=int(_required(reader, path, f"{arch}.context_length")),
+        rope_theta=float(metadata_value(reader, f"{arch}.rope.freq_base", 10000.0)),
+        rms_norm_eps=float(_required(reader, path, f"{arch}.attention.layer_norm_rms_epsilon")),
         tie_word_embeddings="output.weight" not in names,
         attention_bias="blk.0.attn_q.bias" in names,
-        rope_scaling=rope_scaling,
+        rope_scaling=_rope_scaling(reader, path, arch),
         layer_sliding_window=(window,) * num_layers if window else (),
         bos_token_id=int(bos) if bos is not None else None,
-        eos_token_ids=eos_ids,
-        chat_template=_field(reader, "tokenizer.chat_template"),
-        name=str(_field(reader, "general.name", path.stem)),
+        eos_token_ids=end_of_generation_ids(reader),
+        chat_template=metadata_value(reader, "tokenizer.chat_template"),
+        name=str(metadata_value(reader, "general.name", path.stem)),
     )
 
 

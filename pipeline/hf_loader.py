@@ -8,6 +8,7 @@ sliding windows follow each architecture's rule (Mistral: every layer; Qwen2: la
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -49,8 +50,40 @@ def _rope_scaling(cfg: dict, path: Path) -> RopeScaling | None:
     )
 
 
+def _token_ids(value) -> list[int]:
+    """An ``eos_token_id`` entry (int, list of int, or None) as a list of ints."""
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, list) else [int(value)]
+
+
+def _end_of_generation_ids(cfg: dict, path: Path) -> tuple[int, ...]:
+    """The ids that end a generation for a Hugging Face folder: ``config.json``'s ``eos_token_id``,
+    then those of ``generation_config.json`` (what transformers' ``generate()`` stops on, e.g.
+    Llama 3.1 Instruct's ``[128001, 128008, 128009]``: end of text, of message, of turn), in that
+    order, without repeats. The GGUF side's rule is the same (EOS, EOT, EOM:
+    :func:`trtpipe.pipeline.tokenizer_gguf.end_of_generation_ids`).
+
+    ``cfg``: the parsed ``config.json``; ``path``: the model folder. Raises :class:`ModelLoadError`
+    naming the file when ``generation_config.json`` exists but is not valid JSON.
+    """
+    ids = _token_ids(cfg.get("eos_token_id"))
+    gen_file = path / "generation_config.json"
+    if gen_file.is_file():
+        try:
+            ids += _token_ids(json.loads(gen_file.read_text()).get("eos_token_id"))
+        except (json.JSONDecodeError, TypeError, ValueError, AttributeError) as e:
+            raise ModelLoadError(
+                f"{gen_file}: eos_token_id could not be read ({e}); expected a JSON object whose "
+                "eos_token_id is an int or a list of ints. Fix: re-save the folder with transformers."
+            ) from e
+    return tuple(dict.fromkeys(ids))
+
+
 def config_from_hf(cfg: dict, path: Path) -> ModelConfig:
-    """ModelConfig from a Hugging Face ``config.json`` dict."""
+    """ModelConfig from a Hugging Face ``config.json`` dict (``cfg``) of the folder ``path``; the
+    end-of-generation ids also read ``path / "generation_config.json"`` (:func:`_end_of_generation_ids`).
+    Raises :class:`ModelLoadError` for an unsupported architecture or RoPE scaling type."""
     archs = cfg.get("architectures") or []
     arch = next((_ARCHS[a] for a in archs if a in _ARCHS), None)
     if arch is None:
@@ -72,8 +105,6 @@ def config_from_hf(cfg: dict, path: Path) -> ModelConfig:
     rope_theta = cfg.get("rope_theta")
     if rope_theta is None:
         rope_theta = (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
-    eos = cfg.get("eos_token_id")
-    eos_ids = tuple(eos) if isinstance(eos, list) else ((int(eos),) if eos is not None else ())
     return ModelConfig(
         architecture=arch,
         num_layers=n,
@@ -91,7 +122,7 @@ def config_from_hf(cfg: dict, path: Path) -> ModelConfig:
         rope_scaling=_rope_scaling(cfg, path),
         layer_sliding_window=windows,
         bos_token_id=cfg.get("bos_token_id"),
-        eos_token_ids=eos_ids,
+        eos_token_ids=_end_of_generation_ids(cfg, path),
         name=path.name,
     )
 
@@ -126,8 +157,6 @@ def load_hf_folder(path: str | Path) -> LoadedModel:
     if tcfg.is_file():
         chat_template = json.loads(tcfg.read_text()).get("chat_template")
     if chat_template:
-        import dataclasses
-
         config = dataclasses.replace(config, chat_template=chat_template)
     return LoadedModel(
         config=config,

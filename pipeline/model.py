@@ -18,7 +18,7 @@ Two forward paths share every weight:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
@@ -26,10 +26,12 @@ import torch.nn.functional as F
 from torch import nn
 
 import trtpipe.plugins.torch_ops  # noqa: F401  (registers torch.ops.trtpipe.*)
+from trtpipe.pipeline.model_config_override import with_sliding_window
 from trtpipe.pipeline.weights import LoadedModel
 from trtpipe.plugins import int4_pack
+from trtpipe.plugins.dtypes import FLOAT_NAMES
 from trtpipe.plugins.errors import OpError
-from trtpipe.plugins.reference import rope_cos_sin
+from trtpipe.plugins.reference import rope_cos_sin, unpack_zero_points_uint8
 from trtpipe.runtime.model_config import ModelConfig
 
 
@@ -85,7 +87,7 @@ class Int4Linear(nn.Module):
         self.register_buffer("scales", torch.from_numpy(np.ascontiguousarray(scales, np.float32)))
         zp = np.ascontiguousarray(zero_points)
         if zp.dtype == np.uint8 and bits == 4:  # packed 4-bit -> float (one export signature; exact for integers)
-            zp = np.stack([zp & 0x0F, zp >> 4], axis=-1).reshape(N, -1)[:, : K // group_size]
+            zp = unpack_zero_points_uint8(zp, N, K // group_size)
         self.register_buffer("zero_points", torch.from_numpy(zp.astype(np.float32)))
         self.bias = None if bias is None else _param(bias)
         self.K, self.N, self.group_size, self.bits = K, N, group_size, bits
@@ -101,7 +103,7 @@ def make_linear(model: LoadedModel, name: str, quant: QuantSpec, bias_name: str 
     round-to-nearest otherwise)."""
     w = model.weights[name]
     bias = model.float_weight(bias_name) if bias_name and bias_name in model.weights else None
-    if quant.precision in ("fp32", "fp16", "bf16"):
+    if quant.precision in FLOAT_NAMES:
         return FloatLinear(w.to_float(), bias)
     N, K = w.shape
     if quant.precision == "int8":  # 8-bit weights: GGUF Q8_0 repacked exactly (the LM head)
@@ -178,17 +180,16 @@ class LlamaReference(nn.Module):
 
     ``rope_table_len`` sets the cos/sin table length (default: the model's context length);
     positions at or beyond it raise :class:`OpError` in eager mode (never a silent wrap).
+    ``sliding_window``: the recipe's override of every layer's window
+    (:func:`~trtpipe.pipeline.model_config_override.with_sliding_window`; None keeps the model's).
     """
 
     def __init__(self, model: LoadedModel, quant: QuantSpec = QuantSpec(), rope_table_len: int | None = None,
                  sliding_window: int | None = None, lm_head_quant: QuantSpec | None = None):
         super().__init__()
-        c = model.config
-        if sliding_window is not None:
-            import dataclasses
-
-            c = dataclasses.replace(c, layer_sliding_window=(sliding_window,) * c.num_layers)
-            model = LoadedModel(c, model.weights, model.source_path, model.source_kind, model.tokenizer_json)
+        c = with_sliding_window(model.config, sliding_window)
+        if c is not model.config:
+            model = replace(model, config=c)
         self.config: ModelConfig = c
         self.quant = quant
         embed = model.float_weight("model.embed_tokens.weight")
@@ -206,11 +207,7 @@ class LlamaReference(nn.Module):
         else:
             self.lm_head = make_linear(model, model.lm_head_name(), lm_q)
         n = rope_table_len or c.max_position_embeddings
-        scaling = None
-        if c.rope_scaling is not None:
-            import dataclasses
-
-            scaling = dataclasses.asdict(c.rope_scaling)
+        scaling = None if c.rope_scaling is None else asdict(c.rope_scaling)
         cos, sin = rope_cos_sin(n, c.head_dim, c.rope_theta, scaling)
         self.register_buffer("rope_cos", torch.from_numpy(np.ascontiguousarray(cos, np.float32)))
         self.register_buffer("rope_sin", torch.from_numpy(np.ascontiguousarray(sin, np.float32)))

@@ -222,8 +222,6 @@ def run_validate(recipe: str | os.PathLike | Recipe, *, artifact_dir: str | os.P
     """
     from rich.console import Console
 
-    from trtpipe.runtime.report import write_report
-
     r = load_recipe_for_validate(recipe)
     chosen = select_scenarios(r, list(dict.fromkeys(scenarios)))  # repeated --scenario runs once
     specs = [(s, scenario_workload_spec(r, s)) for s in chosen]
@@ -236,8 +234,7 @@ def run_validate(recipe: str | os.PathLike | Recipe, *, artifact_dir: str | os.P
     reports = _run_scenarios(llm, r, specs, env, out, err)
     if llm.step_cost is not None:
         env["step_cost_model"] = json.loads(llm.step_cost.to_json())
-    paths = write_report(report_dir(art, r, chosen), recipe_name=r.name, target=r.target, scenarios=reports,
-                         correctness=correctness.to_dict(), env=env)
+    paths = _write_report(llm, r, art, chosen, reports, correctness, env)
 
     def search_goodput() -> None:
         from trtpipe.pipeline.goodput import in_process_runner, run_goodput
@@ -247,6 +244,20 @@ def run_validate(recipe: str | os.PathLike | Recipe, *, artifact_dir: str | os.P
 
     gate = gate_of_reports(reports, correctness.passed)
     return finish_report(out, err, paths, gate, as_json, then=search_goodput if goodput else None)
+
+
+def _write_report(llm: Any, r: Recipe, art: Path, chosen: Sequence[Scenario], reports: list[Any],
+                  correctness: CorrectnessResult, env: dict) -> Any:
+    """report.json, report.md and the plots (:func:`report_dir`), with each scenario's achieved decode
+    bandwidth (and its share of a GPU target's; the cpu target's is not measured here)."""
+    from trtpipe.pipeline.targets import get_target
+    from trtpipe.runtime.decode_bandwidth import read_model_from_manifest
+    from trtpipe.runtime.report import write_report
+
+    peak_bw = None if r.target == "cpu" else get_target(r.target).bandwidth_bytes_per_s
+    return write_report(report_dir(art, r, chosen), recipe_name=r.name, target=r.target, scenarios=reports,
+                        correctness=correctness.to_dict(), env=env, decode_read=read_model_from_manifest(llm.manifest),
+                        target_bandwidth_bytes_per_s=peak_bw)
 
 
 def _open_artifact(r: Recipe, artifact_dir: str | os.PathLike | None,

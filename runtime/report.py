@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from trtpipe.runtime.budgets import BudgetResult, gate_exit_code
+from trtpipe.runtime.decode_bandwidth import DecodeBandwidth, DecodeReadModel, scenario_decode_bandwidth
 from trtpipe.runtime.errors import ArtifactError
 from trtpipe.runtime.metrics import (
     LATENCY_METRICS,
@@ -109,9 +110,14 @@ def build_report(
     env: Mapping[str, Any],
     generated_at: str | None = None,
     plots: Sequence[str] = PLOT_FILES,
+    decode_read: DecodeReadModel | None = None,
+    target_bandwidth_bytes_per_s: float | None = None,
 ) -> dict:
     """The report.json document (a JSON-ready dict; latencies in ms). ``plots``: the plot files
-    written beside it (none when matplotlib is missing).
+    written beside it (none when matplotlib is missing). ``decode_read``: the artifact's bytes per
+    decode step (:func:`~trtpipe.runtime.decode_bandwidth.read_model_from_manifest`); with it each
+    scenario gets its achieved ``decode_bandwidth`` (at TPOT p50; a share of
+    ``target_bandwidth_bytes_per_s`` where known).
 
     ``correctness`` must carry ``"passed": bool`` when correctness was checked; without it the
     report says "not checked" and correctness does not affect the gate.
@@ -144,11 +150,17 @@ def build_report(
                 "summary": s.summary.to_dict(),
                 "budgets": [r.to_dict() for r in s.budget_results],
                 "requests": [m.to_dict() for m in s.requests],
+                "decode_bandwidth": _decode_bandwidth(decode_read, s, target_bandwidth_bytes_per_s),
             }
             for s in scen
         ],
         "plots": list(plots),
     }
+
+
+def _decode_bandwidth(model: DecodeReadModel | None, s: ScenarioReport, peak: float | None) -> dict | None:
+    bw = None if model is None else scenario_decode_bandwidth(model, s.summary.to_dict(), peak)
+    return None if bw is None else bw.to_dict()
 
 
 def load_report(path: str | os.PathLike) -> dict:
@@ -230,7 +242,9 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
             f"- requests: {sm['num_requests']} ({sm['num_requests_without_output']} without "
             f"output); prompt tokens {sm['total_prompt_tokens']}, output tokens "
             f"{sm['total_output_tokens']}, wall {sm['wall_s']:.3f} s",
-            f"- output tokens/s: {_fmt(sm['output_tokens_per_s'])}",
+            f"- output tokens/s: {_fmt(sm['output_tokens_per_s'])}"
+            + (f"; {DecodeBandwidth.from_dict(bw).describe()} at TPOT p50"
+               if (bw := s.get("decode_bandwidth")) else ""),
             f"- decode batch size: peak {_opt(sm['peak_decode_batch_size'])}, "
             f"mean {_fmt(sm['mean_decode_batch_size'])}",
             f"- KV blocks: peak used {_opt(sm['peak_kv_blocks_used'])} of "
@@ -305,6 +319,8 @@ def write_report(
     env: Mapping[str, Any],
     generated_at: str | None = None,
     plots: bool | None = None,
+    decode_read: DecodeReadModel | None = None,
+    target_bandwidth_bytes_per_s: float | None = None,
 ) -> ReportPaths:
     """Write report.json, report.md and the four PNG plots into ``out_dir`` (created if needed).
 
@@ -325,7 +341,8 @@ def write_report(
     doc = build_report(
         recipe_name=recipe_name, target=target, scenarios=scen,
         correctness=correctness, env=env, generated_at=generated_at,
-        plots=PLOT_FILES if draw else (),
+        plots=PLOT_FILES if draw else (), decode_read=decode_read,
+        target_bandwidth_bytes_per_s=target_bandwidth_bytes_per_s,
     )  # fmt: skip
     # allow_nan=False: NaN/Infinity are not JSON; a NaN here is a bug upstream, so fail loudly.
     text = json.dumps(doc, indent=2, allow_nan=False, default=str) + "\n"

@@ -47,14 +47,9 @@ from trtpipe.pipeline.recipe.loading import (DEFAULT_RECIPE_NAME, RECIPES_DIR, l
                                              resolve_recipe_path, shipped_recipe_names)
 from trtpipe.pipeline.recipe.hashing import build_hash, recipe_hash
 from trtpipe.pipeline.recipe.workload import scenario_workload_spec
-from trtpipe.plugins.dtypes import DTYPES as _DTYPES, FLOAT_NAMES as _FLOAT_NAMES
-
-# Bytes per element of the recipe's float dtypes, derived from the one table (plugins/dtypes.py);
-# kept for importers of the old module (pipeline/estimate.py). New code: dtype(name).itemsize.
-DTYPE_BYTES: dict[str, int] = {n: _DTYPES[n].itemsize for n in _FLOAT_NAMES}
 
 __all__ = [
-    "ArchitectureSpec", "Budgets", "CorrectnessSpec", "DEFAULT_RECIPE_NAME", "DTYPE_BYTES", "DecodeProfile",
+    "ArchitectureSpec", "Budgets", "CorrectnessSpec", "DEFAULT_RECIPE_NAME", "DecodeProfile",
     "EngineSpec", "Int4Spec", "KVCacheSpec", "KVDtype", "MISSING", "ModelSpec", "NO_VALUE", "OutputTokens",
     "Percentile", "PercentileBudget", "Phase", "Precision", "PrecisionSpec", "PrefillProfile", "ProfilesSpec",
     "PromptTokens", "RECIPES_DIR", "Range", "Recipe", "RecipeError", "RecipeProblem", "Scenario",

@@ -299,3 +299,26 @@ def test_unknown_target_names_the_choices():
 def test_model_config_for_planning_recipe_needs_no_weights():
     r = parse_recipe(copy.deepcopy(shipped("llama2-7b-a100")))
     assert est_mod.model_config_for(r).num_layers == 32
+
+
+def test_json_document_keeps_its_flat_keys():
+    """``--json`` is one flat document whatever records the Estimate is made of (the keys and
+    their order of the single 31-field record it replaced)."""
+    r = parse_recipe(smollm2_planning_recipe())
+    e = estimate(r, r.model.architecture.to_model_config(), get_target("cpu", host=HOST))
+    d = e.to_dict()
+    assert list(d) == [
+        "recipe_name", "model_name", "layout", "prefill", "decode", "engine_weight_bytes_split",
+        "engine_weight_bytes_dual_profile", "engine_weight_bytes", "kv_dtype", "kv_bytes_per_token",
+        "kv_bytes_per_token_layers", "kv_bytes_per_sequence", "kv_block_bytes", "kv_blocks_per_sequence",
+        "kv_pool_num_blocks", "kv_pool_bytes", "kv_pool_max_sequences", "prefill_activation_bytes",
+        "attention_scores_bytes", "decode_activation_bytes", "activation_bytes", "engine_bytes", "engine_bytes_split",
+        "engine_bytes_dual_profile", "usable_memory_bytes", "fits", "max_sequences", "warnings", "notes",
+        "build_host_bytes", "target", "latencies", "exit_code"]
+    assert list(d["decode"]) == ["precision", "activation_dtype", "linear_bytes", "int4_group_bytes",
+                                 "embedding_bytes", "lm_head_bytes", "other_bytes", "total_bytes", "step_read_bytes"]
+    # the flat names read the small records: 513 blocks x 16 tokens x 46,080 B, 4 sequences of 2048 tokens
+    assert d["kv_pool_bytes"] == e.kv.pool_bytes == 513 * 16 * 46_080
+    assert d["kv_pool_max_sequences"] == e.kv.pool_max_sequences == 4
+    assert d["engine_weight_bytes"] == e.weights.engine_bytes == 652_080_384
+    assert d["activation_bytes"] == e.activations.prefill_bytes + e.activations.decode_bytes

@@ -20,8 +20,10 @@ def _permute(w, n_head):
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _write(path, q_hf, k_hf, extra=None):
+def _write(path, q_hf, k_hf, extra=None, metadata=None):
     w = gguf.GGUFWriter(str(path), "llama")
+    for add, value in (metadata or {}).items():
+        getattr(w, f"add_{add}")(value)
     w.add_block_count(1)
     w.add_context_length(256)
     w.add_embedding_length(64)
@@ -54,6 +56,59 @@ def test_config_and_qk_unpermute(tmp_path):
     assert c.tie_word_embeddings  # no output.weight
     np.testing.assert_array_equal(m.float_weight("model.layers.0.self_attn.q_proj.weight"), q)
     np.testing.assert_array_equal(m.float_weight("model.layers.0.self_attn.k_proj.weight"), k)
+
+
+@pytest.mark.parametrize(
+    ("ids", "expected"),
+    [
+        ({"eos_token_id": 2, "eot_token_id": 5, "eom_token_id": 7}, (2, 5, 7)),  # EOM differs
+        ({"eos_token_id": 2, "eom_token_id": 7}, (2, 7)),  # EOM without EOT
+        ({"eos_token_id": 2, "eot_token_id": 2, "eom_token_id": 2}, (2,)),  # one id named three times
+        ({}, ()),
+    ],
+)
+def test_one_eos_list_for_model_config_and_tokenizer(tmp_path, ids, expected):
+    """llama.cpp's is_eog: EOS, EOT and EOM all end a generation. The model config (which the
+    scheduler stops on) and the tokenizer metadata read the same list (issue 15: the config
+    used to drop EOM)."""
+    from trtpipe.pipeline.tokenizer_gguf import end_of_generation_ids, gguf_tokenizer_metadata
+
+    p = tmp_path / "eom.gguf"
+    _write(p, np.zeros((64, 64), np.float32), np.zeros((32, 64), np.float32), metadata=ids)
+    assert load_gguf(p, with_tokenizer=False).config.eos_token_ids == expected
+    reader = gguf.GGUFReader(str(p))
+    assert gguf_tokenizer_metadata(reader)["eos_token_ids"] == expected
+    assert end_of_generation_ids(reader) == expected
+
+
+@pytest.mark.parametrize(
+    ("metadata", "check"),
+    [
+        ({"rope_scaling_type": gguf.RopeScalingType.LINEAR, "rope_scaling_factor": 4.0},
+         lambda c: c.rope_scaling is not None and (c.rope_scaling.rope_type, c.rope_scaling.factor) == ("linear", 4.0)),
+        ({"rope_scaling_type": gguf.RopeScalingType.NONE}, lambda c: c.rope_scaling is None),
+        ({"sliding_window": 8}, lambda c: c.layer_sliding_window == (8,)),
+        ({}, lambda c: c.layer_sliding_window == (0,) and c.rope_scaling is None),
+    ],
+)
+def test_rope_scaling_and_window_metadata(tmp_path, metadata, check):
+    p = tmp_path / "m.gguf"
+    _write(p, np.zeros((64, 64), np.float32), np.zeros((32, 64), np.float32), metadata=metadata)
+    assert check(load_gguf(p, with_tokenizer=False).config)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "message"),
+    [
+        ({"rope_scaling_type": gguf.RopeScalingType.YARN}, r"llama\.rope\.scaling\.type = 'yarn' is not supported"),
+        ({"rope_dimension_count": 8}, r"llama\.rope\.dimension_count = 8 differs from head_dim 16"),
+    ],
+)
+def test_unsupported_metadata_names_key_and_value(tmp_path, metadata, message):
+    p = tmp_path / "bad.gguf"
+    _write(p, np.zeros((64, 64), np.float32), np.zeros((32, 64), np.float32), metadata=metadata)
+    with pytest.raises(ModelLoadError, match=message):
+        load_gguf(p, with_tokenizer=False)
 
 
 def test_unsupported_tensor_type_names_tensor_and_type(tmp_path):

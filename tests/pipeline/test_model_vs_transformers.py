@@ -74,6 +74,28 @@ def test_mistral_sliding_window_shorter_than_prompt(tmp_path):
     assert diff <= 1e-4, diff
 
 
+def test_recipe_window_override_matches_transformers_windowed_model(tmp_path):
+    """A Llama checkpoint (no window) built with the recipe's sliding_window = 8 must equal
+    transformers' Mistral (same weights, sliding_window 8) on a 40-token prompt, and differ from
+    the unwindowed Llama: the override reaches every layer's attention."""
+    llama = _make("LlamaForCausalLM", "LlamaConfig", rope_theta=10000.0)
+    mistral = _make("MistralForCausalLM", "MistralConfig", rope_theta=10000.0, sliding_window=8)
+    mistral.load_state_dict(llama.state_dict())
+    loaded = load_hf_folder(_save(tmp_path, llama))
+    assert loaded.config.layer_sliding_window == (0, 0)
+    ref = build_reference_model(loaded, sliding_window=8)
+    assert ref.config.layer_sliding_window == (8, 8) and loaded.config.layer_sliding_window == (0, 0)
+    assert [layer.self_attn.sliding_window for layer in ref.layers] == [8, 8]
+    torch.manual_seed(0)
+    ids = torch.randint(0, BASE["vocab_size"], (2, 40))
+    with torch.no_grad():
+        want = mistral(ids).logits.float().numpy()
+        unwindowed = llama(ids).logits.float().numpy()
+    got = ref.forward_dense(ids).numpy()
+    assert float(np.abs(got - want).max()) <= 1e-4
+    assert float(np.abs(got - unwindowed).max()) > 1e-2
+
+
 def test_qwen2_bias_and_window(tmp_path):
     m = _make("Qwen2ForCausalLM", "Qwen2Config", use_sliding_window=True, sliding_window=8,
               max_window_layers=1)
@@ -81,6 +103,23 @@ def test_qwen2_bias_and_window(tmp_path):
     assert loaded.config.attention_bias
     assert loaded.config.layer_sliding_window == (0, 8)
     assert diff <= 1e-4, diff
+
+
+def test_eos_ids_follow_generation_config(tmp_path):
+    """generate() stops on generation_config.json's eos ids (Llama 3.1 style: several); the
+    loaded config lists config.json's EOS first, then those, once each."""
+    m = _make("LlamaForCausalLM", "LlamaConfig", eos_token_id=2)
+    m.generation_config.eos_token_id = [2, 7, 9]
+    _save(tmp_path, m)
+    assert transformers.GenerationConfig.from_pretrained(tmp_path).eos_token_id == [2, 7, 9]
+    assert load_hf_folder(tmp_path).config.eos_token_ids == (2, 7, 9)
+    (tmp_path / "generation_config.json").unlink()
+    assert load_hf_folder(tmp_path).config.eos_token_ids == (2,)
+    (tmp_path / "generation_config.json").write_text("{broken")
+    from trtpipe.pipeline.gguf_loader import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match=r"generation_config\.json: eos_token_id could not be read"):
+        load_hf_folder(tmp_path)
 
 
 def test_unknown_rope_scaling_is_an_error(tmp_path):

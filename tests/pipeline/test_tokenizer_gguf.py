@@ -18,6 +18,7 @@ from tokenizers import Regex, Tokenizer, pre_tokenizers
 from trtpipe.pipeline.tokenizer_gguf import (
     PRE_TOKENIZER_SPECS,
     GGUFTokenizerError,
+    end_of_generation_ids,
     gguf_tokenizer_metadata,
     tokenizer_from_gguf_fields,
     tokenizer_from_hf_folder,
@@ -92,9 +93,9 @@ ANSWER_IDS = [504, 3575, 282, 4649, 314, 7042, 30, 2]  # greedy answer (TOOLCHAI
 
 # --- synthetic metadata (no model needed) -----------------------------------------------------
 def _byte_alphabet() -> list[str]:
-    from trtpipe.pipeline.tokenizer_gguf import _BYTE_TO_CHAR
+    from trtpipe.pipeline.tokenizer_gguf import BYTE_TO_CHAR
 
-    return [_BYTE_TO_CHAR[b] for b in range(256)]
+    return [BYTE_TO_CHAR[b] for b in range(256)]
 
 
 def _tiny_fields(**overrides):
@@ -296,6 +297,16 @@ def test_metadata_of_smollm2(meta):
     assert meta["eos_token_ids"] == (2,)
     assert meta["add_bos_token"] is False and meta["add_eos_token"] is False
     assert "<|im_start|>" in meta["chat_template"]
+
+
+@needs_model
+def test_smollm2_eos_list_is_one_list(reader, meta):
+    """The model config and the tokenizer metadata give the same end-of-generation ids; SmolLM2's
+    GGUF names only EOS (<|im_end|> = 2), as its generation_config.json (eos_token_id 2)."""
+    from trtpipe.pipeline.gguf_loader import config_from_gguf
+
+    config = config_from_gguf(reader, GGUF_PATH)
+    assert config.eos_token_ids == meta["eos_token_ids"] == end_of_generation_ids(reader) == (2,)
 
 
 @needs_model
