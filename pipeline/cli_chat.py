@@ -7,9 +7,9 @@
 
 One request at a time on the artifact's runtime; the conversation is re-encoded each turn (the KV
 cache is not kept between turns: simple and always consistent with the template). Ctrl-D (end of
-input) or /exit ends it; a line that is not UTF-8 or a turn that cannot fit is reported and the
-loop goes on. Output text goes to stdout, prompts and notes to stderr, so a piped stdin gives a
-clean transcript of answers.
+input) or /exit ends it; a line that is not UTF-8, a turn that cannot fit, or a turn the engine
+failed is reported and the loop goes on (an engine failure makes the exit code 1). Output text
+goes to stdout, prompts and notes to stderr, so a piped stdin gives a clean transcript of answers.
 """
 
 from __future__ import annotations
@@ -63,58 +63,67 @@ def fit_prompt(llm, conv: Conversation, user: str, reserve_tokens: int) -> tuple
 
 def run_chat(llm, params, *, system: str | None, stdin: BinaryIO, out: Callable[[str], None],
              note: Callable[[str], None], interactive: bool) -> int:
-    """Run the loop until /exit or end of input; returns the exit code (0).
+    """Run the loop until /exit or end of input; returns the exit code: 0, or 1 when a turn failed
+    in the engine (finish reason ``error``: the error is printed, the turn is not kept, the loop goes on).
 
     ``out`` writes answer text (no newline added), ``note`` one line to stderr. ``interactive``
     shows a ``> `` prompt on stderr before each line.
     """
-    from trtpipe.pipeline.cli_prompt import cap_note
-
     conv = Conversation(system=system)
-    max_len = llm.manifest.limits["max_seq_len"]
-    reserve = min(params.max_new_tokens, max_len // 2)
     note(f"chat with {llm.manifest.recipe_name} ({llm.manifest.target.get('name')}); {HELP}")
+    failed = False
     while True:
         if interactive:
             sys.stderr.write("> ")
             sys.stderr.flush()
         raw = stdin.readline()
         if not raw:  # Ctrl-D / end of piped input
-            return 0
+            return 1 if failed else 0
         try:
             line = decode_utf8(raw, "this line").strip()
         except RequestError as e:
             note(f"error: {e}")
             continue
-        if not line:
-            continue
         if line in ("/exit", "/quit"):
-            return 0
+            return 1 if failed else 0
         if line == "/reset":
             conv.turns.clear()
             note("conversation reset")
-            continue
-        if line == "/help":
+        elif line == "/help":
             note(HELP)
-            continue
-        try:
-            ids, dropped = fit_prompt(llm, conv, line, reserve)
-        except RequestError as e:
-            note(f"error: {e}")
-            continue
-        if dropped:
-            note(f"note: dropped the {dropped} oldest turn(s) to fit max_seq_len {max_len}")
-        capped = cap_note(len(ids), params.max_new_tokens, max_len)
-        if capped:
-            note(capped)
-        for piece in llm.stream(ids, params):
-            out(piece)
-        answer = llm.last_output
-        out("\n")
-        m = answer.metrics
-        ttft = f"{m.ttft_s * 1e3:.0f} ms" if m.ttft_s is not None else "n/a"
-        note(f"[{answer.finish_reason}] {m.output_tokens} tokens, TTFT {ttft}, prompt {len(ids)} tokens")
-        conv.turns += [{"role": "user", "content": line}, {"role": "assistant", "content": answer.text}]
+        elif line:
+            failed = not _turn(llm, params, conv, line, out, note) or failed
+
+
+def _turn(llm, params, conv: Conversation, line: str, out: Callable[[str], None],
+          note: Callable[[str], None]) -> bool:
+    """One user turn: fit the prompt, stream the answer, keep both in ``conv``. False when the
+    engine failed the request (its error is printed and the turn is not kept)."""
+    from trtpipe.pipeline.cli_prompt import cap_note
+
+    max_len = llm.manifest.limits["max_seq_len"]
+    try:
+        ids, dropped = fit_prompt(llm, conv, line, min(params.max_new_tokens, max_len // 2))
+    except RequestError as e:
+        note(f"error: {e}")
+        return True
+    if dropped:
+        note(f"note: dropped the {dropped} oldest turn(s) to fit max_seq_len {max_len}")
+    capped = cap_note(len(ids), params.max_new_tokens, max_len)
+    if capped:
+        note(capped)
+    for piece in llm.stream(ids, params):
+        out(piece)
+    answer = llm.last_output
+    out("\n")
+    m = answer.metrics
+    ttft = f"{m.ttft_s * 1e3:.0f} ms" if m.ttft_s is not None else "n/a"
+    note(f"[{answer.finish_reason}] {m.output_tokens} tokens, TTFT {ttft}, prompt {len(ids)} tokens")
+    if answer.finish_reason == "error":
+        note(f"error: {getattr(answer, 'error_message', None) or 'the engine failed this request'}")
+        return False
+    conv.turns += [{"role": "user", "content": line}, {"role": "assistant", "content": answer.text}]
+    return True
 
 
 __all__ = ["Conversation", "fit_prompt", "run_chat"]

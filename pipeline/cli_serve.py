@@ -79,7 +79,7 @@ def serve_cmd(recipe_or_artifact: str, host: str, port: int, max_queued_requests
         print(c.chat.completions.create(model='smollm2-135m-cpu', temperature=0,
               messages=[{'role': 'user', 'content': 'What is the capital of France?'}]).choices[0].message.content)"
     """
-    from trtpipe.pipeline.cli import _fail
+    from trtpipe.pipeline.cli_common import fail as _fail
     from trtpipe.plugins.errors import TrtpipeError
 
     _need_serve_extra()

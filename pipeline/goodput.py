@@ -47,7 +47,7 @@ def _probe_fn(runner: ProbeRunner, scenario: Any, spec: Any, err: Any):
     from trtpipe.runtime.metrics import summarize
     from trtpipe.runtime.workload import make_workload
 
-    budgets = scenario.budgets.budget_dicts()
+    budgets = scenario.budgets.runtime_budgets()
 
     def probe(rate: float) -> ProbeResult:
         t = time.perf_counter()

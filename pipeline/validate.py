@@ -19,20 +19,26 @@ Artifact/recipe match: the artifact must come from this recipe. When the manifes
 ``build_info["build_hash"]`` (the hash of the build-relevant fields, i.e. everything but
 ``description`` and the ``validate`` section, see :func:`build_hash`) that is compared, so budgets
 and scenarios can be edited without a rebuild; otherwise the full recipe hash is compared.
+
+The correctness check is :mod:`trtpipe.pipeline.validate_correctness` (a typed
+:class:`CorrectnessResult`); the console output and the gate line :mod:`trtpipe.pipeline.validate_output`;
+over HTTP :mod:`trtpipe.pipeline.validate_http`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
-import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
-from trtpipe.pipeline.recipe import (CorrectnessSpec, Recipe, Scenario, build_hash, load_recipe, recipe_hash,
-                                     resolve_recipe_path)
+from trtpipe.pipeline.recipe import (Recipe, Scenario, build_hash, load_recipe, recipe_hash, resolve_recipe_path,
+                                     scenario_workload_spec)
+from trtpipe.pipeline.validate_correctness import CorrectnessResult, check_correctness, load_golden
+from trtpipe.pipeline.validate_output import finish_report, gate_of_reports, print_scenario
 from trtpipe.plugins.errors import TrtpipeError
 from trtpipe.runtime.errors import ArtifactError
 
@@ -96,39 +102,6 @@ def select_scenarios(recipe: Recipe, names: Sequence[str]) -> list[Scenario]:
     return [s for s in recipe.validation.scenarios if not wanted or s.name in wanted]
 
 
-def scenario_workload_spec(recipe: Recipe, scenario: Scenario):
-    """The recipe's scenario as a runtime :class:`~trtpipe.runtime.workload.WorkloadSpec`."""
-    from trtpipe.runtime.workload import WorkloadError, WorkloadSpec
-
-    def span(spec) -> tuple[int, int]:
-        return (spec.fixed, spec.fixed) if spec.fixed is not None else (spec.uniform.min, spec.uniform.max)
-
-    pt = scenario.prompt_tokens
-    prompts = None
-    if pt.file is not None:
-        path = recipe.resolve_path(pt.file)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise WorkloadError(f"scenario {scenario.name!r}: prompt_tokens.file = {pt.file!r}: cannot "
-                                f"read {path} as UTF-8 text ({e}). Fix: a UTF-8 file, one prompt "
-                                "per line.") from None
-        prompts = tuple(line for line in text.splitlines() if line.strip())
-    return WorkloadSpec(
-        name=scenario.name,
-        num_requests=scenario.num_requests,
-        num_warmup_requests=scenario.num_warmup_requests,
-        output_tokens=span(scenario.output_tokens),
-        prompt_tokens=None if pt.file is not None else span(pt),
-        prompts=prompts,
-        concurrency=scenario.concurrency,
-        arrival_rate_per_s=scenario.arrival_rate_per_s,
-        seed=scenario.seed,
-        system_prompt_tokens=scenario.system_prompt_tokens or 0,
-        chat=scenario.chat,
-    ).check()
-
-
 def _describe(spec) -> str:
     def rng(lo_hi):
         lo, hi = lo_hi
@@ -143,154 +116,8 @@ def _describe(spec) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Correctness
+# Scenarios
 # ---------------------------------------------------------------------------------------------
-
-
-def load_golden(manifest: Any) -> dict:
-    """golden.json of the artifact (recorded at build time); :class:`ArtifactError` if absent."""
-    rebuild = manifest.rebuild_command
-    if not manifest.golden_file:
-        raise ArtifactError(f"artifact {manifest.root} records no golden outputs (golden_file is "
-                            f"empty), so correctness cannot be checked. Fix: `{rebuild}`.")
-    path = manifest.path(manifest.golden_file)
-    try:
-        golden = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ArtifactError(f"golden outputs {path}: unreadable ({e}). Fix: `{rebuild}`.") from None
-    seqs = golden.get("sequences") if isinstance(golden, dict) else None
-    ok = isinstance(seqs, list) and bool(seqs) and all(
-        isinstance(s, dict) and s.get("prompt_ids") and s.get("output_ids") for s in seqs)
-    if not ok:
-        raise ArtifactError(f"golden outputs {path}: expected a non-empty \"sequences\" list whose "
-                            f"items have prompt_ids and output_ids. Fix: `{rebuild}`.")
-    return golden
-
-
-def check_correctness(llm: Any, recipe: Recipe, golden: dict) -> dict:
-    """Compare the artifact's outputs with the golden ones; a JSON-ready dict with ``passed``.
-
-    fp32 prefill and decode: greedy ids must equal the golden ids exactly (both stop at EOS).
-    Otherwise (INT4, fp16...): teacher-forced argmax agreement over all positions of the golden
-    sequences must be >= ``validate.correctness.int4_teacher_forced_agreement_min`` (for an
-    artifact whose INT4 weights were re-quantized for the plugin-free TensorRT lowering:
-    ``plugin_free_teacher_forced_agreement_min``). Uses the
-    first ``num_sequences`` golden sequences, each cut to ``num_tokens`` tokens.
-    """
-    from trtpipe.runtime.teacher_forcing import first_mismatch, greedy_ids, teacher_forced_agreement
-
-    spec = recipe.validation.correctness
-    source = "recipe" if spec is not None else "defaults (the recipe has no validate.correctness)"
-    spec = spec or CorrectnessSpec()
-    seqs = golden["sequences"][: spec.num_sequences]
-    notes = []
-    if len(seqs) < spec.num_sequences:
-        notes.append(f"num_sequences {spec.num_sequences} asked, golden.json holds {len(seqs)}")
-    if golden.get("num_tokens") is not None and golden["num_tokens"] < spec.num_tokens:
-        notes.append(f"num_tokens {spec.num_tokens} asked, golden.json was recorded with "
-                     f"{golden['num_tokens']}; rebuild to record more")
-    prec = recipe.precision
-    out: dict[str, Any] = {
-        "reference": golden.get("reference", "golden.json"),
-        "precision": f"prefill {prec.prefill}, decode {prec.decode}",
-        "settings_from": source,
-        "num_sequences": len(seqs),
-    }
-    rows = []
-    if prec.prefill == "fp32" and prec.decode == "fp32":
-        for s in seqs:
-            want = [int(t) for t in s["output_ids"][: spec.num_tokens]]
-            got = greedy_ids(llm, s["prompt_ids"], len(want))
-            rows.append({"prompt": s.get("prompt", ""), "tokens": len(want), "exact": got == want,
-                         "first_mismatch": first_mismatch(got, want)})
-        num_ok = sum(r["exact"] for r in rows)
-        out.update(method="exact greedy token ids (fp32 prefill and decode)",
-                   passed=num_ok == len(rows), sequences_exact=f"{num_ok}/{len(rows)}",
-                   num_tokens=sum(r["tokens"] for r in rows))
-    else:
-        agree = total = in_top5 = 0
-        for s in seqs:
-            want = [int(t) for t in s["output_ids"][: spec.num_tokens]]
-            frac, preds = teacher_forced_agreement(llm, s["prompt_ids"], want)
-            top5 = s.get("top5") or []
-            n_top5 = sum(1 for i, p in enumerate(preds)
-                         if i < len(top5) and p in [int(t) for t, _ in top5[i]])
-            # How close the reference itself was to its runner-up where we disagree: near-ties
-            # (small gaps) are quantization noise, large gaps point at a real error.
-            gaps = [top5[i][0][1] - top5[i][1][1] for i, (p, w) in enumerate(zip(preds, want))
-                    if p != w and i < len(top5) and len(top5[i]) > 1]
-            rows.append({"prompt": s.get("prompt", ""), "tokens": len(want),
-                         "agreement": round(frac, 4),
-                         "max_reference_top1_gap_at_mismatch": round(max(gaps), 4) if gaps else None})
-            agree += sum(p == w for p, w in zip(preds, want))
-            total += len(want)
-            in_top5 += n_top5
-        agreement = agree / total
-        threshold, gate_key = spec.int4_teacher_forced_agreement_min, "int4_teacher_forced_agreement_min"
-        backend = getattr(getattr(llm, "manifest", None), "backend", None) or {}
-        if (backend.get("int4_weights") in ("requantize_symmetric", "dequantize_float")
-                and spec.plugin_free_teacher_forced_agreement_min is not None):
-            # the plugin-free TensorRT variant runs changed weights (engine.plugin_free_int4): its own gate
-            threshold = spec.plugin_free_teacher_forced_agreement_min
-            gate_key = "plugin_free_teacher_forced_agreement_min"
-        out.update(method="teacher-forced argmax agreement", agreement=round(agreement, 6),
-                   agreeing_tokens=f"{agree}/{total}", threshold=threshold, threshold_key=gate_key,
-                   passed=agreement >= threshold,
-                   margin=round(agreement - threshold, 6),
-                   in_reference_top5=f"{in_top5}/{total}", num_tokens=total)
-    out["sequences"] = rows
-    if notes:
-        out["notes"] = "; ".join(notes)
-    return out
-
-
-def _correctness_line(c: dict) -> str:
-    verdict = "[green]PASS[/green]" if c["passed"] else "[red]FAIL[/red]"
-    if "agreement" in c:
-        return (f"correctness ({c['precision']}): teacher-forced agreement {c['agreement']:.4f} "
-                f"({c['agreeing_tokens']} tokens) vs min {c['threshold']:g}, margin "
-                f"{c['margin']:+.4f}: {verdict}")
-    return (f"correctness ({c['precision']}): exact greedy ids on {c['sequences_exact']} golden "
-            f"sequences: {verdict}")
-
-
-# ---------------------------------------------------------------------------------------------
-# Output helpers
-# ---------------------------------------------------------------------------------------------
-
-
-def _metrics_table(name: str, summary: Any):
-    from rich.table import Table
-
-    from trtpipe.runtime.metrics import LATENCY_METRICS, PERCENTILES
-
-    t = Table(title=f"scenario {name}: latency (ms)", title_justify="left")
-    t.add_column("metric")
-    for p in (*PERCENTILES, "mean"):
-        t.add_column(p, justify="right")
-    t.add_column("n", justify="right")
-    labels = {"ttft": "TTFT (from arrival)", "tpot": "TPOT", "itl": "ITL", "e2e": "E2E",
-              "prefill": "prefill only", "queue": "queue"}
-    for m in LATENCY_METRICS:
-        d = getattr(summary, m)
-        if d is None:
-            t.add_row(labels[m], *["–"] * 5, "0")
-        else:
-            t.add_row(labels[m], *(f"{d.get(p) * 1e3:.1f}" for p in (*PERCENTILES, "mean")), str(d.count))
-    return t
-
-
-def _summary_line(s: Any) -> str:
-    def opt(x, fmt="{}"):
-        return "–" if x is None else fmt.format(x)
-
-    leak = {None: "not checked", True: "[green]all free[/green]", False: "[red]LEAK[/red]"}[s.kv_leak_free]
-    return (f"  output {opt(s.output_tokens_per_s, '{:.1f}')} tokens/s over {s.wall_s:.2f} s; decode "
-            f"batch peak {opt(s.peak_decode_batch_size)} mean {opt(s.mean_decode_batch_size, '{:.2f}')}; "
-            f"KV blocks peak {opt(s.peak_kv_blocks_used)}/{opt(s.num_kv_blocks)}, at end "
-            f"{opt(s.kv_blocks_in_use_at_end)} ({leak}); peak RSS "
-            f"{opt(s.peak_rss_bytes and s.peak_rss_bytes / 2**20, '{:.0f}')} MiB; prefix cache "
-            f"{s.prefix_cache_hits_tokens}/{s.total_prompt_tokens} prompt tokens hit")
 
 
 def run_scenario(llm: Any, scenario: Scenario, spec: Any, err: Any, run: Any = None, tokenizer: Any = None,
@@ -322,21 +149,9 @@ def run_scenario(llm: Any, scenario: Scenario, spec: Any, err: Any, run: Any = N
         metrics, wall_s, stats = run(items, spec.concurrency,
                                      lambda done, total: bar.update(task, completed=done))
     summary = summarize(metrics, wall_s, stats)
-    results = evaluate_budgets(summary, scenario.budgets.budget_dicts())
+    results = evaluate_budgets(summary, scenario.budgets.runtime_budgets())
     err.print(f"  done in {time.perf_counter() - t:.1f} s")
     return ScenarioReport(scenario.name, summary, tuple(results), tuple(metrics))
-
-
-def print_scenario(out: Any, rep: Any) -> None:
-    """The latency table, the run facts and the budget table (measured, limit, margin, result)."""
-    from trtpipe.runtime.report import render_rich_table
-
-    out.print(_metrics_table(rep.name, rep.summary))
-    out.print(_summary_line(rep.summary))
-    if rep.budget_results:
-        out.print(render_rich_table(rep.budget_results, title=f"scenario {rep.name}: budgets"))
-    else:
-        out.print(f"  scenario {rep.name}: no budgets")
 
 
 def _env(llm: Any, recipe: Recipe, art: Path, threads: int | None) -> dict:
@@ -407,26 +222,64 @@ def run_validate(recipe: str | os.PathLike | Recipe, *, artifact_dir: str | os.P
     """
     from rich.console import Console
 
-    from trtpipe.pipeline.build import artifact_dir_for
-    from trtpipe.runtime.llm import LLM
-    from trtpipe.runtime.manifest import load_manifest
+    r = load_recipe_for_validate(recipe)
+    chosen = select_scenarios(r, list(dict.fromkeys(scenarios)))  # repeated --scenario runs once
+    specs = [(s, scenario_workload_spec(r, s)) for s in chosen]
+    art, golden = _open_artifact(r, artifact_dir, artifact_root)
+    out = Console(stderr=as_json, highlight=False)  # tables; stderr when stdout carries JSON
+    err = Console(stderr=True, highlight=False)  # progress
+    llm = _load_llm(r, art, threads, err)
+    env = _env(llm, r, art, threads)
+    correctness = _run_correctness(llm, r, golden, out, err)
+    reports = _run_scenarios(llm, r, specs, env, out, err)
+    if llm.step_cost is not None:
+        env["step_cost_model"] = json.loads(llm.step_cost.to_json())
+    paths = _write_report(llm, r, art, chosen, reports, correctness, env)
+
+    def search_goodput() -> None:
+        from trtpipe.pipeline.goodput import in_process_runner, run_goodput
+
+        run_goodput(in_process_runner(llm), specs, paths.report_json.parent, err, out, time_budget_s=goodput_time_s,
+                    before_each=lambda s: llm.set_tpot_budget(scenario_tpot_budget_ms(r, s)))
+
+    gate = gate_of_reports(reports, correctness.passed)
+    return finish_report(out, err, paths, gate, as_json, then=search_goodput if goodput else None)
+
+
+def _write_report(llm: Any, r: Recipe, art: Path, chosen: Sequence[Scenario], reports: list[Any],
+                  correctness: CorrectnessResult, env: dict) -> Any:
+    """report.json, report.md and the plots (:func:`report_dir`), with each scenario's achieved decode
+    bandwidth (and its share of a GPU target's; the cpu target's is not measured here)."""
+    from trtpipe.pipeline.targets import get_target
+    from trtpipe.runtime.decode_bandwidth import read_model_from_manifest
     from trtpipe.runtime.report import write_report
 
-    r = load_recipe_for_validate(recipe)
-    names = list(dict.fromkeys(scenarios))  # repeated --scenario runs once
-    chosen = select_scenarios(r, names)
-    specs = [(s, scenario_workload_spec(r, s)) for s in chosen]
+    peak_bw = None if r.target == "cpu" else get_target(r.target).bandwidth_bytes_per_s
+    return write_report(report_dir(art, r, chosen), recipe_name=r.name, target=r.target, scenarios=reports,
+                        correctness=correctness.to_dict(), env=env, decode_read=read_model_from_manifest(llm.manifest),
+                        target_bandwidth_bytes_per_s=peak_bw)
+
+
+def _open_artifact(r: Recipe, artifact_dir: str | os.PathLike | None,
+                   artifact_root: str | os.PathLike) -> tuple[Path, dict]:
+    """The artifact folder and its golden outputs, after the cheap checks (it exists, it was built
+    from this recipe); the LLM re-verifies the files when it loads them."""
+    from trtpipe.pipeline.build import artifact_dir_for
+    from trtpipe.runtime.manifest import load_manifest
+
     art = Path(artifact_dir) if artifact_dir is not None else artifact_dir_for(r, artifact_root)
     if artifact_dir is None and not (art / "manifest.json").is_file():
         from trtpipe.pipeline.cli_artifact import missing_artifact_error
 
         raise missing_artifact_error(r, art, extra_fix=", or pass --artifact DIR")
-    manifest = load_manifest(art, verify_hashes=False)  # cheap checks first; LLM re-verifies files
+    manifest = load_manifest(art, verify_hashes=False)
     check_artifact_matches_recipe(manifest, r, art)
-    golden = load_golden(manifest)
+    return art, load_golden(manifest)
 
-    out = Console(stderr=as_json, highlight=False)  # tables; stderr when stdout carries JSON
-    err = Console(stderr=True, highlight=False)  # progress
+
+def _load_llm(r: Recipe, art: Path, threads: int | None, err: Any) -> Any:
+    from trtpipe.runtime.llm import LLM
+
     err.print(f"validate {r.name} on {r.target}: artifact {art}")
     t = time.perf_counter()
     llm = LLM(art, num_threads=threads, prefix_caching=r.kv_cache.prefix_caching,
@@ -434,16 +287,30 @@ def run_validate(recipe: str | os.PathLike | Recipe, *, artifact_dir: str | os.P
     err.print(f"  loaded in {time.perf_counter() - t:.1f} s ({llm.manifest.backend.get('name')} "
               f"{llm.manifest.backend.get('version')}, prefill {r.precision.prefill}, decode "
               f"{r.precision.decode})")
-    env = _env(llm, r, art, threads)
+    return llm
 
+
+def _run_correctness(llm: Any, r: Recipe, golden: dict, out: Any, err: Any) -> CorrectnessResult:
+    """:func:`check_correctness`, timed. KV blocks still in use after its requests finished are a
+    leak: the check fails with a note saying so (the gate exits 1 and the report is still written)."""
     err.print("correctness: comparing with the golden outputs recorded at build time ...")
     t = time.perf_counter()
-    correctness = check_correctness(llm, r, golden)
-    correctness["seconds"] = round(time.perf_counter() - t, 2)
-    if llm.block_pool.num_used:
-        raise AssertionError(f"correctness check left {llm.block_pool.num_used} KV blocks in use")
-    out.print(_correctness_line(correctness))
+    correctness = dataclasses.replace(check_correctness(llm, r, golden),
+                                      seconds=round(time.perf_counter() - t, 2))
+    leaked = llm.block_pool.num_used
+    if leaked:
+        note = (f"KV leak: {leaked} KV blocks still in use after the correctness requests finished "
+                "(a runtime bug; report it with this artifact)")
+        notes = "; ".join(n for n in (correctness.notes, note) if n)
+        correctness = dataclasses.replace(correctness, passed=False, notes=notes)
+        err.print(f"[red]{note}[/red]")
+    out.print(correctness.line())
+    return correctness
 
+
+def _run_scenarios(llm: Any, r: Recipe, specs: Sequence[tuple[Scenario, Any]], env: dict, out: Any,
+                   err: Any) -> list[Any]:
+    """Each scenario with its prefill-chunking budget set first (recorded in ``env``)."""
     reports = []
     env["prefill_chunking"] = {}
     for scenario, spec in specs:
@@ -452,47 +319,10 @@ def run_validate(recipe: str | os.PathLike | Recipe, *, artifact_dir: str | os.P
         err.print(f"scenario {scenario.name}: prefill chunks: {why}")
         reports.append(run_scenario(llm, scenario, spec, err))
         print_scenario(out, reports[-1])
-    if llm.step_cost is not None:
-        env["step_cost_model"] = json.loads(llm.step_cost.to_json())
+    return reports
 
-    from trtpipe.pipeline.targets import get_target
-    from trtpipe.runtime.decode_bandwidth import read_model_from_manifest
-
-    peak_bw = None if r.target == "cpu" else get_target(r.target).bandwidth_bytes_per_s  # cpu: not measured here
-    paths = write_report(report_dir(art, r, chosen), recipe_name=r.name, target=r.target, scenarios=reports,
-                         correctness=correctness, env=env, decode_read=read_model_from_manifest(llm.manifest),
-                         target_bandwidth_bytes_per_s=peak_bw)
-
-    def search_goodput() -> None:
-        from trtpipe.pipeline.goodput import in_process_runner, run_goodput
-
-        run_goodput(in_process_runner(llm), specs, paths.report_json.parent, err, out, time_budget_s=goodput_time_s,
-                    before_each=lambda s: llm.set_tpot_budget(scenario_tpot_budget_ms(r, s)))
-
-    return finish_report(out, err, paths, as_json, then=search_goodput if goodput else None)
-
-
-def finish_report(out: Any, err: Any, paths: Any, as_json: bool, then: Callable[[], None] | None = None) -> int:
-    """Print the gate line and where the report went; run ``then`` (e.g. the goodput search);
-    print report.json on stdout with ``as_json``. Returns the gate's exit code."""
-    doc = json.loads(paths.report_json.read_text(encoding="utf-8"))
-    gate = doc["gate"]
-    word = {None: "not run", True: "pass", False: "[red]FAIL[/red]"}
-    verdict = "[green]PASS[/green]" if gate["passed"] else "[red]FAIL[/red]"
-    out.print(f"gate: {verdict} (exit {gate['exit_code']}): budgets {word[gate['budgets_passed']]}, "
-              f"correctness {word[gate['correctness_passed']]}, KV leak check "
-              f"{word[gate['kv_leak_free']]}")
-    out.print(f"report: {paths.report_json} (+ report.md and {len(paths.plots())} plots in "
-              f"{paths.report_json.parent})")
-    if paths.notice:
-        err.print(paths.notice)
-    if then is not None:
-        then()
-    if as_json:
-        sys.stdout.write(paths.report_json.read_text(encoding="utf-8"))
-        sys.stdout.flush()
-    return int(gate["exit_code"])
 
 __all__ = ["ValidateUsageError", "build_hash", "scenario_tpot_budget_ms", "check_artifact_matches_recipe",
-           "check_correctness", "finish_report", "load_golden", "load_recipe_for_validate", "print_scenario",
-           "report_dir", "run_scenario", "run_validate", "scenario_workload_spec", "select_scenarios"]
+           "check_correctness", "finish_report", "gate_of_reports", "load_golden", "load_recipe_for_validate",
+           "print_scenario", "report_dir", "run_scenario", "run_validate", "scenario_workload_spec",
+           "select_scenarios"]

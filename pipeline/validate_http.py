@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from trtpipe.pipeline.recipe import Recipe
-from trtpipe.pipeline.validate import (ValidateUsageError, finish_report, load_recipe_for_validate, print_scenario,
-                                       report_dir, run_scenario, scenario_workload_spec, select_scenarios)
+from trtpipe.pipeline.validate import (ValidateUsageError, finish_report, gate_of_reports, load_recipe_for_validate,
+                                       print_scenario, report_dir, run_scenario, scenario_workload_spec,
+                                       select_scenarios)
 
 MEASURED_BY = ("client over HTTP: streamed POST /v1/completions; TTFT = request sent -> first non-empty text "
                "chunk; TPOT and ITL from chunk arrival times (network, HTTP and SSE included)")
@@ -162,6 +163,7 @@ def run_validate_http(recipe: str | os.PathLike | Recipe, *, url: str | None = N
             run_goodput(http_runner(base, model, tokenizer, chat_template, api_key), specs,
                         paths.report_json.parent, err, out, time_budget_s=goodput_time_s)
 
-        return finish_report(out, err, paths, as_json, then=search_goodput if goodput else None)
+        gate = gate_of_reports(reports, None)  # correctness is not checked over HTTP
+        return finish_report(out, err, paths, gate, as_json, then=search_goodput if goodput else None)
 
 __all__ = ["run_validate_http", "served", "MEASURED_BY"]

@@ -1,6 +1,8 @@
 """Latency and throughput budgets: compare a :class:`MetricsSummary` against a recipe's limits.
 
-A budget is a plain dict (or any object with the same attributes, e.g. a recipe model):
+A recipe hands its budgets over as :class:`Budget` records (validated once, at the recipe edge:
+``Budgets.runtime_budgets``); :func:`parse_budget` also takes a plain dict (or any object with the
+same attributes):
 
     {"metric": "ttft_ms", "percentile": "p95", "max": 1500.0}   # latency: an upper bound, in ms
     {"metric": "output_tokens_per_s", "min": 20.0}              # throughput: a lower bound
@@ -40,14 +42,11 @@ class BudgetError(TrtpipeError, ValueError):
     """A budget spec is malformed (unknown metric, missing percentile, bad limit...)."""
 
 
-@dataclass(frozen=True)
-class Budget:
-    """One validated budget. ``kind`` is "max" (latency, ms) or "min" (throughput, tokens/s)."""
+class _MetricNames:
+    """``unit`` and ``label`` of a record with ``metric`` and ``percentile`` fields."""
 
     metric: str
-    percentile: str | None  # "p50" | "p90" | "p95" | "p99"; None for throughput
-    kind: str
-    limit: float
+    percentile: str | None
 
     @property
     def unit(self) -> str:
@@ -60,7 +59,17 @@ class Budget:
 
 
 @dataclass(frozen=True)
-class BudgetResult:
+class Budget(_MetricNames):
+    """One validated budget. ``kind`` is "max" (latency, ms) or "min" (throughput, tokens/s)."""
+
+    metric: str
+    percentile: str | None  # "p50" | "p90" | "p95" | "p99"; None for throughput
+    kind: str
+    limit: float
+
+
+@dataclass(frozen=True)
+class BudgetResult(_MetricNames):
     """One row of the gate table.
 
     ``limit`` and ``measured`` are in the metric's unit (ms, or tokens/s). ``margin`` is a
@@ -76,14 +85,6 @@ class BudgetResult:
     margin: float | None
     passed: bool
     reason: str = ""
-
-    @property
-    def unit(self) -> str:
-        return "tokens/s" if self.metric in THROUGHPUT_BUDGET_METRICS else "ms"
-
-    @property
-    def label(self) -> str:
-        return self.metric if self.percentile is None else f"{self.metric} {self.percentile}"
 
     def to_dict(self) -> dict:
         return {
@@ -230,6 +231,36 @@ def gate_exit_code(
     return 0 if ok else 1
 
 
+@dataclass(frozen=True)
+class Gate:
+    """The validate gate, computed once (:meth:`of`) and then printed and written as it is.
+
+    ``correctness_passed`` / ``kv_leak_free``: None when that check was not run (it then does not
+    affect the gate). ``exit_code``: 0 pass, 1 fail (:func:`gate_exit_code`).
+    """
+
+    budgets_passed: bool
+    correctness_passed: bool | None
+    kv_leak_free: bool | None
+    exit_code: int
+
+    @property
+    def passed(self) -> bool:
+        return self.exit_code == 0
+
+    @classmethod
+    def of(cls, results: Sequence[BudgetResult], correctness_passed: bool | None,
+           kv_leak_free: bool | None) -> Gate:
+        """The gate over every scenario's budget rows, the correctness verdict and the leak check."""
+        code = gate_exit_code(results, correctness_passed is not False, kv_leak_free=kv_leak_free)
+        return cls(all(r.passed for r in results), correctness_passed, kv_leak_free, code)
+
+    def to_dict(self) -> dict:
+        """report.json's ``gate`` object."""
+        return {"passed": self.passed, "exit_code": self.exit_code, "budgets_passed": self.budgets_passed,
+                "correctness_passed": self.correctness_passed, "kv_leak_free": self.kv_leak_free}
+
+
 __all__ = [
     "BUDGET_METRICS",
     "LATENCY_BUDGET_METRICS",
@@ -237,6 +268,7 @@ __all__ = [
     "Budget",
     "BudgetError",
     "BudgetResult",
+    "Gate",
     "evaluate_budgets",
     "gate_exit_code",
     "parse_budget",

@@ -99,3 +99,57 @@ def test_chat_through_the_real_artifact(default_artifact):
     prompt_tokens = [int(ln.split("prompt ")[1].split()[0]) for ln in stats]
     assert prompt_tokens[0] == prompt_tokens[2] == 37 and prompt_tokens[1] > 37 + 5
     assert "conversation reset" in res.stderr
+
+
+class FailingLLM(FakeLLM):
+    """Like FakeLLM, but the engine fails the turns whose message starts with "boom"."""
+
+    def stream(self, ids, params):
+        if self.prompts[-1][-1]["content"].startswith("boom"):
+            self.last_output = SimpleNamespace(text="", finish_reason="error", error_message="engine exploded",
+                                               metrics=SimpleNamespace(ttft_s=None, output_tokens=0))
+            return
+        yield from super().stream(ids, params)
+
+
+def test_loop_engine_error_is_reported_not_kept_and_exits_1():
+    llm = FailingLLM(max_seq_len=100)
+    code, out, notes = chat(llm, "hi\nboom\nagain\n")
+    assert code == 1  # an engine failure is not a clean end
+    assert "error: engine exploded" in notes
+    assert out == "ok1\n\nok2\n"  # the loop went on after the failed turn
+    assert [m["content"] for m in llm.prompts[-1]] == ["hi", "ok1", "again"]  # the failed turn was not kept
+    assert chat(FailingLLM(max_seq_len=100), "hi\n/exit\n")[0] == 0
+    assert chat(FailingLLM(max_seq_len=100), "boom\n/exit\n")[0] == 1
+
+
+def test_chat_command_exits_nonzero_on_an_engine_error(monkeypatch):
+    """`trtpipe chat` (the command, not just the loop) exits 1 when the engine failed a turn."""
+    import trtpipe.pipeline.cli_generate as cli_generate
+    import trtpipe.runtime.llm as runtime_llm
+
+    def fake_llm(path, num_threads=None):
+        llm = FailingLLM(max_seq_len=100)
+        llm.manifest.model = SimpleNamespace(chat_template="{{ messages }}")
+        return llm
+
+    monkeypatch.setattr(cli_generate, "resolve_artifact", lambda name, root: name)
+    monkeypatch.setattr(runtime_llm, "LLM", fake_llm)
+    res = CliRunner().invoke(main, ["chat", "fake-artifact"], input="boom\n")
+    assert res.exit_code == 1, res.output
+    assert "engine exploded" in res.stderr
+    res = CliRunner().invoke(main, ["chat", "fake-artifact"], input="hello\n")
+    assert res.exit_code == 0 and res.stdout == "ok1\n", res.output
+
+
+def test_help_texts_of_system_and_api_key():
+    """chat's --system is described as the conversation's system message (generate's implies --chat);
+    validate --api-key names TRTPIPE_API_KEY."""
+    def help_of(cmd: str) -> str:  # one line: the terminal width wraps the help anywhere
+        return " ".join(CliRunner().invoke(main, [cmd, "--help"]).output.split())
+
+    chat_help, gen_help, val_help = help_of("chat"), help_of("generate"), help_of("validate")
+    assert "opens the conversation" in chat_help and "implies --chat" not in chat_help
+    assert "implies --chat" in gen_help
+    assert "TRTPIPE_API_KEY" in val_help.split("--api-key", 1)[1].split("--goodput", 1)[0]
+    assert "1 a turn failed in the engine" in chat_help

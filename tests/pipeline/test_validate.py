@@ -268,7 +268,7 @@ def test_plugin_free_variant_artifact_is_gated_by_its_own_minimum(monkeypatch):
                                  ("as_exported", "int4_teacher_forced_agreement_min", False)):
         llm = SimpleNamespace(manifest=SimpleNamespace(backend={"name": "trt", "int4_weights": weights}))
         c = check_correctness(llm, r, golden)
-        assert c["threshold_key"] == key and c["passed"] is passed, c
+        assert c.agreement.threshold_key == key and c.passed is passed, c
 
 
 @pytest.mark.slow
@@ -284,3 +284,84 @@ def test_validate_goodput_in_process_with_json(tiny):
     assert g["goodput_requests_per_s"] is None and rates[0] == 50.0 and len(rates) >= 2
     assert not any(p["passed"] for p in g["probes"]) and rates == sorted(rates, reverse=True)
     assert "goodput tight:" in res.stderr
+
+
+def test_gate_is_computed_once_and_matches_report_json(tmp_path, capsys):
+    """The gate validate prints and returns is the one computed from the scenario reports (it does
+    not re-read report.json: the file is deleted before finish_report), and it equals the gate
+    report.json records for the same reports (runtime/report.py, an independent computation)."""
+    from rich.console import Console
+
+    from trtpipe.pipeline.validate import finish_report, gate_of_reports
+    from trtpipe.runtime.budgets import evaluate_budgets
+    from trtpipe.runtime.metrics import RequestTimer, summarize
+    from trtpipe.runtime.report import ScenarioReport, write_report
+
+    t = RequestTimer("a", prompt_tokens=8, arrival_s=0.0)
+    t.on_prefill_start(0.01)
+    t.on_prefill_end(0.2)
+    for x in (0.2, 0.3, 0.45):
+        t.on_tokens(x, 1)
+    t.finish(0.45, "length")
+    reqs = [t.metrics()]
+    summary = summarize(reqs, wall_s=1.0)
+    for limit_ms, correct in ((500.0, True), (100.0, True), (500.0, False), (500.0, None)):
+        results = evaluate_budgets(summary, [{"metric": "ttft_ms", "percentile": "p50", "max": limit_ms}])
+        reports = [ScenarioReport("s", summary, tuple(results), tuple(reqs))]
+        correctness = {} if correct is None else {"passed": correct}
+        paths = write_report(tmp_path, recipe_name="r", target="cpu", scenarios=reports,
+                             correctness=correctness, env={}, plots=False)
+        written = json.loads(paths.report_json.read_text())["gate"]
+        gate = gate_of_reports(reports, correct)
+        assert gate.to_dict() == written
+        paths.report_json.unlink()
+        out = Console(file=open(tmp_path / "out.txt", "w"), highlight=False)
+        assert finish_report(out, out, paths, gate, as_json=False) == written["exit_code"]
+        assert written["exit_code"] == (0 if limit_ms == 500.0 and correct is not False else 1)
+
+
+def test_correctness_result_dict_keeps_report_keys():
+    """The typed result writes the same correctness object as the free dict it replaced."""
+    from trtpipe.pipeline.validate_correctness import (Agreement, AgreementSequence, CorrectnessResult,
+                                                       ExactSequence)
+
+    common = dict(reference="golden.json", precision="prefill int4, decode int4", settings_from="recipe")
+    rows = (AgreementSequence("p", 10, 0.9, 1.5), AgreementSequence("q", 10, 1.0, None))
+    c = CorrectnessResult(method="teacher-forced argmax agreement", passed=True, num_tokens=20, sequences=rows,
+                          agreement=Agreement(19 / 20, 19, 0.9, "int4_teacher_forced_agreement_min", 20),
+                          seconds=1.5, **common)
+    d = c.to_dict()
+    assert list(d) == ["reference", "precision", "settings_from", "num_sequences", "method", "agreement",
+                       "agreeing_tokens", "threshold", "threshold_key", "passed", "margin", "in_reference_top5",
+                       "num_tokens", "sequences", "seconds"]
+    assert (d["agreement"], d["agreeing_tokens"], d["margin"], d["in_reference_top5"]) == (0.95, "19/20", 0.05, "20/20")
+    assert d["sequences"][1] == {"prompt": "q", "tokens": 10, "agreement": 1.0,
+                                 "max_reference_top1_gap_at_mismatch": None}
+    assert "margin +0.0500" in c.line() and "PASS" in c.line()
+    e = CorrectnessResult(method="exact greedy token ids (fp32 prefill and decode)", passed=False, num_tokens=8,
+                          sequences=(ExactSequence("p", 4, True, None), ExactSequence("q", 4, False, 2)),
+                          notes="n", **common)
+    d = e.to_dict()
+    assert (d["sequences_exact"], d["passed"], d["notes"], d["num_sequences"]) == ("1/2", False, "n", 2)
+    assert d["sequences"][1] == {"prompt": "q", "tokens": 4, "exact": False, "first_mismatch": 2}
+    assert "1/2 golden sequences" in e.line() and "FAIL" in e.line()
+
+
+def test_kv_leak_after_the_correctness_check_fails_it_instead_of_crashing(monkeypatch, tmp_path):
+    """KV blocks left in use after the correctness requests: no AssertionError; the check fails with
+    a note naming the count, so the gate exits 1 and the report is still written."""
+    from rich.console import Console
+
+    import trtpipe.pipeline.validate as V
+    from trtpipe.pipeline.validate_correctness import CorrectnessResult, ExactSequence
+
+    ok = CorrectnessResult(reference="golden.json", precision="prefill fp32, decode fp32", settings_from="recipe",
+                           method="exact", passed=True, num_tokens=4, sequences=(ExactSequence("p", 4, True, None),))
+    monkeypatch.setattr(V, "check_correctness", lambda llm, r, golden: ok)
+    console = Console(file=open(tmp_path / "out.txt", "w"), highlight=False)
+    recipe = load_recipe(CPU_RECIPE, check_files=False)
+    for used, passed in ((0, True), (3, False)):
+        llm = SimpleNamespace(block_pool=SimpleNamespace(num_used=used))
+        c = V._run_correctness(llm, recipe, {}, console, console)
+        assert c.passed is passed and c.seconds is not None
+        assert (c.notes is not None and "3 KV blocks still in use" in c.notes) is (used == 3)

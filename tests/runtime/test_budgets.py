@@ -129,6 +129,22 @@ def test_gate_exit_code():
     assert gate_exit_code([ok], correctness_ok=True, kv_leak_free=True) == 0
 
 
+def test_gate_record():
+    """Gate.of: the exit code of gate_exit_code; an unchecked correctness (None) or leak check does
+    not fail it; to_dict is report.json's gate object."""
+    from trtpipe.runtime.budgets import Gate
+
+    ok = BudgetResult("ttft_ms", "p95", "max", 500.0, 480.0, 0.04, True)
+    bad = BudgetResult("ttft_ms", "p50", "max", 250.0, 300.0, -0.2, False)
+    g = Gate.of([ok], None, None)
+    assert (g.passed, g.exit_code, g.budgets_passed) == (True, 0, True)
+    assert g.to_dict() == {"passed": True, "exit_code": 0, "budgets_passed": True,
+                           "correctness_passed": None, "kv_leak_free": None}
+    assert Gate.of([ok, bad], True, True).exit_code == 1 and not Gate.of([ok, bad], True, True).budgets_passed
+    assert Gate.of([ok], False, True).exit_code == 1
+    assert Gate.of([ok], True, False).exit_code == 1
+
+
 def test_budget_result_dict_round_trip():
     r = BudgetResult("tpot_ms", "p95", "max", 100.0, None, None, False, "no data: x")
     d = r.to_dict()
