@@ -3,7 +3,7 @@
     RECIPE_OR_ARTIFACT ─┬─ a folder with manifest.json ──────────────► that artifact
                         └─ a recipe (path or shipped name) ─► <root>/<recipe name>/<target>
                              └─ must exist, and its manifest's build hash must be the recipe's
-                                (:func:`~trtpipe.pipeline.validate.check_artifact_matches_recipe`)
+                                (:func:`check_artifact_matches_recipe`)
 
 The artifacts root is ``--artifacts``, else the ``TRTPIPE_ARTIFACTS`` environment variable, else
 ``./artifacts`` of the current folder (click reads the variable: :func:`artifacts_option`).
@@ -24,6 +24,7 @@ from trtpipe.runtime.errors import ArtifactError
 
 if TYPE_CHECKING:
     from trtpipe.pipeline.recipe import Recipe
+    from trtpipe.runtime.manifest import Manifest
 
 ARTIFACTS_ENV = "TRTPIPE_ARTIFACTS"
 DEFAULT_ARTIFACTS_ROOT = "artifacts"
@@ -54,10 +55,30 @@ def missing_artifact_error(recipe: "Recipe", art: Path, extra_fix: str = "") -> 
         f"at the folder it was built in{extra_fix}.")
 
 
+def check_artifact_matches_recipe(manifest: "Manifest", recipe: "Recipe", artifact_dir: Path) -> None:
+    """Refuse an artifact built from another recipe (or an older version of this one).
+
+    Compares :func:`build_hash` with ``manifest.build_info["build_hash"]`` when the build recorded
+    it, else :func:`recipe_hash` with ``manifest.recipe_hash``. Raises :class:`ArtifactError`.
+    """
+    from trtpipe.pipeline.recipe import build_hash, recipe_hash
+
+    have_build = (manifest.build_info or {}).get("build_hash")
+    if have_build is not None:
+        want, have, what = build_hash(recipe), have_build, "build hash (all but description/validate)"
+    else:
+        want, have, what = recipe_hash(recipe), manifest.recipe_hash, "recipe hash"
+    if want != have:
+        raise ArtifactError(
+            f"artifact {artifact_dir} was built from recipe {manifest.recipe_name!r} with {what} "
+            f"{have[:12]}, but {recipe.origin} ({recipe.name!r}) hashes to {want[:12]}: the recipe "
+            f"changed since the build, or this is another recipe's artifact. Fix: rebuild with "
+            f"`trtpipe build {recipe.origin}`, or pass the recipe the artifact was built from.")
+
+
 def artifact_for_recipe(recipe: "Recipe", artifact_root: str | Path, extra_fix: str = "") -> Path:
     """``<root>/<recipe>/<target>``, checked to exist and to be built from ``recipe``."""
     from trtpipe.pipeline.build import artifact_dir_for
-    from trtpipe.pipeline.validate import check_artifact_matches_recipe
     from trtpipe.runtime.manifest import MANIFEST_NAME, load_manifest
 
     art = artifact_dir_for(recipe, artifact_root)
@@ -88,5 +109,5 @@ def resolve_artifact(recipe_or_artifact: str, artifact_root: str | Path = DEFAUL
     return artifact_for_recipe(recipe, artifact_root)
 
 
-__all__ = ["ARTIFACTS_ENV", "artifact_for_recipe", "artifacts_option", "load_recipe_for_deploy",
+__all__ = ["ARTIFACTS_ENV", "artifact_for_recipe", "check_artifact_matches_recipe", "artifacts_option", "load_recipe_for_deploy",
            "missing_artifact_error", "resolve_artifact"]

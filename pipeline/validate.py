@@ -37,10 +37,10 @@ from typing import Any, Sequence
 
 from trtpipe.pipeline.recipe import (Recipe, Scenario, build_hash, load_recipe, recipe_hash, resolve_recipe_path,
                                      scenario_workload_spec)
+from trtpipe.pipeline.cli_artifact import check_artifact_matches_recipe, missing_artifact_error
 from trtpipe.pipeline.validate_correctness import CorrectnessResult, check_correctness, load_golden
 from trtpipe.pipeline.validate_output import finish_report, gate_of_reports, print_scenario
 from trtpipe.plugins.errors import TrtpipeError
-from trtpipe.runtime.errors import ArtifactError
 
 
 class ValidateUsageError(TrtpipeError, ValueError):
@@ -50,25 +50,6 @@ class ValidateUsageError(TrtpipeError, ValueError):
 # ---------------------------------------------------------------------------------------------
 # Recipe <-> artifact
 # ---------------------------------------------------------------------------------------------
-
-
-def check_artifact_matches_recipe(manifest: Any, recipe: Recipe, artifact_dir: Path) -> None:
-    """Refuse an artifact built from another recipe (or an older version of this one).
-
-    Compares :func:`build_hash` with ``manifest.build_info["build_hash"]`` when the build recorded
-    it, else :func:`recipe_hash` with ``manifest.recipe_hash``. Raises :class:`ArtifactError`.
-    """
-    have_build = (manifest.build_info or {}).get("build_hash")
-    if have_build is not None:
-        want, have, what = build_hash(recipe), have_build, "build hash (all but description/validate)"
-    else:
-        want, have, what = recipe_hash(recipe), manifest.recipe_hash, "recipe hash"
-    if want != have:
-        raise ArtifactError(
-            f"artifact {artifact_dir} was built from recipe {manifest.recipe_name!r} with {what} "
-            f"{have[:12]}, but {recipe.origin} ({recipe.name!r}) hashes to {want[:12]}: the recipe "
-            f"changed since the build, or this is another recipe's artifact. Fix: rebuild with "
-            f"`trtpipe build {recipe.origin}`, or pass the recipe the artifact was built from.")
 
 
 def load_recipe_for_validate(recipe: str | os.PathLike | Recipe) -> Recipe:
@@ -269,8 +250,6 @@ def _open_artifact(r: Recipe, artifact_dir: str | os.PathLike | None,
 
     art = Path(artifact_dir) if artifact_dir is not None else artifact_dir_for(r, artifact_root)
     if artifact_dir is None and not (art / "manifest.json").is_file():
-        from trtpipe.pipeline.cli_artifact import missing_artifact_error
-
         raise missing_artifact_error(r, art, extra_fix=", or pass --artifact DIR")
     manifest = load_manifest(art, verify_hashes=False)
     check_artifact_matches_recipe(manifest, r, art)
