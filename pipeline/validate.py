@@ -440,8 +440,7 @@ def run_validate(recipe: str | os.PathLike | Recipe, *, artifact_dir: str | os.P
     t = time.perf_counter()
     correctness = check_correctness(llm, r, golden)
     correctness["seconds"] = round(time.perf_counter() - t, 2)
-    if llm.block_pool.num_used:
-        raise AssertionError(f"correctness check left {llm.block_pool.num_used} KV blocks in use")
+    llm.block_pool.check_all_free(after="the correctness check")
     out.print(_correctness_line(correctness))
 
     reports = []

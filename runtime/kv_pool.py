@@ -41,8 +41,3 @@ class KVPool:
                 for k, v in zip(self.keys, self.values)
             ]
         return self._ort_values
-
-    def copy_block(self, src: int, dst: int) -> None:
-        """Copy one block in every layer (copy-on-write after a fork)."""
-        for a in self.keys + self.values:
-            a[dst] = a[src]
