@@ -95,7 +95,7 @@ class LLM:
         self.tokenizer = Tokenizer.from_file(m.path(m.tokenizer_file), bos_token_id=m.model.bos_token_id,
                                              eos_token_id=(m.model.eos_token_ids or (None,))[0])
         self.pool = KVPool(m.kv)
-        if m.backend.get("name") == "ort":
+        if m.options.backend == "ort":
             from trtpipe.runtime.engine_ort import OrtEngine
 
             self.engine = OrtEngine(m, self.pool, num_threads=num_threads)
