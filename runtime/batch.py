@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from trtpipe.runtime.scheduler import ScheduledDecode, ScheduledPrefill
+from trtpipe.runtime.schedule import ScheduledDecode, ScheduledPrefill
 
 
 def _block_tables(rows: Sequence[Sequence[int]]) -> np.ndarray:

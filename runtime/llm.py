@@ -30,7 +30,7 @@ from trtpipe.runtime.kv_manager import KVCacheManager
 from trtpipe.runtime.kv_pool import KVPool
 from trtpipe.runtime.manifest import Manifest, load_manifest
 from trtpipe.runtime.metrics import RequestMetrics, RequestTimer, StepStats
-from trtpipe.runtime.request import Request, RequestStatus, SamplingParams
+from trtpipe.runtime.request import Request, RequestStatus, SamplingParams, prompt_length_error
 from trtpipe.runtime.sampler import make_generator, sample
 from trtpipe.runtime.scheduler import Scheduler
 from trtpipe.runtime.slo_policy import SloChunkPolicy
@@ -199,10 +199,9 @@ class LLM:
         ids = list(prompt) if isinstance(prompt, (list, tuple)) else self.encode_prompt(prompt, chat)
         if not ids:
             raise RequestError("prompt_token_ids is empty. Fix: send a non-empty prompt.")
-        max_len = self.manifest.limits["max_seq_len"]
-        if len(ids) >= max_len:
-            raise RequestError(f"prompt has {len(ids)} tokens; max_seq_len is {max_len} (prompt + output). "
-                               "Fix: shorten the prompt or build a recipe with a larger max_seq_len.")
+        too_long = prompt_length_error(len(ids), self.manifest.limits["max_seq_len"])
+        if too_long is not None:
+            raise RequestError(too_long)
         rid = request_id or f"req-{next(self._ids)}"
         arrival = time.monotonic() if arrival_s is None else arrival_s
         if cache_salt is not None and not isinstance(cache_salt, str):

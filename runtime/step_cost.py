@@ -137,7 +137,7 @@ def calibrate(engine: Any, block_pool: Any, block_size: int, max_num_tokens: int
     machine's noise only ever adds time). Takes a second or two on the 2-core CPU host.
     """
     from trtpipe.runtime.batch import DecodeBatch, PrefillBatch
-    from trtpipe.runtime.scheduler import ScheduledDecode, ScheduledPrefill
+    from trtpipe.runtime.schedule import ScheduledDecode, ScheduledPrefill
 
     t_start = time.perf_counter()
     max_b = min(max_batch_size, max(b for b, _ in DECODE_FIT + DECODE_HELD))

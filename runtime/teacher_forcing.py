@@ -28,7 +28,7 @@ import numpy as np
 from trtpipe.runtime.batch import DecodeBatch, PrefillBatch
 from trtpipe.runtime.errors import RequestError
 from trtpipe.runtime.request import SamplingParams
-from trtpipe.runtime.scheduler import ScheduledDecode, ScheduledPrefill
+from trtpipe.runtime.schedule import ScheduledDecode, ScheduledPrefill
 
 _probe_ids = itertools.count()
 

@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from trtpipe.runtime.chat import render_chat
 from trtpipe.runtime.errors import RequestError, TrtpipeError
+from trtpipe.runtime.request import prompt_length_error
 from trtpipe.runtime.serve.engine_loop import Delta, EngineBusy, EngineLoop, Final
 from trtpipe.runtime.serve.prometheus import ServeMetrics
 from trtpipe.runtime.serve.protocol import (GenerationRequest, ServeError, bad_field, parse_chat,
@@ -211,10 +212,9 @@ def _max_new_tokens(eng: EngineLoop, req: GenerationRequest, ids: list[int]) -> 
     leaves no room."""
     max_len = eng.llm.manifest.limits["max_seq_len"]
     field_name = "messages" if req.kind == "chat" else "prompt"
-    if len(ids) >= max_len:
-        raise ServeError(400, f"{field_name}: the prompt has {len(ids)} tokens; expected fewer than "
-                              f"max_seq_len = {max_len} (prompt + output). Fix: shorten the prompt, or build "
-                              "a recipe with a larger max_seq_len.", param=field_name, code="context_length_exceeded")
+    too_long = prompt_length_error(len(ids), max_len)
+    if too_long is not None:
+        raise ServeError(400, f"{field_name}: the {too_long}", param=field_name, code="context_length_exceeded")
     return req.max_tokens if req.max_tokens is not None else max_len - len(ids)
 
 
