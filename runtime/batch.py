@@ -42,7 +42,10 @@ class PrefillBatch:
 
     @classmethod
     def from_scheduled(cls, prefills: Sequence[ScheduledPrefill]) -> "PrefillBatch":
-        ids, pos, slots, lens = [], [], [], []
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        lens: list[int] = []
         for p in prefills:
             n = len(p.token_ids)
             ids.extend(p.token_ids)

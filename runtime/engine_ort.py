@@ -91,7 +91,8 @@ class OrtEngine:
         providers = ["CPUExecutionProvider"]
         # "prefill": decode steps run through the prefill graph (one session, one prepacked copy
         # of the weights; the recipe's engine.ort_sessions); "decode": the decode graph's own session
-        self.decode_graph = opts.ort_decode_graph  # checked at load ("prefill" | "decode")
+        assert opts.ort_decode_graph is not None  # parsed at load for the ort backend: "prefill" | "decode"
+        self.decode_graph: str = opts.ort_decode_graph
         phases = ["prefill"] if self.decode_graph == "prefill" else list(manifest.graphs)
         if self.decode_graph == "prefill":
             # One session sees prefill and decode shapes in turn; with ORT's memory-pattern

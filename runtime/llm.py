@@ -17,7 +17,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -37,6 +37,10 @@ from trtpipe.runtime.scheduler import Scheduler
 from trtpipe.runtime.slo_policy import SloChunkPolicy
 from trtpipe.runtime.step_cost import StepCostModel, load_or_calibrate
 from trtpipe.runtime.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # engines import their backends (onnxruntime, tensorrt) when constructed
+    from trtpipe.runtime.engine_ort import OrtEngine
+    from trtpipe.runtime.engine_trt import TrtEngine
 
 
 @dataclass
@@ -96,6 +100,7 @@ class LLM:
         self.tokenizer = Tokenizer.from_file(m.path(m.tokenizer_file), bos_token_id=m.model.bos_token_id,
                                              eos_token_id=(m.model.eos_token_ids or (None,))[0])
         self.pool = KVPool(m.kv)
+        self.engine: OrtEngine | TrtEngine
         if m.options.backend == "ort":
             from trtpipe.runtime.engine_ort import OrtEngine
 
@@ -197,7 +202,7 @@ class LLM:
         or a prompt longer than ``max_seq_len`` (the request is refused; nothing else is disturbed).
         """
         params = (params or SamplingParams()).validate()
-        ids = list(prompt) if isinstance(prompt, (list, tuple)) else self.encode_prompt(prompt, chat)
+        ids = self.encode_prompt(prompt, chat) if isinstance(prompt, (str, bytes)) else [int(t) for t in prompt]
         if not ids:
             raise RequestError("prompt_token_ids is empty. Fix: send a non-empty prompt.")
         too_long = prompt_length_error(len(ids), self.manifest.limits["max_seq_len"])

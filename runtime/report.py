@@ -341,10 +341,10 @@ def write_report(
         notice=None if draw else report_plots.MISSING_NOTICE,
     )
     if draw:
-        atomic_write_bytes(paths.ttft_vs_prompt_len, report_plots.plot_ttft_vs_prompt(scen))
-        atomic_write_bytes(paths.tpot_cdf, report_plots.plot_latency_cdf(scen, "tpot"))
-        atomic_write_bytes(paths.itl_cdf, report_plots.plot_latency_cdf(scen, "itl"))
-        atomic_write_bytes(paths.kv_occupancy, report_plots.plot_kv_occupancy(scen))
+        atomic_write_bytes(out / "ttft_vs_prompt_len.png", report_plots.plot_ttft_vs_prompt(scen))
+        atomic_write_bytes(out / "tpot_cdf.png", report_plots.plot_latency_cdf(scen, "tpot"))
+        atomic_write_bytes(out / "itl_cdf.png", report_plots.plot_latency_cdf(scen, "itl"))
+        atomic_write_bytes(out / "kv_occupancy.png", report_plots.plot_kv_occupancy(scen))
     atomic_write_bytes(paths.report_md, render_markdown(doc).encode("utf-8"))
     # report.json last: its presence means the whole report is there.
     atomic_write_bytes(paths.report_json, text.encode("utf-8"))

@@ -1,4 +1,5 @@
-"""The scheduler's output records: what the prefill and decode engines run in one step.
+"""The scheduler's output records (what the prefill and decode engines run in one step) and the
+chunk-policy interface it consults (implemented by :mod:`trtpipe.runtime.slo_policy`).
 
 Produced by :class:`~trtpipe.runtime.scheduler.Scheduler.schedule`, consumed by
 :mod:`trtpipe.runtime.batch` (engine feeds), :class:`~trtpipe.runtime.llm.LLM` and the
@@ -10,6 +11,7 @@ tuples only (``docs/contracts.md``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,4 +67,12 @@ class SchedulerStep:
         return not self.prefills and not self.decodes
 
 
-__all__ = ["ScheduledPrefill", "ScheduledDecode", "SchedulerStep"]
+class ChunkPolicy(Protocol):
+    """Sizes a step's prefill (e.g. :class:`~trtpipe.runtime.slo_policy.SloChunkPolicy`)."""
+
+    def max_prefill_tokens(self, num_decodes: int, decode_context_sum: int, prefill_context: int = 0) -> int:
+        """Prefill tokens allowed in a step decoding ``num_decodes`` sequences (>= 1)."""
+        ...
+
+
+__all__ = ["ChunkPolicy", "ScheduledPrefill", "ScheduledDecode", "SchedulerStep"]

@@ -24,9 +24,9 @@ chunks over several steps (``start_position`` > 0); the token sampled after the 
 the first output token.
 
 Never deadlock: a request whose KV could never fit the whole pool (or whose prompt leaves no
-room for one output token in ``max_seq_len``) is finished at ``add_request`` with ``FINISHED_ERROR`` and a message; every other
-request fits alone, and the oldest running request can always preempt all newer ones, so every
-step with work schedules something.
+room for one output token in ``max_seq_len``) is finished at ``add_request`` with
+``FINISHED_ERROR`` and a message; every other request fits alone, and the oldest running request
+can always preempt all newer ones, so every step with work schedules something.
 
 Prefix caching (vLLM v1's automatic prefix caching): at admission a request's full blocks are
 named by chained hashes (:mod:`trtpipe.runtime.prefix_cache`); the longest run of them already in
@@ -43,21 +43,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping
-from typing import Protocol
 
 from trtpipe.runtime.errors import RequestError, TrtpipeError
 from trtpipe.runtime.kv_manager import KVCacheManager
-from trtpipe.runtime.prefix_cache import extend_block_hashes, root_hash
+from trtpipe.runtime.prefix_cache import cached_prefix_blocks, offer_full_blocks
 from trtpipe.runtime.request import Request, RequestStatus, prompt_length_error
-from trtpipe.runtime.schedule import ScheduledDecode, ScheduledPrefill, SchedulerStep  # re-exported
-
-
-class ChunkPolicy(Protocol):
-    """Sizes a step's prefill (e.g. :class:`~trtpipe.runtime.slo_policy.SloChunkPolicy`)."""
-
-    def max_prefill_tokens(self, num_decodes: int, decode_context_sum: int, prefill_context: int = 0) -> int:
-        """Prefill tokens allowed in a step decoding ``num_decodes`` sequences (>= 1)."""
-        ...
+from trtpipe.runtime.schedule import ChunkPolicy, ScheduledDecode, ScheduledPrefill, SchedulerStep  # re-exported
 
 
 class Scheduler:
@@ -315,26 +306,13 @@ class Scheduler:
         return min(self.max_num_tokens, len(decoding) + cap)
 
     def _cached_prefix(self, request: Request) -> list[int]:
-        """Block ids of the longest cached prefix of ``request``'s tokens ([] when caching is off).
-
-        Capped at ``(num_tokens - 1) // block_size`` blocks: the last token is always computed.
-        """
-        if not self.enable_prefix_caching:
-            return []
-        bs = self.kv_manager.block_size
-        tokens = request.all_token_ids
-        extend_block_hashes(request.block_hashes, tokens, bs, root_hash(self.build_hash, request.cache_salt))
-        return self.kv_manager.find_cached_prefix(request.block_hashes[: (len(tokens) - 1) // bs])
+        """Block ids of the longest cached prefix of ``request``'s tokens ([] when caching is off)."""
+        return cached_prefix_blocks(self.kv_manager, request, self.build_hash) if self.enable_prefix_caching else []
 
     def _cache_full_blocks(self, request: Request) -> None:
         """Offer the blocks whose KV the engine just completed to the prefix cache."""
-        if not self.enable_prefix_caching:
-            return
-        bs = self.kv_manager.block_size
-        if len(request.block_hashes) < request.num_computed_tokens // bs:
-            root = root_hash(self.build_hash, request.cache_salt)
-            extend_block_hashes(request.block_hashes, request.all_token_ids, bs, root)
-        self.kv_manager.cache_full_blocks(request.request_id, request.block_hashes, request.num_computed_tokens)
+        if self.enable_prefix_caching:
+            offer_full_blocks(self.kv_manager, request, self.build_hash)
 
     def _append_token(self, request: Request, token_id: int) -> bool:
         """Append a sampled token; finish the request if it must stop. Returns True if finished."""
