@@ -30,7 +30,6 @@ from trtpipe.runtime.kv_pool import KVPool
 from trtpipe.runtime.manifest import Manifest
 
 
-
 class _Session:
     def __init__(self, ort, path: Path, so, pool: KVPool, providers: Sequence[str]):
         try:
