@@ -41,6 +41,7 @@ from trtpipe.pipeline.cli_artifact import check_artifact_matches_recipe, missing
 from trtpipe.pipeline.validate_correctness import CorrectnessResult, check_correctness, load_golden
 from trtpipe.pipeline.validate_output import finish_report, gate_of_reports, print_scenario
 from trtpipe.plugins.errors import TrtpipeError
+from trtpipe.runtime.errors import KVLeakError
 
 
 class ValidateUsageError(TrtpipeError, ValueError):
@@ -276,13 +277,12 @@ def _run_correctness(llm: Any, r: Recipe, golden: dict, out: Any, err: Any) -> C
     t = time.perf_counter()
     correctness = dataclasses.replace(check_correctness(llm, r, golden),
                                       seconds=round(time.perf_counter() - t, 2))
-    leaked = llm.block_pool.num_used
-    if leaked:
-        note = (f"KV leak: {leaked} KV blocks still in use after the correctness requests finished "
-                "(a runtime bug; report it with this artifact)")
-        notes = "; ".join(n for n in (correctness.notes, note) if n)
+    try:
+        llm.block_pool.check_all_free(after="the correctness requests finished")
+    except KVLeakError as e:
+        notes = "; ".join(n for n in (correctness.notes, str(e)) if n)
         correctness = dataclasses.replace(correctness, passed=False, notes=notes)
-        err.print(f"[red]{note}[/red]")
+        err.print(str(e), markup=False)
     out.print(correctness.line())
     return correctness
 

@@ -78,7 +78,7 @@ def finish_report(out: Any, err: Any, paths: Any, gate: Gate, as_json: bool,
     out.print(f"report: {paths.report_json} (+ report.md and {len(paths.plots())} plots in "
               f"{paths.report_json.parent})")
     if paths.notice:
-        err.print(paths.notice)
+        err.print(paths.notice, markup=False)  # "[plots]" in the notice is text, not rich markup
     if then is not None:
         then()
     if as_json:

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from trtpipe.runtime.scheduler import ScheduledDecode, ScheduledPrefill
+from trtpipe.runtime.schedule import ScheduledDecode, ScheduledPrefill
 
 
 def _block_tables(rows: Sequence[Sequence[int]]) -> np.ndarray:
@@ -42,7 +42,10 @@ class PrefillBatch:
 
     @classmethod
     def from_scheduled(cls, prefills: Sequence[ScheduledPrefill]) -> "PrefillBatch":
-        ids, pos, slots, lens = [], [], [], []
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        lens: list[int] = []
         for p in prefills:
             n = len(p.token_ids)
             ids.extend(p.token_ids)

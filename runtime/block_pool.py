@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from trtpipe.runtime.errors import TrtpipeError
+from trtpipe.runtime.errors import KVLeakError, TrtpipeError
 
 NULL_BLOCK_ID = 0
 
@@ -72,6 +72,18 @@ class BlockPool:
     def num_used(self) -> int:
         """Allocatable blocks that have at least one owner (the null block is not counted)."""
         return self.num_blocks - 1 - len(self._free)
+
+    def check_all_free(self, after: str) -> None:
+        """Raise :class:`KVLeakError` unless every allocatable block is free (or only cached).
+
+        ``after`` names what just finished (e.g. "the correctness check") for the message.
+        """
+        if self.num_used:
+            raise KVLeakError(
+                f"{self.num_used} of {self.num_blocks - 1} KV blocks are still in use after {after}, "
+                "with no request running: a KV leak (a bug in trtpipe). Fix: report it with the "
+                "command that ran; `trtpipe validate` gates on this check."
+            )
 
     def ref_count(self, block_id: int) -> int:
         """Number of owners of ``block_id`` (0 = free)."""

@@ -23,12 +23,11 @@ from typing import Sequence
 
 import numpy as np
 
+from trtpipe.plugins.dtypes import dtype
 from trtpipe.runtime.batch import DecodeBatch, PrefillBatch
 from trtpipe.runtime.errors import ArtifactError
 from trtpipe.runtime.kv_pool import KVPool
 from trtpipe.runtime.manifest import Manifest
-
-_NP_DTYPES = {"float32": np.float32, "float16": np.float16, "uint8": np.uint8, "int64": np.int64}
 
 
 class _Session:
@@ -79,8 +78,8 @@ class OrtEngine:
         self.manifest = manifest
         self.pool = pool
         so = ort.SessionOptions()
-        opts = manifest.runtime_options
-        threads = num_threads or int(opts.get("intra_op_num_threads") or 0)
+        opts = manifest.options
+        threads = num_threads or opts.intra_op_num_threads
         if threads:
             so.intra_op_num_threads = threads
         so.log_severity_level = 3
@@ -91,10 +90,8 @@ class OrtEngine:
         providers = ["CPUExecutionProvider"]
         # "prefill": decode steps run through the prefill graph (one session, one prepacked copy
         # of the weights; the recipe's engine.ort_sessions); "decode": the decode graph's own session
-        self.decode_graph = opts.get("ort_decode_graph", "decode")
-        if self.decode_graph not in ("prefill", "decode"):
-            raise ArtifactError(f"manifest runtime_options.ort_decode_graph = {self.decode_graph!r}: expected "
-                                f"'prefill' or 'decode' in {manifest.path('manifest.json')}. Fix: `{manifest.rebuild_command}`")
+        assert opts.ort_decode_graph is not None  # parsed at load for the ort backend: "prefill" | "decode"
+        self.decode_graph: str = opts.ort_decode_graph
         phases = ["prefill"] if self.decode_graph == "prefill" else list(manifest.graphs)
         if self.decode_graph == "prefill":
             # One session sees prefill and decode shapes in turn; with ORT's memory-pattern
@@ -117,16 +114,18 @@ class OrtEngine:
     def _load_shared(self, ort, manifest: Manifest) -> dict:
         """Initializers shared by both graphs, memory-mapped (read-only) from the shared data file."""
         self._mmap = None
-        shared = manifest.runtime_options.get("shared_initializers") or {}
-        if not shared:
+        shared = manifest.options.shared_initializers or {}
+        data_file = manifest.options.shared_data_file
+        if not shared or data_file is None:
             return {}
-        with open(manifest.path(manifest.runtime_options["shared_data_file"]), "rb") as f:
+        with open(manifest.path(data_file), "rb") as f:
             self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         data = np.frombuffer(self._mmap, dtype=np.uint8)
         out = {}
-        for name, (dtype, shape, offset, length) in shared.items():
-            arr = np.frombuffer(data, dtype=_NP_DTYPES[dtype], count=int(np.prod(shape)) if shape else 1,
-                                offset=offset).reshape(shape)
+        for name, init in shared.items():
+            count = int(np.prod(init.shape)) if init.shape else 1
+            arr = np.frombuffer(data, dtype=dtype(init.dtype).numpy, count=count,
+                                offset=init.offset_bytes).reshape(init.shape)
             out[name] = ort.OrtValue.ortvalue_from_numpy(arr)
         return out
 

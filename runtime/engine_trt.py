@@ -9,7 +9,7 @@ flavor and version, SM, CUDA major version, platform, plugin ABI hash) with what
 runs, and refuses a mismatch naming each difference and the rebuild command. Engines are not
 portable across TensorRT versions or GPU architectures (DESIGN.md "Targets").
 
-Layouts (``manifest.runtime_options["layout"]``):
+Layouts (``manifest.options.layout``):
 
 * ``split``: ``prefill.plan`` and ``decode.plan``, one execution context each.
 * ``dual_profile``: one ``engine.plan`` (the prefill graph) with optimization profile 0 for
@@ -302,9 +302,9 @@ class TrtEngine:
 
         self.trt = trt
         self.manifest = manifest
-        opts = manifest.runtime_options
-        self.layout = opts.get("layout", "split")
-        self.kv_in_place = bool(opts.get("kv_in_place", True))
+        opts = manifest.options  # typed and checked at load (runtime/runtime_options.py): no defaults here
+        self.layout = opts.layout
+        self.kv_in_place = bool(opts.kv_in_place)
         lib = _load_cudart()
         self._stream = ctypes.c_void_p()
         _check(lib.cudaStreamCreate(ctypes.byref(self._stream)), "cudaStreamCreate")
@@ -320,7 +320,7 @@ class TrtEngine:
                     raise ArtifactError(f"TensorRT could not load {manifest.path(plan)} (built with another TensorRT, "
                                         f"GPU or plugin set?). Fix: `{manifest.rebuild_command}` here.")
                 self._engines[plan] = eng
-            profile = int(opts.get("profiles", {}).get(phase, {}).get("profile_index", 0))
+            profile = int((opts.profiles or {}).get(phase, {}).get("profile_index", 0))
             self.contexts[phase] = _Context(self._engines[plan], profile, self.stream, trt)
         # device KV pool(s): [layer] -> (K buffer, V buffer)
         kv = manifest.kv

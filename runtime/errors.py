@@ -11,4 +11,13 @@ class RequestError(TrtpipeError, ValueError):
     """A generation request is invalid (empty prompt, bad sampling parameters...)."""
 
 
-__all__ = ["TrtpipeError", "ArtifactError", "RequestError"]
+class MetricsError(TrtpipeError, ValueError):
+    """Timing events out of order, or a metric asked of data that cannot define it."""
+
+
+class KVLeakError(TrtpipeError):
+    """KV blocks are still in use when every request has finished (a bug in trtpipe: some path
+    did not free its blocks). Raised by :meth:`BlockPool.check_all_free`."""
+
+
+__all__ = ["TrtpipeError", "ArtifactError", "RequestError", "KVLeakError", "MetricsError"]

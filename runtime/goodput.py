@@ -70,9 +70,7 @@ def find_goodput(
 ) -> GoodputResult:
     """Search the highest passing rate (see module docstring). ``rel_tol``: the final bracket's
     relative width (0.15: the answer is within 15% below the true threshold)."""
-    if not (start_rate_per_s > 0 and rel_tol > 0 and max_probes >= 1):
-        raise ValueError(f"start_rate_per_s={start_rate_per_s}, rel_tol={rel_tol}, max_probes={max_probes}: "
-                         "expected all > 0 (max_probes >= 1)")
+    _check_search(start_rate_per_s, rel_tol, max_probes)
     t0 = clock()
     probes: list[ProbeResult] = []
     best: ProbeResult | None = None
@@ -119,6 +117,13 @@ def find_goodput(
         run(math.sqrt(lo * hi))
     return GoodputResult(scenario, lo, best.output_tokens_per_s if best else None, (lo, hi),
                          tuple(probes), stopped)
+
+
+def _check_search(start_rate_per_s: float, rel_tol: float, max_probes: int) -> None:
+    """ValueError naming the values unless the search can start."""
+    if not (start_rate_per_s > 0 and rel_tol > 0 and max_probes >= 1):
+        raise ValueError(f"start_rate_per_s={start_rate_per_s}, rel_tol={rel_tol}, max_probes={max_probes}: "
+                         "expected all > 0 (max_probes >= 1)")
 
 
 __all__ = ["GoodputResult", "ProbeResult", "find_goodput"]

@@ -50,11 +50,7 @@ from dataclasses import dataclass
 
 from trtpipe.runtime.block_pool import NULL_BLOCK_ID, BlockPool
 from trtpipe.runtime.errors import TrtpipeError
-
-
-def cdiv(a: int, b: int) -> int:
-    """Ceiling division of non-negative ints."""
-    return -(-a // b)
+from trtpipe.runtime.kv_planning import cdiv
 
 
 @dataclass(frozen=True)
@@ -325,4 +321,4 @@ class KVCacheManager:
         )
 
 
-__all__ = ["KVCacheManager", "cdiv"]
+__all__ = ["KVCacheManager"]

@@ -8,6 +8,8 @@ pool (docs/contracts.md). Which blocks belong to which sequence is the KV manage
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from trtpipe.runtime.manifest import KVLayout
@@ -21,7 +23,7 @@ class KVPool:
         dtype = np.float32 if layout.dtype == "float32" else np.float16
         self.keys = [np.zeros(layout.layer_shape(i), dtype) for i in range(len(layout.layer_num_kv_heads))]
         self.values = [np.zeros(layout.layer_shape(i), dtype) for i in range(len(layout.layer_num_kv_heads))]
-        self._ort_values = None
+        self._ort_values: list[tuple[Any, Any]] | None = None  # onnxruntime.OrtValue pairs, made lazily
 
     @property
     def num_layers(self) -> int:
@@ -41,8 +43,3 @@ class KVPool:
                 for k, v in zip(self.keys, self.values)
             ]
         return self._ort_values
-
-    def copy_block(self, src: int, dst: int) -> None:
-        """Copy one block in every layer (copy-on-write after a fork)."""
-        for a in self.keys + self.values:
-            a[dst] = a[src]

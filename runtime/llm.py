@@ -17,7 +17,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -30,12 +30,17 @@ from trtpipe.runtime.kv_manager import KVCacheManager
 from trtpipe.runtime.kv_pool import KVPool
 from trtpipe.runtime.manifest import Manifest, load_manifest
 from trtpipe.runtime.metrics import RequestMetrics, RequestTimer, StepStats
-from trtpipe.runtime.request import Request, RequestStatus, SamplingParams
+from trtpipe.runtime.request import Request, RequestStatus, SamplingParams, prompt_length_error
 from trtpipe.runtime.sampler import make_generator, sample
+from trtpipe.runtime.schedule import ScheduledDecode, ScheduledPrefill, SchedulerStep
 from trtpipe.runtime.scheduler import Scheduler
 from trtpipe.runtime.slo_policy import SloChunkPolicy
 from trtpipe.runtime.step_cost import StepCostModel, load_or_calibrate
 from trtpipe.runtime.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # engines import their backends (onnxruntime, tensorrt) when constructed
+    from trtpipe.runtime.engine_ort import OrtEngine
+    from trtpipe.runtime.engine_trt import TrtEngine
 
 
 @dataclass
@@ -95,7 +100,8 @@ class LLM:
         self.tokenizer = Tokenizer.from_file(m.path(m.tokenizer_file), bos_token_id=m.model.bos_token_id,
                                              eos_token_id=(m.model.eos_token_ids or (None,))[0])
         self.pool = KVPool(m.kv)
-        if m.backend.get("name") == "ort":
+        self.engine: OrtEngine | TrtEngine
+        if m.options.backend == "ort":
             from trtpipe.runtime.engine_ort import OrtEngine
 
             self.engine = OrtEngine(m, self.pool, num_threads=num_threads)
@@ -196,13 +202,12 @@ class LLM:
         or a prompt longer than ``max_seq_len`` (the request is refused; nothing else is disturbed).
         """
         params = (params or SamplingParams()).validate()
-        ids = list(prompt) if isinstance(prompt, (list, tuple)) else self.encode_prompt(prompt, chat)
+        ids = self.encode_prompt(prompt, chat) if isinstance(prompt, (str, bytes)) else [int(t) for t in prompt]
         if not ids:
             raise RequestError("prompt_token_ids is empty. Fix: send a non-empty prompt.")
-        max_len = self.manifest.limits["max_seq_len"]
-        if len(ids) >= max_len:
-            raise RequestError(f"prompt has {len(ids)} tokens; max_seq_len is {max_len} (prompt + output). "
-                               "Fix: shorten the prompt or build a recipe with a larger max_seq_len.")
+        too_long = prompt_length_error(len(ids), self.manifest.limits["max_seq_len"])
+        if too_long is not None:
+            raise RequestError(too_long)
         rid = request_id or f"req-{next(self._ids)}"
         arrival = time.monotonic() if arrival_s is None else arrival_s
         if cache_salt is not None and not isinstance(cache_salt, str):
@@ -233,38 +238,18 @@ class LLM:
 
     # -- the step ----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One scheduler step: prefill chunks + one decode batch. Returns finished outputs."""
+        """One scheduler step: prefill chunks + one decode batch. Returns finished outputs.
+
+        ``schedule`` -> :meth:`_prefill` -> :meth:`_decode` -> ``update`` -> :meth:`_emit` (gpt-fast
+        keeps ``prefill`` and ``decode_one_token`` apart the same way). An engine failure finishes
+        the step's requests with an error (their KV blocks freed) and re-raises.
+        """
         step = self.scheduler.schedule()
         sampled: dict[str, int] = {}
-        now = time.monotonic
         t_step = time.perf_counter()
         try:
-            if step.prefills:
-                for p in step.prefills:
-                    live = self._live[p.request_id]
-                    if not live.prefill_started:
-                        live.timer.on_prefill_start(now())
-                        live.prefill_started = True
-                        cached = live.request.num_cached_tokens or 0
-                        live.timer.cached_prompt_tokens = live.output.cached_tokens = cached
-                batch = PrefillBatch.from_scheduled(step.prefills)
-                logits = self.engine.prefill(batch)
-                self.engine_time_s += self.engine.last_step_s
-                rows = [i for i, p in enumerate(step.prefills) if p.is_last_chunk]
-                if rows:
-                    rids = [step.prefills[i].request_id for i in rows]
-                    toks = self._sample(logits[rows], rids)
-                    t = now()
-                    for rid, tok in zip(rids, toks):
-                        sampled[rid] = tok
-                        self._live[rid].timer.on_prefill_end(t)
-            if step.decodes:
-                batch = DecodeBatch.from_scheduled(step.decodes)
-                logits = self.engine.decode(batch)
-                self.engine_time_s += self.engine.last_step_s
-                rids = list(batch.request_ids)
-                for rid, tok in zip(rids, self._sample(logits, rids)):
-                    sampled[rid] = tok
+            self._prefill(step.prefills, sampled)
+            self._decode(step.decodes, sampled)
         except Exception as e:  # an engine failure finishes the step's requests, frees blocks
             for rid in {p.request_id for p in step.prefills} | {d.request_id for d in step.decodes}:
                 self.scheduler.finish_request(rid, RequestStatus.FINISHED_ERROR, str(e))
@@ -273,14 +258,60 @@ class LLM:
         finished = self.scheduler.update(step, sampled)
         self.steps += 1
         self.num_preemptions += len(step.preempted)
-        if self.scheduler.chunk_policy is not None and self.step_cost is not None and not step.is_empty:
-            predicted = self.step_cost.prefill_chunks_time_s([(p.num_tokens, p.start_position) for p in step.prefills])
-            predicted += self.step_cost.decode_time_s(len(step.decodes), sum(d.context_len for d in step.decodes))
-            self.step_cost_log.append((predicted, time.perf_counter() - t_step,
-                                       sum(p.num_tokens for p in step.prefills), len(step.decodes)))
-        self.step_stats.on_step(now(), decode_batch_size=len(step.decodes),
+        self._log_step_cost(step, time.perf_counter() - t_step)
+        self.step_stats.on_step(time.monotonic(), decode_batch_size=len(step.decodes),
                                 kv_blocks_used=self.block_pool.num_used)
+        return self._emit(sampled, finished)
+
+    def _prefill(self, prefills: tuple[ScheduledPrefill, ...], sampled: dict[str, int]) -> None:
+        """Run the prefill engine on this step's chunks; sample the rows of last chunks into
+        ``sampled`` (request id -> token id). Marks prefill start/end on the request timers."""
+        if not prefills:
+            return
+        now = time.monotonic
+        for p in prefills:
+            live = self._live[p.request_id]
+            if not live.prefill_started:
+                live.timer.on_prefill_start(now())
+                live.prefill_started = True
+                cached = live.request.num_cached_tokens or 0
+                live.timer.cached_prompt_tokens = live.output.cached_tokens = cached
+        logits = self.engine.prefill(PrefillBatch.from_scheduled(prefills))  # [S, V] float32
+        self.engine_time_s += self.engine.last_step_s
+        rows = [i for i, p in enumerate(prefills) if p.is_last_chunk]
+        if not rows:
+            return
+        rids = [prefills[i].request_id for i in rows]
+        toks = self._sample(logits[rows], rids)
         t = now()
+        for rid, tok in zip(rids, toks):
+            sampled[rid] = tok
+            self._live[rid].timer.on_prefill_end(t)
+
+    def _decode(self, decodes: tuple[ScheduledDecode, ...], sampled: dict[str, int]) -> None:
+        """Run the decode engine once for every decoding sequence (one token each); sample into
+        ``sampled``."""
+        if not decodes:
+            return
+        batch = DecodeBatch.from_scheduled(decodes)
+        logits = self.engine.decode(batch)  # [S, V] float32
+        self.engine_time_s += self.engine.last_step_s
+        rids = list(batch.request_ids)
+        for rid, tok in zip(rids, self._sample(logits, rids)):
+            sampled[rid] = tok
+
+    def _log_step_cost(self, step: SchedulerStep, measured_s: float) -> None:
+        """Under the slo policy: record (predicted, measured) step time for the reports."""
+        if self.scheduler.chunk_policy is None or self.step_cost is None or step.is_empty:
+            return
+        predicted = self.step_cost.prefill_chunks_time_s([(p.num_tokens, p.start_position) for p in step.prefills])
+        predicted += self.step_cost.decode_time_s(len(step.decodes), sum(d.context_len for d in step.decodes))
+        self.step_cost_log.append((predicted, measured_s, sum(p.num_tokens for p in step.prefills), len(step.decodes)))
+
+    def _emit(self, sampled: dict[str, int], finished: list[Request]) -> list[RequestOutput]:
+        """Detokenize the sampled tokens into the outputs (stop strings finish requests), then
+        close the finished ones; returns their outputs."""
+        t = time.monotonic()
         for rid, tok in sampled.items():
             live = self._live.get(rid)
             if live is None:

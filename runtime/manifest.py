@@ -23,11 +23,14 @@ import os
 import platform
 import tempfile
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from trtpipe.plugins.dtypes import dtype
 from trtpipe.runtime.errors import ArtifactError
 from trtpipe.runtime.model_config import ModelConfig
+from trtpipe.runtime.runtime_options import RuntimeOptions, parse_runtime_options
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -78,7 +81,7 @@ class KVLayout:
 
     @property
     def pool_bytes(self) -> int:
-        item = 4 if self.dtype == "float32" else 2
+        item = dtype(self.dtype).itemsize
         return sum(2 * self.num_blocks * self.block_size * h * self.head_dim * item for h in self.layer_num_kv_heads)
 
 
@@ -110,7 +113,7 @@ class Manifest:
     limits: dict[str, int]  # max_seq_len, max_batch_size, max_num_tokens
     tokenizer_file: str = "tokenizer.json"
     golden_file: str | None = "golden.json"
-    runtime_options: dict[str, Any] = field(default_factory=dict)
+    runtime_options: dict[str, Any] = field(default_factory=dict)  # as written; engines read ``options``
     build_info: dict[str, Any] = field(default_factory=dict)
     root: Path | None = field(default=None, compare=False)
 
@@ -119,6 +122,13 @@ class Manifest:
         """The command that rebuilds this artifact (recorded at build time: the recipe file and
         ``--artifacts`` root it was built with), for the "Fix:" part of errors."""
         return self.build_info.get("rebuild_command") or f"trtpipe build {self.recipe_name} --force"
+
+    @cached_property
+    def options(self) -> RuntimeOptions:
+        """``runtime_options`` typed and checked (parsed once; :func:`load_manifest` parses it at
+        load). Raises :class:`ArtifactError` naming a missing or bad option and the rebuild command."""
+        where = str(self.root / MANIFEST_NAME) if self.root is not None else "manifest"
+        return parse_runtime_options(self.backend, self.runtime_options, where=where, rebuild=self.rebuild_command)
 
     def to_json(self) -> str:
         d = {
@@ -217,16 +227,16 @@ def load_manifest(artifact_dir: str | Path, *, verify_hashes: bool = True) -> Ma
     if bad:
         raise ArtifactError(f"{mpath}: {', '.join(bad)}: expected positive integers (2+ blocks: block 0 is the "
                             f"null block). The manifest was edited or damaged. Fix: `{rebuild}`.")
-    fp = current_fingerprint(m.backend.get("name", "ort"))
+    fp = current_fingerprint(m.options.backend)  # m.options: ArtifactError for a missing/bad option
     diffs = []
     if m.format_version != fp["format_version"]:
         diffs.append(f"format version {m.format_version} (this runtime reads {fp['format_version']})")
     if m.op_abi_hash != fp["op_abi_hash"]:
         diffs.append(f"op schema ABI hash {m.op_abi_hash[:12]} (this runtime: {fp['op_abi_hash'][:12]})")
     bv = fp.get("backend_version")
-    if m.backend.get("name") == "ort" and bv is not None and m.backend.get("version") != bv:
+    if m.options.backend == "ort" and bv is not None and m.backend.get("version") != bv:
         diffs.append(f"onnxruntime {m.backend.get('version')} (installed: {bv})")
-    if m.target.get("platform") and m.target.get("platform") != fp["platform"] and m.backend.get("name") == "trt":
+    if m.target.get("platform") and m.target.get("platform") != fp["platform"] and m.options.backend == "trt":
         diffs.append(f"platform {m.target.get('platform')} (this machine: {fp['platform']})")
     if diffs:
         raise ArtifactError(f"artifact {root} was built for a different runtime: " + "; ".join(diffs)

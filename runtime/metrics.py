@@ -17,8 +17,9 @@ NVIDIA genai-perf), all from one monotonic clock, stored in **seconds**:
   never one of them. Percentiles of ITL are taken over all tokens of all requests.
 - An empty chunk (zero tokens) never counts as the first token.
 
-Percentiles use linear interpolation between closest ranks: the same as
-``numpy.percentile(values, q, method="linear")`` (numpy's default; Hyndman & Fan 1996, type 7).
+Percentiles (:mod:`trtpipe.runtime.percentiles`) use linear interpolation between closest ranks:
+the same as ``numpy.percentile(values, q, method="linear")`` (numpy's default; Hyndman & Fan 1996,
+type 7). Per-step counters are in :mod:`trtpipe.runtime.step_stats`.
 
 Nothing here imports numpy or torch: the metrics run on an embedded target as is.
 """
@@ -26,23 +27,16 @@ Nothing here imports numpy or torch: the metrics run on an embedded target as is
 from __future__ import annotations
 
 import math
-import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from trtpipe.plugins.errors import TrtpipeError
+from trtpipe.runtime.errors import MetricsError
+from trtpipe.runtime.percentiles import PERCENTILE_METHOD, PERCENTILES, Percentiles, percentile
+from trtpipe.runtime.step_stats import StepStats, read_peak_rss_bytes
 
-PERCENTILE_METHOD = "linear (numpy default, Hyndman-Fan type 7)"
-"""How :func:`percentile` interpolates; written into every report next to the numbers."""
-
-PERCENTILES: tuple[str, ...] = ("p50", "p90", "p95", "p99")
-"""The percentiles every summary reports (and every latency budget may name)."""
-
-
-class MetricsError(TrtpipeError, ValueError):
-    """Timing events out of order, or a metric asked of data that cannot define it."""
-
+# Re-exported for importers of this module: MetricsError, PERCENTILE_METHOD, PERCENTILES,
+# Percentiles, percentile (runtime/percentiles.py), StepStats, read_peak_rss_bytes (step_stats.py).
 
 # ---------------------------------------------------------------------------------------------
 # Per request
@@ -213,133 +207,6 @@ class RequestTimer:
             )
         self._last_event_s = t
         return t
-
-
-# ---------------------------------------------------------------------------------------------
-# Percentiles
-# ---------------------------------------------------------------------------------------------
-
-
-def percentile(values: Iterable[float], q: float) -> float:
-    """The ``q``-th percentile (``0 <= q <= 100``) of ``values``, by linear interpolation.
-
-    Linear interpolation between closest ranks, identical to
-    ``numpy.percentile(values, q, method="linear")`` (numpy's default; Hyndman & Fan type 7):
-    with the values sorted as ``x[0..n-1]`` and ``h = (n - 1) * q / 100``, the result is
-    ``x[floor(h)] + (h - floor(h)) * (x[floor(h) + 1] - x[floor(h)])``.
-    Example: ``[1, 2, 3, 4]`` gives p50 = 2.5 and p90 = 3.7.
-
-    Raises :class:`MetricsError` on an empty input or ``q`` outside [0, 100].
-    """
-    xs = sorted(float(v) for v in values)
-    if not xs:
-        raise MetricsError("percentile of an empty list: there is no data to summarize")
-    if not 0.0 <= q <= 100.0:
-        raise MetricsError(f"percentile q={q!r}: expected 0 <= q <= 100")
-    h = (len(xs) - 1) * q / 100.0
-    lo = math.floor(h)
-    if lo + 1 >= len(xs):
-        return xs[-1]
-    return xs[lo] + (h - lo) * (xs[lo + 1] - xs[lo])
-
-
-@dataclass(frozen=True)
-class Percentiles:
-    """Distribution of one metric, in seconds (``count`` samples)."""
-
-    p50: float
-    p90: float
-    p95: float
-    p99: float
-    mean: float
-    min: float
-    max: float
-    count: int
-
-    @classmethod
-    def of(cls, values: Sequence[float]) -> Percentiles | None:
-        """Summarize ``values`` (seconds); ``None`` when there are none."""
-        if not values:
-            return None
-        return cls(
-            p50=percentile(values, 50),
-            p90=percentile(values, 90),
-            p95=percentile(values, 95),
-            p99=percentile(values, 99),
-            mean=math.fsum(values) / len(values),
-            min=min(values),
-            max=max(values),
-            count=len(values),
-        )
-
-    def get(self, name: str) -> float:
-        """Value of ``name`` ("p50", "p90", "p95", "p99", "mean", "min", "max"), in seconds."""
-        if name not in (*PERCENTILES, "mean", "min", "max"):
-            raise MetricsError(f"percentile {name!r}: expected one of {', '.join(PERCENTILES)}")
-        return getattr(self, name)
-
-    def to_ms_dict(self) -> dict:
-        """JSON-ready dict in milliseconds (``count`` stays a count)."""
-        out = {k: getattr(self, k) * 1000.0 for k in (*PERCENTILES, "mean", "min", "max")}
-        out["count"] = self.count
-        return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Per step (scheduler / KV pool)
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class StepStats:
-    """Per-step counters of one run, filled in by the engine loop (mutable recorder).
-
-    ``num_kv_blocks`` is the pool capacity (blocks a sequence can own; the null block excluded),
-    used to draw the occupancy plot; it may stay ``None``.
-    """
-
-    num_kv_blocks: int | None = None
-    step_times_s: list[float] = field(default_factory=list)  # monotonic clock, seconds
-    decode_batch_sizes: list[int] = field(default_factory=list)  # sequences decoded per step
-    kv_blocks_used: list[int] = field(default_factory=list)  # blocks owned after the step
-    peak_rss_bytes: int | None = None
-    kv_blocks_in_use_at_end: int | None = None  # set by on_run_end; 0 means no leak
-
-    def on_step(self, t: float, *, decode_batch_size: int, kv_blocks_used: int) -> None:
-        """Record one scheduler step that ended at ``t`` (seconds, same clock as the timers)."""
-        if decode_batch_size < 0 or kv_blocks_used < 0:
-            raise MetricsError(
-                f"step at t={t!r}: decode_batch_size={decode_batch_size}, "
-                f"kv_blocks_used={kv_blocks_used}; expected both >= 0"
-            )
-        if self.step_times_s and t < self.step_times_s[-1]:
-            raise MetricsError(
-                f"step time {t!r} s is earlier than the previous step "
-                f"({self.step_times_s[-1]!r} s); use one monotonic clock"
-            )
-        self.step_times_s.append(float(t))
-        self.decode_batch_sizes.append(int(decode_batch_size))
-        self.kv_blocks_used.append(int(kv_blocks_used))
-
-    def on_rss(self, rss_bytes: int | None = None) -> None:
-        """Fold a resident-set-size sample into the peak (default: :func:`read_peak_rss_bytes`)."""
-        rss = read_peak_rss_bytes() if rss_bytes is None else int(rss_bytes)
-        self.peak_rss_bytes = rss if self.peak_rss_bytes is None else max(self.peak_rss_bytes, rss)
-
-    def on_run_end(self, kv_blocks_in_use: int) -> None:
-        """Record the blocks still owned after every request finished (leak check: must be 0)."""
-        self.kv_blocks_in_use_at_end = int(kv_blocks_in_use)
-
-
-def read_peak_rss_bytes() -> int:
-    """Peak resident set size of this process so far, in bytes (``getrusage`` ``ru_maxrss``).
-
-    Linux reports kibibytes and macOS bytes; both are converted to bytes.
-    """
-    import resource  # POSIX only; imported here so the module loads anywhere
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,6 +23,11 @@ import hashlib
 import sys
 from array import array
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trtpipe.runtime.kv_manager import KVCacheManager
+    from trtpipe.runtime.request import Request
 
 _DOMAIN = b"trtpipe-prefix-v1"
 
@@ -65,4 +70,22 @@ def extend_block_hashes(
     return block_hashes
 
 
-__all__ = ["extend_block_hashes", "hash_block_tokens", "root_hash"]
+def cached_prefix_blocks(kv_manager: KVCacheManager, request: Request, build_hash: str) -> list[int]:
+    """Block ids of the longest cached prefix of ``request``'s tokens (hashing the blocks not
+    hashed yet). Capped at ``(num_tokens - 1) // block_size`` blocks: the last token is always
+    computed (its logits give the next token)."""
+    bs = kv_manager.block_size
+    tokens = request.all_token_ids
+    extend_block_hashes(request.block_hashes, tokens, bs, root_hash(build_hash, request.cache_salt))
+    return kv_manager.find_cached_prefix(request.block_hashes[: (len(tokens) - 1) // bs])
+
+
+def offer_full_blocks(kv_manager: KVCacheManager, request: Request, build_hash: str) -> None:
+    """Offer ``request``'s blocks that became full (KV computed) to the prefix cache."""
+    bs = kv_manager.block_size
+    if len(request.block_hashes) < request.num_computed_tokens // bs:
+        extend_block_hashes(request.block_hashes, request.all_token_ids, bs, root_hash(build_hash, request.cache_salt))
+    kv_manager.cache_full_blocks(request.request_id, request.block_hashes, request.num_computed_tokens)
+
+
+__all__ = ["cached_prefix_blocks", "extend_block_hashes", "hash_block_tokens", "offer_full_blocks", "root_hash"]

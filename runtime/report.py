@@ -96,9 +96,7 @@ def correctness_status(correctness: Mapping[str, Any]) -> bool | None:
     return None if passed is None else bool(passed)
 
 
-# ---------------------------------------------------------------------------------------------
-# report.json
-# ---------------------------------------------------------------------------------------------
+# -- report.json --------------------------------------------------------------------------------
 
 
 def build_report(
@@ -181,9 +179,7 @@ def load_report(path: str | os.PathLike) -> dict:
     return doc
 
 
-# ---------------------------------------------------------------------------------------------
-# report.md
-# ---------------------------------------------------------------------------------------------
+# -- report.md ----------------------------------------------------------------------------------
 
 
 def _fmt(x: float | None, digits: int = 2) -> str:
@@ -223,55 +219,7 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
         "",
     ]
     for s in doc["scenarios"]:
-        sm = s["summary"]
-        lines += [f"## Scenario `{s['name']}`", ""]
-        lines += [
-            "| metric | p50 | p90 | p95 | p99 | mean | n |",
-            "|---|---:|---:|---:|---:|---:|---:|",
-        ]
-        for name in LATENCY_METRICS:
-            d = sm[f"{name}_ms"]
-            label = {"prefill": "prefill (only)", "queue": "queue"}.get(name, name)
-            if d is None:
-                lines.append(f"| {label} ms | – | – | – | – | – | 0 |")
-            else:
-                cells = " | ".join(_fmt(d[k]) for k in (*PERCENTILES, "mean"))
-                lines.append(f"| {label} ms | {cells} | {d['count']} |")
-        lines += [
-            "",
-            f"- requests: {sm['num_requests']} ({sm['num_requests_without_output']} without "
-            f"output); prompt tokens {sm['total_prompt_tokens']}, output tokens "
-            f"{sm['total_output_tokens']}, wall {sm['wall_s']:.3f} s",
-            f"- output tokens/s: {_fmt(sm['output_tokens_per_s'])}"
-            + (f"; {DecodeBandwidth.from_dict(bw).describe()} at TPOT p50"
-               if (bw := s.get("decode_bandwidth")) else ""),
-            f"- decode batch size: peak {_opt(sm['peak_decode_batch_size'])}, "
-            f"mean {_fmt(sm['mean_decode_batch_size'])}",
-            f"- KV blocks: peak used {_opt(sm['peak_kv_blocks_used'])} of "
-            f"{_opt(sm['num_kv_blocks'])}; in use at end {_opt(sm['kv_blocks_in_use_at_end'])} "
-            f"(leak check: {_pass(sm['kv_leak_free'])})",
-            f"- peak resident memory: {_fmt_bytes(sm['peak_rss_bytes'])}",
-            "",
-        ]
-        if s["budgets"]:
-            lines += [
-                "| budget | limit | measured | margin | result |",
-                "|---|---:|---:|---:|---|",
-            ]
-            for b in s["budgets"]:
-                label = b["metric"] + ("" if b["percentile"] is None else f" {b['percentile']}")
-                op = "≤" if b["kind"] == "max" else "≥"
-                if b["passed"]:
-                    result = "PASS"
-                else:  # a no-data failure says why; a measured one speaks for itself
-                    result = f"FAIL ({b['reason']})" if b["measured"] is None else "FAIL"
-                lines.append(
-                    f"| {label} | {op} {b['limit']:g} {b['unit']} | {_fmt(b['measured'])} | "
-                    f"{_fmt_margin(b['margin'])} | {result} |"
-                )
-            lines.append("")
-        else:
-            lines += ["No budgets for this scenario.", ""]
+        lines += _scenario_markdown(s)
     lines += ["## Correctness", ""]
     if doc["correctness"]:
         lines += [f"- {k}: {v}" for k, v in doc["correctness"].items()]
@@ -284,9 +232,63 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-# ---------------------------------------------------------------------------------------------
-# Writing
-# ---------------------------------------------------------------------------------------------
+def _scenario_markdown(s: Mapping[str, Any]) -> list[str]:
+    """report.md lines of one scenario: latency table, run facts, budget table."""
+    sm = s["summary"]
+    lines = [f"## Scenario `{s['name']}`", ""]
+    lines += [
+        "| metric | p50 | p90 | p95 | p99 | mean | n |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name in LATENCY_METRICS:
+        d = sm[f"{name}_ms"]
+        label = {"prefill": "prefill (only)", "queue": "queue"}.get(name, name)
+        if d is None:
+            lines.append(f"| {label} ms | – | – | – | – | – | 0 |")
+        else:
+            cells = " | ".join(_fmt(d[k]) for k in (*PERCENTILES, "mean"))
+            lines.append(f"| {label} ms | {cells} | {d['count']} |")
+    lines += [
+        "",
+        f"- requests: {sm['num_requests']} ({sm['num_requests_without_output']} without "
+        f"output); prompt tokens {sm['total_prompt_tokens']}, output tokens "
+        f"{sm['total_output_tokens']}, wall {sm['wall_s']:.3f} s",
+        f"- output tokens/s: {_fmt(sm['output_tokens_per_s'])}"
+        + (f"; {DecodeBandwidth.from_dict(bw).describe()} at TPOT p50" if (bw := s.get("decode_bandwidth")) else ""),
+        f"- decode batch size: peak {_opt(sm['peak_decode_batch_size'])}, "
+        f"mean {_fmt(sm['mean_decode_batch_size'])}",
+        f"- KV blocks: peak used {_opt(sm['peak_kv_blocks_used'])} of "
+        f"{_opt(sm['num_kv_blocks'])}; in use at end {_opt(sm['kv_blocks_in_use_at_end'])} "
+        f"(leak check: {_pass(sm['kv_leak_free'])})",
+        f"- peak resident memory: {_fmt_bytes(sm['peak_rss_bytes'])}",
+        "",
+    ]
+    return lines + _budgets_markdown(s["budgets"])
+
+
+def _budgets_markdown(budgets: Sequence[Mapping[str, Any]]) -> list[str]:
+    """report.md lines of one scenario's budget table."""
+    if not budgets:
+        return ["No budgets for this scenario.", ""]
+    lines = [
+        "| budget | limit | measured | margin | result |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for b in budgets:
+        label = b["metric"] + ("" if b["percentile"] is None else f" {b['percentile']}")
+        op = "≤" if b["kind"] == "max" else "≥"
+        if b["passed"]:
+            result = "PASS"
+        else:  # a no-data failure says why; a measured one speaks for itself
+            result = f"FAIL ({b['reason']})" if b["measured"] is None else "FAIL"
+        lines.append(
+            f"| {label} | {op} {b['limit']:g} {b['unit']} | {_fmt(b['measured'])} | "
+            f"{_fmt_margin(b['margin'])} | {result} |"
+        )
+    return lines + [""]
+
+
+# -- Writing ------------------------------------------------------------------------------------
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -358,19 +360,17 @@ def write_report(
         notice=None if draw else report_plots.MISSING_NOTICE,
     )
     if draw:
-        atomic_write_bytes(paths.ttft_vs_prompt_len, report_plots.plot_ttft_vs_prompt(scen))
-        atomic_write_bytes(paths.tpot_cdf, report_plots.plot_latency_cdf(scen, "tpot"))
-        atomic_write_bytes(paths.itl_cdf, report_plots.plot_latency_cdf(scen, "itl"))
-        atomic_write_bytes(paths.kv_occupancy, report_plots.plot_kv_occupancy(scen))
+        atomic_write_bytes(out / "ttft_vs_prompt_len.png", report_plots.plot_ttft_vs_prompt(scen))
+        atomic_write_bytes(out / "tpot_cdf.png", report_plots.plot_latency_cdf(scen, "tpot"))
+        atomic_write_bytes(out / "itl_cdf.png", report_plots.plot_latency_cdf(scen, "itl"))
+        atomic_write_bytes(out / "kv_occupancy.png", report_plots.plot_kv_occupancy(scen))
     atomic_write_bytes(paths.report_md, render_markdown(doc).encode("utf-8"))
     # report.json last: its presence means the whole report is there.
     atomic_write_bytes(paths.report_json, text.encode("utf-8"))
     return paths
 
 
-# ---------------------------------------------------------------------------------------------
-# CLI table
-# ---------------------------------------------------------------------------------------------
+# -- CLI table ----------------------------------------------------------------------------------
 
 
 def render_rich_table(results: Sequence[BudgetResult], title: str | None = None):

@@ -25,6 +25,21 @@ from dataclasses import dataclass, field
 from trtpipe.runtime.errors import RequestError
 
 
+def prompt_length_error(num_prompt_tokens: int, max_seq_len: int) -> str | None:
+    """Why a prompt of ``num_prompt_tokens`` cannot run under ``max_seq_len``, or None.
+
+    The one prompt-length rule of the runtime (the scheduler, :class:`~trtpipe.runtime.llm.LLM`
+    and the HTTP server apply it). ``max_seq_len`` bounds prompt + output and every request
+    produces at least one token, so the prompt must be *shorter* than ``max_seq_len``: a prompt of
+    exactly ``max_seq_len`` tokens leaves no room and is refused.
+    """
+    if num_prompt_tokens < max_seq_len:
+        return None
+    return (f"prompt has {num_prompt_tokens} tokens; expected fewer than max_seq_len = {max_seq_len} "
+            "(prompt + output, at least one output token). Fix: shorten the prompt or build a recipe "
+            "with a larger max_seq_len.")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick the next token and when to stop. Validated by :meth:`validate`.

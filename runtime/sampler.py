@@ -53,7 +53,7 @@ def sample(
     greedy = np.fromiter((p.temperature == 0.0 for p in params), dtype=bool, count=num_rows)
     if greedy.any():
         token_ids[greedy] = np.argmax(logits[greedy], axis=-1)
-    for row in np.flatnonzero(~greedy):
+    for row in np.flatnonzero(~greedy).tolist():
         rng = generators[row] if generators[row] is not None else _fallback_rng
         token_ids[row] = _sample_row(logits[row], params[row], rng)
     return token_ids

@@ -23,10 +23,10 @@ different decode steps share one decode batch. A prompt longer than the budget i
 chunks over several steps (``start_position`` > 0); the token sampled after the last chunk is
 the first output token.
 
-Never deadlock: a request whose KV could never fit the whole pool (or whose prompt exceeds
-``max_seq_len``) is finished at ``add_request`` with ``FINISHED_ERROR`` and a message; every other
-request fits alone, and the oldest running request can always preempt all newer ones, so every
-step with work schedules something.
+Never deadlock: a request whose KV could never fit the whole pool (or whose prompt leaves no
+room for one output token in ``max_seq_len``) is finished at ``add_request`` with
+``FINISHED_ERROR`` and a message; every other request fits alone, and the oldest running request
+can always preempt all newer ones, so every step with work schedules something.
 
 Prefix caching (vLLM v1's automatic prefix caching): at admission a request's full blocks are
 named by chained hashes (:mod:`trtpipe.runtime.prefix_cache`); the longest run of them already in
@@ -34,81 +34,21 @@ the pool is shared instead of recomputed, capped so that at least the last token
 logits give the next token). After every step the blocks that became full are offered to the
 cache (``update``), so a preempted request usually finds its own blocks again.
 
-Records are frozen and contain plain ints/tuples only (see ``docs/contracts.md``).
+The step's records (``ScheduledPrefill``, ``ScheduledDecode``, ``SchedulerStep``) live in
+:mod:`trtpipe.runtime.schedule`, so the engines import records, not the scheduler; they are frozen
+and contain plain ints/tuples only (see ``docs/contracts.md``).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Protocol
 
 from trtpipe.runtime.errors import RequestError, TrtpipeError
 from trtpipe.runtime.kv_manager import KVCacheManager
-from trtpipe.runtime.prefix_cache import extend_block_hashes, root_hash
-from trtpipe.runtime.request import Request, RequestStatus
-
-
-class ChunkPolicy(Protocol):
-    """Sizes a step's prefill (e.g. :class:`~trtpipe.runtime.slo_policy.SloChunkPolicy`)."""
-
-    def max_prefill_tokens(self, num_decodes: int, decode_context_sum: int, prefill_context: int = 0) -> int:
-        """Prefill tokens allowed in a step decoding ``num_decodes`` sequences (>= 1)."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduledPrefill:
-    """A chunk of one sequence's prompt for the prefill engine."""
-
-    request_id: str
-    token_ids: tuple[int, ...]  # [n] int token ids of the chunk
-    start_position: int  # position of token_ids[0]; > 0 for a later chunk
-    block_table: tuple[int, ...]  # [num_logical_blocks] physical block ids, 0 = null block
-    slot_mapping: tuple[int, ...]  # [n] pool slot of each chunk token
-    is_last_chunk: bool  # the logits of the last token are sampled only for the last chunk
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
-
-    @property
-    def context_len(self) -> int:
-        """Tokens of the sequence in the pool after this step (chunk included)."""
-        return self.start_position + len(self.token_ids)
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduledDecode:
-    """One token of one running sequence for the decode engine."""
-
-    request_id: str
-    token_id: int  # the last sampled token, whose KV is written now
-    position: int  # its position
-    block_table: tuple[int, ...]  # [num_logical_blocks] physical block ids, 0 = null block
-    slot: int  # pool slot where its K/V are written
-
-    @property
-    def context_len(self) -> int:
-        return self.position + 1
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerStep:
-    """What the engines run this step. ``preempted``: request ids whose KV was freed this step."""
-
-    prefills: tuple[ScheduledPrefill, ...]
-    decodes: tuple[ScheduledDecode, ...]
-    preempted: tuple[str, ...]
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(p.num_tokens for p in self.prefills) + len(self.decodes)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.prefills and not self.decodes
+from trtpipe.runtime.prefix_cache import cached_prefix_blocks, offer_full_blocks
+from trtpipe.runtime.request import Request, RequestStatus, prompt_length_error
+from trtpipe.runtime.schedule import ChunkPolicy, ScheduledDecode, ScheduledPrefill, SchedulerStep  # re-exported
 
 
 class Scheduler:
@@ -366,26 +306,13 @@ class Scheduler:
         return min(self.max_num_tokens, len(decoding) + cap)
 
     def _cached_prefix(self, request: Request) -> list[int]:
-        """Block ids of the longest cached prefix of ``request``'s tokens ([] when caching is off).
-
-        Capped at ``(num_tokens - 1) // block_size`` blocks: the last token is always computed.
-        """
-        if not self.enable_prefix_caching:
-            return []
-        bs = self.kv_manager.block_size
-        tokens = request.all_token_ids
-        extend_block_hashes(request.block_hashes, tokens, bs, root_hash(self.build_hash, request.cache_salt))
-        return self.kv_manager.find_cached_prefix(request.block_hashes[: (len(tokens) - 1) // bs])
+        """Block ids of the longest cached prefix of ``request``'s tokens ([] when caching is off)."""
+        return cached_prefix_blocks(self.kv_manager, request, self.build_hash) if self.enable_prefix_caching else []
 
     def _cache_full_blocks(self, request: Request) -> None:
         """Offer the blocks whose KV the engine just completed to the prefix cache."""
-        if not self.enable_prefix_caching:
-            return
-        bs = self.kv_manager.block_size
-        if len(request.block_hashes) < request.num_computed_tokens // bs:
-            root = root_hash(self.build_hash, request.cache_salt)
-            extend_block_hashes(request.block_hashes, request.all_token_ids, bs, root)
-        self.kv_manager.cache_full_blocks(request.request_id, request.block_hashes, request.num_computed_tokens)
+        if self.enable_prefix_caching:
+            offer_full_blocks(self.kv_manager, request, self.build_hash)
 
     def _append_token(self, request: Request, token_id: int) -> bool:
         """Append a sampled token; finish the request if it must stop. Returns True if finished."""
@@ -450,11 +377,9 @@ class Scheduler:
     def _never_fits(self, request: Request) -> str | None:
         """Why ``request`` can never run, or None. Prevents waiting forever for the impossible."""
         num_prompt = len(request.prompt_token_ids)
-        if num_prompt > self.max_seq_len:
-            return (
-                f"prompt has {num_prompt} tokens but max_seq_len = {self.max_seq_len}; fix: "
-                "shorten the prompt or rebuild with a larger max_seq_len"
-            )
+        too_long = prompt_length_error(num_prompt, self.max_seq_len)
+        if too_long is not None:
+            return too_long
         # KV is written for every token but the last sampled one; generation stops at
         # max_new_tokens outputs or max_seq_len tokens (after the first output at least).
         max_new = request.sampling_params.max_new_tokens

@@ -31,6 +31,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from trtpipe.runtime.errors import TrtpipeError
+from trtpipe.runtime.kv_planning import cdiv
 
 STEP_COST_FILE = "step_cost.json"
 FORMAT_VERSION = 1
@@ -137,23 +138,11 @@ def calibrate(engine: Any, block_pool: Any, block_size: int, max_num_tokens: int
     machine's noise only ever adds time). Takes a second or two on the 2-core CPU host.
     """
     from trtpipe.runtime.batch import DecodeBatch, PrefillBatch
-    from trtpipe.runtime.scheduler import ScheduledDecode, ScheduledPrefill
+    from trtpipe.runtime.schedule import ScheduledDecode, ScheduledPrefill
 
     t_start = time.perf_counter()
     max_b = min(max_batch_size, max(b for b, _ in DECODE_FIT + DECODE_HELD))
-    prefill_blocks = -(-max(n + c for n, c in PREFILL_FIT + PREFILL_HELD) // block_size)
-    decode_blocks = -(-(max(c for _, c in DECODE_FIT + DECODE_HELD) + 1) // block_size)
-    sizes = [max(prefill_blocks, decode_blocks)] + [decode_blocks] * (max_b - 1)
-    ids = block_pool.allocate(sum(sizes))
-    if ids is None:
-        raise TrtpipeError(
-            f"step-cost calibration needs {sum(sizes)} free KV blocks, the pool has "
-            f"{block_pool.num_free}; fix: run it between requests, or give the pool more blocks "
-            "(kv_cache.num_blocks), or use scheduler.policy: fcfs")
-    tables, at = [], 0
-    for size in sizes:
-        tables.append(tuple(ids[at:at + size]))
-        at += size
+    ids, tables = _reserve_block_tables(block_pool, block_size, max_b)
 
     def slots(table, start, n):
         return tuple(table[p // block_size] * block_size + p % block_size for p in range(start, start + n))
@@ -191,6 +180,26 @@ def calibrate(engine: Any, block_pool: Any, block_size: int, max_num_tokens: int
         block_pool.free(ids)
     return with_error(model, held_p, held_d, host=platform.node(),
                       calibration_s=round(time.perf_counter() - t_start, 3))
+
+
+def _reserve_block_tables(block_pool: Any, block_size: int, max_b: int) -> tuple[list[int], list[tuple[int, ...]]]:
+    """Allocate the calibration's block tables: row 0 long enough for every prefill point, rows
+    1..max_b-1 for the decode points. Returns (all block ids, tables). Raises
+    :class:`TrtpipeError` when the pool has too few free blocks."""
+    prefill_blocks = cdiv(max(n + c for n, c in PREFILL_FIT + PREFILL_HELD), block_size)
+    decode_blocks = cdiv(max(c for _, c in DECODE_FIT + DECODE_HELD) + 1, block_size)
+    sizes = [max(prefill_blocks, decode_blocks)] + [decode_blocks] * (max_b - 1)
+    ids = block_pool.allocate(sum(sizes))
+    if ids is None:
+        raise TrtpipeError(
+            f"step-cost calibration needs {sum(sizes)} free KV blocks, the pool has "
+            f"{block_pool.num_free}; fix: run it between requests, or give the pool more blocks "
+            "(kv_cache.num_blocks), or use scheduler.policy: fcfs")
+    tables, at = [], 0
+    for size in sizes:
+        tables.append(tuple(ids[at:at + size]))
+        at += size
+    return ids, tables
 
 
 def load_or_calibrate(artifact_dir: str | os.PathLike, engine: Any, block_pool: Any, block_size: int,

@@ -28,7 +28,7 @@ import numpy as np
 from trtpipe.runtime.batch import DecodeBatch, PrefillBatch
 from trtpipe.runtime.errors import RequestError
 from trtpipe.runtime.request import SamplingParams
-from trtpipe.runtime.scheduler import ScheduledDecode, ScheduledPrefill
+from trtpipe.runtime.schedule import ScheduledDecode, ScheduledPrefill
 
 _probe_ids = itertools.count()
 
@@ -75,15 +75,16 @@ def teacher_forced_agreement(llm: Any, prompt_ids: Sequence[int],
     preds: list[int] = []
     try:
         pos = 0
-        logits = None
+        logits: np.ndarray | None = None
         while pos < len(prompt):
             n = min(chunk, len(prompt) - pos)
             allocate(n, pos)
-            rec = ScheduledPrefill(seq_id, tuple(prompt[pos:pos + n]), pos,
+            chunk_rec = ScheduledPrefill(seq_id, tuple(prompt[pos:pos + n]), pos,
                                    tuple(kv.block_table(seq_id)),
                                    tuple(kv.slot_mapping(seq_id, pos, n)), pos + n == len(prompt))
-            logits = llm.engine.prefill(PrefillBatch.from_scheduled([rec]))  # [1, V]
+            logits = llm.engine.prefill(PrefillBatch.from_scheduled([chunk_rec]))  # [1, V]
             pos += n
+        assert logits is not None  # the prompt is non-empty (checked above)
         preds.append(_argmax_row(logits))
         for tok in target[:-1]:
             allocate(1, pos)

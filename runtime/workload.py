@@ -336,38 +336,8 @@ def run_workload(
     previous_stats = llm.step_stats
     stats = StepStats(num_kv_blocks=previous_stats.num_kv_blocks)
     llm.step_stats = stats
-    order: dict[str, int] = {}
-    results: dict[str, RequestMetrics] = {}
     try:
-        # Open loop: by scheduled arrival (a stable sort keeps item order for ties).
-        pending = deque(sorted(range(len(measured)), key=lambda i: measured[i].arrival_s)
-                        if concurrency is None else range(len(measured)))
-        t0 = clock()
-
-        def submit(i: int, arrival: float) -> None:
-            it = measured[i]
-            rid = llm.add_request(list(it.prompt_ids), it.sampling_params(), arrival_s=arrival)
-            order[rid] = i
-
-        while pending or llm.has_unfinished():
-            if concurrency is None:
-                now = clock()
-                while pending and t0 + measured[pending[0]].arrival_s <= now:
-                    i = pending.popleft()
-                    submit(i, t0 + measured[i].arrival_s)
-                if not llm.has_unfinished():
-                    if pending:  # idle until the next arrival
-                        sleep(max(0.0, t0 + measured[pending[0]].arrival_s - now))
-                    continue
-            else:
-                while pending and len(order) - len(results) < concurrency:
-                    submit(pending.popleft(), clock())
-            for out in llm.step():
-                if out.request_id in order and out.metrics is not None:
-                    results[out.request_id] = out.metrics
-                    if on_request_done is not None:
-                        on_request_done(len(results), len(measured))
-        wall_s = clock() - t0
+        order, results, wall_s = _run_measured(llm, measured, concurrency, clock, sleep, on_request_done)
     finally:
         llm.step_stats = previous_stats
     stats.on_run_end(llm.block_pool.num_used)
@@ -377,6 +347,44 @@ def run_workload(
     by_index = sorted(order.items(), key=lambda kv: kv[1])
     return [results[rid] for rid, _ in by_index], wall_s, stats
 
+
+def _run_measured(
+    llm: Any, measured: Sequence[WorkItem], concurrency: int | None, clock: Callable[[], float],
+    sleep: Callable[[float], None], on_request_done: Callable[[int, int], None] | None,
+) -> tuple[dict[str, int], dict[str, RequestMetrics], float]:
+    """The measured phase of :func:`run_workload` (open or closed loop, see there). Returns
+    (request id -> item index, request id -> metrics of the finished ones, wall seconds)."""
+    order: dict[str, int] = {}
+    results: dict[str, RequestMetrics] = {}
+    # Open loop: by scheduled arrival (a stable sort keeps item order for ties).
+    pending = deque(sorted(range(len(measured)), key=lambda i: measured[i].arrival_s)
+                    if concurrency is None else range(len(measured)))
+    t0 = clock()
+
+    def submit(i: int, arrival: float) -> None:
+        it = measured[i]
+        rid = llm.add_request(list(it.prompt_ids), it.sampling_params(), arrival_s=arrival)
+        order[rid] = i
+
+    while pending or llm.has_unfinished():
+        if concurrency is None:
+            now = clock()
+            while pending and t0 + measured[pending[0]].arrival_s <= now:
+                i = pending.popleft()
+                submit(i, t0 + measured[i].arrival_s)
+            if not llm.has_unfinished():
+                if pending:  # idle until the next arrival
+                    sleep(max(0.0, t0 + measured[pending[0]].arrival_s - now))
+                continue
+        else:
+            while pending and len(order) - len(results) < concurrency:
+                submit(pending.popleft(), clock())
+        for out in llm.step():
+            if out.request_id in order and out.metrics is not None:
+                results[out.request_id] = out.metrics
+                if on_request_done is not None:
+                    on_request_done(len(results), len(measured))
+    return order, results, clock() - t0
 
 __all__ = [
     "CORPUS",

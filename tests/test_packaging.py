@@ -116,3 +116,45 @@ def test_runtime_resolves_on_x86_64(wheel, tmp_path):
     assert "onnxruntime-gpu" in got and "onnxruntime" not in got
     assert "x86_64" in got["onnxruntime-gpu"]
     assert not any(n.startswith(("torch", "tensorrt")) for n in got), sorted(got)
+
+
+# -- the runtime side alone: validate and generate with no torch and no onnx -------------------------------
+
+RUNTIME_ONLY_TIMEOUT_S = 540
+
+
+@pytest.mark.slow
+def test_validate_and_generate_on_a_runtime_only_install(wheel, default_artifact, tmp_path):
+    """A fresh venv with `pip install trtpipe` (the runtime side: no build, plots or serve extras)
+    runs `trtpipe generate` and `trtpipe validate` on the built default artifact; torch, onnx and
+    matplotlib are not importable there, and validate says in one line that it skipped the plots."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    py, cli = venv / "bin" / "python", venv / "bin" / "trtpipe"
+    try:
+        r = subprocess.run([str(py), "-m", "pip", "install", "-q", str(wheel)], capture_output=True, text=True,
+                           timeout=PIP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pytest.skip(f"pip did not finish in {PIP_TIMEOUT_S} s (index too slow to reach)")
+    assert r.returncode == 0, r.stderr[-3000:]
+    probe = "import importlib.util as u; print([m for m in ('torch', 'onnx', 'matplotlib') if u.find_spec(m)])"
+    assert subprocess.run([str(py), "-c", probe], capture_output=True, text=True).stdout.strip() == "[]"
+    art = tmp_path / "art"  # a view of the artifact: validate writes its report under it
+    art.mkdir()
+    for f in default_artifact.iterdir():
+        if f.name != "validate":
+            (art / f.name).symlink_to(f)
+
+    gen = subprocess.run([str(cli), "generate", str(art), "The capital of France is", "--max-new-tokens", "8"],
+                         capture_output=True, text=True, timeout=RUNTIME_ONLY_TIMEOUT_S, cwd=tmp_path)
+    assert gen.returncode == 0, gen.stderr[-3000:]
+    assert "Paris" in gen.stdout
+    recipe = ROOT / "recipes" / "smollm2-135m-cpu.yaml"
+    val = subprocess.run([str(cli), "validate", str(recipe), "--artifact", str(art), "--scenario", "code"],
+                         capture_output=True, text=True, timeout=RUNTIME_ONLY_TIMEOUT_S, cwd=tmp_path)
+    assert val.returncode in (0, 1), val.stderr[-3000:]  # 1: a budget missed on a loaded host; still a run
+    report = json.loads((art / "validate" / "scenarios-code" / "report.json").read_text())
+    assert report["gate"]["correctness_passed"] is True and report["gate"]["kv_leak_free"] is True
+    assert report["plots"] == []
+    assert "plots skipped: matplotlib is not installed" in val.stderr + val.stdout
+    assert "pip install 'trtpipe[plots]'" in val.stderr + val.stdout

@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from trtpipe.runtime.chat import render_chat
 from trtpipe.runtime.errors import RequestError, TrtpipeError
+from trtpipe.runtime.request import prompt_length_error
 from trtpipe.runtime.serve.engine_loop import Delta, EngineBusy, EngineLoop, Final
 from trtpipe.runtime.serve.prometheus import ServeMetrics
 from trtpipe.runtime.serve.protocol import (GenerationRequest, ServeError, bad_field, parse_chat,
@@ -55,34 +56,53 @@ def create_app(state: ServeState) -> FastAPI:
     """The ASGI app over ``state`` (its engine may be attached later, once loaded)."""
     app = FastAPI(title="trtpipe", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.serve = state
+    guards = _Guards(state)
 
-    def reject(reason: str, e: ServeError) -> ServeError:
-        if state.metrics is not None:
-            state.metrics.on_rejected(reason)
+    @app.exception_handler(ServeError)
+    async def _serve_error(request: Request, e: ServeError) -> JSONResponse:
+        return _error_response(e)
+
+    _add_probe_routes(app, state, guards)
+    _add_token_routes(app, state, guards)
+    _add_generation_routes(app, state, guards)
+    return app
+
+
+class _Guards:
+    """What every route checks first: API key, readiness (503 while loading, dead or draining);
+    rejections are counted in the server's metrics by reason."""
+
+    def __init__(self, state: ServeState) -> None:
+        self.state = state
+
+    def reject(self, reason: str, e: ServeError) -> ServeError:
+        if self.state.metrics is not None:
+            self.state.metrics.on_rejected(reason)
         return e
 
-    def engine_or_503() -> EngineLoop:
+    def engine_or_503(self) -> EngineLoop:
+        state = self.state
         eng = state.engine
         if state.draining:
-            raise reject("shutting_down", ServeError(503, "the server is shutting down; retry on another "
-                         "replica", type_="service_unavailable", headers={"Retry-After": str(RETRY_AFTER_S)}))
+            raise self.reject("shutting_down", ServeError(503, "the server is shutting down; retry on another "
+                              "replica", type_="service_unavailable", headers={"Retry-After": str(RETRY_AFTER_S)}))
         if eng is None or not eng.alive:
             why = state.load_error or ("the model is still loading" if eng is None else "the engine loop stopped")
             raise ServeError(503, f"not ready: {why}", type_="service_unavailable",
                              headers={"Retry-After": str(RETRY_AFTER_S)})
         return eng
 
-    def check_auth(request: Request) -> None:
-        if state.api_key is None:
+    def check_auth(self, request: Request) -> None:
+        if self.state.api_key is None:
             return
-        if request.headers.get("authorization", "") != f"Bearer {state.api_key}":
-            raise reject("unauthorized", ServeError(401, "invalid or missing API key: expected the header "
-                         "'Authorization: Bearer <key>' with the key given to `trtpipe serve --api-key`",
-                         type_="authentication_error", code="invalid_api_key"))
+        if request.headers.get("authorization", "") != f"Bearer {self.state.api_key}":
+            raise self.reject("unauthorized", ServeError(401, "invalid or missing API key: expected the header "
+                              "'Authorization: Bearer <key>' with the key given to `trtpipe serve --api-key`",
+                              type_="authentication_error", code="invalid_api_key"))
 
-    @app.exception_handler(ServeError)
-    async def _serve_error(request: Request, e: ServeError) -> JSONResponse:
-        return _error_response(e)
+
+def _add_probe_routes(app: FastAPI, state: ServeState, guards: _Guards) -> None:
+    """``/health``, ``/metrics`` and ``/v1/models``."""
 
     @app.get("/health")
     async def health() -> Response:
@@ -101,17 +121,21 @@ def create_app(state: ServeState) -> FastAPI:
 
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:
-        check_auth(request)
+        guards.check_auth(request)
         eng = state.engine
         max_len = eng.llm.manifest.limits["max_seq_len"] if eng is not None else None
         return JSONResponse({"object": "list", "data": [{"id": state.model_name, "object": "model",
                                                          "created": state.created, "owned_by": "trtpipe",
                                                          "max_model_len": max_len}]})
 
+
+def _add_token_routes(app: FastAPI, state: ServeState, guards: _Guards) -> None:
+    """``/tokenize`` and ``/detokenize`` (vLLM's extra endpoints)."""
+
     @app.post("/tokenize")
     async def tokenize(request: Request) -> JSONResponse:
-        check_auth(request)
-        eng = engine_or_503()
+        guards.check_auth(request)
+        eng = guards.engine_or_503()
         doc = parse_json_body(await request.body())
         if "messages" in doc:
             ids = _encode_chat(eng, parse_chat({**doc, "model": state.model_name}, (state.model_name,)))
@@ -125,8 +149,8 @@ def create_app(state: ServeState) -> FastAPI:
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> JSONResponse:
-        check_auth(request)
-        eng = engine_or_503()
+        guards.check_auth(request)
+        eng = guards.engine_or_503()
         doc = parse_json_body(await request.body())
         ids = doc.get("tokens")
         vocab = eng.llm.tokenizer.vocab_size
@@ -135,9 +159,13 @@ def create_app(state: ServeState) -> FastAPI:
             raise bad_field("tokens", ids, f"a list of token ids in [0, {vocab})", 'send {"tokens": [1, 2]}')
         return JSONResponse({"prompt": eng.llm.tokenizer.backend.decode(ids, skip_special_tokens=False)})
 
+
+def _add_generation_routes(app: FastAPI, state: ServeState, guards: _Guards) -> None:
+    """``/v1/completions`` and ``/v1/chat/completions`` (streaming or not)."""
+
     async def generate(request: Request, kind: str) -> Response:
-        check_auth(request)
-        eng = engine_or_503()
+        guards.check_auth(request)
+        eng = guards.engine_or_503()
         try:
             doc = parse_json_body(await request.body())
             served = (state.model_name,)
@@ -145,9 +173,10 @@ def create_app(state: ServeState) -> FastAPI:
             ids = _encode_chat(eng, req) if kind == "chat" else _encode_prompt(eng, req)
             params = req.sampling_params(_max_new_tokens(eng, req, ids))
         except ServeError as e:
-            raise reject("bad_request", e)
+            raise guards.reject("bad_request", e)
         except RequestError as e:
-            raise reject("bad_request", ServeError(400, str(e), param="messages" if kind == "chat" else "prompt"))
+            field_name = "messages" if kind == "chat" else "prompt"
+            raise guards.reject("bad_request", ServeError(400, str(e), param=field_name))
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
 
@@ -160,9 +189,9 @@ def create_app(state: ServeState) -> FastAPI:
         try:
             rid = eng.submit(ids, params, sink, cache_salt=req.cache_salt)
         except EngineBusy as e:
-            raise reject(e.reason, ServeError(503, f"overloaded: {e}; retry after {RETRY_AFTER_S} s",
-                                              type_="service_unavailable", code=e.reason,
-                                              headers={"Retry-After": str(RETRY_AFTER_S)}))
+            raise guards.reject(e.reason, ServeError(503, f"overloaded: {e}; retry after {RETRY_AFTER_S} s",
+                                                     type_="service_unavailable", code=e.reason,
+                                                     headers={"Retry-After": str(RETRY_AFTER_S)}))
         builder = ResponseBuilder(req, tuple(ids))
         if req.stream:
             return StreamingResponse(_stream(eng, rid, events, builder), media_type="text/event-stream",
@@ -176,8 +205,6 @@ def create_app(state: ServeState) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await generate(request, "chat")
-
-    return app
 
 
 # -- per request ------------------------------------------------------------------------------
@@ -200,7 +227,7 @@ def _encode_chat(eng: EngineLoop, req: GenerationRequest) -> list[int]:
         raise ServeError(400, "messages: this model has no chat template in its metadata; expected a "
                               "model with one. Fix: use /v1/completions with a plain prompt.", param="messages")
     try:
-        text = render_chat(tpl, [dict(m) for m in req.messages])
+        text = render_chat(tpl, [dict(m) for m in req.messages or ()])
     except TrtpipeError as e:
         raise ServeError(400, str(e), param="messages") from None
     return eng.llm.tokenizer.encode(text, add_special_tokens=True)
@@ -211,10 +238,9 @@ def _max_new_tokens(eng: EngineLoop, req: GenerationRequest, ids: list[int]) -> 
     leaves no room."""
     max_len = eng.llm.manifest.limits["max_seq_len"]
     field_name = "messages" if req.kind == "chat" else "prompt"
-    if len(ids) >= max_len:
-        raise ServeError(400, f"{field_name}: the prompt has {len(ids)} tokens; expected fewer than "
-                              f"max_seq_len = {max_len} (prompt + output). Fix: shorten the prompt, or build "
-                              "a recipe with a larger max_seq_len.", param=field_name, code="context_length_exceeded")
+    too_long = prompt_length_error(len(ids), max_len)
+    if too_long is not None:
+        raise ServeError(400, f"{field_name}: the {too_long}", param=field_name, code="context_length_exceeded")
     return req.max_tokens if req.max_tokens is not None else max_len - len(ids)
 
 

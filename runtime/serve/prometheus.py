@@ -108,6 +108,7 @@ class ServeMetrics:
         self.generation_tokens.inc(m.output_tokens)
         if m.ttft_s is not None:
             self.ttft.observe(m.ttft_s)
+        if m.e2e_s is not None:
             self.e2e.observe(m.e2e_s)
         if m.tpot_s is not None:
             self.tpot.observe(m.tpot_s)

@@ -123,13 +123,8 @@ def _get(doc: dict, name: str, default: Any, ok: Callable[[Any], bool], expected
     return value
 
 
-def _common(doc: dict, served_models: tuple[str, ...]) -> dict:
-    """Fields shared by completions and chat (model, sampling, stream, refusals)."""
-    model = doc.get("model")
-    if not isinstance(model, str) or model not in served_models:
-        raise ServeError(400, f"model = {model!r}: expected one of the served models "
-                              f"{list(served_models)}. Fix: pass model={served_models[0]!r} "
-                              "(GET /v1/models lists them).", param="model", code="model_not_found")
+def _refuse_unsupported(doc: dict) -> None:
+    """400 for OpenAI fields this server does not implement (n > 1, best_of, logprobs, tools...)."""
     n = doc.get("n")
     if n is not None and n != 1:
         raise bad_field("n", n, "1 (one choice per request; this server does not sample n > 1)",
@@ -143,16 +138,23 @@ def _common(doc: dict, served_models: tuple[str, ...]) -> dict:
             raise bad_field(name, doc[name], "null (not supported by this server)", f"drop {name}")
     if doc.get("echo") not in (None, False):
         raise bad_field("echo", doc["echo"], "false (not supported)", "drop echo")
+
+
+def _parse_stop(doc: dict) -> tuple[str, ...]:
+    """``stop``: null, a non-empty string or a list of non-empty strings -> a tuple."""
     stop = doc.get("stop")
     if stop is None:
-        stop = ()
-    elif isinstance(stop, str) and stop:
-        stop = (stop,)
-    elif isinstance(stop, list) and all(isinstance(s, str) and s for s in stop):
-        stop = tuple(stop)
-    else:
-        raise bad_field("stop", stop, "a non-empty string or a list of non-empty strings",
-                        'send e.g. "stop": ["\\n\\n"] or drop it')
+        return ()
+    if isinstance(stop, str) and stop:
+        return (stop,)
+    if isinstance(stop, list) and all(isinstance(s, str) and s for s in stop):
+        return tuple(stop)
+    raise bad_field("stop", stop, "a non-empty string or a list of non-empty strings",
+                    'send e.g. "stop": ["\\n\\n"] or drop it')
+
+
+def _parse_stream(doc: dict) -> tuple[bool, dict | None]:
+    """``stream`` and ``stream_options`` (only with stream: true)."""
     stream = _get(doc, "stream", False, lambda v: isinstance(v, bool), "true or false", "send a JSON boolean")
     opts = doc.get("stream_options")
     if opts is not None and (not isinstance(opts, dict) or not isinstance(opts.get("include_usage", False), bool)):
@@ -160,6 +162,19 @@ def _common(doc: dict, served_models: tuple[str, ...]) -> dict:
     if opts and not stream:
         raise bad_field("stream_options", opts, "null when stream is false (OpenAI's rule)",
                         "set stream: true or drop stream_options")
+    return stream, opts
+
+
+def _common(doc: dict, served_models: tuple[str, ...]) -> dict:
+    """Fields shared by completions and chat (model, sampling, stream, refusals)."""
+    model = doc.get("model")
+    if not isinstance(model, str) or model not in served_models:
+        raise ServeError(400, f"model = {model!r}: expected one of the served models "
+                              f"{list(served_models)}. Fix: pass model={served_models[0]!r} "
+                              "(GET /v1/models lists them).", param="model", code="model_not_found")
+    _refuse_unsupported(doc)
+    stop = _parse_stop(doc)
+    stream, opts = _parse_stream(doc)
     top_k = _get(doc, "top_k", 0, lambda v: _is_int(v) and v >= -1, "an int >= 0 (0 or -1 = off)",
                  "send e.g. 50, or drop it")
     for alias in ("max_completion_tokens", "max_tokens"):

@@ -69,3 +69,15 @@ def test_misuse_is_an_assertion():
 def test_too_small_pool_is_a_user_error():
     with pytest.raises(TrtpipeError, match="num_blocks = 1"):
         BlockPool(1)
+
+
+def test_check_all_free_raises_kv_leak_error_naming_the_count():
+    from trtpipe.runtime.errors import KVLeakError
+
+    pool = BlockPool(5)
+    pool.check_all_free(after="nothing")  # all 4 free: no error
+    ids = pool.allocate(2)
+    with pytest.raises(KVLeakError, match=r"2 of 4 KV blocks are still in use after the correctness check"):
+        pool.check_all_free(after="the correctness check")
+    pool.free(ids)
+    pool.check_all_free(after="freeing")

@@ -221,3 +221,21 @@ def test_cli_generate_bad_input_exit_2(int4_artifact, tmp_path):
                            text=True, timeout=300)
         assert r.returncode == 2, r.stderr
         assert "error:" in r.stderr and "fix" in r.stderr.lower()
+
+
+def test_prompt_length_boundary_is_the_schedulers(int4_llm):
+    """LLM.add_request applies the scheduler's rule: max_seq_len - 1 prompt tokens run (one token
+    out), max_seq_len tokens are refused with the same message."""
+    from trtpipe.runtime.errors import RequestError
+    from trtpipe.runtime.request import SamplingParams, prompt_length_error
+
+    llm = int4_llm
+    max_len = llm.manifest.limits["max_seq_len"]
+    ids = [llm.tokenizer.encode("hello", add_special_tokens=False)[0]] * max_len
+    with pytest.raises(RequestError) as e:
+        llm.add_request(ids, SamplingParams(max_new_tokens=4))
+    assert str(e.value) == prompt_length_error(max_len, max_len)
+    rid = llm.add_request(ids[:-1], SamplingParams(max_new_tokens=4, ignore_eos=True))
+    (out,) = llm.run_until_done()
+    assert out.request_id == rid and out.finish_reason == "length" and len(out.output_token_ids) == 1
+    assert llm.block_pool.num_used == 0

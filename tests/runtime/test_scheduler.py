@@ -315,3 +315,21 @@ def _check_ownership(sched, pool, kv, arrived):
     assert all(n == 1 for n in owners.values()), "a block is owned by two sequences"
     assert all(pool.ref_count(b) == 1 for b in owners)
     assert pool.num_used == len(owners) == sched.kv_blocks_used
+
+
+def test_prompt_length_rule_boundary_one_rule_for_scheduler_and_llm():
+    """max_seq_len bounds prompt + output: a prompt of max_seq_len - 1 tokens runs and gets
+    exactly one token (then "length"); a prompt of exactly max_seq_len tokens is refused."""
+    from trtpipe.runtime.request import prompt_length_error
+
+    assert prompt_length_error(9, 10) is None
+    assert "prompt has 10 tokens; expected fewer than max_seq_len = 10" in prompt_length_error(10, 10)
+    sched, pool = make(max_seq_len=10)
+    fits, exact = req("fits", 9, max_new=50), req("exact", 10, max_new=50)
+    sched.add_request(fits)
+    sched.add_request(exact)
+    assert exact.status is RequestStatus.FINISHED_ERROR
+    assert exact.error_message == prompt_length_error(10, 10)
+    _, finished = run_step(sched)
+    assert finished == [exact, fits] and fits.finish_reason == "length" and fits.output_token_ids == [7]
+    assert pool.num_used == 0 and not sched.has_unfinished()

@@ -1,0 +1,118 @@
+"""``RuntimeOptions``: the manifest's ``runtime_options``, typed and checked once when it loads.
+
+The build writes these per backend (``pipeline/build.py`` for ``ort``, ``pipeline/build_trt.py``
+for ``trt``); the engines read them from this record, never from the raw dict, so there is no
+silent default: an option the backend needs and the manifest lacks is an :class:`ArtifactError`
+naming it and the command that rebuilds the artifact. Options written only for the other
+backend are ``None`` here, explicitly.
+
+    backend  option                  type                       meaning
+    ort      shared_data_file        str                        external data file of both graphs
+    ort      shared_initializers     {name: SharedInitializer}  byte ranges in that file ({} = none)
+    ort      intra_op_num_threads    int >= 1 | null            ORT threads (null: ORT's default)
+    ort      ort_decode_graph        "prefill" | "decode"       graph that runs decode steps
+    trt      layout                  "split" | "dual_profile"   plans and contexts (engine_trt)
+    trt      kv_in_place             bool                       plugins write the KV pool in place
+    trt      profiles                {phase: {...}}             optimization profile per phase
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from trtpipe.runtime.errors import ArtifactError
+
+BACKENDS = ("ort", "trt")
+ORT_DECODE_GRAPHS = ("prefill", "decode")
+TRT_LAYOUTS = ("split", "dual_profile")
+REQUIRED_OPTIONS: dict[str, tuple[str, ...]] = {
+    "ort": ("shared_data_file", "shared_initializers", "intra_op_num_threads", "ort_decode_graph"),
+    "trt": ("layout", "kv_in_place", "profiles"),
+}
+
+
+@dataclass(frozen=True)
+class SharedInitializer:
+    """One initializer shared by the ORT graphs: ``length_bytes`` at ``offset_bytes`` of the
+    shared data file, viewed as ``dtype`` (numpy name) with ``shape``."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    offset_bytes: int
+    length_bytes: int
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """Typed ``manifest.runtime_options`` (see the module docstring for each field)."""
+
+    backend: str  # "ort" | "trt" (manifest ``backend.name``)
+    # ort only (None for trt)
+    shared_data_file: str | None
+    shared_initializers: Mapping[str, SharedInitializer] | None
+    intra_op_num_threads: int | None  # None also for ort: ORT picks its default
+    ort_decode_graph: str | None
+    # trt only (None for ort)
+    layout: str | None
+    kv_in_place: bool | None
+    profiles: Mapping[str, Mapping[str, Any]] | None
+
+
+def parse_runtime_options(backend: Mapping[str, Any], options: Mapping[str, Any], *, where: str,
+                          rebuild: str) -> RuntimeOptions:
+    """Check ``backend`` (manifest ``backend``) and ``options`` (manifest ``runtime_options``).
+
+    ``where`` names the manifest file and ``rebuild`` the command that rebuilds it, for messages.
+    Raises :class:`ArtifactError` for a missing or unknown backend name, a missing option the
+    backend needs, or an option of the wrong type or value.
+    """
+    name = backend.get("name")
+    if name not in BACKENDS:
+        raise ArtifactError(f"{where}: backend.name = {name!r}: expected one of {', '.join(BACKENDS)}. "
+                            f"Fix: `{rebuild}`.")
+    missing = [k for k in REQUIRED_OPTIONS[name] if k not in options]
+    if missing:
+        raise ArtifactError(f"{where}: runtime_options lacks {', '.join(missing)} (needed by the {name} backend; "
+                            f"the artifact was built by an older or damaged build). Fix: `{rebuild}`.")
+
+    def bad(key: str, expected: str) -> ArtifactError:
+        return ArtifactError(f"{where}: runtime_options.{key} = {options[key]!r}: expected {expected}. "
+                             f"Fix: `{rebuild}`.")
+
+    if name == "ort":
+        return _parse_ort(options, bad)
+    layout, in_place, profiles = options["layout"], options["kv_in_place"], options["profiles"]
+    if layout not in TRT_LAYOUTS:
+        raise bad("layout", " or ".join(repr(v) for v in TRT_LAYOUTS))
+    if not isinstance(in_place, bool):
+        raise bad("kv_in_place", "true or false")
+    if not isinstance(profiles, Mapping):
+        raise bad("profiles", "an object {phase: {profile_index: ...}}")
+    return RuntimeOptions(backend="trt", shared_data_file=None, shared_initializers=None, intra_op_num_threads=None,
+                          ort_decode_graph=None, layout=layout, kv_in_place=in_place, profiles=profiles)
+
+
+def _parse_ort(options: Mapping[str, Any], bad: Any) -> RuntimeOptions:
+    data_file, shared = options["shared_data_file"], options["shared_initializers"]
+    threads, decode_graph = options["intra_op_num_threads"], options["ort_decode_graph"]
+    if not isinstance(data_file, str) or not data_file:
+        raise bad("shared_data_file", "a file name in the artifact")
+    if not isinstance(shared, Mapping):
+        raise bad("shared_initializers", "an object {name: [dtype, shape, offset, length]}")
+    try:
+        initializers = {k: SharedInitializer(str(dt), tuple(int(d) for d in shape), int(offset), int(length))
+                        for k, (dt, shape, offset, length) in shared.items()}
+    except (TypeError, ValueError):
+        raise bad("shared_initializers", "an object {name: [dtype, shape, offset, length]}") from None
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise bad("intra_op_num_threads", "an int >= 1 or null")
+    if decode_graph not in ORT_DECODE_GRAPHS:
+        raise bad("ort_decode_graph", " or ".join(repr(v) for v in ORT_DECODE_GRAPHS))
+    return RuntimeOptions(backend="ort", shared_data_file=data_file, shared_initializers=initializers,
+                          intra_op_num_threads=threads, ort_decode_graph=decode_graph, layout=None,
+                          kv_in_place=None, profiles=None)
+
+
+__all__ = ["RuntimeOptions", "SharedInitializer", "parse_runtime_options", "REQUIRED_OPTIONS"]

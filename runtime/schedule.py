@@ -1,0 +1,78 @@
+"""The scheduler's output records (what the prefill and decode engines run in one step) and the
+chunk-policy interface it consults (implemented by :mod:`trtpipe.runtime.slo_policy`).
+
+Produced by :class:`~trtpipe.runtime.scheduler.Scheduler.schedule`, consumed by
+:mod:`trtpipe.runtime.batch` (engine feeds), :class:`~trtpipe.runtime.llm.LLM` and the
+calibration/teacher-forcing probes. Kept apart from the scheduler (vLLM v1's
+``sched/output.py``) so the engines import records, not the scheduler. Frozen, plain ints and
+tuples only (``docs/contracts.md``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledPrefill:
+    """A chunk of one sequence's prompt for the prefill engine."""
+
+    request_id: str
+    token_ids: tuple[int, ...]  # [n] int token ids of the chunk
+    start_position: int  # position of token_ids[0]; > 0 for a later chunk
+    block_table: tuple[int, ...]  # [num_logical_blocks] physical block ids, 0 = null block
+    slot_mapping: tuple[int, ...]  # [n] pool slot of each chunk token
+    is_last_chunk: bool  # the logits of the last token are sampled only for the last chunk
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def context_len(self) -> int:
+        """Tokens of the sequence in the pool after this step (chunk included)."""
+        return self.start_position + len(self.token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledDecode:
+    """One token of one running sequence for the decode engine."""
+
+    request_id: str
+    token_id: int  # the last sampled token, whose KV is written now
+    position: int  # its position
+    block_table: tuple[int, ...]  # [num_logical_blocks] physical block ids, 0 = null block
+    slot: int  # pool slot where its K/V are written
+
+    @property
+    def context_len(self) -> int:
+        return self.position + 1
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStep:
+    """What the engines run this step. ``preempted``: request ids whose KV was freed this step."""
+
+    prefills: tuple[ScheduledPrefill, ...]
+    decodes: tuple[ScheduledDecode, ...]
+    preempted: tuple[str, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(p.num_tokens for p in self.prefills) + len(self.decodes)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.prefills and not self.decodes
+
+
+class ChunkPolicy(Protocol):
+    """Sizes a step's prefill (e.g. :class:`~trtpipe.runtime.slo_policy.SloChunkPolicy`)."""
+
+    def max_prefill_tokens(self, num_decodes: int, decode_context_sum: int, prefill_context: int = 0) -> int:
+        """Prefill tokens allowed in a step decoding ``num_decodes`` sequences (>= 1)."""
+        ...
+
+
+__all__ = ["ChunkPolicy", "ScheduledPrefill", "ScheduledDecode", "SchedulerStep"]
