@@ -360,8 +360,11 @@ def test_kv_leak_after_the_correctness_check_fails_it_instead_of_crashing(monkey
     monkeypatch.setattr(V, "check_correctness", lambda llm, r, golden: ok)
     console = Console(file=open(tmp_path / "out.txt", "w"), highlight=False)
     recipe = load_recipe(CPU_RECIPE, check_files=False)
+    from trtpipe.runtime.block_pool import BlockPool
+
     for used, passed in ((0, True), (3, False)):
-        llm = SimpleNamespace(block_pool=SimpleNamespace(num_used=used))
-        c = V._run_correctness(llm, recipe, {}, console, console)
+        pool = BlockPool(9)
+        assert len(pool.allocate(used) or []) == used
+        c = V._run_correctness(SimpleNamespace(block_pool=pool), recipe, {}, console, console)
         assert c.passed is passed and c.seconds is not None
-        assert (c.notes is not None and "3 KV blocks still in use" in c.notes) is (used == 3)
+        assert (c.notes is not None and "3 of 8 KV blocks are still in use" in c.notes) is (used == 3)
