@@ -43,8 +43,9 @@ from trtpipe.plugins.errors import OpError
 from trtpipe.plugins.triton_kernels import (int4_gemm_kernel, paged_attention_decode_kernel,
                                             paged_attention_prefill_kernel, write_kv_cache_kernel)
 from trtpipe.plugins.trt_lowering import PLUGIN_ATTRIBUTES, PLUGIN_NAMESPACE
+from trtpipe.plugins.versions import TRT_PLUGINS_MIN_VERSION, trt_has_python_plugins
 
-MIN_TRT_VERSION = (10, 7)  # tensorrt.plugin with aot_impl
+MIN_TRT_VERSION = TRT_PLUGINS_MIN_VERSION  # tensorrt.plugin with aot_impl (home: plugins/versions.py)
 PLUGIN_VERSIONS = {name: PLUGIN_VERSION for name in PLUGIN_ATTRIBUTES}
 
 # Int4Gemm tactics: (BLOCK_M, BLOCK_N, BLOCK_K cap, num_warps). 1-2 are GEMV-shaped (decode, M <= 16).
@@ -222,12 +223,12 @@ _TARGET_CC: dict[str, int] = {"cc": 80}
 
 
 def trt_version_supports_plugins(version: str) -> bool:
-    """True for TensorRT >= 10.7 (``tensorrt.plugin`` with ``aot_impl``)."""
+    """True for TensorRT >= 10.7 (``tensorrt.plugin`` with ``aot_impl``); False for a version
+    string without ``major.minor``."""
     try:
-        major, minor = (int(x) for x in version.split(".")[:2])
+        return trt_has_python_plugins(version)
     except ValueError:
         return False
-    return (major, minor) >= MIN_TRT_VERSION
 
 
 def _dtype_name(trt: Any, dt: Any) -> str:
@@ -354,11 +355,6 @@ def register_plugins(trtp: Any = None, *, cc: int | None = None) -> dict[str, An
     ids[f"{ns}::Int4Gemm"] = int4_gemm_desc
     _REGISTERED[id(trtp)] = ids
     return ids
-
-
-def plugin_node_attributes() -> dict[str, tuple[str, ...]]:
-    """Attribute names each plugin node carries (== what :func:`register_plugins` declares)."""
-    return dict(PLUGIN_ATTRIBUTES)
 
 
 __all__ = ["register_plugins", "compile_plugin_kernel", "kernel_config", "strip_unused_params",
