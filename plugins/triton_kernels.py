@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from trtpipe.plugins.errors import OpError
-from trtpipe.plugins.reference import _check_group_size
+from trtpipe.plugins.int4_pack import check_group_size
 
 __all__ = [
     "write_kv_cache_kernel",
@@ -446,7 +446,7 @@ def int4_gemm(a: Any, b_packed: Any, scales: Any, zero_points: Any = None, *, K:
 
     if bits != 4:
         raise OpError(f"attribute bits={bits}: Int4Gemm supports bits=4 only")
-    _check_group_size(K, group_size)
+    check_group_size(K, group_size)
     G, nb = int(group_size), K // int(group_size)
     if a.shape[-1] != K:
         raise OpError(f"A: shape {tuple(a.shape)}, expected [..., K] with K={K}")

@@ -254,6 +254,9 @@ def test_ort_matmulnbits_8bit_runs_q8_0():
 
 def test_float_zero_point_requant_to_8bit_moves_each_weight_at_most_d_over_32():
     """Hand check of ``requantize_float_zp_to_uint8_8bit``: w8 = d/16 * (q8 - z8) vs w = d * (q - zp)."""
+    pytest.importorskip("onnx")
+    from trtpipe.plugins.ort_lowering import requantize_float_zp_to_uint8_8bit
+
     rng = np.random.default_rng(3)
     N, K, G = 6, 64, 32
     codes = rng.integers(0, 16, size=(N, K), dtype=np.uint8)
@@ -261,7 +264,7 @@ def test_float_zero_point_requant_to_8bit_moves_each_weight_at_most_d_over_32():
     zp = rng.uniform(0.0, 15.0, size=(N, K // G)).astype(np.float32)
     zp[0, 0] = 7.25  # 16 * zp integer: exact
     zp[0, 1] = 0.0
-    q8, d8, z8 = P.requantize_float_zp_to_uint8_8bit(codes, scales, zp, G)
+    q8, d8, z8 = requantize_float_zp_to_uint8_8bit(codes, scales, zp, G)
     assert q8.shape == (N, K // G, G) and q8.dtype == np.uint8 and z8.dtype == np.uint8
     w = (codes.reshape(N, K // G, G) - zp[..., None].astype(np.float64)) * scales[..., None]
     w8 = (q8.astype(np.float64) - z8[..., None]) * d8[..., None]
@@ -271,7 +274,7 @@ def test_float_zero_point_requant_to_8bit_moves_each_weight_at_most_d_over_32():
     # the shift is the same for every weight of a block (a per-block bias, not noise)
     assert np.allclose(err.max(-1), err.min(-1), atol=1e-7)
     with pytest.raises(OpError, match="expected \\[N, K/G\\]"):
-        P.requantize_float_zp_to_uint8_8bit(codes, scales[:, :1], zp, G)
+        requantize_float_zp_to_uint8_8bit(codes, scales[:, :1], zp, G)
 
 
 # --------------------------------------------------------------------------------------------
