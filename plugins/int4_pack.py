@@ -30,27 +30,11 @@ from trtpipe.plugins.errors import OpError
 from trtpipe.plugins.gguf_blocks import (GGUF_BLOCK, GGUF_BLOCK_BYTES, dequantize_gguf_q8_0, fp16_field, gguf_blocks,
                                          unpack_gguf_q4_codes)
 
-__all__ = [
-    "check_group_size",
-    "pack_int4",
-    "unpack_int4",
-    "unpack_int4_codes",
-    "pack_zero_points_uint8",
-    "unpack_zero_points_uint8",
-    "zero_points_float",
-    "dequantize_codes",
-    "quantize_rtn",
-    "quantize_symmetric_mse",
-    "requantize_symmetric",
-    "GGUF_BLOCK",
-    "GGUF_BLOCK_BYTES",
-    "unpack_gguf_q4_codes",
-    "repack_gguf_q4_0",
-    "repack_gguf_q4_1",
-    "repack_gguf_q4_1_exact",
-    "dequantize_gguf_q8_0",
-    "repack_gguf_q8_0_as_uint8",
-]
+__all__ = ["check_group_size", "pack_int4", "unpack_int4", "unpack_int4_codes", "pack_zero_points_uint8",
+           "unpack_zero_points_uint8", "zero_points_float", "dequantize_codes", "quantize_rtn",
+           "quantize_symmetric_mse", "requantize_symmetric", "GGUF_BLOCK", "GGUF_BLOCK_BYTES",
+           "unpack_gguf_q4_codes", "repack_gguf_q4_0", "repack_gguf_q4_1", "repack_gguf_q4_1_exact",
+           "dequantize_gguf_q8_0", "repack_gguf_q8_0_as_uint8"]
 
 
 # --------------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ import triton.language as tl
 from trtpipe.plugins import PLUGIN_VERSION
 from trtpipe.plugins.dtypes import FLOAT_NAMES
 from trtpipe.plugins.errors import OpError
-from trtpipe.plugins.triton_kernels import (int4_gemm_kernel, paged_attention_decode_kernel,
+from trtpipe.plugins.triton_kernels import (int4_gemm_kernel, next_pow2, paged_attention_decode_kernel,
                                             paged_attention_prefill_kernel, write_kv_cache_kernel)
 from trtpipe.plugins.trt_lowering import PLUGIN_ATTRIBUTES, PLUGIN_NAMESPACE
 from trtpipe.plugins.versions import TRT_PLUGINS_MIN_VERSION, trt_has_python_plugins
@@ -126,10 +126,6 @@ def int4_gemm_plugin_kernel(
 # ============================================================================================
 
 
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, int(x) - 1).bit_length()
-
-
 def _attention_constexprs(num_heads: int, num_kv_heads: int, head_size: int, scale: float, block_size: int,
                           sliding_window: int) -> dict[str, Any]:
     if num_heads <= 0 or num_kv_heads <= 0 or num_heads % num_kv_heads:
@@ -138,7 +134,7 @@ def _attention_constexprs(num_heads: int, num_kv_heads: int, head_size: int, sca
     group = num_heads // num_kv_heads
     return dict(SCALE=float(scale) or 1.0 / float(head_size) ** 0.5, WINDOW=int(sliding_window),
                 NUM_KV_HEADS=num_kv_heads, HEAD_SIZE=head_size, BLOCK_SIZE=block_size, GROUP=group,
-                GROUP_PAD=_next_pow2(group), D_PAD=max(16, _next_pow2(head_size)))
+                GROUP_PAD=next_pow2(group), D_PAD=max(16, next_pow2(head_size)))
 
 
 def kernel_config(plugin: str, attrs: dict[str, Any], dtype: str, tactic: int = 1) -> tuple[Any, dict, dict, int]:
@@ -151,7 +147,7 @@ def kernel_config(plugin: str, attrs: dict[str, Any], dtype: str, tactic: int = 
         kvh_d = int(attrs["num_kv_heads"]) * int(attrs["head_size"])
         sig = {"key_ptr": f, "value_ptr": f, "key_cache_ptr": f, "value_cache_ptr": f, "slot_mapping_ptr": "*i64",
                "key_cache_out_ptr": f, "value_cache_out_ptr": f, "KVH_D": "constexpr", "BLOCK": "constexpr"}
-        return kv_write_plugin_kernel, sig, {"KVH_D": kvh_d, "BLOCK": _next_pow2(kvh_d)}, 4
+        return kv_write_plugin_kernel, sig, {"KVH_D": kvh_d, "BLOCK": next_pow2(kvh_d)}, 4
     if plugin == "PagedAttention":
         c = _attention_constexprs(int(attrs["num_heads"]), int(attrs["num_kv_heads"]), int(attrs["head_size"]),
                                   float(attrs.get("scale", 0.0)), int(attrs["block_size"]),
@@ -159,7 +155,7 @@ def kernel_config(plugin: str, attrs: dict[str, Any], dtype: str, tactic: int = 
         ins = {"query_ptr": f, "key_cache_ptr": f, "value_cache_ptr": f, "block_tables_ptr": "*i64",
                "context_lens_ptr": "*i64", "query_start_loc_ptr": "*i64"}
         if int(attrs.get("decode", 0)):
-            c["BLOCK_N"] = max(16, min(64, _next_pow2(max(1, 8192 // (c["GROUP_PAD"] * c["D_PAD"])))))
+            c["BLOCK_N"] = max(16, min(64, next_pow2(max(1, 8192 // (c["GROUP_PAD"] * c["D_PAD"])))))
             sig = {**ins, "max_blocks": "i32", "out_ptr": f, **{k: "constexpr" for k in c}}
             return attention_decode_plugin_kernel, sig, c, 4
         c["BLOCK_Q"] = max(1, 64 // c["GROUP_PAD"])
