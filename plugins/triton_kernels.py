@@ -86,6 +86,40 @@ def write_kv_cache_kernel(
 
 
 @triton.jit
+def _kv_tile(block_tables_ptr, s, stride_bt, j0, lo, hi, kvh, d, dmask, NUM_KV_HEADS: tl.constexpr,
+             HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Keys ``j = j0 .. j0+BLOCK_N-1`` of sequence s for kv head ``kvh``: ``(j [N], jvalid [N] =
+    lo <= j < hi, element offsets of their K/V rows in the pool [N, D_PAD], load mask)``. Block
+    table entries of invalid keys are never read (they may lie outside the window's blocks)."""
+    j = j0 + tl.arange(0, BLOCK_N)
+    jvalid = (j >= lo) & (j < hi)
+    blk = tl.load(block_tables_ptr + s * stride_bt + j // BLOCK_SIZE, mask=jvalid, other=0)
+    slot = blk * BLOCK_SIZE + j % BLOCK_SIZE
+    kv_off = slot[:, None] * (NUM_KV_HEADS * HEAD_SIZE) + kvh * HEAD_SIZE + d[None, :]
+    kv_mask = jvalid[:, None] & dmask[None, :]
+    return j, jvalid, kv_off, kv_mask
+
+
+@triton.jit
+def _online_softmax_init(ROWS: tl.constexpr, D_PAD: tl.constexpr):
+    """``(m [ROWS] = -inf, l [ROWS] = 0, acc [ROWS, D_PAD] = 0)``, all float32."""
+    return tl.full([ROWS], float("-inf"), tl.float32), tl.zeros([ROWS], tl.float32), tl.zeros([ROWS, D_PAD], tl.float32)
+
+
+@triton.jit
+def _online_softmax_step(m_i, l_i, scores):
+    """One online-softmax step (flash attention): running row max ``m_i`` and sum ``l_i`` [rows]
+    updated with ``scores`` [rows, N]. Returns ``(p [rows, N] unnormalized probabilities, alpha
+    [rows] rescale of the accumulator, l_i, m_new)``. A row with nothing visible yet keeps
+    ``m = -inf`` (exponents taken against 0: p = 0, alpha = 1)."""
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp(scores - m_safe[:, None])
+    alpha = tl.exp(m_i - m_safe)
+    return p, alpha, l_i * alpha + tl.sum(p, axis=1), m_new
+
+
+@triton.jit
 def paged_attention_decode_kernel(
     out_ptr,  # [S, H*D]
     query_ptr,  # [S, H*D], token s belongs to sequence s
@@ -123,24 +157,15 @@ def paged_attention_decode_kernel(
     q = q * scale
     lo = tl.where(sliding_window > 0, tl.maximum(pos - sliding_window + 1, 0), 0)
     start = (lo // BLOCK_N) * BLOCK_N
-    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
+    m_i, l_i, acc = _online_softmax_init(GROUP_PAD, D_PAD)  # running max, sum, weighted values
     for j0 in range(start, ctx, BLOCK_N):
-        j = j0 + tl.arange(0, BLOCK_N)
-        jvalid = (j >= lo) & (j < ctx)
-        blk = tl.load(block_tables_ptr + s * stride_bt + j // BLOCK_SIZE, mask=jvalid, other=0)
-        slot = blk * BLOCK_SIZE + j % BLOCK_SIZE
-        kv_off = slot[:, None] * (NUM_KV_HEADS * HEAD_SIZE) + kvh * HEAD_SIZE + d[None, :]
-        kv_mask = jvalid[:, None] & dmask[None, :]
+        j, jvalid, kv_off, kv_mask = _kv_tile(block_tables_ptr, s, stride_bt, j0, lo, ctx, kvh, d, dmask,
+                                              NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, BLOCK_N)
         k = tl.load(key_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)  # [N, D]
         scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [G, N]
         scores = tl.where(jvalid[None, :], scores, float("-inf"))
         # every tile holds at least one visible key, so m_new is finite
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        p = tl.exp(scores - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p, alpha, l_i, m_new = _online_softmax_step(m_i, l_i, scores)
         v = tl.load(value_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         m_i = m_new
@@ -214,26 +239,16 @@ def paged_attention_prefill_kernel(
     j_lo = tl.where(sliding_window > 0, tl.maximum(first_pos + q_start - sliding_window + 1, 0), 0)
     start = (j_lo // BLOCK_N) * BLOCK_N
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    m_i, l_i, acc = _online_softmax_init(BLOCK_M, D_PAD)  # running max, sum, weighted values
     for j0 in range(start, j_end, BLOCK_N):
-        j = j0 + tl.arange(0, BLOCK_N)
-        jvalid = (j >= j_lo) & (j < j_end)
-        blk = tl.load(block_tables_ptr + s * stride_bt + j // BLOCK_SIZE, mask=jvalid, other=0)
-        slot = blk * BLOCK_SIZE + j % BLOCK_SIZE
-        kv_off = slot[:, None] * (NUM_KV_HEADS * HEAD_SIZE) + kvh * HEAD_SIZE + d[None, :]
-        kv_mask = jvalid[:, None] & dmask[None, :]
+        j, jvalid, kv_off, kv_mask = _kv_tile(block_tables_ptr, s, stride_bt, j0, j_lo, j_end, kvh, d, dmask,
+                                              NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, BLOCK_N)
         k = tl.load(key_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)  # [N, D]
         scores = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * scale  # [M, N]
         visible = jvalid[None, :] & (j[None, :] <= pos[:, None])
         visible = visible & ((sliding_window == 0) | (j[None, :] > pos[:, None] - sliding_window))
         scores = tl.where(visible, scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
-        p = tl.exp(scores - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p, alpha, l_i, m_new = _online_softmax_step(m_i, l_i, scores)
         v = tl.load(value_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=INPUT_PRECISION)
         m_i = m_new
