@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from trtpipe.plugins.dtypes import dtype as dtype_record
 from trtpipe.plugins.versions import plugin_abi_hash
 from trtpipe.runtime.cuda_device import (CudaError, DeviceBuffer, check_cuda, cuda_device_info, load_cudart,
                                          memcpy_dtoh, memcpy_htod)
@@ -176,7 +177,7 @@ class TrtEngine:
             self.contexts[phase] = _Context(self._engines[plan], profile, self.stream, trt)
         # device KV pool(s): [layer] -> (K buffer, V buffer)
         kv = manifest.kv
-        item = 2 if kv.dtype in ("float16", "bfloat16") else 4
+        item = dtype_record(kv.dtype).itemsize  # bytes per KV element ("float16" -> 2)
         n_pools = 1 if self.kv_in_place else 2
         self.pools = [[(DeviceBuffer(int(np.prod(kv.layer_shape(i))) * item),
                         DeviceBuffer(int(np.prod(kv.layer_shape(i))) * item))
