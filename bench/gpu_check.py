@@ -2,7 +2,7 @@
 bandwidth against the HBM limit (run through bench/gpu_check.sh; budget: < 8 minutes on an H200).
 
 1. Correctness (fp16 and fp32, small shapes, with and without a sliding window, GQA): the
-   launchers of plugins/triton_kernels.py and the TensorRT plugin wrapper kernels of
+   launchers of plugins/triton_launchers.py and the TensorRT plugin wrapper kernels of
    plugins/trt_plugins.py, each against plugins/reference.py.
 2. Bandwidth (fp16):
    - paged decode attention, batch 1/8/32 x context 512/4096, window off and 1024: bytes = the
@@ -135,7 +135,7 @@ def _paged_case(rng, H, KVH, D, BS, NB, chunks, dtype):
 def check_correctness(torch, device: str = "cuda") -> list[tuple[str, float, float, bool]]:
     from trtpipe.plugins import int4_pack as P
     from trtpipe.plugins import reference as R
-    from trtpipe.plugins import triton_kernels as TK
+    from trtpipe.plugins import triton_launchers as TK
     from trtpipe.plugins import trt_plugins as TP
 
     dev = torch.device(device)
@@ -197,7 +197,7 @@ def check_correctness(torch, device: str = "cuda") -> list[tuple[str, float, flo
 
 def bench_decode_attention(torch, H, KVH, D, BS, iters, *, device="cuda", batches=(1, 8, 32),
                            contexts=(512, 4096), windows=(0, 1024)) -> list[tuple]:
-    from trtpipe.plugins import triton_kernels as TK
+    from trtpipe.plugins import triton_launchers as TK
 
     dev = torch.device(device)
     rows = []
@@ -222,7 +222,7 @@ def bench_decode_attention(torch, H, KVH, D, BS, iters, *, device="cuda", batche
 
 
 def bench_int4(torch, shapes, iters, *, device="cuda") -> list[tuple]:
-    from trtpipe.plugins import triton_kernels as TK
+    from trtpipe.plugins import triton_launchers as TK
 
     dev = torch.device(device)
     rows = []

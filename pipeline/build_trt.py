@@ -221,7 +221,7 @@ class TrtEnvironment:
 
 def probe_environment() -> TrtEnvironment:
     """Import-probe TensorRT and query GPU 0 (ctypes CUDA runtime); never raises."""
-    from trtpipe.runtime.engine_trt import cuda_device_info
+    from trtpipe.runtime.cuda_device import cuda_device_info
 
     version = err = None
     try:
@@ -372,7 +372,7 @@ def write_build_spec(recipe: Recipe, final_dir: Path, inputs_hash: str, *, log: 
     from trtpipe.plugins.errors import OpError
     from trtpipe.plugins.schema import op_schema_abi_hash
     from trtpipe.plugins.trt_lowering import custom_nodes
-    from trtpipe.runtime.engine_trt import plugin_abi_hash
+    from trtpipe.plugins.versions import plugin_abi_hash
 
     target = TARGETS[recipe.target]
     eng = recipe.engine
@@ -775,7 +775,7 @@ def build_from_spec(spec_path: str | Path, *, log: Callable[[str], None] = print
         files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
         kv = dict(spec["kv"])
         kv["layer_num_kv_heads"] = tuple(kv["layer_num_kv_heads"])
-        from trtpipe.runtime.engine_trt import plugin_abi_hash
+        from trtpipe.plugins.versions import plugin_abi_hash
         from trtpipe.runtime.model_config import ModelConfig
 
         graphs = {}

@@ -40,7 +40,8 @@ REFERENCE_DESCRIPTION = "torch fp32 (dequantized weights)"
 PROGRESS_EVERY_S = 10.0
 # the code the recording runs: a change to any of these files is a new key
 _REFERENCE_SOURCES = ("pipeline/model.py", "pipeline/golden.py", "pipeline/gguf_loader.py", "pipeline/hf_loader.py",
-                      "pipeline/weights.py", "plugins/torch_ops.py", "plugins/reference.py", "plugins/int4_pack.py")
+                      "pipeline/weights.py", "plugins/torch_ops.py", "plugins/reference.py", "plugins/int4_pack.py",
+                      "plugins/rope.py", "plugins/gguf_blocks.py")
 
 
 @dataclass(frozen=True)

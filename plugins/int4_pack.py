@@ -1,27 +1,24 @@
-"""Packing of blockwise INT4 (and 8-bit) weights for ``trtpipe::Int4Gemm`` / ``com.microsoft::MatMulNBits``.
+"""Packing of blockwise INT4 (and 8-bit) weights for ``trtpipe::Int4Gemm`` / ``com.microsoft::MatMulNBits``:
+the one home of the nibble layout.
 
 Pure NumPy. Three jobs:
 
-1. Pack/unpack 4-bit codes in the MatMulNBits layout (the contract of ``trtpipe::Int4Gemm``)::
+1. Pack/unpack 4-bit codes and zero points in the MatMulNBits layout (the contract of
+   ``trtpipe::Int4Gemm``), and the dequantization arithmetic on unpacked codes::
 
        W [N, K]  --blocks of G along K-->  B [N, K/G, G/2] uint8
        byte i of a block = code[2i] | code[2i+1] << 4        (low nibble = even element)
        uint8 zero points [N, K/G] -> [N, ceil(K/G/2)]: block 2b low nibble, 2b+1 high nibble
+       W[n, k] = (float32(q[n, k]) - zp[n, k // G]) * float32(scale[n, k // G])
 
-2. Round-to-nearest (RTN) blockwise quantization of float weights (:func:`quantize_rtn`).
+2. Round-to-nearest (RTN) and least-squares symmetric blockwise quantization of float weights
+   (:func:`quantize_rtn`, :func:`quantize_symmetric_mse`, :func:`requantize_symmetric`).
 
-3. Repack GGUF/ggml blocks (as ``gguf.GGUFReader`` exposes them: ``tensor.data`` is uint8
-   ``[N, K/32 * block_bytes]``, one row per output feature) without a float round trip. ggml
-   block layouts (``ggml-common.h``, block of 32 elements):
+3. Repack GGUF/ggml blocks (decoded by :mod:`trtpipe.plugins.gguf_blocks`) without a float
+   round trip.
 
-       Q4_0  (18 B): fp16 d | 16 B qs        w = d * (q - 8)
-       Q4_1  (20 B): fp16 d | fp16 m | 16 B qs   w = d * q + m
-       Q8_0  (34 B): fp16 d | 32 x int8 qs   w = d * q
-       4-bit element j of a block: j < 16 -> qs[j] & 0xF ; j >= 16 -> qs[j - 16] >> 4
-
-   Note ggml's nibble order (first half of the block in the low nibbles) differs from
-   MatMulNBits (neighbouring pairs), so the codes are reordered, never re-quantized.
-
+:func:`trtpipe.plugins.reference.dequantize_int4` (the op's reference) checks its inputs and
+uses this layout; the lowerings and kernels' host code import it from here.
 Errors are :class:`~trtpipe.plugins.errors.OpError` with the field, value, expectation and fix.
 """
 
@@ -30,34 +27,56 @@ from __future__ import annotations
 import numpy as np
 
 from trtpipe.plugins.errors import OpError
-from trtpipe.plugins.reference import _check_group_size, unpack_int4_codes, unpack_zero_points_uint8
+from trtpipe.plugins.gguf_blocks import (GGUF_BLOCK, GGUF_BLOCK_BYTES, dequantize_gguf_q8_0, fp16_field, gguf_blocks,
+                                         unpack_gguf_q4_codes)
 
-__all__ = [
-    "pack_int4",
-    "unpack_int4",
-    "pack_zero_points_uint8",
-    "unpack_zero_points_uint8",
-    "quantize_rtn",
-    "quantize_symmetric_mse",
-    "requantize_symmetric",
-    "GGUF_BLOCK",
-    "GGUF_BLOCK_BYTES",
-    "unpack_gguf_q4_codes",
-    "repack_gguf_q4_0",
-    "repack_gguf_q4_1",
-    "repack_gguf_q4_1_exact",
-    "dequantize_gguf_q8_0",
-    "repack_gguf_q8_0_as_uint8",
-    "requantize_float_zp_to_uint8_8bit",
-]
-
-GGUF_BLOCK = 32  # elements per ggml Q4_0 / Q4_1 / Q8_0 block
-GGUF_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+__all__ = ["check_group_size", "pack_int4", "unpack_int4", "unpack_int4_codes", "pack_zero_points_uint8",
+           "unpack_zero_points_uint8", "zero_points_float", "dequantize_codes", "quantize_rtn",
+           "quantize_symmetric_mse", "requantize_symmetric", "GGUF_BLOCK", "GGUF_BLOCK_BYTES",
+           "unpack_gguf_q4_codes", "repack_gguf_q4_0", "repack_gguf_q4_1", "repack_gguf_q4_1_exact",
+           "dequantize_gguf_q8_0", "repack_gguf_q8_0_as_uint8"]
 
 
 # --------------------------------------------------------------------------------------------
-# MatMulNBits packing
+# MatMulNBits layout
 # --------------------------------------------------------------------------------------------
+
+
+def check_group_size(K: int, group_size: int) -> None:
+    """Raise :class:`OpError` unless ``group_size`` is a power of two >= 16 dividing ``K`` (the
+    message lists the group sizes that divide K)."""
+    G = int(group_size)
+    if G < 16 or G & (G - 1):
+        raise OpError(f"group_size={group_size}: expected a power of two >= 16 (16, 32, 64, 128, ...)")
+    if K % G != 0:
+        divisors = [g for g in (16, 32, 64, 128, 256, 512, 1024) if K % g == 0]
+        fix = (
+            f"pick a group size that divides K: {divisors}" if divisors
+            else "K has no power-of-two divisor >= 16; keep this layer unquantized"
+        )
+        raise OpError(f"K={K} is not a multiple of group_size={G}; {fix}")
+
+
+def _nibbles(name: str, values: np.ndarray, layout: str) -> np.ndarray:
+    """``values`` as a 2-D integer array of 4-bit values, or :class:`OpError` naming ``name``."""
+    v = np.asarray(values)
+    if v.ndim != 2:
+        raise OpError(f"{name}: shape {v.shape}, expected {layout}")
+    if v.dtype.kind not in "iu":
+        raise OpError(f"{name}: dtype {v.dtype}, expected an integer dtype with values 0..15")
+    if v.size and (v.min() < 0 or v.max() > 15):
+        raise OpError(f"{name}: values in [{v.min()}, {v.max()}], expected 0..15 (4-bit)")
+    return v
+
+
+def _pack_pairs(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """``lo | hi << 4`` as uint8: the one place the MatMulNBits byte is assembled."""
+    return (lo.astype(np.uint8) | (hi.astype(np.uint8) << 4)).astype(np.uint8)
+
+
+def _unpack_pairs(packed: np.ndarray) -> np.ndarray:
+    """uint8 ``[...]`` -> ``[..., 2]`` (low nibble, high nibble): the inverse of :func:`_pack_pairs`."""
+    return np.stack([packed & 0x0F, packed >> 4], axis=-1).astype(np.uint8)
 
 
 def pack_int4(codes: np.ndarray, group_size: int) -> np.ndarray:
@@ -68,18 +87,28 @@ def pack_int4(codes: np.ndarray, group_size: int) -> np.ndarray:
     Raises:
         OpError: not 2-D, codes outside 0..15, K % G != 0, G not a power of two >= 16.
     """
-    c = np.asarray(codes)
-    if c.ndim != 2:
-        raise OpError(f"codes: shape {c.shape}, expected [N, K]")
-    if c.dtype.kind not in "iu":
-        raise OpError(f"codes: dtype {c.dtype}, expected an integer dtype with values 0..15")
-    if c.size and (c.min() < 0 or c.max() > 15):
-        raise OpError(f"codes: values in [{c.min()}, {c.max()}], expected 0..15 (4-bit)")
+    c = _nibbles("codes", codes, "[N, K]")
     N, K = c.shape
-    _check_group_size(K, group_size)
+    check_group_size(K, group_size)
     G = int(group_size)
     pairs = c.astype(np.uint8).reshape(N, K // G, G // 2, 2)
-    return (pairs[..., 0] | (pairs[..., 1] << 4)).astype(np.uint8)
+    return _pack_pairs(pairs[..., 0], pairs[..., 1])
+
+
+def unpack_int4_codes(b_packed: np.ndarray, K: int, N: int, group_size: int) -> np.ndarray:
+    """Unpack ``[N, K/G, G/2]`` uint8 (MatMulNBits order) to codes ``[N, K]`` uint8 in 0..15.
+
+    Byte i of each block holds code 2i in the low nibble and code 2i+1 in the high nibble.
+    Raises :class:`OpError` for a bad group size, dtype or shape.
+    """
+    check_group_size(K, group_size)
+    G = int(group_size)
+    b = np.asarray(b_packed)
+    if b.dtype != np.uint8:
+        raise OpError(f"b_packed: dtype {b.dtype}, expected uint8")
+    if b.shape != (N, K // G, G // 2):
+        raise OpError(f"b_packed: shape {tuple(b.shape)}, expected [N, K/G, G/2] = [{N}, {K // G}, {G // 2}]")
+    return _unpack_pairs(b).reshape(N, K)
 
 
 def unpack_int4(packed: np.ndarray, K: int, group_size: int) -> np.ndarray:
@@ -96,17 +125,53 @@ def pack_zero_points_uint8(zero_points: np.ndarray) -> np.ndarray:
     Block 2b is the low nibble and block 2b+1 the high nibble of byte b, per row n. With an odd
     number of blocks the unused high nibble of the last byte is 0 (never read).
     """
-    z = np.asarray(zero_points)
-    if z.ndim != 2:
-        raise OpError(f"zero_points: shape {z.shape}, expected [N, K/G]")
-    if z.dtype.kind not in "iu":
-        raise OpError(f"zero_points: dtype {z.dtype}, expected an integer dtype with values 0..15")
-    if z.size and (z.min() < 0 or z.max() > 15):
-        raise OpError(f"zero_points: values in [{z.min()}, {z.max()}], expected 0..15 (4-bit)")
+    z = _nibbles("zero_points", zero_points, "[N, K/G]")
     N, nb = z.shape
     padded = np.zeros((N, nb + (nb % 2)), dtype=np.uint8)
     padded[:, :nb] = z
-    return (padded[:, 0::2] | (padded[:, 1::2] << 4)).astype(np.uint8)
+    return _pack_pairs(padded[:, 0::2], padded[:, 1::2])
+
+
+def unpack_zero_points_uint8(zp_packed: np.ndarray, N: int, num_blocks: int) -> np.ndarray:
+    """Unpack uint8 zero points ``[N, ceil(num_blocks/2)]`` to ``[N, num_blocks]`` uint8 0..15.
+
+    Same nibble order as the codes along the block axis (block 2i low, 2i+1 high), per row n.
+    """
+    zp = np.asarray(zp_packed)
+    cols = (num_blocks + 1) // 2
+    if zp.dtype != np.uint8 or zp.shape != (N, cols):
+        raise OpError(
+            f"zero_points: uint8 shape {zp.shape} dtype {zp.dtype}, expected packed uint8 "
+            f"[N, ceil(K/G/2)] = [{N}, {cols}]"
+        )
+    return _unpack_pairs(zp).reshape(N, 2 * cols)[:, :num_blocks]
+
+
+def zero_points_float(zero_points: np.ndarray | None, N: int, num_blocks: int) -> np.ndarray:
+    """4-bit zero points in any stored form -> ``[N, num_blocks]`` float32: None -> 8
+    (symmetric), packed uint8 ``[N, ceil(num_blocks/2)]`` -> unpacked, float ``[N, num_blocks]``
+    (e.g. ``-m/d`` of GGUF Q4_1) -> as float32. Raises :class:`OpError` for another shape."""
+    if zero_points is None:
+        return np.full((N, num_blocks), 8.0, np.float32)
+    z = np.asarray(zero_points)
+    if z.dtype == np.uint8:
+        return unpack_zero_points_uint8(z, N, num_blocks).astype(np.float32)
+    if z.shape != (N, num_blocks):
+        raise OpError(f"zero_points: shape {z.shape} dtype {z.dtype}, expected float [N, K/G] = [{N}, {num_blocks}]")
+    return z.astype(np.float32)
+
+
+def dequantize_codes(codes: np.ndarray, scales: np.ndarray, zero_points: np.ndarray, group_size: int) -> np.ndarray:
+    """``W[n, k] = (float32(q[n, k]) - zp[n, b]) * float32(scale[n, b])`` with ``b = k // G``.
+
+    codes ``[N, K]`` (unpacked, 4- or 8-bit); scales and zero points ``[N, K/G]`` (float).
+    Returns ``W [N, K]`` float32 (the arithmetic of ``Int4Gemm``; shapes checked by callers).
+    """
+    N, K = codes.shape
+    G = int(group_size)
+    q = codes.reshape(N, K // G, G).astype(np.float32)
+    zp = np.asarray(zero_points).astype(np.float32)
+    return ((q - zp[:, :, None]) * np.asarray(scales).astype(np.float32)[:, :, None]).reshape(N, K)
 
 
 # --------------------------------------------------------------------------------------------
@@ -168,7 +233,7 @@ def _weight_blocks(w: np.ndarray, group_size: int) -> np.ndarray:
     if x.ndim != 2 or x.dtype.kind != "f":
         raise OpError(f"w: shape {x.shape} dtype {x.dtype}, expected a 2-D float array [N, K]")
     N, K = x.shape
-    _check_group_size(K, group_size)
+    check_group_size(K, group_size)
     if not np.all(np.isfinite(x)):
         raise OpError("w: contains NaN or Inf; cannot quantize")
     return x.astype(np.float32).reshape(N, K // int(group_size), int(group_size))
@@ -225,8 +290,6 @@ def requantize_symmetric(b_packed: np.ndarray, scales: np.ndarray, zero_points: 
     """
     import hashlib
 
-    from trtpipe.plugins.reference import dequantize_int4
-
     h = hashlib.sha1(f"{K},{N},{group_size}".encode())
     for a in (b_packed, scales, zero_points):
         if a is not None:
@@ -236,7 +299,8 @@ def requantize_symmetric(b_packed: np.ndarray, scales: np.ndarray, zero_points: 
     hit = _REQUANT_MEMO.get(key)
     if hit is not None:  # the build re-quantizes the same weights for the lowering and for measuring
         return hit[0].copy(), hit[1].copy()
-    w = dequantize_int4(b_packed, scales, zero_points, K, N, group_size)
+    G = int(group_size)
+    w = dequantize_codes(unpack_int4_codes(b_packed, K, N, G), scales, zero_points_float(zero_points, N, K // G), G)
     packed, new_scales = quantize_symmetric_mse(w, group_size)
     size = packed.nbytes + new_scales.nbytes
     if sum(p.nbytes + s.nbytes for p, s in _REQUANT_MEMO.values()) + size <= _REQUANT_MEMO_MAX_BYTES:
@@ -249,37 +313,8 @@ _REQUANT_MEMO_MAX_BYTES = 512 << 20
 
 
 # --------------------------------------------------------------------------------------------
-# GGUF / ggml repacking
+# GGUF / ggml repacking (block decoding: gguf_blocks.py)
 # --------------------------------------------------------------------------------------------
-
-
-def _gguf_blocks(raw: np.ndarray, N: int, K: int, kind: str) -> np.ndarray:
-    """View raw GGUF bytes as ``[N, K/32, block_bytes]`` after checking sizes."""
-    N, K = int(N), int(K)
-    if K % GGUF_BLOCK:
-        raise OpError(f"K={K}: GGUF {kind} rows must be a multiple of {GGUF_BLOCK} elements")
-    r = np.asarray(raw)
-    if r.dtype != np.uint8:
-        raise OpError(f"raw: dtype {r.dtype}, expected the uint8 bytes of GGUFReader tensor.data")
-    nbytes = GGUF_BLOCK_BYTES[kind]
-    expected = N * (K // GGUF_BLOCK) * nbytes
-    if r.size != expected:
-        raise OpError(
-            f"raw: {r.size} bytes (shape {r.shape}), expected N*K/32*{nbytes} = {expected} for a "
-            f"{kind} tensor with N={N}, K={K}; check N (rows, out features) and K (row length)"
-        )
-    return np.ascontiguousarray(r).reshape(N, K // GGUF_BLOCK, nbytes)
-
-
-def _fp16_field(blocks: np.ndarray, offset: int) -> np.ndarray:
-    """fp16 little-endian field at ``offset`` of each block -> float32 ``[N, K/32]``."""
-    b = np.ascontiguousarray(blocks[..., offset:offset + 2])
-    return b.view("<f2")[..., 0].astype(np.float32)
-
-
-def unpack_gguf_q4_codes(qs: np.ndarray) -> np.ndarray:
-    """ggml 4-bit ``qs [..., 16]`` -> codes ``[..., 32]`` uint8 (j<16: low nibbles; j>=16: high)."""
-    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.uint8)
 
 
 def _q4_codes_packed(blocks: np.ndarray, qs_offset: int) -> np.ndarray:
@@ -301,8 +336,8 @@ def repack_gguf_q4_0(raw: np.ndarray, N: int, K: int) -> tuple[np.ndarray, np.nd
         ``(packed [N, K/32, 16] uint8, scales [N, K/32] float32 = d,
         zero_points [N, ceil(K/64)] uint8 packed, every nibble 8)``.
     """
-    blocks = _gguf_blocks(raw, N, K, "Q4_0")
-    scales = _fp16_field(blocks, 0)
+    blocks = gguf_blocks(raw, N, K, "Q4_0")
+    scales = fp16_field(blocks, 0)
     packed = _q4_codes_packed(blocks, 2)
     zp = pack_zero_points_uint8(np.full(scales.shape, 8, dtype=np.uint8))
     return packed, scales, zp
@@ -314,8 +349,8 @@ def repack_gguf_q4_1_exact(raw: np.ndarray, N: int, K: int) -> tuple[np.ndarray,
     ``float32(q) * d + m`` (two float32 roundings, no FMA) reproduces ``gguf.quants.dequantize``
     bit for bit. d and m are the fp16 fields widened to float32.
     """
-    blocks = _gguf_blocks(raw, N, K, "Q4_1")
-    return _q4_codes_packed(blocks, 4), _fp16_field(blocks, 0), _fp16_field(blocks, 2)
+    blocks = gguf_blocks(raw, N, K, "Q4_1")
+    return _q4_codes_packed(blocks, 4), fp16_field(blocks, 0), fp16_field(blocks, 2)
 
 
 def repack_gguf_q4_1(raw: np.ndarray, N: int, K: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -340,51 +375,13 @@ def repack_gguf_q4_1(raw: np.ndarray, N: int, K: int) -> tuple[np.ndarray, np.nd
     return packed, scales, zp
 
 
-def dequantize_gguf_q8_0(raw: np.ndarray, N: int, K: int) -> np.ndarray:
-    """Dequantize a GGUF Q8_0 tensor to float32 ``[N, K]`` (``q * d``, bit-exact with gguf)."""
-    blocks = _gguf_blocks(raw, N, K, "Q8_0")
-    d = _fp16_field(blocks, 0)
-    q = np.ascontiguousarray(blocks[..., 2:]).view(np.int8).astype(np.float32)
-    return (q * d[..., None]).reshape(int(N), int(K))
-
-
 def repack_gguf_q8_0_as_uint8(raw: np.ndarray, N: int, K: int) -> tuple[np.ndarray, np.ndarray]:
     """Repack GGUF Q8_0 for an 8-bit MatMulNBits (bits=8, block_size=32, default zero point 128).
 
     Returns ``(codes [N, K/32, 32] uint8 = q + 128, scales [N, K/32] float32 = d)``;
     ``(codes - 128) * d`` is exact.
     """
-    blocks = _gguf_blocks(raw, N, K, "Q8_0")
-    d = _fp16_field(blocks, 0)
+    blocks = gguf_blocks(raw, N, K, "Q8_0")
+    d = fp16_field(blocks, 0)
     q = np.ascontiguousarray(blocks[..., 2:]).view(np.int8).astype(np.int16)
     return (q + 128).astype(np.uint8), d
-
-
-def requantize_float_zp_to_uint8_8bit(codes: np.ndarray, scales: np.ndarray, zero_points: np.ndarray,
-                                      group_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """4-bit blocks with *float* zero points (GGUF Q4_1: ``w = d*(q - zp)``, ``zp = -m/d``) ->
-    8-bit blocks with *integer* zero points, the form ONNX Runtime's MatMulNBits runs fast.
-
-    ``q8 = 16*q + r``, ``d8 = d/16``, ``z8 = r + round(16*zp)`` with ``r = clip(-round(16*zp), 0, 15)``
-    so that ``d8*(q8 - z8) = d*q - d*round(16*zp)/16``: each weight of a block moves by the same
-    ``d*(16*zp - round(16*zp))/16``, at most ``d/32`` (exact when ``16*zp`` is an integer; a 4-bit
-    code step is ``d``). ``z8`` is clipped to 0..255, which only matters for ``zp`` outside
-    ``[-15/16, 15.97]`` (a block whose values all lie far from zero).
-
-    codes ``[N, K]`` uint8 0..15; scales, zero_points ``[N, K/G]`` float.
-    Returns ``(q8 [N, K/G, G] uint8, d8 [N, K/G] float32, z8 [N, K/G] uint8)``: MatMulNBits
-    ``bits=8`` layout (one code per byte, one zero point per byte).
-    Raises :class:`OpError` on shapes that do not match.
-    """
-    _check_group_size(codes.shape[1], group_size)
-    N, K = codes.shape
-    G = int(group_size)
-    if scales.shape != (N, K // G) or zero_points.shape != (N, K // G):
-        raise OpError(f"scales {scales.shape} / zero_points {zero_points.shape}: expected [N, K/G] = "
-                      f"[{N}, {K // G}] for codes [{N}, {K}] and group_size {G}")
-    zp16 = np.round(16.0 * zero_points.astype(np.float64))
-    r = np.clip(-zp16, 0, 15)
-    z8 = np.clip(r + zp16, 0, 255).astype(np.uint8)
-    q8 = (16 * codes.reshape(N, K // G, G).astype(np.int32) + r[..., None].astype(np.int32)).astype(np.uint8)
-    d8 = (scales.astype(np.float32) / np.float32(16)).astype(np.float32)
-    return q8, d8, z8

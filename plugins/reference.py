@@ -21,17 +21,24 @@ KV pool layout (per layer)::
     block_tables[s, i] = physical block of logical block i of sequence s
     token at position p of sequence s lives in slot block_tables[s, p // BS] * BS + p % BS
 
-This module imports only NumPy (and the error family): it is safe on the embedded runtime.
+This module imports only NumPy (the error family and the INT4 layout of
+:mod:`trtpipe.plugins.int4_pack`): it is safe on the embedded runtime. Exception to the 60-line
+rule: :func:`paged_attention` is ~85 lines because its docstring is the op's contract (every
+argument's shape, dtype and meaning); its body is a dozen lines over checked helpers.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
+from trtpipe.plugins.checks import FLOAT_DTYPES, as_float_array, as_int_array, positive_int, shape_error
 from trtpipe.plugins.errors import OpError
+from trtpipe.plugins.int4_pack import (check_group_size, dequantize_codes, unpack_int4_codes, unpack_zero_points_uint8,
+                                       zero_points_float)
+from trtpipe.plugins.rope import apply_rotary, check_positions, rope_cos_sin, rope_inv_freq
 
 __all__ = [
     "paged_attention",
@@ -44,43 +51,6 @@ __all__ = [
     "apply_rotary",
     "check_positions",
 ]
-
-_FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
-
-
-# --------------------------------------------------------------------------------------------
-# small validation helpers
-# --------------------------------------------------------------------------------------------
-
-
-def _shape_error(name: str, got: tuple, expected: str, fix: str = "") -> OpError:
-    msg = f"{name}: shape {tuple(got)}, expected {expected}"
-    if fix:
-        msg += f"; {fix}"
-    return OpError(msg)
-
-
-def _as_int_array(name: str, x: Any, ndim: int) -> np.ndarray:
-    arr = np.asarray(x)
-    if arr.dtype.kind not in "iu":
-        raise OpError(f"{name}: dtype {arr.dtype}, expected an integer dtype (int64 per contract)")
-    if arr.ndim != ndim:
-        raise _shape_error(name, arr.shape, f"a {ndim}-D array")
-    return arr.astype(np.int64, copy=False)
-
-
-def _as_float_array(name: str, x: Any) -> np.ndarray:
-    arr = np.asarray(x)
-    if arr.dtype not in _FLOAT_DTYPES:
-        raise OpError(f"{name}: dtype {arr.dtype}, expected float32 or float16")
-    return arr
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or int(value) != value or int(value) <= 0:
-        raise OpError(f"attribute {name}={value!r}, expected a positive integer")
-    return int(value)
-
 
 # --------------------------------------------------------------------------------------------
 # PagedAttention
@@ -145,10 +115,54 @@ def paged_attention(
             block table covers; a block table entry out of ``[0, NB)`` for a key some query
             sees; a slot_mapping entry out of range or inconsistent with the block table.
     """
-    H = _positive_int("num_heads", num_heads)
-    KVH = _positive_int("num_kv_heads", num_kv_heads)
-    D = _positive_int("head_size", head_size)
-    BS = _positive_int("block_size", block_size)
+    H, KVH, D, BS, W, scale = _attention_attributes(num_heads, num_kv_heads, head_size, block_size,
+                                                    sliding_window, scale)
+    query, key, value, key_cache, value_cache, slot_mapping, block_tables, context_lens, qsl = _attention_inputs(
+        query, key, value, key_cache, value_cache, slot_mapping, block_tables, context_lens, query_start_loc,
+        H=H, KVH=KVH, D=D, BS=BS)
+    T = query.shape[0]
+    S = block_tables.shape[0]
+
+    # Write first: KV is written once per token, before any query reads the pool.
+    key_cache_out, value_cache_out = _write_kv(key, value, key_cache, value_cache, slot_mapping, BS)
+
+    output = np.zeros((T, H, D), dtype=np.float32)
+    kc32 = key_cache_out.astype(np.float32)
+    vc32 = value_cache_out.astype(np.float32)
+    q32 = query.astype(np.float32).reshape(T, H, D)
+    for s in range(S):
+        start, end = int(qsl[s]), int(qsl[s + 1])
+        if end == start:
+            continue
+        positions, keys_pos, slots = _sequence_keys(s, end - start, int(context_lens[s]), block_tables,
+                                                    slot_mapping[start:end], start, NB=key_cache.shape[0], BS=BS, W=W)
+        k = kc32[slots // BS, slots % BS]  # [L, KVH, D]
+        v = vc32[slots // BS, slots % BS]
+        output[start:end] = _attend(q32[start:end], k, v, positions, keys_pos, H // KVH, scale, W)
+    return output.reshape(T, H * D).astype(query.dtype), key_cache_out, value_cache_out
+
+
+def _attention_inputs(query: Any, key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any,
+                      block_tables: Any, context_lens: Any, query_start_loc: Any, *, H: int, KVH: int, D: int,
+                      BS: int) -> tuple[np.ndarray, ...]:
+    """The nine inputs as checked arrays (float: float32|float16; indices: int64), same order."""
+    floats = [as_float_array(n, x) for n, x in (("query", query), ("key", key), ("value", value),
+                                                 ("key_cache", key_cache), ("value_cache", value_cache))]
+    ints = [as_int_array(n, x, nd) for n, x, nd in (("slot_mapping", slot_mapping, 1),
+                                                     ("block_tables", block_tables, 2),
+                                                     ("context_lens", context_lens, 1),
+                                                     ("query_start_loc", query_start_loc, 1))]
+    _check_attention_shapes(*floats, *ints, H, KVH, D, BS)
+    return (*floats, *ints)
+
+
+def _attention_attributes(num_heads: Any, num_kv_heads: Any, head_size: Any, block_size: Any, sliding_window: Any,
+                          scale: Any) -> tuple[int, int, int, int, int, float]:
+    """``(H, KVH, D, BS, W, scale)`` after the attribute checks; scale 0.0 -> ``1/sqrt(D)``."""
+    H = positive_int("num_heads", num_heads)
+    KVH = positive_int("num_kv_heads", num_kv_heads)
+    D = positive_int("head_size", head_size)
+    BS = positive_int("block_size", block_size)
     W = int(sliding_window)
     if W < 0:
         raise OpError(f"attribute sliding_window={sliding_window}, expected >= 0 (0 = off)")
@@ -158,39 +172,32 @@ def paged_attention(
             "num_kv_heads (GQA groups)"
         )
     scale = float(scale)
-    if scale == 0.0:
-        scale = 1.0 / math.sqrt(D)
+    return H, KVH, D, BS, W, (1.0 / math.sqrt(D) if scale == 0.0 else scale)
 
-    query = _as_float_array("query", query)
-    key = _as_float_array("key", key)
-    value = _as_float_array("value", value)
-    key_cache = _as_float_array("key_cache", key_cache)
-    value_cache = _as_float_array("value_cache", value_cache)
-    slot_mapping = _as_int_array("slot_mapping", slot_mapping, 1)
-    block_tables = _as_int_array("block_tables", block_tables, 2)
-    context_lens = _as_int_array("context_lens", context_lens, 1)
-    qsl = _as_int_array("query_start_loc", query_start_loc, 1)
 
+def _check_attention_shapes(query: np.ndarray, key: np.ndarray, value: np.ndarray, key_cache: np.ndarray,
+                            value_cache: np.ndarray, slot_mapping: np.ndarray, block_tables: np.ndarray,
+                            context_lens: np.ndarray, qsl: np.ndarray, H: int, KVH: int, D: int, BS: int) -> None:
+    """The shape contract of :func:`paged_attention` (T, S, NB from the inputs)."""
     if query.ndim != 2 or query.shape[1] != H * D:
-        raise _shape_error("query", query.shape, f"[T, num_heads*head_size] = [T, {H * D}]")
+        raise shape_error("query", query.shape, f"[T, num_heads*head_size] = [T, {H * D}]")
     T = query.shape[0]
     for name, arr in (("key", key), ("value", value)):
         if arr.shape != (T, KVH * D):
-            raise _shape_error(name, arr.shape, f"[T, num_kv_heads*head_size] = [{T}, {KVH * D}]")
+            raise shape_error(name, arr.shape, f"[T, num_kv_heads*head_size] = [{T}, {KVH * D}]")
     if key_cache.ndim != 4 or key_cache.shape[1:] != (BS, KVH, D):
-        raise _shape_error(
+        raise shape_error(
             "key_cache", key_cache.shape, f"[NB, block_size, num_kv_heads, head_size] = [NB, {BS}, {KVH}, {D}]"
         )
     if value_cache.shape != key_cache.shape:
-        raise _shape_error("value_cache", value_cache.shape, f"the key_cache shape {key_cache.shape}")
-    NB = key_cache.shape[0]
+        raise shape_error("value_cache", value_cache.shape, f"the key_cache shape {key_cache.shape}")
     if slot_mapping.shape != (T,):
-        raise _shape_error("slot_mapping", slot_mapping.shape, f"[T] = [{T}]")
-    S, MB = block_tables.shape
+        raise shape_error("slot_mapping", slot_mapping.shape, f"[T] = [{T}]")
+    S = block_tables.shape[0]
     if context_lens.shape != (S,):
-        raise _shape_error("context_lens", context_lens.shape, f"[S] = [{S}] (rows of block_tables)")
+        raise shape_error("context_lens", context_lens.shape, f"[S] = [{S}] (rows of block_tables)")
     if qsl.shape != (S + 1,):
-        raise _shape_error("query_start_loc", qsl.shape, f"[S+1] = [{S + 1}]")
+        raise shape_error("query_start_loc", qsl.shape, f"[S+1] = [{S + 1}]")
     if S > 0 and (qsl[0] != 0 or qsl[-1] != T or np.any(np.diff(qsl) < 0)):
         raise OpError(
             f"query_start_loc={qsl.tolist()}: expected non-decreasing offsets from 0 to T={T}"
@@ -198,7 +205,12 @@ def paged_attention(
     if S == 0 and T != 0:
         raise OpError(f"block_tables has 0 sequences but the batch has T={T} tokens")
 
-    # Write first: KV is written once per token, before any query reads the pool.
+
+def _write_kv(key: np.ndarray, value: np.ndarray, key_cache: np.ndarray, value_cache: np.ndarray,
+              slot_mapping: np.ndarray, BS: int) -> tuple[np.ndarray, np.ndarray]:
+    """New caches equal to the inputs with token t's K/V at slot ``slot_mapping[t]``."""
+    NB, _, KVH, D = key_cache.shape
+    T = key.shape[0]
     key_cache_out = key_cache.copy()
     value_cache_out = value_cache.copy()
     bad = np.nonzero((slot_mapping < 0) | (slot_mapping >= NB * BS))[0]
@@ -211,125 +223,72 @@ def paged_attention(
     blk, off = slot_mapping // BS, slot_mapping % BS
     key_cache_out[blk, off] = key.reshape(T, KVH, D).astype(key_cache.dtype)
     value_cache_out[blk, off] = value.reshape(T, KVH, D).astype(value_cache.dtype)
+    return key_cache_out, value_cache_out
 
-    output = np.zeros((T, H, D), dtype=np.float32)
-    group = H // KVH
-    kc32 = key_cache_out.astype(np.float32)
-    vc32 = value_cache_out.astype(np.float32)
-    q32 = query.astype(np.float32).reshape(T, H, D)
-    for s in range(S):
-        start, end = int(qsl[s]), int(qsl[s + 1])
-        n = end - start
-        if n == 0:
-            continue
-        ctx = int(context_lens[s])
-        first = ctx - n
-        if first < 0:
-            raise OpError(
-                f"context_lens[{s}]={ctx} is shorter than its chunk of {n} tokens, so the first "
-                f"position would be {first}; context_lens counts the tokens in the pool AFTER "
-                "this step, chunk included"
-            )
-        if ctx > MB * BS:
-            raise OpError(
-                f"context_lens[{s}]={ctx} needs {-(-ctx // BS)} blocks but block_tables has only "
-                f"MB={MB} columns (block_size={BS}); widen block_tables"
-            )
-        positions = first + np.arange(n)  # [n]
-        # Keys that some query of this chunk can see: [lo, ctx).
-        lo = max(0, first - W + 1) if W > 0 else 0
-        j = np.arange(ctx)
-        logical = j // BS
-        phys = block_tables[s, logical]  # [ctx]
-        needed = j >= lo
-        bad = np.nonzero(needed & ((phys < 0) | (phys >= NB)))[0]
-        if bad.size:
-            jj = int(bad[0])
-            raise OpError(
-                f"block_tables[{s}, {jj // BS}]={int(phys[jj])} is outside [0, NB={NB}) but key "
-                f"position {jj} of sequence {s} is visible to its queries"
-            )
-        expected_slots = phys[positions] * BS + positions % BS
-        mismatch = np.nonzero(slot_mapping[start:end] != expected_slots)[0]
-        if mismatch.size:
-            i = int(mismatch[0])
-            raise OpError(
-                f"slot_mapping[{start + i}]={int(slot_mapping[start + i])} but token {i} of "
-                f"sequence {s} has position {int(positions[i])}, whose slot by block_tables is "
-                f"{int(expected_slots[i])}; slot = block_tables[s, p // block_size]*block_size "
-                "+ p % block_size"
-            )
-        jn = j[lo:]
-        slots = phys[lo:] * BS + jn % BS
-        k = kc32[slots // BS, slots % BS]  # [L, KVH, D]
-        v = vc32[slots // BS, slots % BS]
-        k = np.repeat(k, group, axis=1)  # [L, H, D]: query head h -> kv head h // group
-        v = np.repeat(v, group, axis=1)
-        q = q32[start:end]  # [n, H, D]
-        scores = np.einsum("nhd,lhd->hnl", q, k) * np.float32(scale)  # [H, n, L]
-        visible = jn[None, :] <= positions[:, None]  # [n, L]
-        if W > 0:
-            visible &= jn[None, :] > positions[:, None] - W
-        scores = np.where(visible[None], scores, -np.inf).astype(np.float32)
-        scores -= scores.max(axis=-1, keepdims=True)
-        probs = np.exp(scores)
-        probs /= probs.sum(axis=-1, keepdims=True)
-        output[start:end] = np.einsum("hnl,lhd->nhd", probs, v)
-    return output.reshape(T, H * D).astype(query.dtype), key_cache_out, value_cache_out
+
+def _sequence_keys(s: int, n: int, ctx: int, block_tables: np.ndarray, seq_slots: np.ndarray, start: int, *,
+                   NB: int, BS: int, W: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sequence ``s`` with ``n`` chunk tokens and ``ctx`` tokens in the pool after this step:
+    ``(positions [n], visible key positions [L], their slots [L])`` where the keys are those
+    some query of the chunk can see (``[lo, ctx)``). Checks the chunk, the block table and the
+    chunk's ``seq_slots`` (``slot_mapping[start:start+n]``) against each other."""
+    MB = block_tables.shape[1]
+    first = ctx - n
+    if first < 0:
+        raise OpError(
+            f"context_lens[{s}]={ctx} is shorter than its chunk of {n} tokens, so the first "
+            f"position would be {first}; context_lens counts the tokens in the pool AFTER "
+            "this step, chunk included"
+        )
+    if ctx > MB * BS:
+        raise OpError(
+            f"context_lens[{s}]={ctx} needs {-(-ctx // BS)} blocks but block_tables has only "
+            f"MB={MB} columns (block_size={BS}); widen block_tables"
+        )
+    positions = first + np.arange(n)  # [n]
+    lo = max(0, first - W + 1) if W > 0 else 0
+    j = np.arange(ctx)
+    phys = block_tables[s, j // BS]  # [ctx]
+    bad = np.nonzero((j >= lo) & ((phys < 0) | (phys >= NB)))[0]
+    if bad.size:
+        jj = int(bad[0])
+        raise OpError(
+            f"block_tables[{s}, {jj // BS}]={int(phys[jj])} is outside [0, NB={NB}) but key "
+            f"position {jj} of sequence {s} is visible to its queries"
+        )
+    expected_slots = phys[positions] * BS + positions % BS
+    mismatch = np.nonzero(seq_slots != expected_slots)[0]
+    if mismatch.size:
+        i = int(mismatch[0])
+        raise OpError(
+            f"slot_mapping[{start + i}]={int(seq_slots[i])} but token {i} of "
+            f"sequence {s} has position {int(positions[i])}, whose slot by block_tables is "
+            f"{int(expected_slots[i])}; slot = block_tables[s, p // block_size]*block_size "
+            "+ p % block_size"
+        )
+    return positions, j[lo:], phys[lo:] * BS + j[lo:] % BS
+
+
+def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray, keys_pos: np.ndarray, group: int,
+            scale: float, W: int) -> np.ndarray:
+    """Causal (+ window) GQA softmax attention in float32: q ``[n, H, D]``, k/v ``[L, KVH, D]``
+    -> ``[n, H, D]``; query head h uses kv head ``h // group``."""
+    k = np.repeat(k, group, axis=1)  # [L, H, D]
+    v = np.repeat(v, group, axis=1)
+    scores = np.einsum("nhd,lhd->hnl", q, k) * np.float32(scale)  # [H, n, L]
+    visible = keys_pos[None, :] <= positions[:, None]  # [n, L]
+    if W > 0:
+        visible &= keys_pos[None, :] > positions[:, None] - W
+    scores = np.where(visible[None], scores, -np.inf).astype(np.float32)
+    scores -= scores.max(axis=-1, keepdims=True)
+    probs = np.exp(scores)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    return np.einsum("hnl,lhd->nhd", probs, v)
 
 
 # --------------------------------------------------------------------------------------------
 # Int4Gemm
 # --------------------------------------------------------------------------------------------
-
-
-def _check_group_size(K: int, group_size: int) -> None:
-    G = int(group_size)
-    if G < 16 or G & (G - 1):
-        raise OpError(f"group_size={group_size}: expected a power of two >= 16 (16, 32, 64, 128, ...)")
-    if K % G != 0:
-        divisors = [g for g in (16, 32, 64, 128, 256, 512, 1024) if K % g == 0]
-        fix = (
-            f"pick a group size that divides K: {divisors}" if divisors
-            else "K has no power-of-two divisor >= 16; keep this layer unquantized"
-        )
-        raise OpError(f"K={K} is not a multiple of group_size={G}; {fix}")
-
-
-def unpack_int4_codes(b_packed: np.ndarray, K: int, N: int, group_size: int) -> np.ndarray:
-    """Unpack ``[N, K/G, G/2]`` uint8 (MatMulNBits order) to codes ``[N, K]`` uint8 in 0..15.
-
-    Byte i of each block holds code 2i in the low nibble and code 2i+1 in the high nibble.
-    """
-    _check_group_size(K, group_size)
-    G = int(group_size)
-    b = np.asarray(b_packed)
-    if b.dtype != np.uint8:
-        raise OpError(f"b_packed: dtype {b.dtype}, expected uint8")
-    if b.shape != (N, K // G, G // 2):
-        raise _shape_error("b_packed", b.shape, f"[N, K/G, G/2] = [{N}, {K // G}, {G // 2}]")
-    codes = np.empty((N, K // G, G // 2, 2), dtype=np.uint8)
-    codes[..., 0] = b & 0x0F
-    codes[..., 1] = b >> 4
-    return codes.reshape(N, K)
-
-
-def unpack_zero_points_uint8(zp_packed: np.ndarray, N: int, num_blocks: int) -> np.ndarray:
-    """Unpack uint8 zero points ``[N, ceil(num_blocks/2)]`` to ``[N, num_blocks]`` uint8 0..15.
-
-    Same nibble order as the codes along the block axis (block 2i low, 2i+1 high), per row n.
-    """
-    zp = np.asarray(zp_packed)
-    cols = (num_blocks + 1) // 2
-    if zp.dtype != np.uint8 or zp.shape != (N, cols):
-        raise OpError(
-            f"zero_points: uint8 shape {zp.shape} dtype {zp.dtype}, expected packed uint8 "
-            f"[N, ceil(K/G/2)] = [{N}, {cols}]"
-        )
-    out = np.empty((N, cols, 2), dtype=np.uint8)
-    out[..., 0] = zp & 0x0F
-    out[..., 1] = zp >> 4
-    return out.reshape(N, 2 * cols)[:, :num_blocks]
 
 
 def dequantize_int4(
@@ -355,51 +314,38 @@ def dequantize_int4(
     ``[N, K/G]`` (``com.microsoft::MatMulNBits`` bits=8 layout).
 
     Returns:
-        ``W [N, K]`` float32, computed in float32 as ``(float32(q) - float32(zp)) * float32(scale)``.
+        ``W [N, K]`` float32, computed in float32 as ``(float32(q) - float32(zp)) * float32(scale)``
+        (the layout and arithmetic live in :mod:`trtpipe.plugins.int4_pack`).
 
     Raises:
         OpError: K % G != 0 (names K and G and the group sizes that divide K), bad shapes/dtypes,
         bits not 4 or 8.
     """
     K, N = int(K), int(N)
-    _check_group_size(K, group_size)
+    check_group_size(K, group_size)
     G = int(group_size)
     nb = K // G
     if int(bits) == 8:
         b = np.asarray(b_packed)
         if b.dtype != np.uint8 or b.shape != (N, nb, G):
-            raise _shape_error("b_packed", b.shape, f"uint8 [N, K/G, G] = [{N}, {nb}, {G}] for bits=8")
-        codes = b.astype(np.float32)
-        s = np.asarray(scales)
-        if zero_points is None:
-            zp = np.full((N, nb), 128.0, np.float32)
-        else:
-            zp = np.asarray(zero_points).astype(np.float32).reshape(N, nb)
-        return ((codes - zp[:, :, None]) * s.astype(np.float32)[:, :, None]).reshape(N, K)
+            raise shape_error("b_packed", b.shape, f"uint8 [N, K/G, G] = [{N}, {nb}, {G}] for bits=8")
+        zp8 = np.full((N, nb), 128.0, np.float32) if zero_points is None else np.asarray(zero_points).reshape(N, nb)
+        return dequantize_codes(b.reshape(N, K), scales, zp8, G)
     if int(bits) != 4:
         raise OpError(f"attribute bits={bits}: trtpipe::Int4Gemm supports bits=4 (and 8 for LM heads)")
-    codes = unpack_int4_codes(b_packed, K, N, G).reshape(N, nb, G).astype(np.float32)
+    codes = unpack_int4_codes(b_packed, K, N, G)
     s = np.asarray(scales)
-    if s.dtype not in _FLOAT_DTYPES:
+    if s.dtype not in FLOAT_DTYPES:
         raise OpError(f"scales: dtype {s.dtype}, expected float32 or float16")
     if s.shape != (N, nb):
-        raise _shape_error("scales", s.shape, f"[N, K/G] = [{N}, {nb}]")
-    if zero_points is None:
-        zp = np.full((N, nb), 8.0, dtype=np.float32)
-    else:
-        z = np.asarray(zero_points)
-        if z.dtype == np.uint8:
-            zp = unpack_zero_points_uint8(z, N, nb).astype(np.float32)
-        elif z.dtype in _FLOAT_DTYPES:
-            if z.dtype != s.dtype:
-                raise OpError(f"zero_points: dtype {z.dtype}, expected the scales dtype {s.dtype}")
-            if z.shape != (N, nb):
-                raise _shape_error("zero_points", z.shape, f"float [N, K/G] = [{N}, {nb}]")
-            zp = z.astype(np.float32)
-        else:
+        raise shape_error("scales", s.shape, f"[N, K/G] = [{N}, {nb}]")
+    z = None if zero_points is None else np.asarray(zero_points)
+    if z is not None and z.dtype != np.uint8:
+        if z.dtype not in FLOAT_DTYPES:
             raise OpError(f"zero_points: dtype {z.dtype}, expected uint8 (packed) or the scales dtype")
-    w = (codes - zp[:, :, None]) * s.astype(np.float32)[:, :, None]
-    return w.reshape(N, K)
+        if z.dtype != s.dtype:
+            raise OpError(f"zero_points: dtype {z.dtype}, expected the scales dtype {s.dtype}")
+    return dequantize_codes(codes, s, zero_points_float(z, N, nb), G)
 
 
 def int4_gemm(
@@ -423,136 +369,9 @@ def int4_gemm(
     """
     if int(bits) not in (4, 8):
         raise OpError(f"attribute bits={bits}: trtpipe::Int4Gemm supports bits=4 (and 8 for LM heads)")
-    a = _as_float_array("A", a)
+    a = as_float_array("A", a)
     if a.ndim < 1 or a.shape[-1] != int(K):
-        raise _shape_error("A", a.shape, f"[..., K] with K={K}")
+        raise shape_error("A", a.shape, f"[..., K] with K={K}")
     w = dequantize_int4(b_packed, scales, zero_points, K, N, group_size, bits)
     y = a.astype(np.float32) @ w.T
     return y.astype(a.dtype)
-
-
-# --------------------------------------------------------------------------------------------
-# RoPE
-# --------------------------------------------------------------------------------------------
-
-
-def rope_inv_freq(head_dim: int, theta: float, scaling: Mapping[str, Any] | None = None) -> np.ndarray:
-    """Inverse frequencies ``[head_dim/2]`` float64, as Hugging Face transformers defines them.
-
-    ``scaling`` (the ``rope_parameters`` / legacy ``rope_scaling`` dict, ``rope_type`` or legacy
-    ``type`` key):
-      - None or ``{"rope_type": "default"}``: ``1 / theta**(arange(0, D, 2)/D)``
-        (``LlamaRotaryEmbedding.compute_default_rope_parameters``);
-      - ``{"rope_type": "linear", "factor": f}``: default / f
-        (``_compute_linear_scaling_rope_parameters``);
-      - ``{"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
-        "original_max_position_embeddings"}``: ``_compute_llama3_parameters``.
-    All three have attention_factor 1.0, so cos/sin are not rescaled.
-
-    Raises:
-        OpError: odd or non-positive head_dim, theta <= 0, an unknown rope type or a missing key.
-    """
-    D = _positive_int("head_dim", head_dim)
-    if D % 2:
-        raise OpError(f"head_dim={head_dim}: rotary embedding needs an even head_dim")
-    if not float(theta) > 0:
-        raise OpError(f"rope theta={theta}: expected a positive float")
-    inv_freq = 1.0 / (float(theta) ** (np.arange(0, D, 2, dtype=np.float64) / D))
-    if scaling is None:
-        return inv_freq
-    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-
-    def need(k: str) -> float:
-        if k not in scaling:
-            raise OpError(f"rope scaling {dict(scaling)!r}: rope_type {rope_type!r} needs key {k!r}")
-        return float(scaling[k])
-
-    if rope_type == "default":
-        return inv_freq
-    if rope_type == "linear":
-        return inv_freq / need("factor")
-    if rope_type == "llama3":
-        factor = need("factor")
-        low = need("low_freq_factor")
-        high = need("high_freq_factor")
-        old_ctx = need("original_max_position_embeddings")
-        if high == low:
-            raise OpError(f"rope scaling {dict(scaling)!r}: high_freq_factor must differ from low_freq_factor")
-        low_wavelen = old_ctx / low
-        high_wavelen = old_ctx / high
-        wavelen = 2 * math.pi / inv_freq
-        llama = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
-        smooth = (old_ctx / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * llama / factor + smooth * llama
-        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
-        return np.where(medium, smoothed, llama)
-    raise OpError(
-        f"rope_type {rope_type!r} is not supported; supported: default (None), linear, llama3"
-    )
-
-
-def rope_cos_sin(
-    max_positions: int,
-    head_dim: int,
-    theta: float,
-    scaling: Mapping[str, Any] | None = None,
-    dtype: Any = np.float32,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Rotary tables ``cos, sin`` of shape ``[max_positions, head_dim]`` in ``dtype``.
-
-    Row p holds ``cos(p * inv_freq)`` / ``sin(...)`` laid out as Hugging Face's ``rotate_half``
-    expects: ``emb = concat(freqs, freqs)``, so column c uses frequency ``c % (head_dim/2)``.
-    Computed in float64 and cast once, so the table is correctly rounded; Hugging Face computes
-    ``position * inv_freq`` in float32, which differs by up to ~|p|*6e-8 radians (~5e-4 at
-    p = 8192). See :func:`rope_inv_freq` for ``scaling``.
-
-    Raises:
-        OpError: max_positions <= 0 and everything :func:`rope_inv_freq` raises.
-    """
-    P = _positive_int("max_positions", max_positions)
-    inv_freq = rope_inv_freq(head_dim, theta, scaling)
-    freqs = np.arange(P, dtype=np.float64)[:, None] * inv_freq[None, :]
-    emb = np.concatenate([freqs, freqs], axis=-1)
-    return np.cos(emb).astype(dtype), np.sin(emb).astype(dtype)
-
-
-def check_positions(positions: np.ndarray, table_len: int) -> np.ndarray:
-    """Check that positions index a rotary table of ``table_len`` rows; never a silent wrap.
-
-    Returns the positions as int64. Raises OpError naming the first offending entry for a
-    non-integer dtype, a negative position, or one >= ``table_len`` (the fix: rebuild with a
-    larger ``max_positions`` / context length, or shorten the request).
-    """
-    pos = np.asarray(positions)
-    if pos.dtype.kind not in "iu":
-        raise OpError(f"positions: dtype {pos.dtype}, expected an integer dtype (int64)")
-    pos = pos.astype(np.int64, copy=False)
-    bad = np.nonzero((pos < 0) | (pos >= int(table_len)))
-    if bad[0].size:
-        idx = tuple(int(b[0]) for b in bad)
-        where = idx[0] if len(idx) == 1 else idx
-        raise OpError(
-            f"positions[{where}]={int(pos[idx])} is outside the rotary table [0, {int(table_len)}); "
-            "positions must be >= 0 and below the built context length: rebuild with a larger "
-            "max_positions or shorten the request"
-        )
-    return pos
-
-
-def apply_rotary(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """Hugging Face ``x*cos + rotate_half(x)*sin`` for ``x [T, heads, D]``, ``cos/sin [T, D]``.
-
-    ``cos``/``sin`` are the table rows at each token's position (``cos_table[positions]``).
-    Computed in float32; returns x's dtype.
-    """
-    x = np.asarray(x)
-    if x.ndim != 3 or cos.shape != (x.shape[0], x.shape[2]) or sin.shape != cos.shape:
-        raise OpError(
-            f"apply_rotary: x {x.shape}, cos {cos.shape}, sin {sin.shape}; expected [T, h, D], [T, D], [T, D]"
-        )
-    x32 = x.astype(np.float32)
-    half = x.shape[-1] // 2
-    rot = np.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
-    c = cos.astype(np.float32)[:, None, :]
-    s = sin.astype(np.float32)[:, None, :]
-    return (x32 * c + rot * s).astype(x.dtype)

@@ -81,18 +81,20 @@ def _paged_attention_fake(query, key, value, key_cache, value_cache, slot_mappin
     return torch.empty_like(query), torch.empty_like(key_cache), torch.empty_like(value_cache)
 
 
+def _nibbles_torch(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 ``[...]`` -> float32 ``[..., 2]`` (low nibble, high nibble): the MatMulNBits byte
+    (:mod:`trtpipe.plugins.int4_pack`, whose NumPy tests define the order) in torch."""
+    return torch.stack([(packed & 0x0F).float(), (packed >> 4).float()], dim=-1)
+
+
 def unpack_int4_torch(b_packed: torch.Tensor, K: int, N: int) -> torch.Tensor:
     """[N, K/G, G/2] uint8 (low nibble = even code) -> codes [N, K] float32."""
-    lo = (b_packed & 0x0F).float()
-    hi = (b_packed >> 4).float()
-    return torch.stack([lo, hi], dim=-1).reshape(N, K)
+    return _nibbles_torch(b_packed).reshape(N, K)
 
 
 def _zero_points_full(zero_points: torch.Tensor, N: int, n_groups: int) -> torch.Tensor:
     if zero_points.dtype == torch.uint8:
-        lo = (zero_points & 0x0F).float()
-        hi = (zero_points >> 4).float()
-        return torch.stack([lo, hi], dim=-1).reshape(N, -1)[:, :n_groups]
+        return _nibbles_torch(zero_points).reshape(N, -1)[:, :n_groups]
     return zero_points.float()
 
 

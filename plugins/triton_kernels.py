@@ -1,6 +1,7 @@
 """Triton kernels of the ``trtpipe`` custom ops, for the GPU backends (TensorRT plugins, AOT).
 
-Kernels (each with a launcher that takes torch tensors, and an AOT entry in :data:`AOT_KERNELS`):
+Kernels (each with a launcher that takes torch tensors in :mod:`trtpipe.plugins.triton_launchers`,
+and an AOT entry in :data:`AOT_KERNELS`):
 
 - :func:`write_kv_cache_kernel` -- vLLM ``reshape_and_cache``: writes this step's K/V rows into
   the paged pool at ``slot_mapping`` (the "write first" half of ``trtpipe::PagedAttention``).
@@ -28,31 +29,27 @@ by default (no TF32 truncation), overridable with ``input_precision``.
 KV pool: ``[NB, BS, KVH, D]`` contiguous, so slot ``s`` starts at element ``s * KVH * D``.
 Offsets are computed in int64 (block tables and slots are int64).
 
-This module imports triton at module level (it is the Triton module; import it lazily) and
-torch only inside the launchers.
+This module imports triton at module level (it is the Triton module; import it lazily), never
+torch. It is a plugin ABI source (:data:`trtpipe.plugins.versions.PLUGIN_ABI_SOURCES`). Exception
+to the 60-line rule: the two attention kernels are single ``@triton.jit`` bodies (Triton inlines
+helpers anyway; splitting them would hide the tiling in call boundaries).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import triton
 import triton.language as tl
 
 from trtpipe.plugins.errors import OpError
-from trtpipe.plugins.reference import _check_group_size
 
 __all__ = [
     "write_kv_cache_kernel",
     "paged_attention_decode_kernel",
     "paged_attention_prefill_kernel",
     "int4_gemm_kernel",
-    "write_kv_cache",
-    "paged_attention_decode",
-    "paged_attention_prefill",
-    "paged_attention",
-    "int4_gemm",
+    "next_pow2",
     "AOT_KERNELS",
     "aot_compile",
 ]
@@ -86,6 +83,40 @@ def write_kv_cache_kernel(
     dst = slot * KVH_D + offs
     tl.store(key_cache_ptr + dst, k.to(key_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(value_cache_ptr + dst, v.to(value_cache_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _kv_tile(block_tables_ptr, s, stride_bt, j0, lo, hi, kvh, d, dmask, NUM_KV_HEADS: tl.constexpr,
+             HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Keys ``j = j0 .. j0+BLOCK_N-1`` of sequence s for kv head ``kvh``: ``(j [N], jvalid [N] =
+    lo <= j < hi, element offsets of their K/V rows in the pool [N, D_PAD], load mask)``. Block
+    table entries of invalid keys are never read (they may lie outside the window's blocks)."""
+    j = j0 + tl.arange(0, BLOCK_N)
+    jvalid = (j >= lo) & (j < hi)
+    blk = tl.load(block_tables_ptr + s * stride_bt + j // BLOCK_SIZE, mask=jvalid, other=0)
+    slot = blk * BLOCK_SIZE + j % BLOCK_SIZE
+    kv_off = slot[:, None] * (NUM_KV_HEADS * HEAD_SIZE) + kvh * HEAD_SIZE + d[None, :]
+    kv_mask = jvalid[:, None] & dmask[None, :]
+    return j, jvalid, kv_off, kv_mask
+
+
+@triton.jit
+def _online_softmax_init(ROWS: tl.constexpr, D_PAD: tl.constexpr):
+    """``(m [ROWS] = -inf, l [ROWS] = 0, acc [ROWS, D_PAD] = 0)``, all float32."""
+    return tl.full([ROWS], float("-inf"), tl.float32), tl.zeros([ROWS], tl.float32), tl.zeros([ROWS, D_PAD], tl.float32)
+
+
+@triton.jit
+def _online_softmax_step(m_i, l_i, scores):
+    """One online-softmax step (flash attention): running row max ``m_i`` and sum ``l_i`` [rows]
+    updated with ``scores`` [rows, N]. Returns ``(p [rows, N] unnormalized probabilities, alpha
+    [rows] rescale of the accumulator, l_i, m_new)``. A row with nothing visible yet keeps
+    ``m = -inf`` (exponents taken against 0: p = 0, alpha = 1)."""
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp(scores - m_safe[:, None])
+    alpha = tl.exp(m_i - m_safe)
+    return p, alpha, l_i * alpha + tl.sum(p, axis=1), m_new
 
 
 @triton.jit
@@ -126,24 +157,15 @@ def paged_attention_decode_kernel(
     q = q * scale
     lo = tl.where(sliding_window > 0, tl.maximum(pos - sliding_window + 1, 0), 0)
     start = (lo // BLOCK_N) * BLOCK_N
-    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
+    m_i, l_i, acc = _online_softmax_init(GROUP_PAD, D_PAD)  # running max, sum, weighted values
     for j0 in range(start, ctx, BLOCK_N):
-        j = j0 + tl.arange(0, BLOCK_N)
-        jvalid = (j >= lo) & (j < ctx)
-        blk = tl.load(block_tables_ptr + s * stride_bt + j // BLOCK_SIZE, mask=jvalid, other=0)
-        slot = blk * BLOCK_SIZE + j % BLOCK_SIZE
-        kv_off = slot[:, None] * (NUM_KV_HEADS * HEAD_SIZE) + kvh * HEAD_SIZE + d[None, :]
-        kv_mask = jvalid[:, None] & dmask[None, :]
+        j, jvalid, kv_off, kv_mask = _kv_tile(block_tables_ptr, s, stride_bt, j0, lo, ctx, kvh, d, dmask,
+                                              NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, BLOCK_N)
         k = tl.load(key_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)  # [N, D]
         scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [G, N]
         scores = tl.where(jvalid[None, :], scores, float("-inf"))
         # every tile holds at least one visible key, so m_new is finite
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        p = tl.exp(scores - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p, alpha, l_i, m_new = _online_softmax_step(m_i, l_i, scores)
         v = tl.load(value_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         m_i = m_new
@@ -217,26 +239,16 @@ def paged_attention_prefill_kernel(
     j_lo = tl.where(sliding_window > 0, tl.maximum(first_pos + q_start - sliding_window + 1, 0), 0)
     start = (j_lo // BLOCK_N) * BLOCK_N
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    m_i, l_i, acc = _online_softmax_init(BLOCK_M, D_PAD)  # running max, sum, weighted values
     for j0 in range(start, j_end, BLOCK_N):
-        j = j0 + tl.arange(0, BLOCK_N)
-        jvalid = (j >= j_lo) & (j < j_end)
-        blk = tl.load(block_tables_ptr + s * stride_bt + j // BLOCK_SIZE, mask=jvalid, other=0)
-        slot = blk * BLOCK_SIZE + j % BLOCK_SIZE
-        kv_off = slot[:, None] * (NUM_KV_HEADS * HEAD_SIZE) + kvh * HEAD_SIZE + d[None, :]
-        kv_mask = jvalid[:, None] & dmask[None, :]
+        j, jvalid, kv_off, kv_mask = _kv_tile(block_tables_ptr, s, stride_bt, j0, j_lo, j_end, kvh, d, dmask,
+                                              NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, BLOCK_N)
         k = tl.load(key_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)  # [N, D]
         scores = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * scale  # [M, N]
         visible = jvalid[None, :] & (j[None, :] <= pos[:, None])
         visible = visible & ((sliding_window == 0) | (j[None, :] > pos[:, None] - sliding_window))
         scores = tl.where(visible, scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
-        p = tl.exp(scores - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p, alpha, l_i, m_new = _online_softmax_step(m_i, l_i, scores)
         v = tl.load(value_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=INPUT_PRECISION)
         m_i = m_new
@@ -297,188 +309,9 @@ def int4_gemm_kernel(
              mask=mmask[:, None] & nmask[None, :])
 
 
-# ============================================================================================
-# launchers (torch tensors on the kernel's device; CPU tensors under TRITON_INTERPRET=1)
-# ============================================================================================
-
-
-def _next_pow2(x: int) -> int:
+def next_pow2(x: int) -> int:
+    """The smallest power of two >= ``x`` (1 for x <= 1): Triton block shapes must be powers of two."""
     return 1 << max(0, int(x) - 1).bit_length()
-
-
-def _precision(dtype: Any, input_precision: str | None) -> str:
-    import torch
-
-    if input_precision is not None:
-        return input_precision
-    return "ieee" if dtype == torch.float32 else "tf32"  # fp16 ignores it
-
-
-def _attention_attrs(num_heads: int, num_kv_heads: int, head_size: int, scale: float, block_size: int,
-                     sliding_window: int) -> tuple[int, float]:
-    for name, v in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads), ("head_size", head_size),
-                    ("block_size", block_size)):
-        if int(v) <= 0:
-            raise OpError(f"attribute {name}={v}, expected a positive integer")
-    if num_heads % num_kv_heads:
-        raise OpError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
-    if sliding_window < 0:
-        raise OpError(f"attribute sliding_window={sliding_window}, expected >= 0 (0 = off)")
-    return num_heads // num_kv_heads, (float(scale) or 1.0 / math.sqrt(head_size))
-
-
-def _check_cache(key_cache: Any, value_cache: Any, block_size: int, num_kv_heads: int, head_size: int) -> None:
-    want = (block_size, num_kv_heads, head_size)
-    for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
-        if c.dim() != 4 or tuple(c.shape[1:]) != want or not c.is_contiguous():
-            raise OpError(f"{name}: shape {tuple(c.shape)}, expected a contiguous [NB, {block_size}, "
-                          f"{num_kv_heads}, {head_size}]")
-
-
-def write_kv_cache(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any) -> None:
-    """Write K/V rows ``[T, KVH*D]`` into the caches ``[NB, BS, KVH, D]`` at ``slot_mapping [T]``
-    (int64), in place. Negative slots are skipped."""
-    T = key.shape[0]
-    kvh_d = key_cache.shape[2] * key_cache.shape[3]
-    if key.shape != (T, kvh_d) or value.shape != (T, kvh_d) or slot_mapping.shape != (T,):
-        raise OpError(f"write_kv_cache: key {tuple(key.shape)}, value {tuple(value.shape)}, slot_mapping "
-                      f"{tuple(slot_mapping.shape)}; expected [T, {kvh_d}], [T, {kvh_d}], [T]")
-    if T == 0:
-        return
-    if key.stride(1) != 1 or value.stride(1) != 1:
-        raise OpError("write_kv_cache: key/value rows must be contiguous in their last dim")
-    write_kv_cache_kernel[(T,)](key, value, key_cache, value_cache, slot_mapping, key.stride(0),
-                                value.stride(0), KVH_D=kvh_d, BLOCK=_next_pow2(kvh_d))
-
-
-def paged_attention_decode(query: Any, key_cache: Any, value_cache: Any, block_tables: Any, context_lens: Any,
-                           *, num_heads: int, num_kv_heads: int, head_size: int, scale: float = 0.0,
-                           block_size: int, sliding_window: int = 0, out: Any = None,
-                           block_n: int | None = None) -> Any:
-    """Decode attention: ``query [S, H*D]`` (token s is sequence s's newest token, position
-    ``context_lens[s]-1``, its K/V already in the pool) -> ``out [S, H*D]`` in query's dtype."""
-    import torch
-
-    group, scale = _attention_attrs(num_heads, num_kv_heads, head_size, scale, block_size, sliding_window)
-    _check_cache(key_cache, value_cache, block_size, num_kv_heads, head_size)
-    S = block_tables.shape[0]
-    if query.shape != (S, num_heads * head_size) or query.stride(1) != 1:
-        raise OpError(f"query: shape {tuple(query.shape)}, expected [S, H*D] = [{S}, {num_heads * head_size}]")
-    out = torch.empty_like(query) if out is None else out
-    if S == 0:
-        return out
-    gp, dp = _next_pow2(group), max(16, _next_pow2(head_size))
-    bn = block_n or max(16, min(64, _next_pow2(max(1, 8192 // (gp * dp)))))
-    paged_attention_decode_kernel[(S, num_kv_heads)](
-        out, query, key_cache, value_cache, block_tables, context_lens, scale, int(sliding_window),
-        query.stride(0), out.stride(0), block_tables.stride(0),
-        NUM_KV_HEADS=num_kv_heads, HEAD_SIZE=head_size, BLOCK_SIZE=block_size, GROUP=group, GROUP_PAD=gp,
-        D_PAD=dp, BLOCK_N=bn)
-    return out
-
-
-def paged_attention_prefill(query: Any, key_cache: Any, value_cache: Any, block_tables: Any, context_lens: Any,
-                            query_start_loc: Any, *, num_heads: int, num_kv_heads: int, head_size: int,
-                            scale: float = 0.0, block_size: int, sliding_window: int = 0, out: Any = None,
-                            block_q: int | None = None, block_n: int = 32,
-                            input_precision: str | None = None) -> Any:
-    """Prefill attention over packed ragged chunks (``query [T, H*D]``, ``query_start_loc
-    [S+1]``), this step's K/V already in the pool. ``out [T, H*D]`` in query's dtype."""
-    import torch
-
-    group, scale = _attention_attrs(num_heads, num_kv_heads, head_size, scale, block_size, sliding_window)
-    _check_cache(key_cache, value_cache, block_size, num_kv_heads, head_size)
-    T, S = query.shape[0], block_tables.shape[0]
-    if query.shape != (T, num_heads * head_size) or query.stride(1) != 1:
-        raise OpError(f"query: shape {tuple(query.shape)}, expected [T, H*D] = [T, {num_heads * head_size}]")
-    if query_start_loc.shape != (S + 1,):
-        raise OpError(f"query_start_loc: shape {tuple(query_start_loc.shape)}, expected [S+1] = [{S + 1}]")
-    out = torch.empty_like(query) if out is None else out
-    if T == 0 or S == 0:
-        return out
-    gp, dp = _next_pow2(group), max(16, _next_pow2(head_size))
-    bq = block_q or max(1, 64 // gp)
-    if bq * gp < 16 or block_n < 16 or bq & (bq - 1) or block_n & (block_n - 1):
-        raise OpError(f"block_q={bq} x group {gp} must give >= 16 rows; block_n={block_n} >= 16; powers of two")
-    grid = (T // bq + S, num_kv_heads)
-    paged_attention_prefill_kernel[grid](
-        out, query, key_cache, value_cache, block_tables, context_lens, query_start_loc, S, scale,
-        int(sliding_window), query.stride(0), out.stride(0), block_tables.stride(0),
-        NUM_KV_HEADS=num_kv_heads, HEAD_SIZE=head_size, BLOCK_SIZE=block_size, GROUP=group, GROUP_PAD=gp,
-        D_PAD=dp, BLOCK_Q=bq, BLOCK_N=block_n, INPUT_PRECISION=_precision(query.dtype, input_precision))
-    return out
-
-
-def paged_attention(query: Any, key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any,
-                    block_tables: Any, context_lens: Any, query_start_loc: Any, *, num_heads: int,
-                    num_kv_heads: int, head_size: int, scale: float = 0.0, block_size: int,
-                    sliding_window: int = 0, max_query_len: int | None = None) -> tuple[Any, Any, Any]:
-    """``trtpipe::PagedAttention`` on torch tensors: write K/V in place, then attention.
-
-    Returns ``(output, key_cache, value_cache)`` with the caches being the (updated) inputs,
-    the in-place aliasing backends use. ``max_query_len == 1`` (decode batch: one token per
-    sequence, ``T == S``) selects the decode kernel; None reads it from query_start_loc (a host
-    sync).
-    """
-    write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
-    kw = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size, scale=scale,
-              block_size=block_size, sliding_window=sliding_window)
-    S = block_tables.shape[0]
-    if max_query_len is None:
-        max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max().item()) if S else 0
-    if max_query_len == 1 and query.shape[0] == S:
-        out = paged_attention_decode(query, key_cache, value_cache, block_tables, context_lens, **kw)
-    else:
-        out = paged_attention_prefill(query, key_cache, value_cache, block_tables, context_lens,
-                                      query_start_loc, **kw)
-    return out, key_cache, value_cache
-
-
-def int4_gemm(a: Any, b_packed: Any, scales: Any, zero_points: Any = None, *, K: int, N: int, group_size: int,
-              bits: int = 4, block_m: int = 16, block_n: int = 32, block_k: int | None = None,
-              input_precision: str | None = None) -> Any:
-    """``trtpipe::Int4Gemm`` on torch tensors: ``a [..., K]`` -> ``y [..., N]`` in a's dtype.
-
-    ``b_packed [N, K/G, G/2]`` uint8, ``scales [N, K/G]``, ``zero_points`` None | uint8
-    ``[N, ceil(K/G/2)]`` | float ``[N, K/G]`` (see :func:`trtpipe.plugins.reference.int4_gemm`).
-    """
-    import torch
-
-    if bits != 4:
-        raise OpError(f"attribute bits={bits}: Int4Gemm supports bits=4 only")
-    _check_group_size(K, group_size)
-    G, nb = int(group_size), K // int(group_size)
-    if a.shape[-1] != K:
-        raise OpError(f"A: shape {tuple(a.shape)}, expected [..., K] with K={K}")
-    if tuple(b_packed.shape) != (N, nb, G // 2) or b_packed.dtype != torch.uint8 or not b_packed.is_contiguous():
-        raise OpError(f"b_packed: {tuple(b_packed.shape)} {b_packed.dtype}, expected contiguous uint8 "
-                      f"[{N}, {nb}, {G // 2}]")
-    if tuple(scales.shape) != (N, nb) or not scales.is_contiguous():
-        raise OpError(f"scales: shape {tuple(scales.shape)}, expected contiguous [{N}, {nb}]")
-    if zero_points is None:
-        zp_mode, zp = 0, scales
-    elif zero_points.dtype == torch.uint8:
-        if tuple(zero_points.shape) != (N, (nb + 1) // 2):
-            raise OpError(f"zero_points: shape {tuple(zero_points.shape)}, expected uint8 [{N}, {(nb + 1) // 2}]")
-        zp_mode, zp = 1, zero_points.contiguous()
-    else:
-        if tuple(zero_points.shape) != (N, nb):
-            raise OpError(f"zero_points: shape {tuple(zero_points.shape)}, expected float [{N}, {nb}]")
-        zp_mode, zp = 2, zero_points.contiguous()
-    bk = block_k or min(G, 64)
-    if G % bk or bk < 16:
-        raise OpError(f"block_k={bk} must be >= 16 and divide group_size={G}")
-    a2 = a.reshape(-1, K)
-    if a2.stride(1) != 1:
-        a2 = a2.contiguous()
-    M = a2.shape[0]
-    y = torch.empty((M, N), dtype=a.dtype, device=a.device)
-    if M:
-        grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
-        int4_gemm_kernel[grid](a2, b_packed, scales, zp, y, M, N, K, a2.stride(0), y.stride(0), GROUP=G,
-                               ZP_MODE=zp_mode, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=bk,
-                               INPUT_PRECISION=_precision(a.dtype, input_precision))
-    return y.reshape(*a.shape[:-1], N)
 
 
 # ============================================================================================

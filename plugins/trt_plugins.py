@@ -39,12 +39,14 @@ import triton
 import triton.language as tl
 
 from trtpipe.plugins import PLUGIN_VERSION
+from trtpipe.plugins.dtypes import FLOAT_NAMES
 from trtpipe.plugins.errors import OpError
-from trtpipe.plugins.triton_kernels import (int4_gemm_kernel, paged_attention_decode_kernel,
+from trtpipe.plugins.triton_kernels import (int4_gemm_kernel, next_pow2, paged_attention_decode_kernel,
                                             paged_attention_prefill_kernel, write_kv_cache_kernel)
 from trtpipe.plugins.trt_lowering import PLUGIN_ATTRIBUTES, PLUGIN_NAMESPACE
+from trtpipe.plugins.versions import TRT_PLUGINS_MIN_VERSION, trt_has_python_plugins
 
-MIN_TRT_VERSION = (10, 7)  # tensorrt.plugin with aot_impl
+MIN_TRT_VERSION = TRT_PLUGINS_MIN_VERSION  # tensorrt.plugin with aot_impl (home: plugins/versions.py)
 PLUGIN_VERSIONS = {name: PLUGIN_VERSION for name in PLUGIN_ATTRIBUTES}
 
 # Int4Gemm tactics: (BLOCK_M, BLOCK_N, BLOCK_K cap, num_warps). 1-2 are GEMV-shaped (decode, M <= 16).
@@ -124,31 +126,28 @@ def int4_gemm_plugin_kernel(
 # ============================================================================================
 
 
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, int(x) - 1).bit_length()
-
-
 def _attention_constexprs(num_heads: int, num_kv_heads: int, head_size: int, scale: float, block_size: int,
                           sliding_window: int) -> dict[str, Any]:
     if num_heads <= 0 or num_kv_heads <= 0 or num_heads % num_kv_heads:
-        raise OpError(f"PagedAttention: num_heads={num_heads} must be a positive multiple of num_kv_heads={num_kv_heads}")
+        raise OpError(f"PagedAttention: num_heads={num_heads} must be a positive multiple of "
+                      f"num_kv_heads={num_kv_heads}")
     group = num_heads // num_kv_heads
     return dict(SCALE=float(scale) or 1.0 / float(head_size) ** 0.5, WINDOW=int(sliding_window),
                 NUM_KV_HEADS=num_kv_heads, HEAD_SIZE=head_size, BLOCK_SIZE=block_size, GROUP=group,
-                GROUP_PAD=_next_pow2(group), D_PAD=max(16, _next_pow2(head_size)))
+                GROUP_PAD=next_pow2(group), D_PAD=max(16, next_pow2(head_size)))
 
 
 def kernel_config(plugin: str, attrs: dict[str, Any], dtype: str, tactic: int = 1) -> tuple[Any, dict, dict, int]:
     """``(wrapper kernel, signature, constexprs, num_warps)`` of ``plugin`` for node attributes
     ``attrs``, float dtype ("fp16" | "fp32") and tactic. Raises :class:`OpError` on bad values."""
-    f = {"fp16": "*fp16", "fp32": "*fp32", "bf16": "*bf16"}.get(dtype)
+    f = f"*{dtype}" if dtype in FLOAT_NAMES else None  # Triton pointer types spell dtypes as recipes do
     if f is None:
         raise OpError(f"dtype {dtype!r}: the plugins run fp16, bf16 or fp32")
     if plugin == "PagedKVWrite":
         kvh_d = int(attrs["num_kv_heads"]) * int(attrs["head_size"])
         sig = {"key_ptr": f, "value_ptr": f, "key_cache_ptr": f, "value_cache_ptr": f, "slot_mapping_ptr": "*i64",
                "key_cache_out_ptr": f, "value_cache_out_ptr": f, "KVH_D": "constexpr", "BLOCK": "constexpr"}
-        return kv_write_plugin_kernel, sig, {"KVH_D": kvh_d, "BLOCK": _next_pow2(kvh_d)}, 4
+        return kv_write_plugin_kernel, sig, {"KVH_D": kvh_d, "BLOCK": next_pow2(kvh_d)}, 4
     if plugin == "PagedAttention":
         c = _attention_constexprs(int(attrs["num_heads"]), int(attrs["num_kv_heads"]), int(attrs["head_size"]),
                                   float(attrs.get("scale", 0.0)), int(attrs["block_size"]),
@@ -156,7 +155,7 @@ def kernel_config(plugin: str, attrs: dict[str, Any], dtype: str, tactic: int = 
         ins = {"query_ptr": f, "key_cache_ptr": f, "value_cache_ptr": f, "block_tables_ptr": "*i64",
                "context_lens_ptr": "*i64", "query_start_loc_ptr": "*i64"}
         if int(attrs.get("decode", 0)):
-            c["BLOCK_N"] = max(16, min(64, _next_pow2(max(1, 8192 // (c["GROUP_PAD"] * c["D_PAD"])))))
+            c["BLOCK_N"] = max(16, min(64, next_pow2(max(1, 8192 // (c["GROUP_PAD"] * c["D_PAD"])))))
             sig = {**ins, "max_blocks": "i32", "out_ptr": f, **{k: "constexpr" for k in c}}
             return attention_decode_plugin_kernel, sig, c, 4
         c["BLOCK_Q"] = max(1, 64 // c["GROUP_PAD"])
@@ -197,7 +196,8 @@ def strip_unused_params(ptx: str, kernel_name: str, keep: int) -> str:
     return ptx[:head_start] + f".entry {kernel_name}(\n\t{new_head}\n" + ptx[head_end:]
 
 
-def compile_plugin_kernel(plugin: str, attrs: dict[str, Any], dtype: str, *, cc: int, tactic: int = 1) -> tuple[str, str, Any]:
+def compile_plugin_kernel(plugin: str, attrs: dict[str, Any], dtype: str, *, cc: int,
+                          tactic: int = 1) -> tuple[str, str, Any]:
     """Compile the plugin's wrapper kernel for ``sm_<cc>`` (no GPU needed) and return
     ``(kernel name, PTX with exactly the TensorRT-launched parameters, triton CompiledKernel)``."""
     from triton.backends.compiler import GPUTarget
@@ -222,12 +222,12 @@ _TARGET_CC: dict[str, int] = {"cc": 80}
 
 
 def trt_version_supports_plugins(version: str) -> bool:
-    """True for TensorRT >= 10.7 (``tensorrt.plugin`` with ``aot_impl``)."""
+    """True for TensorRT >= 10.7 (``tensorrt.plugin`` with ``aot_impl``); False for a version
+    string without ``major.minor``."""
     try:
-        major, minor = (int(x) for x in version.split(".")[:2])
+        return trt_has_python_plugins(version)
     except ValueError:
         return False
-    return (major, minor) >= MIN_TRT_VERSION
 
 
 def _dtype_name(trt: Any, dt: Any) -> str:
@@ -238,6 +238,9 @@ def _dtype_name(trt: Any, dt: Any) -> str:
     if dt == getattr(trt, "bfloat16", object()):
         return "bf16"
     raise OpError(f"plugin input dtype {dt}: expected fp16, bf16 or fp32")
+
+
+_FLOATS = "FP16|FP32|BF16"  # autotune type alternatives, index-wise: all float I/O share one dtype
 
 
 def register_plugins(trtp: Any = None, *, cc: int | None = None) -> dict[str, Any]:
@@ -253,24 +256,34 @@ def register_plugins(trtp: Any = None, *, cc: int | None = None) -> dict[str, An
         return state
     import tensorrt as trt
 
+    ns = PLUGIN_NAMESPACE
+    ids = {f"{ns}::PagedKVWrite": _register_kv_write(trtp, trt),
+           f"{ns}::PagedAttention": _register_attention(trtp, trt),
+           f"{ns}::Int4Gemm": _register_int4_gemm(trtp, trt)}
+    _REGISTERED[id(trtp)] = ids
+    return ids
+
+
+def _launch(trtp: Any, name: str, ptx: str, grid: tuple, k: Any, extras: tuple) -> tuple:
+    """``aot_impl``'s return value: kernel name, PTX, launch parameters (grid, one warp group of
+    ``num_warps * 32`` threads, the kernel's shared memory) and the extra scalar arguments."""
+    lp = trtp.KernelLaunchParams()
+    lp.grid_x = grid[0]
+    if len(grid) > 1:
+        lp.grid_y = grid[1]
+    lp.block_x = k.metadata.num_warps * 32
+    lp.shared_mem = k.metadata.shared
+    ex = trtp.SymIntExprs(len(extras))
+    for i, e in enumerate(extras):
+        ex[i] = trtp.SymInt32(e)
+    return name, ptx, lp, ex
+
+
+def _register_kv_write(trtp: Any, trt: Any) -> Any:
+    """PagedKVWrite: outputs alias the caches (in-place write); grid (T,)."""
     TensorDesc = trtp.TensorDesc
     ns = PLUGIN_NAMESPACE
-    floats = "FP16|FP32|BF16"  # index-wise alternatives: all float I/O share one dtype
-    ids: dict[str, Any] = {}
 
-    def launch(name: str, ptx: str, grid: tuple, k: Any, extras: tuple) -> tuple:
-        lp = trtp.KernelLaunchParams()
-        lp.grid_x = grid[0]
-        if len(grid) > 1:
-            lp.grid_y = grid[1]
-        lp.block_x = k.metadata.num_warps * 32
-        lp.shared_mem = k.metadata.shared
-        ex = trtp.SymIntExprs(len(extras))
-        for i, e in enumerate(extras):
-            ex[i] = trtp.SymInt32(e)
-        return name, ptx, lp, ex
-
-    # ---- PagedKVWrite ---------------------------------------------------------------------
     @trtp.register(f"{ns}::PagedKVWrite")
     def paged_kv_write_desc(key: TensorDesc, value: TensorDesc, key_cache: TensorDesc, value_cache: TensorDesc,
                             slot_mapping: TensorDesc, num_kv_heads: int, head_size: int,
@@ -280,7 +293,7 @@ def register_plugins(trtp: Any = None, *, cc: int | None = None) -> dict[str, An
     @trtp.autotune(f"{ns}::PagedKVWrite")
     def paged_kv_write_autotune(key: TensorDesc, value: TensorDesc, key_cache: TensorDesc, value_cache: TensorDesc,
                                 slot_mapping: TensorDesc, outputs: Tuple[TensorDesc]) -> List[trtp.AutoTuneCombination]:
-        return [trtp.AutoTuneCombination(f"{floats}, {floats}, {floats}, {floats}, INT64, {floats}, {floats}")]
+        return [trtp.AutoTuneCombination(f"{_FLOATS}, {_FLOATS}, {_FLOATS}, {_FLOATS}, INT64, {_FLOATS}, {_FLOATS}")]
 
     @trtp.aot_impl(f"{ns}::PagedKVWrite")
     def paged_kv_write_aot(key: TensorDesc, value: TensorDesc, key_cache: TensorDesc, value_cache: TensorDesc,
@@ -289,11 +302,16 @@ def register_plugins(trtp: Any = None, *, cc: int | None = None) -> dict[str, An
                                                                               trtp.SymExprs]:
         attrs = dict(num_kv_heads=num_kv_heads, head_size=head_size, block_size=block_size)
         name, ptx, k = compile_plugin_kernel("PagedKVWrite", attrs, _dtype_name(trt, key.dtype), cc=_TARGET_CC["cc"])
-        return launch(name, ptx, (key.shape_expr[0],), k, ())
+        return _launch(trtp, name, ptx, (key.shape_expr[0],), k, ())
 
-    ids[f"{ns}::PagedKVWrite"] = paged_kv_write_desc
+    return paged_kv_write_desc
 
-    # ---- PagedAttention -------------------------------------------------------------------
+
+def _register_attention(trtp: Any, trt: Any) -> Any:
+    """PagedAttention: output like the query; decode grid (S, KVH), prefill (T // BLOCK_Q + S, KVH)."""
+    TensorDesc = trtp.TensorDesc
+    ns = PLUGIN_NAMESPACE
+
     @trtp.register(f"{ns}::PagedAttention")
     def paged_attention_desc(query: TensorDesc, key_cache: TensorDesc, value_cache: TensorDesc,
                              block_tables: TensorDesc, context_lens: TensorDesc, query_start_loc: TensorDesc,
@@ -306,7 +324,7 @@ def register_plugins(trtp: Any = None, *, cc: int | None = None) -> dict[str, An
                                  block_tables: TensorDesc, context_lens: TensorDesc, query_start_loc: TensorDesc,
                                  decode: int, outputs: Tuple[TensorDesc]) -> List[trtp.AutoTuneCombination]:
         tactics = [1] if decode else sorted(PREFILL_TACTICS)
-        return [trtp.AutoTuneCombination(f"{floats}, {floats}, {floats}, INT64, INT64, INT64, {floats}", "LINEAR",
+        return [trtp.AutoTuneCombination(f"{_FLOATS}, {_FLOATS}, {_FLOATS}, INT64, INT64, INT64, {_FLOATS}", "LINEAR",
                                           tactics)]
 
     @trtp.aot_impl(f"{ns}::PagedAttention")
@@ -321,13 +339,18 @@ def register_plugins(trtp: Any = None, *, cc: int | None = None) -> dict[str, An
         name, ptx, k = compile_plugin_kernel("PagedAttention", attrs, dt, cc=_TARGET_CC["cc"], tactic=tactic)
         S, MB = block_tables.shape_expr[0], block_tables.shape_expr[1]
         if decode:
-            return launch(name, ptx, (S, num_kv_heads), k, (MB,))
+            return _launch(trtp, name, ptx, (S, num_kv_heads), k, (MB,))
         bq = kernel_config("PagedAttention", attrs, dt, tactic)[2]["BLOCK_Q"]
-        return launch(name, ptx, (query.shape_expr[0] // bq + S, num_kv_heads), k, (S, MB))
+        return _launch(trtp, name, ptx, (query.shape_expr[0] // bq + S, num_kv_heads), k, (S, MB))
 
-    ids[f"{ns}::PagedAttention"] = paged_attention_desc
+    return paged_attention_desc
 
-    # ---- Int4Gemm ---------------------------------------------------------------------------
+
+def _register_int4_gemm(trtp: Any, trt: Any) -> Any:
+    """Int4Gemm: Y = A[..., K] @ W^T -> [..., N]; grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N))."""
+    TensorDesc = trtp.TensorDesc
+    ns = PLUGIN_NAMESPACE
+
     @trtp.register(f"{ns}::Int4Gemm")
     def int4_gemm_desc(a: TensorDesc, b: TensorDesc, scales: TensorDesc, zero_points: TensorDesc, K: int, N: int,
                        group_size: int, bits: int) -> Tuple[TensorDesc]:
@@ -337,7 +360,7 @@ def register_plugins(trtp: Any = None, *, cc: int | None = None) -> dict[str, An
     @trtp.autotune(f"{ns}::Int4Gemm")
     def int4_gemm_autotune(a: TensorDesc, b: TensorDesc, scales: TensorDesc, zero_points: TensorDesc,
                            outputs: Tuple[TensorDesc]) -> List[trtp.AutoTuneCombination]:
-        return [trtp.AutoTuneCombination(f"{floats}, UINT8, {floats}, {floats}, {floats}", "LINEAR",
+        return [trtp.AutoTuneCombination(f"{_FLOATS}, UINT8, {_FLOATS}, {_FLOATS}, {_FLOATS}", "LINEAR",
                                           sorted(INT4_TACTICS))]
 
     @trtp.aot_impl(f"{ns}::Int4Gemm")
@@ -349,16 +372,9 @@ def register_plugins(trtp: Any = None, *, cc: int | None = None) -> dict[str, An
                                              tactic=tactic)
         bm, bn = INT4_TACTICS.get(tactic, INT4_TACTICS[1])[:2]
         M = a.shape_expr.numel() // K
-        return launch(name, ptx, (trtp.cdiv(M, bm), -(-N // bn)), k, (M,))
+        return _launch(trtp, name, ptx, (trtp.cdiv(M, bm), -(-N // bn)), k, (M,))
 
-    ids[f"{ns}::Int4Gemm"] = int4_gemm_desc
-    _REGISTERED[id(trtp)] = ids
-    return ids
-
-
-def plugin_node_attributes() -> dict[str, tuple[str, ...]]:
-    """Attribute names each plugin node carries (== what :func:`register_plugins` declares)."""
-    return dict(PLUGIN_ATTRIBUTES)
+    return int4_gemm_desc
 
 
 __all__ = ["register_plugins", "compile_plugin_kernel", "kernel_config", "strip_unused_params",

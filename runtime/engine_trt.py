@@ -1,8 +1,9 @@
 """TensorRT engines: the prefill and decode plans over one device-resident paged KV pool.
 
 Deploy side: needs ``tensorrt`` (or only its runtime) and the CUDA runtime library; never torch,
-never the builder. CUDA is reached through ``ctypes`` on ``libcudart`` (a few calls: malloc,
-memcpy, streams, device attributes), so an Orin needs nothing beyond JetPack.
+never the builder. CUDA is reached through ``ctypes`` on ``libcudart`` (:mod:`trtpipe.runtime.cuda_device`: malloc,
+memcpy, streams, device attributes), so an Orin needs nothing beyond JetPack. The plugin ABI hash
+lives with the plugin versions (:func:`trtpipe.plugins.versions.plugin_abi_hash`).
 
 Fingerprint: :func:`check_trt_fingerprint` compares what the artifact was built for (TensorRT
 flavor and version, SM, CUDA major version, platform, plugin ABI hash) with what this process
@@ -30,9 +31,6 @@ The host :class:`~trtpipe.runtime.kv_pool.KVPool` the caller passes is not used 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
-import glob
-import os
 import platform
 import time
 from dataclasses import dataclass
@@ -40,140 +38,16 @@ from typing import Any
 
 import numpy as np
 
+from trtpipe.plugins.dtypes import dtype as dtype_record
+from trtpipe.plugins.versions import plugin_abi_hash
+from trtpipe.runtime.cuda_device import (CudaError, DeviceBuffer, check_cuda, cuda_device_info, load_cudart,
+                                         memcpy_dtoh, memcpy_htod)
 from trtpipe.runtime.errors import ArtifactError
 from trtpipe.runtime.manifest import Manifest
 
-# ============================================================================================
-# CUDA runtime through ctypes
-# ============================================================================================
-
-
-class CudaError(ArtifactError):
-    """The CUDA runtime is missing, has no device, or a call failed."""
-
-
-_CUDART: Any = None
-
-
-def _load_cudart() -> Any:
-    """``libcudart`` from the system (JetPack, CUDA toolkit) or the ``nvidia-cuda-runtime``
-    wheel; raises :class:`CudaError` naming where it looked."""
-    global _CUDART
-    if _CUDART is not None:
-        return _CUDART
-    names = []
-    found = ctypes.util.find_library("cudart")
-    if found:
-        names.append(found)
-    for root in ("/usr/local/cuda/lib64", "/usr/local/cuda/targets/aarch64-linux/lib", "/usr/lib/x86_64-linux-gnu",
-                 "/usr/lib/aarch64-linux-gnu"):
-        names += sorted(glob.glob(os.path.join(root, "libcudart.so*")))
-    try:
-        import nvidia.cuda_runtime as _ncr  # type: ignore  # pip wheel, if installed
-
-        for p in _ncr.__path__:
-            names += sorted(glob.glob(os.path.join(p, "lib", "libcudart.so*")))
-    except Exception:
-        pass
-    errors = []
-    for n in names:
-        try:
-            _CUDART = ctypes.CDLL(n)
-            return _CUDART
-        except OSError as e:
-            errors.append(f"{n}: {e}")
-    raise CudaError("the CUDA runtime library (libcudart) was not found"
-                    + (f" ({'; '.join(errors)})" if errors else "")
-                    + ". Fix: install the CUDA runtime (JetPack on Orin; the CUDA toolkit or "
-                    "`pip install nvidia-cuda-runtime-cu12` elsewhere).")
-
-
-def _check(rc: int, what: str) -> None:
-    if rc != 0:
-        lib = _load_cudart()
-        lib.cudaGetErrorString.restype = ctypes.c_char_p
-        msg = lib.cudaGetErrorString(rc).decode(errors="replace")
-        raise CudaError(f"CUDA {what} failed: error {rc} ({msg})")
-
-
-@dataclass(frozen=True)
-class CudaDeviceInfo:
-    """Device 0 as this process sees it."""
-
-    sm: int  # 80, 87, 90 (major * 10 + minor)
-    name: str
-    total_memory_bytes: int
-    runtime_version: str  # "12.6"
-    driver_version: str
-
-
-def cuda_device_info() -> CudaDeviceInfo | None:
-    """Facts about GPU 0, or None when there is no CUDA runtime or no device.
-
-    Uses ``cudaGetDeviceCount``, ``cudaDeviceGetAttribute`` (75/76 = compute capability
-    major/minor), ``cudaRuntimeGetVersion``, ``cudaDriverGetVersion``, ``cudaMemGetInfo``.
-    """
-    try:
-        lib = _load_cudart()
-    except CudaError:
-        return None
-    n = ctypes.c_int(0)
-    if lib.cudaGetDeviceCount(ctypes.byref(n)) != 0 or n.value < 1:
-        return None
-    major, minor = ctypes.c_int(0), ctypes.c_int(0)
-    if lib.cudaDeviceGetAttribute(ctypes.byref(major), 75, 0) or lib.cudaDeviceGetAttribute(ctypes.byref(minor), 76, 0):
-        return None
-    rt, drv = ctypes.c_int(0), ctypes.c_int(0)
-    lib.cudaRuntimeGetVersion(ctypes.byref(rt))
-    lib.cudaDriverGetVersion(ctypes.byref(drv))
-    free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-    lib.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total))
-    name = ""
-    try:  # cudaDeviceProp starts with char name[256]; the struct is larger: over-allocate
-        buf = ctypes.create_string_buffer(8192)
-        if lib.cudaGetDeviceProperties(buf, 0) == 0:
-            name = buf.value.decode(errors="replace")
-    except Exception:
-        pass
-    fmt = lambda v: f"{v // 1000}.{(v % 1000) // 10}"  # noqa: E731  (12060 -> "12.6")
-    return CudaDeviceInfo(major.value * 10 + minor.value, name, total.value, fmt(rt.value), fmt(drv.value))
-
-
-class DeviceBuffer:
-    """``cudaMalloc``'d bytes, freed on :meth:`free` or garbage collection."""
-
-    def __init__(self, nbytes: int):
-        self.nbytes = int(max(nbytes, 1))
-        self.ptr = ctypes.c_void_p()
-        _check(_load_cudart().cudaMalloc(ctypes.byref(self.ptr), ctypes.c_size_t(self.nbytes)), f"cudaMalloc({self.nbytes})")
-        _check(_load_cudart().cudaMemset(self.ptr, 0, ctypes.c_size_t(self.nbytes)), "cudaMemset")
-
-    @property
-    def address(self) -> int:
-        return int(self.ptr.value or 0)
-
-    def free(self) -> None:
-        if self.ptr.value:
-            _load_cudart().cudaFree(self.ptr)
-            self.ptr = ctypes.c_void_p()
-
-    def __del__(self) -> None:  # best effort at interpreter exit
-        try:
-            self.free()
-        except Exception:
-            pass
-
-
-def _memcpy_htod(dst: int, arr: np.ndarray, stream: int) -> None:
-    arr = np.ascontiguousarray(arr)
-    _check(_load_cudart().cudaMemcpyAsync(ctypes.c_void_p(dst), arr.ctypes.data_as(ctypes.c_void_p),
-                                          ctypes.c_size_t(arr.nbytes), 1, ctypes.c_void_p(stream)), "cudaMemcpyAsync H2D")
-
-
-def _memcpy_dtoh(out: np.ndarray, src: int, stream: int) -> None:
-    _check(_load_cudart().cudaMemcpyAsync(out.ctypes.data_as(ctypes.c_void_p), ctypes.c_void_p(src),
-                                          ctypes.c_size_t(out.nbytes), 2, ctypes.c_void_p(stream)), "cudaMemcpyAsync D2H")
-
+__all__ = ["TrtEngine", "TrtRuntimeFacts", "check_trt_fingerprint", "current_trt_facts",
+           # re-exported for callers of the engine module (homes: runtime/cuda_device.py, plugins/versions.py)
+           "CudaError", "cuda_device_info", "plugin_abi_hash"]
 
 # ============================================================================================
 # fingerprint
@@ -191,28 +65,6 @@ class TrtRuntimeFacts:
     cuda_runtime: str | None
     platform: str
     plugin_abi_hash: str
-
-
-_ABI_SOURCES = ("triton_kernels.py", "trt_plugins.py", "trt_lowering.py")
-
-
-def plugin_abi_hash() -> str:
-    """sha256 over the op schemas (canonical text) and the plugin sources (Triton kernels, plugin
-    registration, TensorRT lowering). Recorded at build time; the runtime refuses a plan whose
-    plugins came from other sources. Reads the files as bytes: no triton or onnx import."""
-    import hashlib
-    from pathlib import Path
-
-    import trtpipe.plugins as plugins_pkg
-    from trtpipe.plugins.schema import op_schema_canonical_text
-
-    h = hashlib.sha256(op_schema_canonical_text().encode())
-    root = Path(plugins_pkg.__file__).parent
-    for name in _ABI_SOURCES:
-        p = root / name
-        h.update(name.encode())
-        h.update(p.read_bytes() if p.is_file() else b"<missing>")
-    return h.hexdigest()
 
 
 def current_trt_facts() -> TrtRuntimeFacts:
@@ -254,7 +106,8 @@ def check_trt_fingerprint(manifest: Manifest, facts: TrtRuntimeFacts) -> None:
     if t.get("platform") and t.get("platform") != facts.platform:
         diffs.append(f"platform {t.get('platform')} (this machine: {facts.platform})")
     if manifest.plugin_versions and b.get("plugin_abi_hash") and b.get("plugin_abi_hash") != facts.plugin_abi_hash:
-        diffs.append(f"plugin ABI hash {str(b.get('plugin_abi_hash'))[:12]} (this trtpipe: {facts.plugin_abi_hash[:12]})")
+        built = str(b.get("plugin_abi_hash"))[:12]
+        diffs.append(f"plugin ABI hash {built} (this trtpipe: {facts.plugin_abi_hash[:12]})")
     if diffs:
         raise ArtifactError(f"artifact {manifest.root} was built for a different TensorRT runtime: " + "; ".join(diffs)
                             + f". Fix: {rebuild}.")
@@ -305,9 +158,9 @@ class TrtEngine:
         opts = manifest.options  # typed and checked at load (runtime/runtime_options.py): no defaults here
         self.layout = opts.layout
         self.kv_in_place = bool(opts.kv_in_place)
-        lib = _load_cudart()
+        lib = load_cudart()
         self._stream = ctypes.c_void_p()
-        _check(lib.cudaStreamCreate(ctypes.byref(self._stream)), "cudaStreamCreate")
+        check_cuda(lib.cudaStreamCreate(ctypes.byref(self._stream)), "cudaStreamCreate")
         self.runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
         self._engines: dict[str, Any] = {}
         self.contexts: dict[str, _Context] = {}
@@ -324,7 +177,7 @@ class TrtEngine:
             self.contexts[phase] = _Context(self._engines[plan], profile, self.stream, trt)
         # device KV pool(s): [layer] -> (K buffer, V buffer)
         kv = manifest.kv
-        item = 2 if kv.dtype in ("float16", "bfloat16") else 4
+        item = dtype_record(kv.dtype).itemsize  # bytes per KV element ("float16" -> 2)
         n_pools = 1 if self.kv_in_place else 2
         self.pools = [[(DeviceBuffer(int(np.prod(kv.layer_shape(i))) * item),
                         DeviceBuffer(int(np.prod(kv.layer_shape(i))) * item))
@@ -367,7 +220,7 @@ class TrtEngine:
         for name, arr in feeds.items():
             arr = np.ascontiguousarray(arr, np.int64)
             buf = self._index_buffer(phase, name, arr.nbytes)
-            _memcpy_htod(buf.address, arr, stream)
+            memcpy_htod(buf.address, arr, stream)
             ctx.set_input_shape(name, arr.shape)
             ctx.set_tensor_address(name, buf.address)
         past = self.pools[self._cur]
@@ -384,8 +237,8 @@ class TrtEngine:
         if not ctx.execute_async_v3(stream):
             raise CudaError(f"TensorRT {phase} execution failed (see the TensorRT log above)")
         out = np.empty((num_seqs, self.manifest.model.vocab_size), np.float32)
-        _memcpy_dtoh(out, self._logits.address, stream)
-        _check(_load_cudart().cudaStreamSynchronize(self._stream), "cudaStreamSynchronize")
+        memcpy_dtoh(out, self._logits.address, stream)
+        check_cuda(load_cudart().cudaStreamSynchronize(self._stream), "cudaStreamSynchronize")
         if not self.kv_in_place:
             self._cur = (self._cur + 1) % len(self.pools)
         self.last_step_s = time.perf_counter() - t0
@@ -406,5 +259,5 @@ class TrtEngine:
             b.free()
         self._logits.free()
         if self._stream.value:
-            _load_cudart().cudaStreamDestroy(self._stream)
+            load_cudart().cudaStreamDestroy(self._stream)
             self._stream = ctypes.c_void_p()

@@ -101,7 +101,7 @@ def test_passes_are_idempotent(one_layer, one_layer_int4):
 def test_toposort_puts_a_fused_node_before_consumers_of_its_outputs():
     from onnx import helper as h
 
-    from trtpipe.pipeline.passes import _toposort
+    from trtpipe.pipeline.passes import toposort as _toposort
 
     g = h.make_graph([], "g", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])], [])
     use_a = h.make_node("Neg", ["a"], ["y"], name="use_a")

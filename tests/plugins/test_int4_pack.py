@@ -59,6 +59,35 @@ def test_packing_errors():
         P.pack_zero_points_uint8(np.array([[16]]))
 
 
+def test_zero_points_float_every_stored_form_by_hand():
+    np.testing.assert_array_equal(P.zero_points_float(None, 2, 3), np.full((2, 3), 8.0, np.float32))
+    packed = np.array([[0x21, 0x03], [0xF0, 0x0E]], np.uint8)  # row 0: blocks 1, 2, 3; row 1: 0, 15, 14
+    np.testing.assert_array_equal(P.zero_points_float(packed, 2, 3), [[1, 2, 3], [0, 15, 14]])
+    zf = np.array([[-0.5, 7.25, 8.0]], np.float16)
+    got = P.zero_points_float(zf, 1, 3)
+    assert got.dtype == np.float32 and got.tolist() == [[-0.5, 7.25, 8.0]]
+    with pytest.raises(OpError, match=r"expected float \[N, K/G\] = \[1, 2\]"):
+        P.zero_points_float(zf, 1, 2)
+    with pytest.raises(OpError, match="packed uint8"):
+        P.zero_points_float(packed, 2, 5)
+
+
+def test_dequantize_codes_by_hand():
+    codes = np.array([[0, 15] * 8 + [8] * 16], np.uint8)  # [1, 32], G = 16: two blocks
+    w = P.dequantize_codes(codes, np.array([[0.5, 2.0]], np.float16), np.array([[8.0, 7.5]], np.float32), 16)
+    assert w.dtype == np.float32 and w.shape == (1, 32)
+    np.testing.assert_array_equal(w[0, :2], [(0 - 8) * 0.5, (15 - 8) * 0.5])
+    np.testing.assert_array_equal(w[0, 16:], np.full(16, (8 - 7.5) * 2.0))
+
+
+def test_unpack_int4_codes_nibble_order_by_hand():
+    b = np.zeros((1, 1, 8), np.uint8)
+    b[0, 0, 0], b[0, 0, 7] = 0x21, 0xF0  # codes 0, 1 = 1, 2; codes 14, 15 = 0, 15
+    codes = P.unpack_int4_codes(b, 16, 1, 16)
+    assert codes[0, :2].tolist() == [1, 2] and codes[0, 14:].tolist() == [0, 15] and codes[0, 2:14].sum() == 0
+    assert R.unpack_int4_codes is P.unpack_int4_codes  # the reference uses the one layout home
+
+
 # ----------------------------------------------------------------------------------------------
 # RTN
 # ----------------------------------------------------------------------------------------------
@@ -254,6 +283,9 @@ def test_ort_matmulnbits_8bit_runs_q8_0():
 
 def test_float_zero_point_requant_to_8bit_moves_each_weight_at_most_d_over_32():
     """Hand check of ``requantize_float_zp_to_uint8_8bit``: w8 = d/16 * (q8 - z8) vs w = d * (q - zp)."""
+    pytest.importorskip("onnx")
+    from trtpipe.plugins.ort_lowering import requantize_float_zp_to_uint8_8bit
+
     rng = np.random.default_rng(3)
     N, K, G = 6, 64, 32
     codes = rng.integers(0, 16, size=(N, K), dtype=np.uint8)
@@ -261,7 +293,7 @@ def test_float_zero_point_requant_to_8bit_moves_each_weight_at_most_d_over_32():
     zp = rng.uniform(0.0, 15.0, size=(N, K // G)).astype(np.float32)
     zp[0, 0] = 7.25  # 16 * zp integer: exact
     zp[0, 1] = 0.0
-    q8, d8, z8 = P.requantize_float_zp_to_uint8_8bit(codes, scales, zp, G)
+    q8, d8, z8 = requantize_float_zp_to_uint8_8bit(codes, scales, zp, G)
     assert q8.shape == (N, K // G, G) and q8.dtype == np.uint8 and z8.dtype == np.uint8
     w = (codes.reshape(N, K // G, G) - zp[..., None].astype(np.float64)) * scales[..., None]
     w8 = (q8.astype(np.float64) - z8[..., None]) * d8[..., None]
@@ -271,7 +303,7 @@ def test_float_zero_point_requant_to_8bit_moves_each_weight_at_most_d_over_32():
     # the shift is the same for every weight of a block (a per-block bias, not noise)
     assert np.allclose(err.max(-1), err.min(-1), atol=1e-7)
     with pytest.raises(OpError, match="expected \\[N, K/G\\]"):
-        P.requantize_float_zp_to_uint8_8bit(codes, scales[:, :1], zp, G)
+        requantize_float_zp_to_uint8_8bit(codes, scales[:, :1], zp, G)
 
 
 # --------------------------------------------------------------------------------------------

@@ -213,3 +213,21 @@ def test_rope_table_at_8191_matches_float64_reference():
     np.testing.assert_allclose(sin32[8191], np.sin(ang), atol=float(np.finfo(np.float32).eps) * 2)
     with pytest.raises(OpError):
         R.check_positions(np.array([8192]), 8192)
+
+
+@pytest.mark.parametrize("zp_kind", ["none", "uint8"])
+def test_torch_int4_gemm_op_unpacks_nibbles_like_the_reference(zp_kind):
+    """The torch custom op (the reference model's linears) reads the MatMulNBits nibbles as the
+    NumPy reference does: packed codes and packed uint8 zero points (odd number of blocks)."""
+    torch = pytest.importorskip("torch")
+    import trtpipe.plugins.torch_ops  # noqa: F401
+
+    rng = np.random.default_rng(7)
+    N, K, G = 5, 96, 32
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    packed, scales, zp = int4_pack.quantize_rtn(w, G, symmetric=zp_kind == "none")
+    a = rng.standard_normal((3, K)).astype(np.float32)
+    ref = R.int4_gemm(a, packed, scales, zp, K=K, N=N, group_size=G)
+    got = torch.ops.trtpipe.int4_gemm(torch.from_numpy(a), torch.from_numpy(packed), torch.from_numpy(scales),
+                                      None if zp is None else torch.from_numpy(zp), K, N, G)
+    np.testing.assert_allclose(got.numpy(), ref, rtol=1e-5, atol=1e-5)

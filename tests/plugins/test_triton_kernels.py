@@ -1,4 +1,4 @@
-"""Tests of the Triton kernels (plugins/triton_kernels.py) without a GPU.
+"""Tests of the Triton kernels (plugins/triton_kernels.py, launched by plugins/triton_launchers.py) without a GPU.
 
 Two halves:
 - numerical tests (``interp_*``) run the kernels under ``TRITON_INTERPRET=1`` against
@@ -24,6 +24,7 @@ torch = pytest.importorskip("torch")
 from trtpipe.plugins import int4_pack as P  # noqa: E402
 from trtpipe.plugins import reference as R  # noqa: E402
 from trtpipe.plugins import triton_kernels as TK  # noqa: E402
+from trtpipe.plugins import triton_launchers as TL  # noqa: E402
 from trtpipe.plugins.errors import OpError  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -86,7 +87,7 @@ def _t(x):
 def _run_both(args, kw, **launcher_kw):
     ref_out, ref_kc, ref_vc = R.paged_attention(*args, **kw)
     targs = [_t(a) for a in args]
-    out, kc, vc = TK.paged_attention(*targs, **kw, **launcher_kw)
+    out, kc, vc = TL.paged_attention(*targs, **kw, **launcher_kw)
     assert kc is targs[3] and vc is targs[4]  # in place
     np.testing.assert_array_equal(kc.numpy(), ref_kc)
     np.testing.assert_array_equal(vc.numpy(), ref_vc)
@@ -118,8 +119,8 @@ def interp_decode_small_key_tiles():
     args, kw = _batch(rng, H=4, KVH=1, D=16, BS=2, NB=20, MB=12, chunks=[(20, 1), (6, 1)], W=5)
     ref, _, _ = R.paged_attention(*args, **kw)
     targs = [_t(a) for a in args]
-    TK.write_kv_cache(targs[1], targs[2], targs[3], targs[4], targs[5])
-    out = TK.paged_attention_decode(targs[0], targs[3], targs[4], targs[6], targs[7], block_n=16,
+    TL.write_kv_cache(targs[1], targs[2], targs[3], targs[4], targs[5])
+    out = TL.paged_attention_decode(targs[0], targs[3], targs[4], targs[6], targs[7], block_n=16,
                                     **{k: v for k, v in kw.items()})
     np.testing.assert_allclose(out.numpy(), ref, **TOL[np.float32])
 
@@ -136,8 +137,8 @@ def interp_prefill_ragged_matches_reference(W, dtype):
     np.testing.assert_allclose(out.astype(np.float32), ref.astype(np.float32), **TOL[dtype])
     # block_q=8 x group 2 = 16 rows: several tiles per sequence, tiles not aligned to qsl
     targs = [_t(a) for a in args]
-    TK.write_kv_cache(targs[1], targs[2], targs[3], targs[4], targs[5])
-    out = TK.paged_attention_prefill(targs[0], targs[3], targs[4], targs[6], targs[7], targs[8],
+    TL.write_kv_cache(targs[1], targs[2], targs[3], targs[4], targs[5])
+    out = TL.paged_attention_prefill(targs[0], targs[3], targs[4], targs[6], targs[7], targs[8],
                                      block_q=8, block_n=16, **kw).numpy()
     np.testing.assert_allclose(out.astype(np.float32), ref.astype(np.float32), **TOL[dtype])
 
@@ -146,14 +147,14 @@ def interp_prefill_ragged_matches_reference(W, dtype):
 def interp_prefill_tilings_mha_and_group8(block_q, block_n):
     rng = np.random.default_rng(block_q)
     for H, KVH in ((2, 2), (8, 1)):
-        if block_q * TK._next_pow2(H // KVH) < 16:
+        if block_q * TK.next_pow2(H // KVH) < 16:
             continue
         args, kw = _batch(rng, H=H, KVH=KVH, D=16, BS=8, NB=16, MB=4,
                           chunks=[(0, 19), (13, 5), (2, 3)], W=4)
         ref, _, _ = R.paged_attention(*args, **kw)
         targs = [_t(a) for a in args]
-        TK.write_kv_cache(targs[1], targs[2], targs[3], targs[4], targs[5])
-        out = TK.paged_attention_prefill(targs[0], targs[3], targs[4], targs[6], targs[7], targs[8],
+        TL.write_kv_cache(targs[1], targs[2], targs[3], targs[4], targs[5])
+        out = TL.paged_attention_prefill(targs[0], targs[3], targs[4], targs[6], targs[7], targs[8],
                                          block_q=block_q, block_n=block_n, **kw)
         np.testing.assert_allclose(out.numpy(), ref, **TOL[np.float32])
 
@@ -164,7 +165,7 @@ def interp_write_kv_cache_exact_and_skips_negative_slots():
     vc = torch.zeros((4, 2, 2, 4))
     key = torch.from_numpy(rng.standard_normal((3, 8)).astype(np.float32))
     value = torch.from_numpy(rng.standard_normal((3, 8)).astype(np.float32))
-    TK.write_kv_cache(key, value, kc, vc, torch.tensor([5, -1, 0]))
+    TL.write_kv_cache(key, value, kc, vc, torch.tensor([5, -1, 0]))
     np.testing.assert_array_equal(kc[2, 1].reshape(8).numpy(), key[0].numpy())
     np.testing.assert_array_equal(vc[0, 0].reshape(8).numpy(), value[2].numpy())
     assert int((kc != 0).sum()) == 16  # the skipped token wrote nothing
@@ -176,11 +177,11 @@ def interp_launcher_errors():
     bt = torch.zeros((2, 2), dtype=torch.int64)
     cl = torch.ones(2, dtype=torch.int64)
     with pytest.raises(OpError, match="num_kv_heads"):
-        TK.paged_attention_decode(q, kc, kc, bt, cl, num_heads=2, num_kv_heads=3, head_size=4, block_size=2)
+        TL.paged_attention_decode(q, kc, kc, bt, cl, num_heads=2, num_kv_heads=3, head_size=4, block_size=2)
     with pytest.raises(OpError, match="key_cache"):
-        TK.paged_attention_decode(q, kc, kc, bt, cl, num_heads=2, num_kv_heads=1, head_size=4, block_size=4)
+        TL.paged_attention_decode(q, kc, kc, bt, cl, num_heads=2, num_kv_heads=1, head_size=4, block_size=4)
     with pytest.raises(OpError, match="K=48 is not a multiple"):
-        TK.int4_gemm(torch.zeros((1, 48)), torch.zeros((1, 1, 16), dtype=torch.uint8), torch.ones((1, 1)),
+        TL.int4_gemm(torch.zeros((1, 48)), torch.zeros((1, 1, 16), dtype=torch.uint8), torch.ones((1, 1)),
                      K=48, N=1, group_size=32)
 
 
@@ -205,7 +206,7 @@ def interp_int4_gemm_matches_reference(zp_kind, dtype):
         scales = scales.astype(dtype)
         a = rng.standard_normal((*M_shape, K)).astype(dtype)
         ref = R.int4_gemm(a, packed, scales, zp, K=K, N=N, group_size=G)
-        y = TK.int4_gemm(_t(a), _t(packed), _t(scales), None if zp is None else _t(zp), K=K, N=N,
+        y = TL.int4_gemm(_t(a), _t(packed), _t(scales), None if zp is None else _t(zp), K=K, N=N,
                          group_size=G)
         assert y.shape == (*M_shape, N) and y.numpy().dtype == dtype
         scale = np.abs(ref.astype(np.float32)).max()

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from trtpipe.runtime.engine_trt import (TrtEngine, TrtRuntimeFacts, check_trt_fingerprint, cuda_device_info,
-                                        plugin_abi_hash)
+from trtpipe.plugins.versions import plugin_abi_hash
+from trtpipe.runtime.cuda_device import cuda_device_info
+from trtpipe.runtime.engine_trt import TrtEngine, TrtRuntimeFacts, check_trt_fingerprint
 from trtpipe.runtime.errors import ArtifactError
 from trtpipe.runtime.manifest import GraphEntry, KVLayout, Manifest
 from trtpipe.runtime.model_config import ModelConfig
