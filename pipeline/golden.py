@@ -29,6 +29,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from trtpipe.runtime.kv_planning import blocks_for_tokens
+
 GOLDEN_PROMPTS = (
     "What is the capital of France?",
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -134,7 +136,7 @@ def reference_greedy(ref, prompt_ids: list[int], num_tokens: int, block_size: in
 
     c = ref.config
     total = len(prompt_ids) + num_tokens
-    nb = -(-total // block_size) + 1
+    nb = blocks_for_tokens(total, block_size) + 1  # + the null block 0
     caches = []
     for i in range(c.num_layers):
         shape = (nb, block_size, c.layer_num_kv_heads[i], c.head_dim)
