@@ -85,7 +85,7 @@ def _register_plugins(spec: BuildSpec, env: TrtEnvironment) -> dict[str, str]:
     except Exception as e:
         raise BuildError(f"TensorRT {env.trt_version}: `tensorrt.plugin` does not import ({e}). Fix: install a "
                          f"{TRT_PLUGINS_REQUIREMENT} Python package, or use the plugin-free lowering.") from e
-    register_plugins(trtp, cc=spec.target["sm"])
+    register_plugins(trtp, cc=spec.target.sm)
     used = {op for g in spec.graphs.values() if g.lowering == "plugins" for op in g.custom_nodes}
     return {k: v for k, v in PLUGIN_VERSIONS.items() if k in used}
 
@@ -102,8 +102,8 @@ def _build_plans(spec: BuildSpec, sdir: Path, tmp: Path, lowering: str, cache: P
             continue  # the other lowering's plans
         base = p.name[: -len(sfx)] if sfx else p.name
         log(f"building {base}.plan ({lowering}, {len(p.profiles)} profile(s)) with TensorRT {trt_version} ...")
-        plan, secs = build_plan_polygraphy(sdir / p.graph, p, workspace_mib=spec.builder["workspace_mib"],
-                                           opt_level=spec.builder["optimization_level"], timing_cache=cache)
+        plan, secs = build_plan_polygraphy(sdir / p.graph, p, workspace_mib=spec.builder.workspace_mib,
+                                           opt_level=spec.builder.optimization_level, timing_cache=cache)
         (tmp / f"{base}.plan").write_bytes(plan)
         timings[f"build_{base}_s"] = secs
         for i, prof in enumerate(p.profiles):
@@ -128,13 +128,13 @@ def _trt_manifest(spec: BuildSpec, spec_path: Path, env: TrtEnvironment, lowerin
                  "lowering": lowering, "plugin_abi_hash": plugin_abi_hash(),
                  "triton": env.triton_version if lowering == "plugins" else None,
                  "int4_weights": spec.graphs[run_graph["decode"]].int4_weights or "as_exported"},
-        target={"name": spec.target["name"], "sm": env.gpu_sm, "platform": env.platform, "gpu": env.gpu_name},
+        target={"name": spec.target.name, "sm": env.gpu_sm, "platform": env.platform, "gpu": env.gpu_name},
         op_abi_hash=spec.op_abi_hash, plugin_versions=plugin_versions, model=spec.model, kv=spec.kv, graphs=graphs,
         files={p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}, limits=spec.limits,
         runtime_options={"layout": spec.layout, "profiles": profile_index, "kv_in_place": lowering == "plugins",
                          "graph_sha256": {k: g.sha256 for k, g in spec.graphs.items()}},
-        build_info={"timings_s": {**spec.timings_s, **timings}, "builder": spec.builder, "timing_cache": str(cache),
-                    "spec": str(spec_path), "host": platform.node(),
+        build_info={"timings_s": {**spec.timings_s, **timings}, "builder": spec.builder.to_json(),
+                    "timing_cache": str(cache), "spec": str(spec_path), "host": platform.node(),
                     "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "weights_bytes": spec.weights_bytes, "duplicated_weights_bytes": spec.duplicated_weights_bytes,
                     "plan_bytes": {f: (tmp / f).stat().st_size for f in plan_files}})

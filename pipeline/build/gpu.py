@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import platform
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,11 +29,12 @@ from trtpipe.pipeline.build.export_graphs import ExportedGraphs, export_graphs
 from trtpipe.pipeline.build.golden_stage import write_golden
 from trtpipe.pipeline.build.load import PreparedModel, load_model, prepare_model
 from trtpipe.pipeline.build.lower_trt import TrtGraphs, drop_variant, duplicated_weight_bytes, lower_trt
-from trtpipe.pipeline.build.package import DATA_FILE, publish_dir, staging_dir, write_graphs_shared
+from trtpipe.pipeline.build.package import (DATA_FILE, SharedInitializers, publish_dir, staging_dir,
+                                            write_graphs_shared)
 from trtpipe.pipeline.build.profiles import PlanSpec, check_profiles, profile_for
 from trtpipe.pipeline.build.records import BuildResult
-from trtpipe.pipeline.build.spec import (SPEC_NAME, BuildSpec, LoweringVariants, finish_command, finish_requirements,
-                                         spec_dir_for, variants_summary)
+from trtpipe.pipeline.build.spec import (SPEC_NAME, BuilderSettings, BuildSpec, LoweringVariants, SpecTarget,
+                                         finish_command, finish_requirements, spec_dir_for, variants_summary)
 from trtpipe.pipeline.build.trt_env import missing_for_target, probe_environment
 from trtpipe.pipeline.build.variant_gate import gate_requantized_variant, plugin_free_agreement_min
 from trtpipe.pipeline.recipe import Recipe, recipe_hash
@@ -110,8 +111,19 @@ def _recipe_text(recipe: Recipe) -> str:
     return yaml.safe_dump(recipe.model_dump(mode="json", by_alias=True), sort_keys=False)
 
 
+@dataclass(frozen=True)
+class _Written:
+    """What writing the spec folder produced, beside the graphs and plans."""
+
+    variant_notes: dict[str, str]
+    variant_agreement: dict[str, dict]
+    shared: SharedInitializers
+    duplicated_weights_bytes: int
+    timings_s: dict[str, Any]
+
+
 def _make_spec(recipe: Recipe, model: PreparedModel, graphs: TrtGraphs, plans: list[PlanSpec], final_dir: Path,
-               inputs_hash: str, tmp: Path, extra: dict[str, Any]) -> BuildSpec:
+               inputs_hash: str, tmp: Path, written: _Written) -> BuildSpec:
     from trtpipe.plugins.schema import op_schema_abi_hash
     from trtpipe.runtime.engine_trt import plugin_abi_hash
 
@@ -119,20 +131,19 @@ def _make_spec(recipe: Recipe, model: PreparedModel, graphs: TrtGraphs, plans: l
     variants = LoweringVariants(
         recipe.target, eng.plugin_free, eng.orin_trt_lt_10_7 if recipe.target == "orin" else None,
         tuple(v for v in graphs.variants if v not in graphs.variant_errors), graphs.variant_errors,
-        extra["notes"], extra["agreement"], eng.plugin_free_int4, plugin_free_agreement_min(recipe))
+        written.variant_notes, written.variant_agreement, eng.plugin_free_int4, plugin_free_agreement_min(recipe))
     return BuildSpec(
         TRTPIPE_VERSION, {"name": recipe.name, "hash": recipe_hash(recipe), "file": "recipe.yaml"}, inputs_hash,
         f"../{final_dir.name}", f"../../{TIMING_CACHE_DIR}",
-        {"name": recipe.target, "sm": t.sm, "platform": t.platform, "description": t.description}, eng.layout, variants,
-        {"optimization_level": eng.builder_optimization_level, "workspace_mib": eng.workspace_mib or t.workspace_mib,
-         "strongly_typed": True, "precision_flags": []},
+        SpecTarget(recipe.target, t.sm, t.platform, t.description), eng.layout, variants,
+        BuilderSettings(eng.builder_optimization_level, eng.workspace_mib or t.workspace_mib),
         {k: replace(g.spec, sha256=sha256_file(tmp / g.spec.file)) for k, g in graphs.graphs.items()},
         tuple(plans), model.kv, model.config,
         {"max_seq_len": recipe.max_seq_len, "max_batch_size": recipe.max_batch_size,
          "max_num_tokens": recipe.max_num_tokens},
-        op_schema_abi_hash(), plugin_abi_hash(), extra["shared"], (tmp / DATA_FILE).stat().st_size, extra["dup"],
-        extra["timings"], str(model.loaded.source_path), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        platform.node())
+        op_schema_abi_hash(), plugin_abi_hash(), written.shared, (tmp / DATA_FILE).stat().st_size,
+        written.duplicated_weights_bytes, written.timings_s, str(model.loaded.source_path),
+        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), platform.node())
 
 
 def write_build_spec(recipe: Recipe, final_dir: Path, inputs_hash: str, *, log: Callable[[str], None] = print) -> Path:
@@ -161,7 +172,7 @@ def write_build_spec(recipe: Recipe, final_dir: Path, inputs_hash: str, *, log: 
         (tmp / "tokenizer.json").write_text(model.loaded.tokenizer_json or "", encoding="utf-8")
         (tmp / "recipe.yaml").write_text(_recipe_text(recipe), encoding="utf-8")
         spec = _make_spec(recipe, model, graphs, plans, final_dir, inputs_hash, tmp,
-                          {"notes": notes, "agreement": agreement, "shared": shared, "dup": dup, "timings": timings})
+                          _Written(notes, agreement, shared, dup, timings))
         atomic_write_text(tmp / SPEC_NAME, json.dumps(spec.to_json(), indent=2))
         publish_dir(tmp, spec_dir)
     if dup and not dual:

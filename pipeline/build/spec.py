@@ -92,6 +92,42 @@ class LoweringVariants:
 
 
 @dataclass(frozen=True)
+class SpecTarget:
+    """The target the plans are for (a row of :data:`trtpipe.pipeline.targets.BUILD_TARGETS`)."""
+
+    name: str
+    sm: int
+    platform: str
+    description: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "sm": self.sm, "platform": self.platform, "description": self.description}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "SpecTarget":
+        return cls(d["name"], d["sm"], d["platform"], d["description"])
+
+
+@dataclass(frozen=True)
+class BuilderSettings:
+    """TensorRT builder settings. Networks are strongly typed (precision rides in the graph's types),
+    so no precision flags are set."""
+
+    optimization_level: int  # engine.builder_optimization_level
+    workspace_mib: int  # engine.workspace_mib, or the target's default
+    strongly_typed: bool = True
+    precision_flags: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"optimization_level": self.optimization_level, "workspace_mib": self.workspace_mib,
+                "strongly_typed": self.strongly_typed, "precision_flags": list(self.precision_flags)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "BuilderSettings":
+        return cls(d["optimization_level"], d["workspace_mib"], d["strongly_typed"], tuple(d["precision_flags"]))
+
+
+@dataclass(frozen=True)
 class BuildSpec:
     """Everything the target needs to build the plans and write the manifest (``build_spec.json``)."""
 
@@ -100,10 +136,10 @@ class BuildSpec:
     inputs_hash: str
     artifact_dir: str  # relative to the spec folder
     timing_cache_dir: str  # relative to the spec folder
-    target: dict[str, Any]  # name, sm, platform, description
+    target: SpecTarget
     layout: str  # "split" | "dual_profile"
     lowering: LoweringVariants
-    builder: dict[str, Any]  # optimization_level, workspace_mib, strongly_typed, precision_flags
+    builder: BuilderSettings
     graphs: dict[str, GraphSpec]  # "<phase>[.<variant>]" -> graph
     plans: tuple[PlanSpec, ...]
     kv: KVLayout
@@ -123,8 +159,8 @@ class BuildSpec:
         kv = {**self.kv.__dict__, "layer_num_kv_heads": list(self.kv.layer_num_kv_heads)}
         return {"spec_version": SPEC_VERSION, "trtpipe_version": self.trtpipe_version, "recipe": self.recipe,
                 "inputs_hash": self.inputs_hash, "artifact_dir": self.artifact_dir,
-                "timing_cache_dir": self.timing_cache_dir, "target": self.target, "layout": self.layout,
-                **self.lowering.to_json(), "builder": self.builder,
+                "timing_cache_dir": self.timing_cache_dir, "target": self.target.to_json(), "layout": self.layout,
+                **self.lowering.to_json(), "builder": self.builder.to_json(),
                 "graphs": {k: g.to_json() for k, g in self.graphs.items()},
                 "plans": [p.to_json() for p in self.plans], "kv": kv, "model": self.model.to_dict(),
                 "limits": self.limits, "op_abi_hash": self.op_abi_hash, "plugin_abi_hash": self.plugin_abi_hash,
@@ -137,7 +173,8 @@ class BuildSpec:
         """Raises KeyError naming a missing key (callers turn it into a :class:`BuildError`)."""
         kv = {**d["kv"], "layer_num_kv_heads": tuple(d["kv"]["layer_num_kv_heads"])}
         return cls(d["trtpipe_version"], d["recipe"], d["inputs_hash"], d["artifact_dir"], d["timing_cache_dir"],
-                   d["target"], d["layout"], LoweringVariants.from_json(d), d["builder"],
+                   SpecTarget.from_json(d["target"]), d["layout"], LoweringVariants.from_json(d),
+                   BuilderSettings.from_json(d["builder"]),
                    {k: GraphSpec.from_json(g) for k, g in d["graphs"].items()},
                    tuple(PlanSpec.from_json(p) for p in d["plans"]), KVLayout(**kv), ModelConfig.from_dict(d["model"]),
                    d["limits"], d["op_abi_hash"], d["plugin_abi_hash"], d["shared_initializers"], d["weights_bytes"],
