@@ -32,11 +32,11 @@ def build_cmd(recipe: str, artifact_root: str, force: bool, from_spec: str | Non
     Exit codes: 0 built (or up to date), 2 error, 3 build spec written, finish on the target.
     Example: trtpipe build smollm2-135m-cpu
     """
-    from trtpipe.pipeline.build_trt import BuildNeedsTarget
+    from trtpipe.pipeline.build import BuildNeedsTarget
 
     try:
         if from_spec:
-            from trtpipe.pipeline.build_trt import build_from_spec
+            from trtpipe.pipeline.build import build_from_spec
 
             build_from_spec(Path(from_spec), log=click.echo)
             return

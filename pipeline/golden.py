@@ -29,6 +29,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from trtpipe.pipeline.model_config_override import with_sliding_window
+from trtpipe.runtime.kv_planning import blocks_for_tokens
+
 GOLDEN_PROMPTS = (
     "What is the capital of France?",
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -41,7 +44,8 @@ PROGRESS_EVERY_S = 10.0
 # the code the recording runs: a change to any of these files is a new key
 _REFERENCE_SOURCES = ("pipeline/model.py", "pipeline/golden.py", "pipeline/gguf_loader.py", "pipeline/hf_loader.py",
                       "pipeline/weights.py", "plugins/torch_ops.py", "plugins/reference.py", "plugins/int4_pack.py",
-                      "plugins/rope.py", "plugins/gguf_blocks.py")
+                      "plugins/rope.py", "plugins/gguf_blocks.py", "pipeline/model_config_override.py",
+                      "pipeline/tokenizer_gguf/fields.py")
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,10 @@ def model_content_sha256(model_path: Path) -> str:
 def reference_code_sha256() -> str:
     """sha256 of the source files the reference recording runs (:data:`_REFERENCE_SOURCES`)."""
     root = Path(__file__).resolve().parents[1]
-    return _sha256_files([root / s for s in _REFERENCE_SOURCES if (root / s).is_file()])
+    missing = [s for s in _REFERENCE_SOURCES if not (root / s).is_file()]
+    if missing:  # a renamed file would silently drop out of the key
+        raise FileNotFoundError(f"golden key sources missing: {missing}. Fix: update _REFERENCE_SOURCES in {__file__}")
+    return _sha256_files([root / s for s in _REFERENCE_SOURCES])
 
 
 def golden_key(loaded, sliding_window: int | None = None, *, precision: str = "fp32",
@@ -87,7 +94,7 @@ def golden_key(loaded, sliding_window: int | None = None, *, precision: str = "f
     """The key of ``loaded`` (a :class:`~trtpipe.pipeline.weights.LoadedModel`) with the recipe's
     ``sliding_window`` override (None: the model's own windows)."""
     c = loaded.config
-    windows = c.layer_sliding_window if sliding_window is None else (sliding_window,) * c.num_layers
+    windows = with_sliding_window(c, sliding_window).layer_sliding_window
     config_sha = hashlib.sha256(json.dumps(c.to_dict(), sort_keys=True, default=str).encode()).hexdigest()
     return GoldenKey(model_content_sha256(loaded.source_path), config_sha, precision, tuple(prompts),
                      tuple(int(w) for w in windows), reference_code_sha256())
@@ -135,7 +142,7 @@ def reference_greedy(ref, prompt_ids: list[int], num_tokens: int, block_size: in
 
     c = ref.config
     total = len(prompt_ids) + num_tokens
-    nb = -(-total // block_size) + 1
+    nb = blocks_for_tokens(total, block_size) + 1  # + the null block 0
     caches = []
     for i in range(c.num_layers):
         shape = (nb, block_size, c.layer_num_kv_heads[i], c.head_dim)

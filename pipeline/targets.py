@@ -1,5 +1,7 @@
-"""The target table: memory, bandwidth and peak FLOP/s of each deployment target.
+"""The target table, the one home of target facts: what a build needs (:data:`BUILD_TARGETS`: SM,
+platform, builder workspace) and memory, bandwidth and peak FLOP/s of each deployment target.
 
+The build (``pipeline/build/``), the farm (node routing, matrix order) and the estimate read it.
 Used by ``trtpipe estimate`` (see :mod:`trtpipe.pipeline.estimate` and ``docs/estimate.md``).
 GPU rows are **published peaks** (data sheets), not measurements; the host CPU row is measured
 once per process (a NumPy copy for bandwidth, a float32 matmul for FLOP/s) unless the caller
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from trtpipe.plugins.errors import TrtpipeError
@@ -111,40 +113,53 @@ GPU_FLOPS_FRACTION = 0.6
 GPU_RESERVED_BYTES = 1 * GiB
 ORIN_RESERVED_BYTES = 4 * GiB
 
-T = 1e12
-GPU_TARGETS: dict[str, TargetSpec] = {
-    "orin": TargetSpec(
-        "orin", "orin", "Jetson AGX Orin 64 GB (sm_87, unified LPDDR5; a 32 GB module: orin-32gb)",
-        64 * GiB, ORIN_RESERVED_BYTES, 204.8e9,
-        (("fp32", 5.3 * T), ("tf32", 21.25 * T), ("fp16", 42.5 * T), ("bf16", 42.5 * T),
-         ("int8", 85 * T)),
-        GPU_BANDWIDTH_FRACTION, GPU_FLOPS_FRACTION, False, _ORIN_SOURCE),
-    "orin-32gb": TargetSpec(
-        "orin-32gb", "orin", "Jetson AGX Orin 32 GB (sm_87, unified LPDDR5)",
-        32 * GiB, ORIN_RESERVED_BYTES, 204.8e9,
-        (("fp32", 3.33 * T), ("tf32", 13.3 * T), ("fp16", 26.7 * T), ("bf16", 26.7 * T),
-         ("int8", 53.4 * T)),
-        GPU_BANDWIDTH_FRACTION, GPU_FLOPS_FRACTION, False, _ORIN_SOURCE),
-    "a100": TargetSpec(
-        "a100", "a100", "A100 80 GB SXM (sm_80, HBM2e; the 40 GB card: a100-40gb)",
-        80 * GiB, GPU_RESERVED_BYTES, 2.039e12,
-        (("fp32", 19.5 * T), ("tf32", 156 * T), ("fp16", 312 * T), ("bf16", 312 * T),
-         ("int8", 624 * T)),
-        GPU_BANDWIDTH_FRACTION, GPU_FLOPS_FRACTION, False, _A100_SOURCE),
-    "a100-40gb": TargetSpec(
-        "a100-40gb", "a100", "A100 40 GB SXM (sm_80, HBM2)",
-        40 * GiB, GPU_RESERVED_BYTES, 1.555e12,
-        (("fp32", 19.5 * T), ("tf32", 156 * T), ("fp16", 312 * T), ("bf16", 312 * T),
-         ("int8", 624 * T)),
-        GPU_BANDWIDTH_FRACTION, GPU_FLOPS_FRACTION, False, _A100_SOURCE),
-    "h200": TargetSpec(
-        "h200", "h200", "H200 141 GB SXM (sm_90, HBM3e)",
-        141 * GiB, GPU_RESERVED_BYTES, 4.8e12,
-        (("fp32", 67 * T), ("tf32", 494.5 * T), ("fp16", 989 * T), ("bf16", 989 * T),
-         ("int8", 1979 * T)),
-        GPU_BANDWIDTH_FRACTION, GPU_FLOPS_FRACTION, False, _H200_SOURCE),
+@dataclass(frozen=True)
+class BuildTarget:
+    """What a build for a recipe ``target`` needs to know: the GPU architecture its TensorRT plans
+    are tuned for (``sm``: major * 10 + minor; None on cpu), the CPU platform of the device, and the
+    default TensorRT builder workspace limit. Plans are not portable across SMs or platforms."""
+
+    name: str  # the recipe ``target``: cpu | orin | a100 | h200
+    sm: int | None
+    platform: str | None  # "aarch64" | "x86_64"; None: the build host itself (cpu)
+    workspace_mib: int  # TensorRT builder workspace pool default (engine.workspace_mib overrides)
+    description: str
+
+
+# One row per recipe ``target`` (DESIGN.md's target table). The farm routes cells by sm/platform.
+BUILD_TARGETS: dict[str, BuildTarget] = {
+    "cpu": BuildTarget("cpu", None, None, 0, "host CPU (ONNX Runtime CPU EP)"),
+    "orin": BuildTarget("orin", 87, "aarch64", 2048, "Jetson AGX Orin (sm_87, unified LPDDR5)"),
+    "a100": BuildTarget("a100", 80, "x86_64", 8192, "A100 (sm_80)"),
+    "h200": BuildTarget("h200", 90, "x86_64", 16384, "H200 (sm_90)"),
 }
-del T
+TARGET_FAMILIES: tuple[str, ...] = tuple(BUILD_TARGETS)  # the recipe ``target`` values, in table order
+GPU_BUILD_TARGETS: dict[str, BuildTarget] = {k: v for k, v in BUILD_TARGETS.items() if v.sm is not None}
+
+
+def _gpu_row(name: str, description: str, memory_gib: int, bandwidth_bytes_per_s: float, source: str, *,
+             fp32: float, tf32: float, fp16: float, int8: float) -> TargetSpec:
+    """A GPU row from published dense peaks in TFLOP/s (bf16 runs at the fp16 rate on these parts)."""
+    family = name.split("-")[0]
+    reserved = ORIN_RESERVED_BYTES if family == "orin" else GPU_RESERVED_BYTES
+    t = 1e12
+    flops = (("fp32", fp32 * t), ("tf32", tf32 * t), ("fp16", fp16 * t), ("bf16", fp16 * t), ("int8", int8 * t))
+    return TargetSpec(name, family, description, memory_gib * GiB, reserved, bandwidth_bytes_per_s, flops,
+                      GPU_BANDWIDTH_FRACTION, GPU_FLOPS_FRACTION, False, source)
+
+
+GPU_TARGETS: dict[str, TargetSpec] = {r.name: r for r in (
+    _gpu_row("orin", "Jetson AGX Orin 64 GB (sm_87, unified LPDDR5; a 32 GB module: orin-32gb)", 64, 204.8e9,
+             _ORIN_SOURCE, fp32=5.3, tf32=21.25, fp16=42.5, int8=85),
+    _gpu_row("orin-32gb", "Jetson AGX Orin 32 GB (sm_87, unified LPDDR5)", 32, 204.8e9,
+             _ORIN_SOURCE, fp32=3.33, tf32=13.3, fp16=26.7, int8=53.4),
+    _gpu_row("a100", "A100 80 GB SXM (sm_80, HBM2e; the 40 GB card: a100-40gb)", 80, 2.039e12,
+             _A100_SOURCE, fp32=19.5, tf32=156, fp16=312, int8=624),
+    _gpu_row("a100-40gb", "A100 40 GB SXM (sm_80, HBM2)", 40, 1.555e12,
+             _A100_SOURCE, fp32=19.5, tf32=156, fp16=312, int8=624),
+    _gpu_row("h200", "H200 141 GB SXM (sm_90, HBM3e)", 141, 4.8e12,
+             _H200_SOURCE, fp32=67, tf32=494.5, fp16=989, int8=1979),
+)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -276,7 +291,3 @@ def compute_dtype(precision: str, family: str) -> str:
         return "fp32"
     return {"fp32": "tf32", "fp16": "fp16", "bf16": "bf16", "int4": "fp16"}[precision]
 
-
-def with_overrides(spec: TargetSpec, **changes) -> TargetSpec:
-    """A copy of ``spec`` with fields replaced (e.g. ``bandwidth_fraction=1.0``)."""
-    return replace(spec, **changes)

@@ -6,7 +6,6 @@ The stages: the recipe's sliding-window override -> weights per phase -> KV cach
 
 from __future__ import annotations
 
-import dataclasses
 
 from trtpipe.pipeline.estimate.kv import kv_estimate
 from trtpipe.pipeline.estimate.latency import Roofline, latencies
@@ -17,14 +16,13 @@ from trtpipe.pipeline.estimate.weights import activation_dtype, phase_weights
 from trtpipe.pipeline.recipe import Recipe
 from trtpipe.pipeline.targets import TargetSpec, compute_dtype
 from trtpipe.plugins.dtypes import dtype
+from trtpipe.pipeline.model_config_override import with_sliding_window
 from trtpipe.runtime.model_config import ModelConfig
 
 
 def windowed_config(recipe: Recipe, config: ModelConfig) -> ModelConfig:
     """``config`` with the recipe's ``sliding_window`` override applied to every layer (as the build does)."""
-    if recipe.sliding_window is None:
-        return config
-    return dataclasses.replace(config, layer_sliding_window=(recipe.sliding_window,) * config.num_layers)
+    return with_sliding_window(config, recipe.sliding_window)
 
 
 def roofline(recipe: Recipe, config: ModelConfig, target: TargetSpec) -> Roofline:

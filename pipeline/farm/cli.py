@@ -12,11 +12,12 @@ from pathlib import Path
 import click
 
 from trtpipe.pipeline.cli_artifact import artifacts_option
+from trtpipe.pipeline.targets import TARGET_FAMILIES
 from trtpipe.plugins.errors import TrtpipeError
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
-TARGETS = ("cpu", "orin", "a100", "h200")
+TARGETS = TARGET_FAMILIES
 
 
 def _fail(e: Exception) -> None:

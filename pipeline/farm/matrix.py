@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Sequence
 
 from trtpipe.pipeline.farm.tasks import STATUS_FAILED, CellResult
+from trtpipe.pipeline.targets import TARGET_FAMILIES
 
 EXIT_OK, EXIT_FAILED, EXIT_SPEC_WRITTEN = 0, 1, 3
 MATRIX_VERSION = 1
@@ -76,7 +77,7 @@ def to_json(results: Sequence[CellResult], *, store_url: str, address: str | Non
 
 def to_markdown(results: Sequence[CellResult], *, store_url: str, wall_s: float) -> str:
     recipes = list(dict.fromkeys(r.recipe for r in results))
-    order = {t: i for i, t in enumerate(("cpu", "orin", "a100", "h200"))}
+    order = {t: i for i, t in enumerate(TARGET_FAMILIES)}
     targets = sorted({r.target for r in results}, key=lambda t: (order.get(t, len(order)), t))
     by = {(r.recipe, r.target): r for r in results}
     code = exit_code(results)

@@ -24,15 +24,12 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from trtpipe.pipeline.targets import BUILD_TARGETS
+
 RESOURCE_PREFIX = "trtpipe_target_"
 
-# target -> (CPU platform, GPU SM); cpu has no GPU. Mirrors the targets table of DESIGN.md.
-TARGET_HARDWARE: dict[str, tuple[str | None, int | None]] = {
-    "cpu": (None, None),
-    "orin": ("aarch64", 87),
-    "a100": ("x86_64", 80),
-    "h200": ("x86_64", 90),
-}
+# target -> (CPU platform, GPU SM); cpu has no GPU. From the one target table (pipeline/targets.py).
+TARGET_HARDWARE: dict[str, tuple[str | None, int | None]] = {t.name: (t.platform, t.sm) for t in BUILD_TARGETS.values()}
 
 
 def resource_name(target: str) -> str:

@@ -1,4 +1,5 @@
-"""GPU-target builds (pipeline/build_trt.py) on a machine without TensorRT or a GPU.
+"""GPU-target builds (pipeline/build/: gpu.py, spec.py, profiles.py, compile_trt.py, rtx_smoke.py)
+on a machine without TensorRT or a GPU.
 
 - profiles from the recipe (exact shapes) and the friendly consistency errors;
 - which lowering a TensorRT version gets, and the refusals of ``build_from_spec``;
@@ -19,11 +20,32 @@ from pathlib import Path
 
 import pytest
 
-import trtpipe.pipeline.build_trt as BT
-from trtpipe.pipeline.build import BuildError
+import trtpipe.pipeline.build.gpu as GPU
+from trtpipe.pipeline.build import BuildError, BuildNeedsTarget
+from trtpipe.pipeline.build.compile_trt import build_from_spec, choose_lowering as _choose_lowering
+from trtpipe.pipeline.build.lower_trt import duplicated_weight_bytes
+from trtpipe.pipeline.build.profiles import OptimizationProfile, PlanSpec, check_profiles, input_shapes, profile_dims
+from trtpipe.pipeline.build.rtx_smoke import rtx_smoke_build
+from trtpipe.pipeline.build.spec import SPEC_NAME, SPEC_VERSION, LoweringVariants
+from trtpipe.pipeline.build.spec import finish_requirements as _finish_requirements
+from trtpipe.pipeline.build.spec import variants_summary as _variants_summary
+from trtpipe.pipeline.build.trt_env import TrtEnvironment
 from trtpipe.pipeline.recipe import RECIPES_DIR, load_recipe, parse_recipe
 
 HAS_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
+
+
+# the spec's JSON (a dict, as written to build_spec.json) -> the typed variants these functions take
+def choose_lowering(spec: dict, trt_version: str) -> str:
+    return _choose_lowering(LoweringVariants.from_json(spec), trt_version)
+
+
+def variants_summary(spec: dict) -> str:
+    return _variants_summary(LoweringVariants.from_json(spec))
+
+
+def finish_requirements(spec: dict) -> str:
+    return _finish_requirements(LoweringVariants.from_json(spec))
 
 
 def _a100():
@@ -48,20 +70,20 @@ def _recipe(**over):
 
 def test_profile_dims_of_the_a100_recipe():
     r = _a100()
-    assert BT.profile_dims(r, 23301, "prefill") == {
+    assert profile_dims(r, 23301, "prefill") == {
         "T": (1, 2048, 8192), "S": (1, 4, 64), "S+1": (2, 5, 65), "MB": (1, 128, 512), "NB": (23301,) * 3}
-    assert BT.profile_dims(r, 23301, "decode") == {
+    assert profile_dims(r, 23301, "decode") == {
         "T": (1, 64, 128), "S": (1, 64, 128), "S+1": (2, 65, 129), "MB": (1, 128, 512), "NB": (23301,) * 3}
 
 
 def test_input_shapes_from_graph_dims():
-    dims = BT.profile_dims(_a100(), 100, "decode")
-    shapes = BT.input_shapes([("input_ids", ["num_seqs"]), ("block_tables", ["num_seqs", "max_blocks"]),
+    dims = profile_dims(_a100(), 100, "decode")
+    shapes = input_shapes([("input_ids", ["num_seqs"]), ("block_tables", ["num_seqs", "max_blocks"]),
                               ("past_key.0", ["num_blocks", 16, 3, 64])], dims, where="decode")
     assert shapes == {"input_ids": [[1], [64], [128]], "block_tables": [[1, 1], [64, 128], [128, 512]],
                       "past_key.0": [[100, 16, 3, 64]] * 3}
     with pytest.raises(BuildError, match="'mystery'.*no optimization profile"):
-        BT.input_shapes([("x", ["mystery"])], dims, where="decode")
+        input_shapes([("x", ["mystery"])], dims, where="decode")
 
 
 def _plans(r, nb=64):
@@ -69,20 +91,21 @@ def _plans(r, nb=64):
                        ("past_key.0", ["num_blocks", 16, 3, 64])],
            "decode": [("input_ids", ["num_seqs"]), ("block_tables", ["num_seqs", "max_blocks"]),
                       ("past_key.0", ["num_blocks", 16, 3, 64])]}
-    return [BT.EnginePlan(ph, f"{ph}.onnx", ((ph, BT.input_shapes(ins[ph], BT.profile_dims(r, nb, ph), where=ph)),))
+    return [PlanSpec(ph, f"{ph}.onnx",
+                     (OptimizationProfile.from_shapes(ph, input_shapes(ins[ph], profile_dims(r, nb, ph), where=ph)),))
             for ph in ("prefill", "decode")]
 
 
 def test_consistent_profiles_pass():
     r = _recipe()
-    BT.check_profiles(_plans(r), {"prefill": {"past_key.0": 10}, "decode": {"past_key.0": 10}}, r)
+    check_profiles(_plans(r), {"prefill": {"past_key.0": 10}, "decode": {"past_key.0": 10}}, r)
 
 
 def test_block_table_width_disagreement_is_explained():
     r = _recipe(profiles={"decode": {"batch": {"min": 1, "opt": 4, "max": 8},
                                      "context": {"min": 1, "opt": 256, "max": 1024}}})
     with pytest.raises(BuildError) as e:
-        BT.check_profiles(_plans(r), {}, r)
+        check_profiles(_plans(r), {}, r)
     msg = str(e.value)
     assert "block-table width" in msg and "32 blocks" in msg and "64 blocks" in msg
     assert "profiles.decode.context.max to 512" in msg
@@ -92,7 +115,7 @@ def test_minimum_sizes_the_scheduler_sends_and_pool_dtypes():
     r = _recipe(profiles={"prefill": {"tokens": {"min": 16, "opt": 64, "max": 256},
                                       "sequences": {"min": 1, "opt": 1, "max": 8}}})
     with pytest.raises(BuildError) as e:
-        BT.check_profiles(_plans(r), {"prefill": {"past_key.0": 10}, "decode": {"past_key.0": 1}}, r)
+        check_profiles(_plans(r), {"prefill": {"past_key.0": 10}, "decode": {"past_key.0": 1}}, r)
     msg = str(e.value)
     assert "profiles.prefill.tokens.min = 16" in msg and "Fix: set profiles.prefill.tokens.min: 1" in msg
     assert "KV pool dtype" in msg
@@ -109,7 +132,7 @@ def test_duplicated_weights_are_counted():
     emb = np.ones((10, 8), np.float16)
     pre = model({"embed": emb, "w_fp16": np.zeros((8, 8), np.float16)})
     dec = model({"embed": emb, "w_fp16": np.ones((8, 8), np.float16)})  # same name, other bytes
-    assert BT.duplicated_weight_bytes({"prefill": pre, "decode": dec}) == emb.nbytes
+    assert duplicated_weight_bytes({"prefill": pre, "decode": dec}) == emb.nbytes
 
 
 # ----------------------------------------------------------------------------------------------
@@ -125,19 +148,19 @@ def _spec(**kw):
 
 
 def test_choose_lowering_by_tensorrt_version():
-    assert BT.choose_lowering(_spec(), "10.13.0.35") == "plugins"
-    assert BT.choose_lowering(_spec(plugin_free=True, variants=["plugin_free"]), "10.13.0.35") == "plugin_free"
+    assert choose_lowering(_spec(), "10.13.0.35") == "plugins"
+    assert choose_lowering(_spec(plugin_free=True, variants=["plugin_free"]), "10.13.0.35") == "plugin_free"
     with pytest.raises(BuildError, match="older than 10.7.*engine.plugin_free: true"):
-        BT.choose_lowering(_spec(), "10.3.0.30")
+        choose_lowering(_spec(), "10.3.0.30")
     orin = _spec(target={"name": "orin"}, orin_trt_lt_10_7="plugin_free", variants=["plugins", "plugin_free"])
-    assert BT.choose_lowering(orin, "10.3.0.30") == "plugin_free"
-    assert BT.choose_lowering(orin, "10.8.0.43") == "plugins"
+    assert choose_lowering(orin, "10.3.0.30") == "plugin_free"
+    assert choose_lowering(orin, "10.8.0.43") == "plugins"
     failed = dict(orin, variants=["plugins"], variant_errors={"plugin_free": "prefill: asymmetric INT4 weights"})
     with pytest.raises(BuildError, match="JetPack 6.*asymmetric INT4"):
-        BT.choose_lowering(failed, "10.3.0.30")
+        choose_lowering(failed, "10.3.0.30")
     fail_orin = _spec(target={"name": "orin"}, orin_trt_lt_10_7="fail")
     with pytest.raises(BuildError, match="engine.orin_trt_lt_10_7: plugin_free"):
-        BT.choose_lowering(fail_orin, "10.3.0.30")
+        choose_lowering(fail_orin, "10.3.0.30")
 
 
 def test_console_summary_gives_every_variant_its_full_reason():
@@ -145,53 +168,53 @@ def test_console_summary_gives_every_variant_its_full_reason():
               "asymmetric INT4 weights (1234 of 27648 blocks have a zero point other than 8), and TensorRT's "
               "INT4 DequantizeLinear is symmetric only. Fix: ...the very end of the reason")
     spec = _spec(target={"name": "orin"}, variants=["plugins"], variant_errors={"plugin_free": reason})
-    text = BT.variants_summary(spec)
+    text = variants_summary(spec)
     assert text.splitlines()[1] == "  variant plugins: in the spec; runs on TensorRT >= 10.7 (Python plugins)"
     assert text.splitlines()[2] == f"  variant plugin_free: NOT in the spec: {reason}"
     # the hint offers the plugin-free graphs only when the spec carries them
-    assert BT.finish_requirements(spec) == "TensorRT >= 10.7 with Python plugins"
+    assert finish_requirements(spec) == "TensorRT >= 10.7 with Python plugins"
     both = dict(spec, variants=["plugins", "plugin_free"], variant_errors={})
-    assert "TensorRT < 10.7 (JetPack 6) with the plugin-free graphs" in BT.finish_requirements(both)
-    assert BT.finish_requirements(_spec(variants=["plugin_free"])) == "TensorRT 10.x; the graphs are plugin-free"
+    assert "TensorRT < 10.7 (JetPack 6) with the plugin-free graphs" in finish_requirements(both)
+    assert finish_requirements(_spec(variants=["plugin_free"])) == "TensorRT 10.x; the graphs are plugin-free"
 
 
 def _env(**kw):
     base = dict(trt_version="10.13.0.35", trt_error=None, gpu_sm=80, gpu_name="NVIDIA A100", cuda_runtime="12.9",
                 platform="x86_64", triton_version="3.9.0")
     base.update(kw)
-    return BT.TrtEnvironment(**base)
+    return TrtEnvironment(**base)
 
 
 def _write_spec(tmp_path: Path, target="a100") -> Path:
     d = tmp_path / "x" / f"{target}.spec"
     d.mkdir(parents=True)
-    p = d / BT.SPEC_NAME
-    p.write_text(json.dumps({"spec_version": BT.SPEC_VERSION, "target": {"name": target}}))
+    p = d / SPEC_NAME
+    p.write_text(json.dumps({"spec_version": SPEC_VERSION, "target": {"name": target}}))
     return p
 
 
 def test_build_from_spec_refuses_a_gpu_that_is_not_the_target(tmp_path):
     spec = _write_spec(tmp_path)
     with pytest.raises(BuildError) as e:
-        BT.build_from_spec(spec, env=_env(gpu_sm=90, gpu_name="NVIDIA H200"))
+        build_from_spec(spec, env=_env(gpu_sm=90, gpu_name="NVIDIA H200"))
     msg = str(e.value)
     assert "sm_90 (NVIDIA H200)" in msg and "a100 is sm_80" in msg and "--from-spec" in msg
     with pytest.raises(BuildError, match="this machine is x86_64, target orin is aarch64"):
-        BT.build_from_spec(_write_spec(tmp_path, "orin"), env=_env(gpu_sm=87))
+        build_from_spec(_write_spec(tmp_path, "orin"), env=_env(gpu_sm=87))
 
 
 def test_build_from_spec_refuses_without_tensorrt_or_gpu(tmp_path):
     spec = _write_spec(tmp_path)
     with pytest.raises(BuildError) as e:
-        BT.build_from_spec(spec, env=_env(trt_version=None, trt_error="ModuleNotFoundError: no tensorrt", gpu_sm=None))
+        build_from_spec(spec, env=_env(trt_version=None, trt_error="ModuleNotFoundError: no tensorrt", gpu_sm=None))
     assert "`tensorrt` is not importable" in str(e.value) and "no NVIDIA GPU is visible" in str(e.value)
 
 
 def test_spec_version_is_checked(tmp_path):
-    p = tmp_path / BT.SPEC_NAME
+    p = tmp_path / SPEC_NAME
     p.write_text(json.dumps({"spec_version": 99}))
     with pytest.raises(BuildError, match="version 99"):
-        BT.build_from_spec(p, env=_env())
+        build_from_spec(p, env=_env())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -216,13 +239,13 @@ def smollm2_2layer(gguf_path):
 def split_spec(smollm2_2layer, tmp_path_factory):
     """fp16 both phases, plugin-free, split layout: what the RTX smoke build needs."""
     mp = pytest.MonkeyPatch()
-    mp.setattr(BT, "load_model", lambda recipe: smollm2_2layer)
-    mp.setattr(BT, "probe_environment", lambda: _env(trt_version=None, trt_error="ModuleNotFoundError", gpu_sm=None))
+    mp.setattr(GPU, "load_model", lambda recipe: smollm2_2layer)
+    mp.setattr(GPU, "probe_environment", lambda: _env(trt_version=None, trt_error="ModuleNotFoundError", gpu_sm=None))
     final = tmp_path_factory.mktemp("art") / "t-trt" / "a100"
     logs: list[str] = []
     try:
-        with pytest.raises(BT.BuildNeedsTarget) as e:
-            BT.build_gpu_target(_recipe(), final, "hash-1", log=logs.append)
+        with pytest.raises(BuildNeedsTarget) as e:
+            GPU.build_gpu_target(_recipe(), final, "hash-1", log=logs.append)
     finally:
         mp.undo()
     return e.value, final, logs
@@ -273,23 +296,23 @@ def test_build_spec_is_complete(split_spec):
 @pytest.mark.slow
 def test_spec_is_reused_when_inputs_are_unchanged(split_spec, monkeypatch):
     _, final, _ = split_spec
-    monkeypatch.setattr(BT, "write_build_spec", lambda *a, **k: pytest.fail("re-exported an up-to-date spec"))
-    monkeypatch.setattr(BT, "probe_environment", lambda: _env(trt_version=None, gpu_sm=None))
+    monkeypatch.setattr(GPU, "write_build_spec", lambda *a, **k: pytest.fail("re-exported an up-to-date spec"))
+    monkeypatch.setattr(GPU, "probe_environment", lambda: _env(trt_version=None, gpu_sm=None))
     logs: list[str] = []
-    with pytest.raises(BT.BuildNeedsTarget):
-        BT.build_gpu_target(_recipe(), final, "hash-1", log=logs.append)
+    with pytest.raises(BuildNeedsTarget):
+        GPU.build_gpu_target(_recipe(), final, "hash-1", log=logs.append)
     assert any("build spec up to date" in line for line in logs)
 
 
 @pytest.mark.slow
 def test_orin_dual_profile_int4_records_why_plugin_free_fails(smollm2_2layer, tmp_path, monkeypatch):
-    monkeypatch.setattr(BT, "load_model", lambda recipe: smollm2_2layer)
-    monkeypatch.setattr(BT, "probe_environment", lambda: _env(trt_version=None, gpu_sm=None, platform="x86_64"))
+    monkeypatch.setattr(GPU, "load_model", lambda recipe: smollm2_2layer)
+    monkeypatch.setattr(GPU, "probe_environment", lambda: _env(trt_version=None, gpu_sm=None, platform="x86_64"))
     r = _recipe(target="orin", precision={"prefill": "int4", "decode": "int4", "int4": {"group_size": 32}},
                 engine={"layout": "dual_profile", "plugin_free": False, "orin_trt_lt_10_7": "plugin_free"})
     logs: list[str] = []
-    with pytest.raises(BT.BuildNeedsTarget) as e:
-        BT.build_gpu_target(r, tmp_path / "t-trt" / "orin", "h", log=logs.append)
+    with pytest.raises(BuildNeedsTarget) as e:
+        GPU.build_gpu_target(r, tmp_path / "t-trt" / "orin", "h", log=logs.append)
     spec = json.loads((tmp_path / "t-trt" / "orin.spec" / "build_spec.json").read_text())
     assert spec["variants"] == ["plugins"]
     reason = spec["variant_errors"]["plugin_free"]
@@ -304,7 +327,7 @@ def test_orin_dual_profile_int4_records_why_plugin_free_fails(smollm2_2layer, tm
     assert spec["graphs"]["prefill"]["custom_nodes"] == ["Int4Gemm", "PagedAttention", "PagedKVWrite"]
     assert spec["builder"]["workspace_mib"] == 2048 and spec["duplicated_weights_bytes"] == 0
     with pytest.raises(BuildError, match="JetPack 6.*asymmetric"):
-        BT.choose_lowering(spec, "10.3.0.30")
+        choose_lowering(spec, "10.3.0.30")
 
 
 def _orin_jetpack6_recipe(gate: float, mode: str = "requantize_symmetric"):
@@ -320,13 +343,13 @@ def orin_jetpack6_spec(request, smollm2_2layer, tmp_path_factory):
     """The Orin INT4 recipe's shape (dual profile, Q4_1 weights) with a plugin-free variant whose
     asymmetric INT4 weights are re-quantized symmetrically, or dequantized to fp16 (the shipped recipe)."""
     mp = pytest.MonkeyPatch()
-    mp.setattr(BT, "load_model", lambda recipe: smollm2_2layer)
-    mp.setattr(BT, "probe_environment", lambda: _env(trt_version=None, gpu_sm=None, platform="x86_64"))
+    mp.setattr(GPU, "load_model", lambda recipe: smollm2_2layer)
+    mp.setattr(GPU, "probe_environment", lambda: _env(trt_version=None, gpu_sm=None, platform="x86_64"))
     final = tmp_path_factory.mktemp("art") / "t-trt" / "orin"
     logs: list[str] = []
     try:
-        with pytest.raises(BT.BuildNeedsTarget) as e:
-            BT.build_gpu_target(_orin_jetpack6_recipe(0.5, request.param), final, "h", log=logs.append)
+        with pytest.raises(BuildNeedsTarget) as e:
+            GPU.build_gpu_target(_orin_jetpack6_recipe(0.5, request.param), final, "h", log=logs.append)
     finally:
         mp.undo()
     return e.value, final, logs, request.param
@@ -351,7 +374,7 @@ def test_orin_jetpack6_variant_is_requantized_measured_and_offered(orin_jetpack6
     assert "variant plugin_free: in the spec; runs on any TensorRT 10.x, JetPack 6 included" in msg
     assert f"agreement {rec['agreement']:.4f}" in msg
     assert "or TensorRT < 10.7 (JetPack 6) with the plugin-free graphs" in msg
-    assert BT.choose_lowering(spec, "10.3.0.30") == "plugin_free"
+    assert choose_lowering(spec, "10.3.0.30") == "plugin_free"
     # what TensorRT 10.3 parses: no custom node, INT4 DequantizeLinear without zero points
     m = onnx.load(str(sdir / "prefill.plugin_free.onnx"), load_external_data=False)
     assert not [n for n in m.graph.node if n.domain == "trtpipe"]
@@ -369,11 +392,11 @@ def test_orin_jetpack6_variant_is_requantized_measured_and_offered(orin_jetpack6
 def test_orin_jetpack6_variant_below_its_gate_is_refused(smollm2_2layer, tmp_path, monkeypatch):
     from trtpipe.pipeline import variant_agreement as VA
 
-    monkeypatch.setattr(BT, "load_model", lambda recipe: smollm2_2layer)
-    monkeypatch.setattr(BT, "probe_environment", lambda: _env(trt_version=None, gpu_sm=None, platform="x86_64"))
+    monkeypatch.setattr(GPU, "load_model", lambda recipe: smollm2_2layer)
+    monkeypatch.setattr(GPU, "probe_environment", lambda: _env(trt_version=None, gpu_sm=None, platform="x86_64"))
     monkeypatch.setattr(VA, "teacher_forced_agreement_dense", lambda *a, **k: VA.Agreement(25, 32))
-    with pytest.raises(BT.BuildNeedsTarget) as e:
-        BT.build_gpu_target(_orin_jetpack6_recipe(0.9), tmp_path / "t-trt" / "orin", "h", log=lambda s: None)
+    with pytest.raises(BuildNeedsTarget) as e:
+        GPU.build_gpu_target(_orin_jetpack6_recipe(0.9), tmp_path / "t-trt" / "orin", "h", log=lambda s: None)
     spec = json.loads((tmp_path / "t-trt" / "orin.spec" / "build_spec.json").read_text())
     assert spec["variants"] == ["plugins"] and [p["name"] for p in spec["plans"]] == ["engine"]
     reason = spec["variant_errors"]["plugin_free"]
@@ -396,7 +419,7 @@ def test_rtx_smoke_builds_both_plugin_free_graphs(split_spec):
     sdir = final.with_name("a100.spec")
     spec = json.loads((sdir / "build_spec.json").read_text())
     for plan in spec["plans"]:
-        r = BT.rtx_smoke_build(sdir / plan["graph"], [p["shapes"] for p in plan["profiles"]], sm=80)
+        r = rtx_smoke_build(sdir / plan["graph"], [p["shapes"] for p in plan["profiles"]], sm=80)
         assert r.ok, r.log_tail
         assert r.engine_bytes > 49152 * 576 * 2  # holds at least the fp16 embedding
 
@@ -411,14 +434,14 @@ def test_rtx_smoke_builds_the_requantized_jetpack6_variant(orin_jetpack6_spec):
     sdir = final.with_name("orin.spec")
     spec = json.loads((sdir / "build_spec.json").read_text())
     (plan,) = [p for p in spec["plans"] if p["name"] == "engine.plugin_free"]
-    r = BT.rtx_smoke_build(sdir / plan["graph"], [p["shapes"] for p in plan["profiles"]], sm=80)
+    r = rtx_smoke_build(sdir / plan["graph"], [p["shapes"] for p in plan["profiles"]], sm=80)
     assert r.ok, r.log_tail
 
 
 @pytest.mark.rtx
 def test_rtx_cannot_target_orin_or_h200():
     with pytest.raises(BuildError, match="not sm_87"):
-        BT.rtx_smoke_build("x.onnx", [{}], sm=87)
+        rtx_smoke_build("x.onnx", [{}], sm=87)
 
 
 @pytest.mark.rtx
@@ -426,12 +449,45 @@ def test_rtx_cannot_target_orin_or_h200():
 @pytest.mark.skipif(not HAS_RTX or os.environ.get("TRTPIPE_RTX_FULL") != "1",
                     reason="full 30-layer RTX smoke build: set TRTPIPE_RTX_FULL=1 (~3 min)")
 def test_rtx_smoke_full_smollm2(tmp_path, monkeypatch):
-    monkeypatch.setattr(BT, "probe_environment", lambda: _env(trt_version=None, gpu_sm=None))
-    with pytest.raises(BT.BuildNeedsTarget):
-        BT.build_gpu_target(_recipe(), tmp_path / "t-trt" / "a100", "h")
+    monkeypatch.setattr(GPU, "probe_environment", lambda: _env(trt_version=None, gpu_sm=None))
+    with pytest.raises(BuildNeedsTarget):
+        GPU.build_gpu_target(_recipe(), tmp_path / "t-trt" / "a100", "h")
     sdir = tmp_path / "t-trt" / "a100.spec"
     spec = json.loads((sdir / "build_spec.json").read_text())
     assert spec["model"]["num_layers"] == 30
     for plan in spec["plans"]:
-        r = BT.rtx_smoke_build(sdir / plan["graph"], [p["shapes"] for p in plan["profiles"]], sm=80)
+        r = rtx_smoke_build(sdir / plan["graph"], [p["shapes"] for p in plan["profiles"]], sm=80)
         assert r.ok, r.log_tail
+
+
+@pytest.mark.slow
+def test_typed_spec_reads_back_what_was_written(split_spec):
+    """build_spec.json -> BuildSpec -> JSON is the file's content, key for key (the typed spec and
+    the on-disk format are one contract)."""
+    from trtpipe.pipeline.build.spec import BuildSpec, load_spec
+
+    _, final, _ = split_spec
+    path = final.with_name("a100.spec") / "build_spec.json"
+    raw = json.loads(path.read_text())
+    spec = load_spec(path)
+    assert json.loads(json.dumps(spec.to_json())) == raw
+    assert [p.name for p in spec.plans] == ["prefill", "decode"]
+    assert spec.plans[1].profiles[0].phase == "decode" and spec.graphs["decode"].lowering == "plugin_free"
+    assert spec.kv.num_blocks == 64 and spec.model.num_layers == 2
+    del raw["plans"]
+    path.with_name("broken.json").write_text(json.dumps(raw))
+    with pytest.raises(BuildError, match="lacks 'plans'"):
+        load_spec(path.with_name("broken.json"))
+    assert isinstance(BuildSpec.from_json(json.loads(path.read_text())), BuildSpec)
+
+
+def test_optimization_profile_matches_polygraphy():
+    """The frozen profile record holds what Polygraphy's Profile.add would, in order."""
+    pytest.importorskip("polygraphy")
+    prof = OptimizationProfile("decode", ()).add("input_ids", [1], [4], [8])
+    prof = prof.add("block_tables", [1, 1], [4, 32], [8, 32])
+    assert prof.shapes() == {"input_ids": [[1], [4], [8]], "block_tables": [[1, 1], [4, 32], [8, 32]]}
+    assert OptimizationProfile.from_json(prof.to_json()) == prof
+    poly = prof.to_polygraphy()
+    assert list(poly.keys()) == ["input_ids", "block_tables"]
+    assert tuple(poly["block_tables"].min) == (1, 1) and tuple(poly["block_tables"].max) == (8, 32)

@@ -213,7 +213,7 @@ def test_exit_codes_in_help():
 
 def test_gpu_build_that_stops_at_its_spec_exits_3(monkeypatch, tmp_path, gguf_path):
     import trtpipe.pipeline.build as B
-    from trtpipe.pipeline.build_trt import BuildNeedsTarget
+    from trtpipe.pipeline.build import BuildNeedsTarget
 
     def stop_at_spec(recipe, root, **kw):
         raise BuildNeedsTarget(f"TensorRT plans for target {recipe.target} cannot be built on this machine: "

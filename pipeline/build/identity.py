@@ -1,0 +1,52 @@
+"""Where an artifact lives, what decides whether it must be rebuilt, and how to rebuild it."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from trtpipe.pipeline.recipe import Recipe, build_hash
+from trtpipe.plugins.versions import TRTPIPE_VERSION
+
+
+def artifact_dir_for(recipe: Recipe, root: str | Path = "artifacts") -> Path:
+    """``<root>/<recipe name>/<target>``."""
+    return Path(root) / recipe.name / recipe.target
+
+
+def rebuild_command(recipe: Recipe, artifact_root: str | Path = "artifacts") -> str:
+    """``trtpipe build ... --force`` that rebuilds ``recipe`` into ``artifact_root``: a shipped
+    recipe by name, any other by its absolute path; ``--artifacts`` unless it is ./artifacts."""
+    from trtpipe.pipeline.recipe import RECIPES_DIR
+
+    origin = Path(recipe.origin)
+    target = recipe.name
+    if origin.is_file() and origin.resolve().parent != RECIPES_DIR.resolve():
+        target = str(origin.resolve())
+    cmd = f"trtpipe build {target}"
+    if Path(artifact_root).resolve() != Path("artifacts").resolve():
+        cmd += f" --artifacts {Path(artifact_root).resolve()}"
+    return cmd + " --force"
+
+
+def inputs_hash(recipe: Recipe, model_path: Path) -> str:
+    """sha256 over what determines the artifact: the recipe's build hash, the model file(s) (name,
+    size, mtime), the trtpipe version, the op ABI hash and the ONNX Runtime version."""
+    from trtpipe.plugins.schema import op_schema_abi_hash
+
+    h = hashlib.sha256()
+    h.update(build_hash(recipe).encode())  # budgets/description edits do not force a rebuild
+    files = [model_path] if model_path.is_file() else sorted(p for p in model_path.iterdir() if p.is_file())
+    for f in files:
+        st = f.stat()
+        # size + mtime + name keep this fast for 100 MB+ files; the manifest holds real hashes
+        h.update(f"{f.name}:{st.st_size}:{int(st.st_mtime)}".encode())
+    h.update(TRTPIPE_VERSION.encode())
+    h.update(op_schema_abi_hash().encode())
+    try:
+        import onnxruntime
+
+        h.update(onnxruntime.__version__.encode())
+    except ImportError:
+        pass
+    return h.hexdigest()
