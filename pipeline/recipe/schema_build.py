@@ -238,7 +238,7 @@ class ArchitectureSpec(Spec):
 
 class ModelSpec(Spec):
     """The model: ``source`` (shipped short name such as ``smollm2-135m``, a ``.gguf`` path or a
-    Hugging Face folder; see :mod:`trtpipe.pipeline.model_source`) or, for planning recipes
+    Hugging Face folder; see :mod:`trtpipe.pipeline.recipe.model_source`) or, for planning recipes
     without weights, ``architecture`` facts inline with ``source`` omitted or ``none``."""
 
     source: str | None = Field(None, examples=["smollm2-135m"])

