@@ -126,14 +126,57 @@ def child(artifact: Path, variant: str, num_steps: int) -> dict:
     return out
 
 
+def drift(artifact: Path, seconds: float, window_s: float = 2.0) -> None:
+    """One process: decode steps (16-token context, restarted as needed) interleaved with a fixed
+    NumPy probe (a [1, 4096] x [4096, 4096] fp32 GEMV, 64 MiB of weights read per call, like a
+    decode step's weight sweep), for ``seconds``; prints, per ``window_s`` window, the median
+    decode step and the median probe. If both move together, the swing comes from the machine
+    (shared cores, memory bandwidth, frequency), not from trtpipe's own state."""
+    import numpy as np
+
+    from trtpipe.runtime.llm import LLM
+    from trtpipe.runtime.request import SamplingParams
+
+    llm = LLM(artifact)
+    ids = prompt_token_ids(artifact)[:16]
+    x, w = np.ones((1, 4096), np.float32), np.ones((4096, 4096), np.float32)
+    t_end, rows = time.perf_counter() + seconds, []
+    print(f"{'t_s':>6} {'decode_ms':>10} {'probe_ms':>9} {'ratio':>6}")
+    t0 = time.perf_counter()
+    while time.perf_counter() < t_end:
+        steps, probes, t_win = [], [], time.perf_counter() + window_s
+        while time.perf_counter() < t_win:
+            if not llm.has_unfinished():
+                llm.add_request(ids, SamplingParams(max_new_tokens=64, ignore_eos=True))
+                llm.step()  # prefill
+            t = time.perf_counter()
+            llm.step()
+            steps.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            x @ w
+            probes.append(time.perf_counter() - t)
+        d, q = statistics.median(steps) * 1e3, statistics.median(probes) * 1e3
+        rows.append((d, q))
+        print(f"{time.perf_counter() - t0:6.1f} {d:10.2f} {q:9.2f} {d / q:6.2f}", flush=True)
+    ds, qs = [r[0] for r in rows], [r[1] for r in rows]
+    print(f"spread over windows: decode {max(ds) / min(ds):.2f}x, probe {max(qs) / min(qs):.2f}x, "
+          f"decode/probe {max(d / q for d, q in rows) / min(d / q for d, q in rows):.2f}x; "
+          f"correlation {np.corrcoef(ds, qs)[0, 1]:.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--artifact", type=Path, default=DEFAULT_ARTIFACT)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", type=int, default=48, help="decode steps per measured request")
     ap.add_argument("--variants", default="base,nospin,thp")
+    ap.add_argument("--drift-s", type=float, default=None,
+                    help="instead: one process for this many seconds, decode steps interleaved with a fixed NumPy probe")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.drift_s:
+        drift(a.artifact, a.drift_s)
+        return
     if a.child:
         print("RESULT " + json.dumps(child(a.artifact, a.child, a.steps)), flush=True)
         return
