@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict
 
 from trtpipe.pipeline.recipe.errors import Issue, fail
 
@@ -40,3 +40,8 @@ def check_name(v: str) -> str:
                                   "(it becomes a folder name)",
                            "e.g. `smollm2-135m-cpu`"))
     return v
+
+
+# A recipe or scenario name, checked by :func:`check_name` wherever a schema declares one.
+Name = Annotated[str, AfterValidator(check_name)]
+

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
-from trtpipe.pipeline.recipe.base import KVDtype, Phase, Spec, Target, check_name
+from trtpipe.pipeline.recipe.base import KVDtype, Name, Phase, Spec, Target
 from trtpipe.pipeline.recipe.checks import model_issues, recipe_issues
 from trtpipe.pipeline.recipe.errors import fail
 from trtpipe.pipeline.recipe.model_source import ModelSource, resolve_model_source
@@ -36,7 +36,7 @@ class Recipe(Spec):
     sets an n-token window on every layer (an approximation for full-attention models).
     """
 
-    name: str = Field(examples=["smollm2-135m-cpu"])
+    name: Name = Field(examples=["smollm2-135m-cpu"])
     description: str = ""
     model: ModelSpec
     target: Target = Field(examples=["cpu"])
@@ -54,11 +54,6 @@ class Recipe(Spec):
 
     _origin: str = PrivateAttr(default="<recipe>")
     _base_dir: Path | None = PrivateAttr(default=None)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        return check_name(v)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "Recipe":

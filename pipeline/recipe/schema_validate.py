@@ -7,9 +7,9 @@ from __future__ import annotations
 import difflib
 from typing import Any, ClassVar, Literal, get_args
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from trtpipe.pipeline.recipe.base import Spec, check_name
+from trtpipe.pipeline.recipe.base import Name, Spec
 from trtpipe.pipeline.recipe.errors import MISSING, Issue, RecipeError, RecipeProblem, fail
 from trtpipe.runtime.budgets import LATENCY_BUDGET_METRICS, Budget
 
@@ -162,7 +162,7 @@ class Scenario(Spec):
     tokens (a shared prefix: what prefix caching saves); the drawn ``prompt_tokens`` are then the
     user turn. ``chat``: wrap system prompt and user turn in the model's chat template."""
 
-    name: str = Field(examples=["chat"])
+    name: Name = Field(examples=["chat"])
     description: str = ""
     num_requests: int = Field(ge=1, examples=[16])
     num_warmup_requests: int = Field(2, ge=0, examples=[2])
@@ -174,11 +174,6 @@ class Scenario(Spec):
     system_prompt_tokens: int | None = Field(None, ge=1, examples=[256])
     chat: bool = False
     budgets: Budgets = Field(default_factory=Budgets)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        return check_name(v)
 
     @model_validator(mode="after")
     def _arrivals(self) -> "Scenario":
