@@ -119,7 +119,7 @@ def child(artifact: Path, variant: str, num_steps: int) -> dict:
         out[f"tpot_ms_{n}"] = round(statistics.median(steps) * 1e3, 3)
         out[f"tpot_p90_ms_{n}"] = round(sorted(steps)[int(0.9 * len(steps))] * 1e3, 3)
     with open("/proc/self/status") as f:
-        out["rss_mib"] = next(int(l.split()[1]) // 1024 for l in f if l.startswith("VmHWM"))
+        out["rss_mib"] = next(int(row.split()[1]) // 1024 for row in f if row.startswith("VmHWM"))
     with open("/proc/self/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
         out["minflt"], out["majflt"] = int(fields[7]), int(fields[9])
@@ -194,7 +194,7 @@ def main() -> None:
             load = os.getloadavg()[0]
             p = subprocess.run([sys.executable, __file__, "--artifact", str(a.artifact), "--steps", str(a.steps),
                                 "--child", v], env=env, capture_output=True, text=True, timeout=600)
-            line = next((l for l in p.stdout.splitlines() if l.startswith("RESULT ")), None)
+            line = next((x for x in p.stdout.splitlines() if x.startswith("RESULT ")), None)
             if line is None:
                 raise SystemExit(f"variant {v} failed:\n{p.stderr[-2000:]}")
             rec = json.loads(line[7:]) | {"round": r, "load1": round(load, 2)}

@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{label:58s} {err:10.2e} {tol:8.0e} {'ok' if good else 'FAIL'}")
         bench = (bench_decode_attention(torch, 4, 2, 32, 16, 1, device="cpu", batches=(1, 2), contexts=(64,),
                                         windows=(0, 32)) + bench_int4(torch, [(64, 256)], 1, device="cpu"))
-        for label, ms, nbytes, speedup in bench:  # exercises the bandwidth code paths; numbers mean nothing
+        for label, ms, nbytes, _speedup in bench:  # exercises the bandwidth code paths; numbers mean nothing
             print(f"{label:40s} {nbytes / 1e6:9.3f} MB  (interpreter time {ms:.0f} ms)")
         print("dry run (CPU interpreter): " + ("all ok" if all(r[3] for r in rows) else "FAILED"))
         return 0 if all(r[3] for r in rows) else 1

@@ -155,7 +155,8 @@ def _ensure_project_venv(argv: list[str] | None) -> None:
         py = MAIN_VENV / "bin" / "python"
         if py.exists() and Path(sys.executable).resolve() != py.resolve():
             os.execv(str(py), [str(py), str(Path(__file__).resolve()), *(argv if argv is not None else sys.argv[1:])])
-        raise SystemExit("run from the project venv (trtpipe and tokenizers must import): . .venv/bin/activate")
+        raise SystemExit(
+            "run from the project venv (trtpipe and tokenizers must import): . .venv/bin/activate") from None
 
 
 def _prepare(args: argparse.Namespace) -> tuple[list[str], dict] | int:

@@ -253,7 +253,7 @@ def run(args, raw_path: Path) -> int:
         py = MAIN_VENV / "bin" / "python"
         if py.exists() and Path(sys.executable).resolve() != py.resolve():
             os.execv(str(py), [str(py), str(Path(__file__).resolve()), *sys.argv[1:]])
-        raise SystemExit("run from the project venv (tokenizers must import): . .venv/bin/activate")
+        raise SystemExit("run from the project venv (tokenizers must import): . .venv/bin/activate") from None
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     if bad := [e for e in engines if e not in ENGINES]:
         raise SystemExit(f"--engines: unknown {bad}; expected names from {list(ENGINES)}")

@@ -31,7 +31,7 @@ def fuse_int4_siblings(model: onnx.ModelProto, op_domain: str = "trtpipe") -> tu
     new_inits: list[onnx.TensorProto] = []
     dead: set[str] = set()
     count = 0
-    for key, nodes in groups.items():
+    for nodes in groups.values():
         if len(nodes) < 2:
             continue
         first = nodes[0]

@@ -173,10 +173,10 @@ def _add_generation_routes(app: FastAPI, state: ServeState, guards: _Guards) -> 
             ids = _encode_chat(eng, req) if kind == "chat" else _encode_prompt(eng, req)
             params = req.sampling_params(_max_new_tokens(eng, req, ids))
         except ServeError as e:
-            raise guards.reject("bad_request", e)
+            raise guards.reject("bad_request", e) from e
         except RequestError as e:
             field_name = "messages" if kind == "chat" else "prompt"
-            raise guards.reject("bad_request", ServeError(400, str(e), param=field_name))
+            raise guards.reject("bad_request", ServeError(400, str(e), param=field_name)) from e
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
 
@@ -191,7 +191,7 @@ def _add_generation_routes(app: FastAPI, state: ServeState, guards: _Guards) -> 
         except EngineBusy as e:
             raise guards.reject(e.reason, ServeError(503, f"overloaded: {e}; retry after {RETRY_AFTER_S} s",
                                                      type_="service_unavailable", code=e.reason,
-                                                     headers={"Retry-After": str(RETRY_AFTER_S)}))
+                                                     headers={"Retry-After": str(RETRY_AFTER_S)})) from e
         builder = ResponseBuilder(req, tuple(ids))
         if req.stream:
             return StreamingResponse(_stream(eng, rid, events, builder), media_type="text/event-stream",

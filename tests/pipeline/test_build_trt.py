@@ -281,7 +281,7 @@ def test_build_spec_is_complete(split_spec):
     assert spec["op_abi_hash"] == op_schema_abi_hash() and len(spec["plugin_abi_hash"]) == 64
     assert spec["inputs_hash"] == "hash-1" and spec["artifact_dir"] == "../a100"
     assert spec["kv"]["num_blocks"] == 64 and spec["kv"]["dtype"] == "float16"
-    for name, g in spec["graphs"].items():
+    for g in spec["graphs"].values():
         assert g["sha256"] == sha256_file(sdir / g["file"]) and g["dtype"] == "fp16" and g["custom_nodes"] == []
     plans = {p["name"]: p for p in spec["plans"]}
     assert set(plans) == {"prefill", "decode"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import re
 
+import pydantic
 import pytest
 import yaml
 
@@ -456,7 +457,7 @@ def test_recipe_hash_is_stable(tmp_path, cpu_data):
 
 def test_recipe_is_frozen():
     r = load_recipe(CPU_RECIPE, check_files=False)
-    with pytest.raises(Exception):
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
         r.max_seq_len = 1  # type: ignore[misc]
     assert isinstance(r, Recipe)
 
