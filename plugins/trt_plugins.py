@@ -38,9 +38,6 @@ from typing import TYPE_CHECKING, Any, List, Tuple
 import triton
 import triton.language as tl
 
-if TYPE_CHECKING:
-    from typing import TypeAlias  # Python >= 3.10; only mypy reads it
-
 from trtpipe.plugins import PLUGIN_VERSION
 from trtpipe.plugins.dtypes import FLOAT_NAMES
 from trtpipe.plugins.errors import OpError
@@ -48,6 +45,9 @@ from trtpipe.plugins.triton_kernels import (int4_gemm_kernel, next_pow2, paged_a
                                             paged_attention_prefill_kernel, write_kv_cache_kernel)
 from trtpipe.plugins.trt_lowering import PLUGIN_ATTRIBUTES, PLUGIN_NAMESPACE
 from trtpipe.plugins.versions import TRT_PLUGINS_MIN_VERSION, trt_has_python_plugins
+
+if TYPE_CHECKING:
+    from typing import TypeAlias  # Python >= 3.10; only mypy reads it
 
 MIN_TRT_VERSION = TRT_PLUGINS_MIN_VERSION  # tensorrt.plugin with aot_impl (home: plugins/versions.py)
 PLUGIN_VERSIONS = {name: PLUGIN_VERSION for name in PLUGIN_ATTRIBUTES}
