@@ -63,7 +63,7 @@ def lower_for_ort(model: onnx.ModelProto, accuracy_level: int = 0, decode: bool 
     return out
 
 
-def _lower_int4_gemm(b: NodeBuilder, node: onnx.NodeProto, accuracy_level: int, inits: dict,
+def _lower_int4_gemm(b: NodeBuilder, node: onnx.NodeProto, accuracy_level: int, inits: _InitializerView,
                      blocksums: dict, float_zero_points: str = "exact") -> None:
     """Int4Gemm -> MatMulNBits.
 
@@ -156,7 +156,7 @@ class _InitializerView:
         self._protos = {t.name: t for t in graph.initializer}
         self._cache: dict[str, np.ndarray] = {}
 
-    def get(self, name: str):
+    def get(self, name: str) -> np.ndarray | None:
         if name not in self._protos:
             return None
         if name not in self._cache:

@@ -47,10 +47,11 @@ def lower_paged_attention(node: onnx.NodeProto, state: GraphRewrite, *, decode: 
     key = ("paged_attention_index", tuple(node.input[5:9]), block_size)
     if key not in state.memo:
         ib = NodeBuilder("/model/paged_attention_index")
+        slot_mapping, block_tables, context_lens, qsl = node.input[5:9]
         if decode:
-            idx = _decode_index_subgraph(ib, *node.input[5:8], block_size=block_size)
+            idx = _decode_index_subgraph(ib, slot_mapping, block_tables, context_lens, block_size=block_size)
         else:
-            idx = _index_subgraph(ib, *node.input[5:9], block_size=block_size)
+            idx = _index_subgraph(ib, slot_mapping, block_tables, context_lens, qsl, block_size=block_size)
         state.emit(ib)
         state.memo[key] = (idx, {})  # masks are reused by later layers: defined before them
     idx, masks = state.memo[key]

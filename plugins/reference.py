@@ -152,7 +152,9 @@ def _attention_inputs(query: Any, key: Any, value: Any, key_cache: Any, value_ca
                                                      ("block_tables", block_tables, 2),
                                                      ("context_lens", context_lens, 1),
                                                      ("query_start_loc", query_start_loc, 1))]
-    _check_attention_shapes(*floats, *ints, H, KVH, D, BS)
+    q, k, v, kc, vc = floats
+    sm, bt, cl, qsl = ints
+    _check_attention_shapes(q, k, v, kc, vc, sm, bt, cl, qsl, H, KVH, D, BS)
     return (*floats, *ints)
 
 

@@ -208,7 +208,8 @@ def _infer_int4_gemm(ctx: Any) -> None:
             from onnx.shape_inference import InferenceError
 
             raise InferenceError("trtpipe::Int4Gemm: input A is a scalar, expected [..., K]")
-        _check_dims("Int4Gemm", "A", a, [None] * (len(a) - 1) + [K])
+        expected_a: list[int | None] = [None] * (len(a) - 1)  # leading dims free, last one K
+        _check_dims("Int4Gemm", "A", a, expected_a + [K])
     _check_dims("Int4Gemm", "B", _dims(ctx.get_input_type(1)), [N, nb, G // 2 if G else None])
     _check_dims("Int4Gemm", "scales", _dims(ctx.get_input_type(2)), [N, nb])
     if ctx.get_num_inputs() > 3 and ctx.has_input(3):

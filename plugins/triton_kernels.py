@@ -212,7 +212,9 @@ def paged_attention_prefill_kernel(
         take = first_tile <= tile
         lo_s = tl.where(take, mid, lo_s)
         hi_s = tl.where(take, hi_s, mid - 1)
-    s = lo_s.to(tl.int64)
+    # lo_s starts as a Python int but is a Triton scalar tensor after tl.where (the JIT types loop-carried
+    # values); mypy sees only the int start value
+    s = lo_s.to(tl.int64)  # type: ignore[attr-defined]
     q_begin = tl.load(query_start_loc_ptr + s)
     n = tl.load(query_start_loc_ptr + s + 1) - q_begin
     ctx = tl.load(context_lens_ptr + s)

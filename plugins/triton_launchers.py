@@ -139,16 +139,17 @@ def paged_attention(query: Any, key: Any, value: Any, key_cache: Any, value_cach
     sync).
     """
     write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
-    kw = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size, scale=scale,
-              block_size=block_size, sliding_window=sliding_window)
     S = block_tables.shape[0]
     if max_query_len is None:
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max().item()) if S else 0
     if max_query_len == 1 and query.shape[0] == S:
-        out = paged_attention_decode(query, key_cache, value_cache, block_tables, context_lens, **kw)
+        out = paged_attention_decode(query, key_cache, value_cache, block_tables, context_lens, num_heads=num_heads,
+                                     num_kv_heads=num_kv_heads, head_size=head_size, scale=scale,
+                                     block_size=block_size, sliding_window=sliding_window)
     else:
-        out = paged_attention_prefill(query, key_cache, value_cache, block_tables, context_lens,
-                                      query_start_loc, **kw)
+        out = paged_attention_prefill(query, key_cache, value_cache, block_tables, context_lens, query_start_loc,
+                                      num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size,
+                                      scale=scale, block_size=block_size, sliding_window=sliding_window)
     return out, key_cache, value_cache
 
 

@@ -33,7 +33,7 @@ takes the ``tensorrt.plugin`` module as an argument (tests pass one built on
 """
 
 # no `from __future__ import annotations`: tensorrt.plugin reads the annotations as objects
-from typing import Any, List, Tuple
+from typing import TYPE_CHECKING, Any, List, Tuple
 
 import triton
 import triton.language as tl
@@ -45,6 +45,9 @@ from trtpipe.plugins.triton_kernels import (int4_gemm_kernel, next_pow2, paged_a
                                             paged_attention_prefill_kernel, write_kv_cache_kernel)
 from trtpipe.plugins.trt_lowering import PLUGIN_ATTRIBUTES, PLUGIN_NAMESPACE
 from trtpipe.plugins.versions import TRT_PLUGINS_MIN_VERSION, trt_has_python_plugins
+
+if TYPE_CHECKING:
+    from typing import TypeAlias  # Python >= 3.10; only mypy reads it
 
 MIN_TRT_VERSION = TRT_PLUGINS_MIN_VERSION  # tensorrt.plugin with aot_impl (home: plugins/versions.py)
 PLUGIN_VERSIONS = {name: PLUGIN_VERSION for name in PLUGIN_ATTRIBUTES}
@@ -248,7 +251,9 @@ def register_plugins(trtp: Any = None, *, cc: int | None = None) -> dict[str, An
     module). ``cc`` (e.g. 80) is the SM the AOT kernels are compiled for (the build target).
     Returns ``{plugin id: register function}``."""
     if trtp is None:
-        import tensorrt.plugin as trtp  # noqa: PLC0415  (TensorRT >= 10.7)
+        import tensorrt.plugin as trt_plugin_module  # noqa: PLC0415  (TensorRT >= 10.7)
+
+        trtp = trt_plugin_module
     if cc is not None:
         _TARGET_CC["cc"] = int(cc)
     state = _REGISTERED.get(id(trtp))
@@ -281,7 +286,10 @@ def _launch(trtp: Any, name: str, ptx: str, grid: tuple, k: Any, extras: tuple) 
 
 def _register_kv_write(trtp: Any, trt: Any) -> Any:
     """PagedKVWrite: outputs alias the caches (in-place write); grid (T,)."""
-    TensorDesc = trtp.TensorDesc
+    if TYPE_CHECKING:  # tensorrt.plugin is untyped and passed in: its descriptors are Any to mypy
+        TensorDesc: TypeAlias = Any
+    else:  # tensorrt.plugin reads the annotations as objects at registration
+        TensorDesc = trtp.TensorDesc
     ns = PLUGIN_NAMESPACE
 
     @trtp.register(f"{ns}::PagedKVWrite")
@@ -309,7 +317,10 @@ def _register_kv_write(trtp: Any, trt: Any) -> Any:
 
 def _register_attention(trtp: Any, trt: Any) -> Any:
     """PagedAttention: output like the query; decode grid (S, KVH), prefill (T // BLOCK_Q + S, KVH)."""
-    TensorDesc = trtp.TensorDesc
+    if TYPE_CHECKING:  # tensorrt.plugin is untyped and passed in: its descriptors are Any to mypy
+        TensorDesc: TypeAlias = Any
+    else:  # tensorrt.plugin reads the annotations as objects at registration
+        TensorDesc = trtp.TensorDesc
     ns = PLUGIN_NAMESPACE
 
     @trtp.register(f"{ns}::PagedAttention")
@@ -348,7 +359,10 @@ def _register_attention(trtp: Any, trt: Any) -> Any:
 
 def _register_int4_gemm(trtp: Any, trt: Any) -> Any:
     """Int4Gemm: Y = A[..., K] @ W^T -> [..., N]; grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N))."""
-    TensorDesc = trtp.TensorDesc
+    if TYPE_CHECKING:  # tensorrt.plugin is untyped and passed in: its descriptors are Any to mypy
+        TensorDesc: TypeAlias = Any
+    else:  # tensorrt.plugin reads the annotations as objects at registration
+        TensorDesc = trtp.TensorDesc
     ns = PLUGIN_NAMESPACE
 
     @trtp.register(f"{ns}::Int4Gemm")
