@@ -185,6 +185,8 @@ def evaluate_budgets(summary: MetricsSummary, budgets: Iterable[Any]) -> list[Bu
         b = spec if isinstance(spec, Budget) else parse_budget(spec)
         if b.metric in THROUGHPUT_BUDGET_METRICS:
             measured = summary.output_tokens_per_s
+        elif b.percentile is None:  # parse_budget gives every latency budget one; a hand-made Budget may not
+            raise BudgetError(f"budget {b.metric}: a latency budget needs a percentile (one of p50, p90, p95, p99)")
         else:
             measured = summary.latency_ms(b.metric.removesuffix("_ms"), b.percentile)
         if measured is None or math.isnan(measured):
