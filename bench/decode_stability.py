@@ -159,9 +159,11 @@ def drift(artifact: Path, seconds: float, window_s: float = 2.0) -> None:
         rows.append((d, q))
         print(f"{time.perf_counter() - t0:6.1f} {d:10.2f} {q:9.2f} {d / q:6.2f}", flush=True)
     ds, qs = [r[0] for r in rows], [r[1] for r in rows]
-    print(f"spread over windows: decode {max(ds) / min(ds):.2f}x, probe {max(qs) / min(qs):.2f}x, "
-          f"decode/probe {max(d / q for d, q in rows) / min(d / q for d, q in rows):.2f}x; "
-          f"correlation {np.corrcoef(ds, qs)[0, 1]:.2f}")
+    print(
+        f"spread over windows: decode {max(ds) / min(ds):.2f}x, probe {max(qs) / min(qs):.2f}x, "
+        f"decode/probe {max(d / q for d, q in rows) / min(d / q for d, q in rows):.2f}x; "
+        f"correlation {np.corrcoef(ds, qs)[0, 1]:.2f}"
+    )
 
 
 def main() -> None:
@@ -170,8 +172,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", type=int, default=48, help="decode steps per measured request")
     ap.add_argument("--variants", default="base,nospin,thp")
-    ap.add_argument("--drift-s", type=float, default=None,
-                    help="instead: one process for this many seconds, decode steps interleaved with a fixed NumPy probe")
+    ap.add_argument(
+        "--drift-s",
+        type=float,
+        default=None,
+        help="instead: one process for this many seconds, decode steps interleaved with a fixed NumPy probe",
+    )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.drift_s:
@@ -186,14 +192,19 @@ def main() -> None:
         raise SystemExit(f"--variants: unknown {bad}; expected some of {','.join(VARIANTS)}")
     rows: dict[str, list[dict]] = {v: [] for v in variants}
     for r in range(a.rounds):
-        order = variants[r % len(variants):] + variants[: r % len(variants)]
+        order = variants[r % len(variants) :] + variants[: r % len(variants)]
         for v in order:
             env = dict(os.environ)
             if v in TUNABLES:
                 env["GLIBC_TUNABLES"] = TUNABLES[v]
             load = os.getloadavg()[0]
-            p = subprocess.run([sys.executable, __file__, "--artifact", str(a.artifact), "--steps", str(a.steps),
-                                "--child", v], env=env, capture_output=True, text=True, timeout=600)
+            p = subprocess.run(
+                [sys.executable, __file__, "--artifact", str(a.artifact), "--steps", str(a.steps), "--child", v],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             line = next((x for x in p.stdout.splitlines() if x.startswith("RESULT ")), None)
             if line is None:
                 raise SystemExit(f"variant {v} failed:\n{p.stderr[-2000:]}")
@@ -205,8 +216,10 @@ def main() -> None:
         for n in CONTEXTS:
             t = [x[f"tpot_ms_{n}"] for x in rows[v]]
             f = [x[f"ttft_ms_{n}"] for x in rows[v]]
-            print(f"{v:<11} {n:>4}  {' '.join(f'{x:6.2f}' for x in t):<34} {max(t) / min(t):5.2f}x  "
-                  f"{' '.join(f'{x:6.0f}' for x in f)}")
+            print(
+                f"{v:<11} {n:>4}  {' '.join(f'{x:6.2f}' for x in t):<34} {max(t) / min(t):5.2f}x  "
+                f"{' '.join(f'{x:6.0f}' for x in f)}"
+            )
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ def _import_trtpipe_from_checkout() -> None:
     bare GPU machine): the package maps the folder plugins/ to trtpipe.plugins (pyproject)."""
     try:
         import trtpipe.plugins  # noqa: F401
+
         return
     except ImportError:
         pass
@@ -46,20 +47,34 @@ def _import_trtpipe_from_checkout() -> None:
     pkg.__path__ = []
     sys.modules["trtpipe"] = pkg
     for sub in ("plugins", "runtime"):
-        spec = importlib.util.spec_from_file_location(f"trtpipe.{sub}", ROOT / sub / "__init__.py",
-                                                      submodule_search_locations=[str(ROOT / sub)])
+        spec = importlib.util.spec_from_file_location(
+            f"trtpipe.{sub}", ROOT / sub / "__init__.py", submodule_search_locations=[str(ROOT / sub)]
+        )
         mod = importlib.util.module_from_spec(spec)
         sys.modules[f"trtpipe.{sub}"] = mod
         setattr(pkg, sub, mod)
         spec.loader.exec_module(mod)
 
-PEAK_GBPS = {"H200": 4800.0, "H100 SXM": 3350.0, "H100 PCIe": 2000.0, "H100": 3350.0, "A100-SXM4-80GB": 2039.0,
-             "A100 80GB PCIe": 1935.0, "A100-SXM4-40GB": 1555.0, "A100": 1555.0, "Orin": 204.8}
+
+PEAK_GBPS = {
+    "H200": 4800.0,
+    "H100 SXM": 3350.0,
+    "H100 PCIe": 2000.0,
+    "H100": 3350.0,
+    "A100-SXM4-80GB": 2039.0,
+    "A100 80GB PCIe": 1935.0,
+    "A100-SXM4-40GB": 1555.0,
+    "A100": 1555.0,
+    "Orin": 204.8,
+}
 
 
 def _fail_no_gpu(msg: str) -> None:
-    print(f"gpu_check: {msg}. Nothing was measured. Run this on a machine with an NVIDIA GPU and torch built with "
-          "CUDA (the GPU check has not been run in CI: see docs/tensorrt.md).", file=sys.stderr)
+    print(
+        f"gpu_check: {msg}. Nothing was measured. Run this on a machine with an NVIDIA GPU and torch built with "
+        "CUDA (the GPU check has not been run in CI: see docs/tensorrt.md).",
+        file=sys.stderr,
+    )
     sys.exit(2)
 
 
@@ -151,15 +166,18 @@ def check_correctness(torch, device: str = "cuda") -> list[tuple[str, float, flo
                 kw = dict(num_heads=H, num_kv_heads=KVH, head_size=D, block_size=BS, sliding_window=W)
                 ref = R.paged_attention(*args, **kw)
                 q, k, v, kc, vc, sm, bt, cl, qsl = (g(a) for a in args)
-                out, kco, _ = TK.paged_attention(q, k, v, kc, vc, sm, bt, cl, qsl, **kw,
-                                                 max_query_len=1 if label == "decode" else None)
+                out, kco, _ = TK.paged_attention(
+                    q, k, v, kc, vc, sm, bt, cl, qsl, **kw, max_query_len=1 if label == "decode" else None
+                )
                 err = float(np.abs(out.float().cpu().numpy() - ref[0].astype(np.float32)).max())
                 kerr = float(np.abs(kco.float().cpu().numpy() - ref[1].astype(np.float32)).max())
                 rows.append((f"triton paged_attention {label} {dn} W={W}", err, tol, err <= tol and kerr == 0))
                 # TensorRT plugin wrapper kernels: write, then attention (as the two plugin nodes)
                 q, k, v, kc, vc, sm, bt, cl, qsl = (g(a) for a in args)
                 T, S, MB = q.shape[0], bt.shape[0], bt.shape[1]
-                fn, _, c, warps = TP.kernel_config("PagedKVWrite", dict(num_kv_heads=KVH, head_size=D, block_size=BS), dn)
+                fn, _, c, warps = TP.kernel_config(
+                    "PagedKVWrite", dict(num_kv_heads=KVH, head_size=D, block_size=BS), dn
+                )
                 fn[(T,)](k, v, kc, vc, sm, kc, vc, **c, num_warps=warps)
                 attrs = dict(kw, scale=0.0, decode=int(label == "decode"))
                 fn, _, c, warps = TP.kernel_config("PagedAttention", attrs, dn, tactic=1)
@@ -184,7 +202,8 @@ def check_correctness(torch, device: str = "cuda") -> list[tuple[str, float, flo
                 fn, _, c, warps = TP.kernel_config("Int4Gemm", dict(K=K, N=N, group_size=G, bits=4), dn, tactic)
                 yp = torch.empty((M, N), dtype=y.dtype, device=dev)
                 fn[(math.ceil(M / c["BLOCK_M"]), math.ceil(N / c["BLOCK_N"]))](
-                    g(a), g(packed), g(scales.astype(dtype)), g(zf), M, yp, **c, num_warps=warps)
+                    g(a), g(packed), g(scales.astype(dtype)), g(zf), M, yp, **c, num_warps=warps
+                )
                 err = float(np.abs(yp.float().cpu().numpy() - ref).max() / max(1.0, np.abs(ref).max()))
                 rows.append((f"plugin Int4Gemm tactic {tactic} M={M} {dn} (rel)", err, tol, err <= tol))
     return rows
@@ -195,8 +214,9 @@ def check_correctness(torch, device: str = "cuda") -> list[tuple[str, float, flo
 # ----------------------------------------------------------------------------------------------
 
 
-def bench_decode_attention(torch, H, KVH, D, BS, iters, *, device="cuda", batches=(1, 8, 32),
-                           contexts=(512, 4096), windows=(0, 1024)) -> list[tuple]:
+def bench_decode_attention(
+    torch, H, KVH, D, BS, iters, *, device="cuda", batches=(1, 8, 32), contexts=(512, 4096), windows=(0, 1024)
+) -> list[tuple]:
     from trtpipe.plugins import triton_launchers as TK
 
     dev = torch.device(device)
@@ -213,8 +233,19 @@ def bench_decode_attention(torch, H, KVH, D, BS, iters, *, device="cuda", batche
             out = torch.empty_like(q)
             for W in windows:
                 keys = min(ctx, W) if W else ctx
-                fn = lambda: TK.paged_attention_decode(q, kc, vc, bt, cl, num_heads=H, num_kv_heads=KVH,  # noqa: E731
-                                                       head_size=D, block_size=BS, sliding_window=W, out=out)
+                fn = lambda: TK.paged_attention_decode(
+                    q,
+                    kc,
+                    vc,
+                    bt,
+                    cl,
+                    num_heads=H,
+                    num_kv_heads=KVH,  # noqa: E731
+                    head_size=D,
+                    block_size=BS,
+                    sliding_window=W,
+                    out=out,
+                )
                 ms = _time_ms(torch, fn, iters=iters)
                 nbytes = batch * keys * 2 * KVH * D * 2 + 2 * q.numel() * 2 + bt.numel() * 8
                 rows.append((f"decode attn b={batch} ctx={ctx} W={W or 'off'}", ms, nbytes, None))
@@ -235,8 +266,11 @@ def bench_int4(torch, shapes, iters, *, device="cuda") -> list[tuple]:
         for M in (1, 4, 16):
             a = torch.randn((M, K), dtype=torch.float16, device=dev)
             bm = 16
-            ms4 = _time_ms(torch, lambda: TK.int4_gemm(a, packed, scales, zp, K=K, N=N, group_size=G, block_m=bm,
-                                                       block_n=64, block_k=64), iters=iters)
+            ms4 = _time_ms(
+                torch,
+                lambda: TK.int4_gemm(a, packed, scales, zp, K=K, N=N, group_size=G, block_m=bm, block_n=64, block_k=64),
+                iters=iters,
+            )
             b4 = packed.numel() + scales.numel() * 2 + zp.numel() * 2 + a.numel() * 2 + M * N * 2
             ms16 = _time_ms(torch, lambda: a @ w16, iters=iters)
             b16 = w16.numel() * 2 + a.numel() * 2 + M * N * 2
@@ -256,11 +290,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--peak-gbps", type=float, default=None, help="HBM peak (GB/s); default: known-GPU table")
     ap.add_argument("--iters", type=int, default=50)
-    ap.add_argument("--shape", choices=["llama8b", "smollm2"], default="llama8b",
-                    help="attention/GEMM shapes: Llama-3-8B-like (32/8 heads, d 128, 4096x14336) or SmolLM2-135M")
+    ap.add_argument(
+        "--shape",
+        choices=["llama8b", "smollm2"],
+        default="llama8b",
+        help="attention/GEMM shapes: Llama-3-8B-like (32/8 heads, d 128, 4096x14336) or SmolLM2-135M",
+    )
     ap.add_argument("--skip-bench", action="store_true", help="correctness only")
-    ap.add_argument("--dry-run-cpu", action="store_true",
-                    help="check this script's correctness section on CPU under TRITON_INTERPRET=1 (no GPU; slow)")
+    ap.add_argument(
+        "--dry-run-cpu",
+        action="store_true",
+        help="check this script's correctness section on CPU under TRITON_INTERPRET=1 (no GPU; slow)",
+    )
     args = ap.parse_args(argv)
     _import_trtpipe_from_checkout()
     if args.dry_run_cpu:
@@ -274,8 +315,9 @@ def main(argv: list[str] | None = None) -> int:
         rows = check_correctness(torch, "cpu")
         for label, err, tol, good in rows:
             print(f"{label:58s} {err:10.2e} {tol:8.0e} {'ok' if good else 'FAIL'}")
-        bench = (bench_decode_attention(torch, 4, 2, 32, 16, 1, device="cpu", batches=(1, 2), contexts=(64,),
-                                        windows=(0, 32)) + bench_int4(torch, [(64, 256)], 1, device="cpu"))
+        bench = bench_decode_attention(
+            torch, 4, 2, 32, 16, 1, device="cpu", batches=(1, 2), contexts=(64,), windows=(0, 32)
+        ) + bench_int4(torch, [(64, 256)], 1, device="cpu")
         for label, ms, nbytes, _speedup in bench:  # exercises the bandwidth code paths; numbers mean nothing
             print(f"{label:40s} {nbytes / 1e6:9.3f} MB  (interpreter time {ms:.0f} ms)")
         print("dry run (CPU interpreter): " + ("all ok" if all(r[3] for r in rows) else "FAILED"))
@@ -286,8 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(0)
     major, minor = torch.cuda.get_device_capability(0)
     peak = _peak(name, args.peak_gbps)
-    print(f"device: {name} (sm_{major}{minor}), torch {torch.__version__}, peak HBM "
-          f"{'%.0f GB/s' % peak if peak else 'unknown (pass --peak-gbps)'}")
+    print(
+        f"device: {name} (sm_{major}{minor}), torch {torch.__version__}, peak HBM "
+        f"{f'{peak:.0f} GB/s' if peak else 'unknown (pass --peak-gbps)'}"
+    )
     rows = check_correctness(torch)
     ok = all(r[3] for r in rows)
     print(f"\n{'correctness check':58s} {'max err':>10s} {'tol':>8s}")

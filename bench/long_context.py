@@ -35,8 +35,10 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-ARTIFACTS = {"full": REPO / "artifacts" / "smollm2-135m-cpu-long" / "cpu",
-             "sw2048": REPO / "artifacts" / "smollm2-135m-cpu-long-sw2048" / "cpu"}
+ARTIFACTS = {
+    "full": REPO / "artifacts" / "smollm2-135m-cpu-long" / "cpu",
+    "sw2048": REPO / "artifacts" / "smollm2-135m-cpu-long-sw2048" / "cpu",
+}
 DEFAULT_TEXT = ("/usr/share/common-licenses/GPL-3", "/usr/share/common-licenses/GFDL-1.3")
 NUM_NEW = 64
 
@@ -101,9 +103,13 @@ def timed_request(llm, prompt: list[int]) -> dict:
         steps.append(time.perf_counter() - t)
         held = max(held, llm.block_pool.num_used)
     block_bytes = llm.pool.nbytes // llm.block_pool.num_blocks
-    return {"ttft_ms": round(ttft * 1e3, 1), "tpot_ms": round(statistics.median(steps) * 1e3, 2),
-            "tpot_p90_ms": round(sorted(steps)[int(0.9 * len(steps))] * 1e3, 2),
-            "kv_blocks_held": held, "kv_held_mib": round(held * block_bytes / 2**20, 1)}
+    return {
+        "ttft_ms": round(ttft * 1e3, 1),
+        "tpot_ms": round(statistics.median(steps) * 1e3, 2),
+        "tpot_p90_ms": round(sorted(steps)[int(0.9 * len(steps))] * 1e3, 2),
+        "kv_blocks_held": held,
+        "kv_held_mib": round(held * block_bytes / 2**20, 1),
+    }
 
 
 def main() -> None:
@@ -111,8 +117,9 @@ def main() -> None:
     ap.add_argument("--contexts", default="1024,4096,8064", help="prompt lengths, comma-separated")
     ap.add_argument("--text-file", action="append", default=None, help="text file(s) to read (repeat)")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
-    ap.add_argument("--timing-only", action="store_true",
-                    help="skip the reference pass and the agreement (a quick timing rerun)")
+    ap.add_argument(
+        "--timing-only", action="store_true", help="skip the reference pass and the agreement (a quick timing rerun)"
+    )
     a = ap.parse_args()
     contexts = [int(x) for x in a.contexts.split(",")]
     from trtpipe.runtime.llm import LLM
@@ -125,27 +132,32 @@ def main() -> None:
     max_seq_len = int(llms["full"].manifest.limits["max_seq_len"])
     need = max(contexts) + NUM_NEW
     ids = load_text_ids(ARTIFACTS["full"] / "tokenizer.json", a.text_file or list(DEFAULT_TEXT), need)[:need]
-    ref = None if a.timing_only else reference_argmax(
-        ids, max_seq_len, REPO / "artifacts" / ".cache" / "long_context_reference.npz")
+    ref = (
+        None
+        if a.timing_only
+        else reference_argmax(ids, max_seq_len, REPO / "artifacts" / ".cache" / "long_context_reference.npz")
+    )
     rows = []
     for i, L in enumerate(contexts):
         # interleaved: same L, both artifacts back to back, the order alternating with L
-        for name in (list(llms) if i % 2 == 0 else list(llms)[::-1]):
+        for name in list(llms) if i % 2 == 0 else list(llms)[::-1]:
             llm = llms[name]
             row = {"artifact": name, "context_tokens": L} | timed_request(llm, ids[:L])
             row["agreement_vs_full_fp32"] = None
             if ref is not None:
-                _, preds = teacher_forced_agreement(llm, ids[:L], ids[L:L + NUM_NEW])
-                agree = int(np.sum(np.asarray(preds) == ref[L - 1:L - 1 + NUM_NEW]))
+                _, preds = teacher_forced_agreement(llm, ids[:L], ids[L : L + NUM_NEW])
+                agree = int(np.sum(np.asarray(preds) == ref[L - 1 : L - 1 + NUM_NEW]))
                 row["agreement_vs_full_fp32"] = round(agree / NUM_NEW, 3)
             rows.append(row)
             print(json.dumps(row), flush=True)
     print("\n| context | attention | TTFT ms | TPOT ms (p50 / p90) | KV held MiB (blocks) | agreement vs full fp32 |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['context_tokens']} | {r['artifact']} | {r['ttft_ms']:.0f} | {r['tpot_ms']:.1f} / "
-              f"{r['tpot_p90_ms']:.1f} | {r['kv_held_mib']:.0f} ({r['kv_blocks_held']}) | "
-              f"{'-' if r['agreement_vs_full_fp32'] is None else format(r['agreement_vs_full_fp32'], '.3f')} |")
+        print(
+            f"| {r['context_tokens']} | {r['artifact']} | {r['ttft_ms']:.0f} | {r['tpot_ms']:.1f} / "
+            f"{r['tpot_p90_ms']:.1f} | {r['kv_held_mib']:.0f} ({r['kv_blocks_held']}) | "
+            f"{'-' if r['agreement_vs_full_fp32'] is None else format(r['agreement_vs_full_fp32'], '.3f')} |"
+        )
     if a.out:
         a.out.write_text(json.dumps(rows, indent=1))
 

@@ -48,7 +48,7 @@ def genai_agreement(model_dir: Path, sequences: list[dict]) -> tuple[int, int]:
                 dt = np.float16 if kv_type[i.name] == onnx.TensorProto.FLOAT16 else np.float32
                 feeds[i.name] = np.zeros((1, cfg["num_key_value_heads"], 0, cfg["head_size"]), dt)
         logits = sess.run(["logits"], feeds)[0][0]  # [T, V]
-        preds = logits[len(prompt) - 1:].argmax(-1).tolist()
+        preds = logits[len(prompt) - 1 :].argmax(-1).tolist()
         agree += sum(p == w for p, w in zip(preds, want))
         total += len(want)
     return agree, total
@@ -75,8 +75,10 @@ def main() -> int:
     args = ap.parse_args()
     golden = json.loads((args.artifact / "golden.json").read_text())
     seqs = golden["sequences"]
-    print(f"golden: {len(seqs)} sequences, {sum(len(s['output_ids']) for s in seqs)} tokens "
-          f"({golden.get('reference', 'fp32 reference')})")
+    print(
+        f"golden: {len(seqs)} sequences, {sum(len(s['output_ids']) for s in seqs)} tokens "
+        f"({golden.get('reference', 'fp32 reference')})"
+    )
     rows = [("trtpipe (default artifact)", trtpipe_agreement(args.artifact, seqs))]
     for name in ("ortgenai-int4", "ortgenai-fp32"):
         d = args.models_dir / name

@@ -78,45 +78,93 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from md_analysis import read_analysis  # noqa: E402
 from peers_measure import machine_info, run_profile, run_rounds, summarize, wait_quiet  # noqa: E402,F401
-from peers_setup import (BENCH_VENV, DEFAULT_ARTIFACT, DEFAULT_DOC, ENGINES, GGUF_NAME, MAIN_VENV,  # noqa: E402,F401
-                         MODELS_DIR, REPO, gguf_path, load_setup_state, read_requirement_groups, setup,
-                         unavailable_reason)
+from peers_setup import (  # noqa: E402,F401
+    BENCH_VENV,
+    DEFAULT_ARTIFACT,
+    DEFAULT_DOC,
+    ENGINES,
+    GGUF_NAME,
+    MAIN_VENV,
+    MODELS_DIR,
+    REPO,
+    gguf_path,
+    load_setup_state,
+    read_requirement_groups,
+    setup,
+    unavailable_reason,
+)
 from peers_workers import worker_main  # noqa: E402
 from peers_workload import RESULT_MARK, TEXT, make_spec, prompt_token_ids  # noqa: E402,F401
 
 # What other scripts import from ``peers`` (profile_decode, peer_quality, serve, serve_setup).
-__all__ = ["BENCH_VENV", "DEFAULT_ARTIFACT", "GGUF_NAME", "MAIN_VENV", "MODELS_DIR", "REPO", "RESULT_MARK", "TEXT",
-           "gguf_path", "machine_info", "main", "prompt_token_ids", "read_requirement_groups", "wait_quiet"]
+__all__ = [
+    "BENCH_VENV",
+    "DEFAULT_ARTIFACT",
+    "GGUF_NAME",
+    "MAIN_VENV",
+    "MODELS_DIR",
+    "REPO",
+    "RESULT_MARK",
+    "TEXT",
+    "gguf_path",
+    "machine_info",
+    "main",
+    "prompt_token_ids",
+    "read_requirement_groups",
+    "wait_quiet",
+]
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--setup", action="store_true", help="only install the peers and build their model folders")
     ap.add_argument("--force-setup", action="store_true", help="redo every setup step")
     ap.add_argument("--no-setup", action="store_true", help="do not install anything; peers not set up get a row")
     ap.add_argument("--engines", default=",".join(ENGINES), help=f"comma list from {', '.join(ENGINES)}")
-    ap.add_argument("--repeats", type=int, default=3,
-                    help="clean measurements wanted per engine (medians over these); rounds go on until every "
-                         "engine has them, or --max-rounds, or --max-minutes")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="clean measurements wanted per engine (medians over these); rounds go on until every "
+        "engine has them, or --max-rounds, or --max-minutes",
+    )
     ap.add_argument("--max-rounds", type=int, default=6)
-    ap.add_argument("--max-minutes", type=float, default=15.0,
-                    help="start no new round that would end past this many minutes of measuring (setup "
-                         "not counted)")
-    ap.add_argument("--max-foreign-load", type=float, default=0.3, metavar="CORES",
-                    help="a measurement during which other processes used more than this many cores is "
-                         "left out of the medians (kept in the raw numbers)")
+    ap.add_argument(
+        "--max-minutes",
+        type=float,
+        default=15.0,
+        help="start no new round that would end past this many minutes of measuring (setup not counted)",
+    )
+    ap.add_argument(
+        "--max-foreign-load",
+        type=float,
+        default=0.3,
+        metavar="CORES",
+        help="a measurement during which other processes used more than this many cores is "
+        "left out of the medians (kept in the raw numbers)",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--artifact", type=Path, default=DEFAULT_ARTIFACT)
     ap.add_argument("--out", type=Path, default=DEFAULT_DOC, help="markdown report (docs/benchmarks.md)")
     ap.add_argument("--json", type=Path, help="also write the raw results here")
-    ap.add_argument("--from-json", type=Path, metavar="RAW",
-                    help="measure nothing: rewrite --out from raw results saved by an earlier --json")
+    ap.add_argument(
+        "--from-json",
+        type=Path,
+        metavar="RAW",
+        help="measure nothing: rewrite --out from raw results saved by an earlier --json",
+    )
     ap.add_argument("--no-profile", action="store_true", help="skip bench/profile_decode.py")
     ap.add_argument("--worker-timeout", type=float, default=600.0)
-    ap.add_argument("--wait-quiet", type=float, default=60.0, metavar="S",
-                    help="before each round, wait up to S seconds for other processes to use less than "
-                         "--max-foreign-load cores (the machine is shared)")
+    ap.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="before each round, wait up to S seconds for other processes to use less than "
+        "--max-foreign-load cores (the machine is shared)",
+    )
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     return ap
@@ -133,8 +181,9 @@ def _floors(meta: dict, artifact: Path):
 def _render(meta: dict, summary: dict, runs: dict, profile: dict, state: dict, out: Path, artifact: Path) -> str:
     from peers_report import ANALYSIS_BEGIN, render_markdown
 
-    return render_markdown(meta, summary, runs, profile, state, read_analysis(out, ANALYSIS_BEGIN),
-                           _floors(meta, artifact))
+    return render_markdown(
+        meta, summary, runs, profile, state, read_analysis(out, ANALYSIS_BEGIN), _floors(meta, artifact)
+    )
 
 
 def _rewrite_from_json(args: argparse.Namespace) -> int:
@@ -150,13 +199,15 @@ def _ensure_project_venv(argv: list[str] | None) -> None:
     """The orchestrator and the trtpipe worker run in the project venv: re-exec there if needed."""
     try:
         import tokenizers  # noqa: F401
+
         import trtpipe.runtime.llm  # noqa: F401
     except ImportError:
         py = MAIN_VENV / "bin" / "python"
         if py.exists() and Path(sys.executable).resolve() != py.resolve():
             os.execv(str(py), [str(py), str(Path(__file__).resolve()), *(argv if argv is not None else sys.argv[1:])])
         raise SystemExit(
-            "run from the project venv (trtpipe and tokenizers must import): . .venv/bin/activate") from None
+            "run from the project venv (trtpipe and tokenizers must import): . .venv/bin/activate"
+        ) from None
 
 
 def _prepare(args: argparse.Namespace) -> tuple[list[str], dict] | int:
@@ -166,8 +217,11 @@ def _prepare(args: argparse.Namespace) -> tuple[list[str], dict] | int:
     if bad:
         raise SystemExit(f"--engines: unknown {bad}; expected names from {list(ENGINES)}")
     state = load_setup_state()
-    if args.setup or args.force_setup or (not args.no_setup and any(
-            unavailable_reason(ENGINES[e], state) for e in engines)):
+    if (
+        args.setup
+        or args.force_setup
+        or (not args.no_setup and any(unavailable_reason(ENGINES[e], state) for e in engines))
+    ):
         state = setup(force=args.force_setup, retry_failed=args.setup or args.force_setup)
         if args.setup:
             print(json.dumps(state, indent=2))
@@ -191,9 +245,17 @@ def _measure(args: argparse.Namespace, engines: list[str], state: dict) -> tuple
     with tempfile.TemporaryDirectory(prefix="trtpipe-peers-") as tmp:
         spec_file = Path(tmp) / "spec.json"
         spec_file.write_text(json.dumps(make_spec(args.artifact, args.threads)))
-        rounds = run_rounds(runnable, runs, spec_file, repeats=args.repeats, max_rounds=args.max_rounds,
-                            max_minutes=args.max_minutes, max_foreign_load=args.max_foreign_load,
-                            wait_quiet_s=args.wait_quiet, worker_timeout_s=args.worker_timeout)
+        rounds = run_rounds(
+            runnable,
+            runs,
+            spec_file,
+            repeats=args.repeats,
+            max_rounds=args.max_rounds,
+            max_minutes=args.max_minutes,
+            max_foreign_load=args.max_foreign_load,
+            wait_quiet_s=args.wait_quiet,
+            worker_timeout_s=args.worker_timeout,
+        )
     return runs, rounds
 
 
@@ -220,9 +282,16 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(runs, args.max_foreign_load)
     machine = machine_info()
     machine["loadavg_start"], machine["loadavg_end"] = load_start, os.getloadavg()
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "repeats": args.repeats, "rounds": rounds,
-            "max_foreign_load": args.max_foreign_load, "threads": args.threads, "machine": machine,
-            "wall_s": time.monotonic() - t_start, "floors": floors.to_dict()}
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "repeats": args.repeats,
+        "rounds": rounds,
+        "max_foreign_load": args.max_foreign_load,
+        "threads": args.threads,
+        "machine": machine,
+        "wall_s": time.monotonic() - t_start,
+        "floors": floors.to_dict(),
+    }
     md = _render(meta, summary, runs, profile, state, args.out, args.artifact)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(md)

@@ -32,18 +32,26 @@ class Floors:
     tps: float  # output tokens/s of the 8-request run
 
     def describe(self) -> str:
-        return (f"the estimate's roofline for {self.recipe} at this host's measured "
-                f"{self.bandwidth_bytes_per_s / 1e9:.1f} GB/s and {self.fp32_flops_per_s / 1e9:.0f} GFLOP/s fp32 "
-                f"(a decode step reads {self.decode_weight_read_bytes / 1e6:.1f} MB of weights plus the KV)")
+        return (
+            f"the estimate's roofline for {self.recipe} at this host's measured "
+            f"{self.bandwidth_bytes_per_s / 1e9:.1f} GB/s and {self.fp32_flops_per_s / 1e9:.0f} GFLOP/s fp32 "
+            f"(a decode step reads {self.decode_weight_read_bytes / 1e6:.1f} MB of weights plus the KV)"
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> Floors:
-        return cls(d["recipe"], d["bandwidth_bytes_per_s"], d["fp32_flops_per_s"], d["decode_weight_read_bytes"],
-                   {int(k): v for k, v in d["ttft_s"].items()}, {int(k): v for k, v in d["tpot_s"].items()},
-                   d["tps"])
+        return cls(
+            d["recipe"],
+            d["bandwidth_bytes_per_s"],
+            d["fp32_flops_per_s"],
+            d["decode_weight_read_bytes"],
+            {int(k): v for k, v in d["ttft_s"].items()},
+            {int(k): v for k, v in d["tpot_s"].items()},
+            d["tps"],
+        )
 
 
 def floors_for(recipe, config, bandwidth_bytes_per_s: float, fp32_flops_per_s: float) -> Floors:
@@ -59,8 +67,9 @@ def floors_for(recipe, config, bandwidth_bytes_per_s: float, fp32_flops_per_s: f
     prefill = NUM_CONCURRENT * roof.ttft_s(CONCURRENT_PROMPT_TOKENS, peak=True)[0]
     step, _ = roof.tpot_s(CONCURRENT_PROMPT_TOKENS + NUM_OUTPUT_TOKENS // 2, NUM_CONCURRENT, peak=True)
     tps = NUM_CONCURRENT * NUM_OUTPUT_TOKENS / (prefill + NUM_OUTPUT_TOKENS * step)
-    return Floors(recipe.name, bandwidth_bytes_per_s, fp32_flops_per_s, roof.decode_read.weight_read_bytes,
-                  ttft, tpot, tps)
+    return Floors(
+        recipe.name, bandwidth_bytes_per_s, fp32_flops_per_s, roof.decode_read.weight_read_bytes, ttft, tpot, tps
+    )
 
 
 def artifact_floors(artifact: Path, bandwidth_bytes_per_s: float, fp32_flops_per_s: float) -> Floors:

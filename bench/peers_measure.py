@@ -23,6 +23,7 @@ from peers_workload import PROMPT_LENGTHS, RESULT_MARK
 
 PEERS_SCRIPT = Path(__file__).resolve().with_name("peers.py")
 
+
 def python_for(spec: EngineSpec) -> str:
     if spec.venv == "bench":
         return str(bench_python())
@@ -40,22 +41,29 @@ def run_worker(engine: str, spec_file: Path, timeout_s: float) -> dict:
         return {"error": f"worker timed out after {timeout_s:.0f} s"}
     for line in p.stdout.splitlines():
         if line.startswith(RESULT_MARK):
-            r = json.loads(line[len(RESULT_MARK):])
+            r = json.loads(line[len(RESULT_MARK) :])
             r["worker_wall_s"] = time.monotonic() - t
             return r
     return {"error": f"worker exit {p.returncode}: {_tail(p.stderr or p.stdout)}"}
 
 
 def run_profile(artifact: Path, threads: int, timeout_s: float = 300) -> dict:
-    cmd = [sys.executable, str(REPO / "bench" / "profile_decode.py"), "--artifact", str(artifact),
-           "--threads", str(threads), "--json"]
+    cmd = [
+        sys.executable,
+        str(REPO / "bench" / "profile_decode.py"),
+        "--artifact",
+        str(artifact),
+        "--threads",
+        str(threads),
+        "--json",
+    ]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=_offline_env(), cwd=str(REPO))
     except subprocess.TimeoutExpired:
         return {"error": f"profile_decode.py timed out after {timeout_s:.0f} s"}
     for line in p.stdout.splitlines():
         if line.startswith(RESULT_MARK):
-            return json.loads(line[len(RESULT_MARK):])
+            return json.loads(line[len(RESULT_MARK) :])
     return {"error": f"profile_decode.py exit {p.returncode}: {_tail(p.stderr or p.stdout)}"}
 
 
@@ -97,7 +105,9 @@ def summarize(runs: dict[str, list[dict]], max_foreign_load: float = math.inf) -
         contended = not clean
         ok = clean or ok
         out[e] = {
-            "repeats": len(ok), "runs": len(rs), "contended": contended,
+            "repeats": len(ok),
+            "runs": len(rs),
+            "contended": contended,
             "ttft_s": {n: median([r["ttft_s"][str(n)] for r in ok]) for n in PROMPT_LENGTHS},
             "tpot_s": {n: median([r["tpot_s"][str(n)] for r in ok]) for n in PROMPT_LENGTHS},
             "tps": median([r["concurrent"]["output_tokens_per_s"] for r in ok]),
@@ -110,15 +120,21 @@ def summarize(runs: dict[str, list[dict]], max_foreign_load: float = math.inf) -
         }
     return out
 
+
 def machine_info() -> dict:
     info = {"platform": platform.platform(), "python": platform.python_version()}
     try:
         lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
         kv = dict((k.strip(), v.strip()) for k, v in (ln.split(":", 1) for ln in lscpu.splitlines() if ":" in ln))
         flags = set(kv.get("Flags", "").split())
-        info.update(cpu=kv.get("Model name"), cpus=kv.get("CPU(s)"), cpu_family=kv.get("CPU family"),
-                    cpu_model=kv.get("Model"), hypervisor=kv.get("Hypervisor vendor"),
-                    simd=" ".join(f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16") if f in flags))
+        info.update(
+            cpu=kv.get("Model name"),
+            cpus=kv.get("CPU(s)"),
+            cpu_family=kv.get("CPU family"),
+            cpu_model=kv.get("Model"),
+            hypervisor=kv.get("Hypervisor vendor"),
+            simd=" ".join(f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16") if f in flags),
+        )
     except OSError:
         pass
     try:
@@ -136,22 +152,40 @@ def _print_run(r: int, e: str, res: dict, max_foreign_load: float) -> None:
         return
     ms = lambda x: f"{x * 1e3:.0f}" if x >= 0.1 else f"{x * 1e3:.1f}"  # noqa: E731
     fl = res.get("foreign_load_cores")
-    print(f"[round {r + 1}] {e:18s} TTFT " + "/".join(ms(res["ttft_s"][str(n)]) for n in PROMPT_LENGTHS)
-          + " ms  TPOT " + "/".join(ms(res["tpot_s"][str(n)]) for n in PROMPT_LENGTHS)
-          + f" ms  x8 {res['concurrent']['output_tokens_per_s']:.0f} tok/s"
-          + f"  ({res['worker_wall_s']:.0f} s, foreign load {fl if fl is None else round(fl, 2)}"
-          + f"{'' if _is_clean(res, max_foreign_load) else ': left out'})", flush=True)
+    print(
+        f"[round {r + 1}] {e:18s} TTFT "
+        + "/".join(ms(res["ttft_s"][str(n)]) for n in PROMPT_LENGTHS)
+        + " ms  TPOT "
+        + "/".join(ms(res["tpot_s"][str(n)]) for n in PROMPT_LENGTHS)
+        + f" ms  x8 {res['concurrent']['output_tokens_per_s']:.0f} tok/s"
+        + f"  ({res['worker_wall_s']:.0f} s, foreign load {fl if fl is None else round(fl, 2)}"
+        + f"{'' if _is_clean(res, max_foreign_load) else ': left out'})",
+        flush=True,
+    )
 
 
-def run_rounds(runnable: list[str], runs: dict[str, list[dict]], spec_file: Path, *, repeats: int, max_rounds: int,
-               max_minutes: float, max_foreign_load: float, wait_quiet_s: float, worker_timeout_s: float) -> int:
+def run_rounds(
+    runnable: list[str],
+    runs: dict[str, list[dict]],
+    spec_file: Path,
+    *,
+    repeats: int,
+    max_rounds: int,
+    max_minutes: float,
+    max_foreign_load: float,
+    wait_quiet_s: float,
+    worker_timeout_s: float,
+) -> int:
     """Interleaved rounds until every engine in ``runnable`` has ``repeats`` clean runs, or
     ``max_rounds``, or another round would pass ``max_minutes``; appends to ``runs``. Returns the
     number of rounds run."""
     r, t_round, t_measure = 0, 0.0, time.monotonic()  # the budget excludes any setup time
     while r < max_rounds:
-        clean = [sum(1 for x in runs[e] if _is_clean(x, max_foreign_load)) for e in runnable
-                 if not all("error" in x for x in runs[e])]
+        clean = [
+            sum(1 for x in runs[e] if _is_clean(x, max_foreign_load))
+            for e in runnable
+            if not all("error" in x for x in runs[e])
+        ]
         if clean and min(clean) >= repeats:
             break
         if r > 0 and time.monotonic() - t_measure + t_round > max_minutes * 60:

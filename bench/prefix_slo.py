@@ -48,18 +48,28 @@ def run_scenario(llm, recipe, scenario_name: str) -> dict:
     load0 = os.getloadavg()[0]
     metrics, wall_s, stats = run_workload(llm, items, spec.concurrency)
     s = summarize(metrics, wall_s, stats)
-    return {"ttft_p50_ms": s.latency_ms("ttft", "p50"), "ttft_p95_ms": s.latency_ms("ttft", "p95"),
-            "itl_p99_ms": s.latency_ms("itl", "p99"), "itl_p50_ms": s.latency_ms("itl", "p50"),
-            "tpot_p95_ms": s.latency_ms("tpot", "p95"), "cached_tokens": s.prefix_cache_hits_tokens,
-            "prompt_tokens": s.total_prompt_tokens, "wall_s": round(wall_s, 1),
-            "load_1m": [round(load0, 1), round(os.getloadavg()[0], 1)]}
+    return {
+        "ttft_p50_ms": s.latency_ms("ttft", "p50"),
+        "ttft_p95_ms": s.latency_ms("ttft", "p95"),
+        "itl_p99_ms": s.latency_ms("itl", "p99"),
+        "itl_p50_ms": s.latency_ms("itl", "p50"),
+        "tpot_p95_ms": s.latency_ms("tpot", "p95"),
+        "cached_tokens": s.prefix_cache_hits_tokens,
+        "prompt_tokens": s.total_prompt_tokens,
+        "wall_s": round(wall_s, 1),
+        "load_1m": [round(load0, 1), round(os.getloadavg()[0], 1)],
+    }
 
 
 def run_reps(llm, recipe, reps: int, tpot_budget_ms: float) -> tuple[dict[str, list[dict]], list[float]]:
     """``reps`` interleaved repetitions (assistant: cache on, off; summary: slo, fcfs); returns the
     runs by name and the step-cost model's relative errors over the slo runs' steps."""
-    results: dict[str, list[dict]] = {"assistant_cache_on": [], "assistant_cache_off": [],
-                                      "summary_slo": [], "summary_fcfs": []}
+    results: dict[str, list[dict]] = {
+        "assistant_cache_on": [],
+        "assistant_cache_off": [],
+        "summary_slo": [],
+        "summary_fcfs": [],
+    }
     errors: list[float] = []
     for rep in range(reps):
         for on in (True, False):
@@ -85,15 +95,22 @@ def run_reps(llm, recipe, reps: int, tpot_budget_ms: float) -> tuple[dict[str, l
 
 def summarize_reps(results: dict[str, list[dict]], errors: list[float], cost) -> dict:
     """Medians over the repetitions: the ratios the docstring names, and the cost model's error."""
+
     def med(key: str, field: str) -> float:
         return statistics.median(r[field] for r in results[key])
 
     return {
-        "assistant_ttft_p95_ms_on_off": [med("assistant_cache_on", "ttft_p95_ms"), med("assistant_cache_off", "ttft_p95_ms")],
-        "assistant_ttft_p95_ratio_on_over_off": med("assistant_cache_on", "ttft_p95_ms") / med("assistant_cache_off", "ttft_p95_ms"),
+        "assistant_ttft_p95_ms_on_off": [
+            med("assistant_cache_on", "ttft_p95_ms"),
+            med("assistant_cache_off", "ttft_p95_ms"),
+        ],
+        "assistant_ttft_p95_ratio_on_over_off": med("assistant_cache_on", "ttft_p95_ms")
+        / med("assistant_cache_off", "ttft_p95_ms"),
         "summary_itl_p99_ms_slo_fcfs": [med("summary_slo", "itl_p99_ms"), med("summary_fcfs", "itl_p99_ms")],
         "summary_ttft_p50_ratio_slo_over_fcfs": med("summary_slo", "ttft_p50_ms") / med("summary_fcfs", "ttft_p50_ms"),
-        "cost_model_rel_error_p50_p90": [errors[len(errors) // 2], errors[int(0.9 * (len(errors) - 1))]] if errors else None,
+        "cost_model_rel_error_p50_p90": [errors[len(errors) // 2], errors[int(0.9 * (len(errors) - 1))]]
+        if errors
+        else None,
         "cost_model_stated_error_ms": cost.error_ms,
         "num_steps_compared": len(errors),
     }

@@ -82,6 +82,7 @@ def ort_op_profile(artifact: Path, threads: int, ids: list[int], num_steps: int)
     import tempfile
 
     import onnxruntime as ort
+
     from trtpipe.runtime.llm import LLM
 
     tmp = tempfile.mkdtemp(prefix="trtpipe-ortprof-")
@@ -122,9 +123,12 @@ def ort_op_profile(artifact: Path, threads: int, ids: list[int], num_steps: int)
 
     shutil.rmtree(tmp, ignore_errors=True)
     top = lambda d, n: sorted(d.items(), key=lambda kv: -kv[1])[:n]  # noqa: E731
-    return {"run_ms": statistics.fmean(r["dur"] for r in runs) / 1e3, "nodes_per_step": num_kernels / num_steps,
-            "by_op": top(by_op, 12),
-            "by_node": top(by_node, 12)}
+    return {
+        "run_ms": statistics.fmean(r["dur"] for r in runs) / 1e3,
+        "nodes_per_step": num_kernels / num_steps,
+        "by_op": top(by_op, 12),
+        "by_node": top(by_node, 12),
+    }
 
 
 def step_children(root, num_steps: int) -> list[tuple[str, float]]:
@@ -176,8 +180,14 @@ def time_decode(llm, ids: list[int], num_steps: int, num_runs: int, threads: int
     read = read_model_from_manifest(llm.manifest)
     bw = None if read is None else decode_bandwidth(read, step, len(ids) + num_steps // 2)
     return {
-        "threads": threads, "prompt_tokens": len(ids), "num_steps": len(rows), "num_steps_kept": len(kept),
-        "step_s": step, "engine_s": engine, "ort_run_s": ort_run, "overhead_s": overhead,
+        "threads": threads,
+        "prompt_tokens": len(ids),
+        "num_steps": len(rows),
+        "num_steps_kept": len(kept),
+        "step_s": step,
+        "engine_s": engine,
+        "ort_run_s": ort_run,
+        "overhead_s": overhead,
         "engine_wrapper_s": wrapper,
         "overhead_fraction": overhead / step,
         "overhead_incl_wrapper_fraction": (overhead + wrapper) / step,
@@ -211,8 +221,10 @@ def print_text(res: dict) -> None:
     ms = lambda x: f"{x * 1e3:7.3f} ms"  # noqa: E731
     step, engine, ort_run = res["step_s"], res["engine_s"], res["ort_run_s"]
     wrapper, overhead = res["engine_wrapper_s"], res["overhead_s"]
-    print(f"batch-1 decode, {res['prompt_tokens']}-token prompt, {res['num_steps']} steps, {res['threads']} threads "
-          "(trimmed means per step)")
+    print(
+        f"batch-1 decode, {res['prompt_tokens']}-token prompt, {res['num_steps']} steps, {res['threads']} threads "
+        "(trimmed means per step)"
+    )
     print(f"  step (TPOT)          {ms(step)}")
     print(f"  engine               {ms(engine)}   ({engine / step * 100:.1f} %)")
     print(f"    ort run            {ms(ort_run)}   ({ort_run / step * 100:.1f} %)")
@@ -226,8 +238,10 @@ def print_text(res: dict) -> None:
         print("\n" + "\n".join(res["pyinstrument_top"]))
     if res.get("ort_ops"):
         o = res["ort_ops"]
-        print(f"\nonnxruntime profile of the decode graph (model_run {o['run_ms']:.2f} ms/step, "
-              f"{o['nodes_per_step']:.0f} kernels/step), by op type:")
+        print(
+            f"\nonnxruntime profile of the decode graph (model_run {o['run_ms']:.2f} ms/step, "
+            f"{o['nodes_per_step']:.0f} kernels/step), by op type:"
+        )
         for name, v in o["by_op"]:
             print(f"  {v:8.3f} ms  {name}")
         print("by node (30 layers merged):")
@@ -246,8 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     llm = LLM(args.artifact, num_threads=args.threads)
     ids = prompt_token_ids(args.artifact)[: args.prompt_tokens]
     res = time_decode(llm, ids, args.steps, args.runs, args.threads)
-    res["pyinstrument_top"] = ([] if args.no_pyinstrument
-                               else pyinstrument_profile(llm, ids, args.steps, args.top, res))
+    res["pyinstrument_top"] = [] if args.no_pyinstrument else pyinstrument_profile(llm, ids, args.steps, args.top, res)
     if not args.no_ort_profile:
         del llm  # one model in memory at a time
         res["ort_ops"] = ort_op_profile(args.artifact, args.threads, ids, args.steps)

@@ -62,10 +62,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peers  # noqa: E402  (gguf_path, read_requirement_groups, machine_info, TEXT: one copy of each)
 import serve_report  # noqa: E402
-from serve_setup import AIPERF_VENV, BENCH_VENV, load_setup_state, setup, tokenizer_dir, unavailable_reason  # noqa: E402
+from serve_commands import (  # noqa: E402
+    TPOT_SLO_MS,
+    TTFT_SLO_MS,
+    aiperf_command,
+    aiperf_env,
+    eos_suppression,
+    served_model_id,
+    server_command,
+    server_env,
+    trtpipe_has_threads,
+    write_dataset,
+)
 from serve_proc import ServerProcess, free_port, kill_group, process_tree_cpu_s, spawn, system_busy_s  # noqa: E402
-from serve_commands import (TPOT_SLO_MS, TTFT_SLO_MS, aiperf_command, aiperf_env, eos_suppression,  # noqa: E402
-                            server_command, server_env, served_model_id, trtpipe_has_threads, write_dataset)
+from serve_setup import AIPERF_VENV, BENCH_VENV, load_setup_state, setup, tokenizer_dir, unavailable_reason  # noqa: E402
 
 REPO = peers.REPO
 MAIN_VENV = peers.MAIN_VENV
@@ -109,9 +119,12 @@ def one_run(engine: str, load: dict, args, work: Path, tag: str) -> dict:
         srv_cpu = process_tree_cpu_s(srv.pid) - srv0
         client_cpu = _children_cpu_s() - self0
         busy = system_busy_s() - busy0
-    res.update(wall_s=round(wall, 1), server_cpu_cores=round(srv_cpu / wall, 2),
-               client_cpu_cores=round(client_cpu / wall, 2),
-               foreign_load_cores=round(max(0.0, busy - srv_cpu - client_cpu) / wall, 2))
+    res.update(
+        wall_s=round(wall, 1),
+        server_cpu_cores=round(srv_cpu / wall, 2),
+        client_cpu_cores=round(client_cpu / wall, 2),
+        foreign_load_cores=round(max(0.0, busy - srv_cpu - client_cpu) / wall, 2),
+    )
     if rc is None:
         return res | {"error": f"aiperf did not finish in {timeout:.0f} s (log: {out_dir / 'aiperf.log'})"}
     summary = serve_report.read_aiperf_summary(out_dir)
@@ -158,23 +171,34 @@ def measure(engines: list[str], args, work: Path, t_start: float) -> tuple[dict,
         rates = args.rates
     else:
         for e in engines:
-            r = one_run(e, {"concurrency": args.probe_concurrency, "count": 2 * args.probe_concurrency}, args,
-                        work, f"probe-{e}")
+            r = one_run(
+                e,
+                {"concurrency": args.probe_concurrency, "count": 2 * args.probe_concurrency},
+                args,
+                work,
+                f"probe-{e}",
+            )
             probe[e] = r
             _print_run("probe", r)
         caps = {e: r["metrics"]["request_throughput"]["avg"] for e, r in probe.items() if "metrics" in r}
         if not caps:
             raise SystemExit("the capacity probe failed on every server; see the errors above")
         rates = pick_rates(caps)
-        print(f"capacity (req/s at concurrency {args.probe_concurrency}): "
-              + ", ".join(f"{e} {c:.2f}" for e, c in caps.items()) + f" -> rates {rates}", flush=True)
+        print(
+            f"capacity (req/s at concurrency {args.probe_concurrency}): "
+            + ", ".join(f"{e} {c:.2f}" for e, c in caps.items())
+            + f" -> rates {rates}",
+            flush=True,
+        )
     runs: list[dict] = []
     t_run: dict[str, float] = {}  # each server's longest run so far: the estimate of its next one
     for i, rate in enumerate(rates):
-        for e in engines[i % len(engines):] + engines[:i % len(engines)]:
+        for e in engines[i % len(engines) :] + engines[: i % len(engines)]:
             elapsed = time.monotonic() - t_start
             if elapsed + t_run.get(e, 0.0) > args.max_minutes * 60:
-                runs.append({"engine": e, "load": {"rate": rate}, "error": f"skipped: --max-minutes {args.max_minutes:g}"})
+                runs.append(
+                    {"engine": e, "load": {"rate": rate}, "error": f"skipped: --max-minutes {args.max_minutes:g}"}
+                )
                 print(f"skip {e} at {rate} req/s: another run would pass --max-minutes", flush=True)
                 continue
             t0 = time.monotonic()
@@ -192,11 +216,14 @@ def _print_run(what: str, r: dict) -> None:
         print(f"[{what}] {r['engine']}: ERROR {r['error']}", flush=True)
         return
     m = r["metrics"]
-    print(f"[{what}] {r['engine']:9s} TTFT p50/p95 {m['time_to_first_token']['p50']:.0f}/"
-          f"{m['time_to_first_token']['p95']:.0f} ms  ITL p50 {m['inter_token_latency']['p50']:.1f} ms  "
-          f"{m['output_token_throughput']['avg']:.0f} tok/s  goodput {serve_report.goodput(m)}  "
-          f"({r['wall_s']:.0f} s; CPU server {r['server_cpu_cores']}, client {r['client_cpu_cores']}, "
-          f"foreign {r['foreign_load_cores']} cores)", flush=True)
+    print(
+        f"[{what}] {r['engine']:9s} TTFT p50/p95 {m['time_to_first_token']['p50']:.0f}/"
+        f"{m['time_to_first_token']['p95']:.0f} ms  ITL p50 {m['inter_token_latency']['p50']:.1f} ms  "
+        f"{m['output_token_throughput']['avg']:.0f} tok/s  goodput {serve_report.goodput(m)}  "
+        f"({r['wall_s']:.0f} s; CPU server {r['server_cpu_cores']}, client {r['client_cpu_cores']}, "
+        f"foreign {r['foreign_load_cores']} cores)",
+        flush=True,
+    )
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -204,32 +231,69 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefa
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                 formatter_class=_HelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1], formatter_class=_HelpFormatter
+    )
     ap.add_argument("--setup", action="store_true", help="only install the tools (retrying failed steps)")
-    ap.add_argument("--no-setup", action="store_true", help="install nothing; a server or client not set up is an error")
+    ap.add_argument(
+        "--no-setup", action="store_true", help="install nothing; a server or client not set up is an error"
+    )
     ap.add_argument("--engines", default=",".join(ENGINES), help=f"comma list from {', '.join(ENGINES)}")
-    ap.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")],
-                    help="Poisson request rates in req/s, e.g. 0.5,1,2; unset: chosen by a capacity probe")
+    ap.add_argument(
+        "--rates",
+        type=lambda s: [float(x) for x in s.split(",")],
+        help="Poisson request rates in req/s, e.g. 0.5,1,2; unset: chosen by a capacity probe",
+    )
     ap.add_argument("--requests-per-rate", type=int, default=40, help="measured requests per server and rate")
     ap.add_argument("--warmup-requests", type=int, default=2, help="aiperf warm-up requests before each run")
-    ap.add_argument("--probe-concurrency", type=int, default=8,
-                    help="concurrent requests of the capacity probe (trtpipe's max_batch_size is 8)")
-    ap.add_argument("--duration", type=float, default=120.0, metavar="S",
-                    help="bound each aiperf run to S seconds (aiperf --benchmark-duration); 0: no bound")
-    ap.add_argument("--max-minutes", type=float, default=15.0,
-                    help="start no run that would end past this many minutes of measuring (setup not counted)")
-    ap.add_argument("--wait-quiet", type=float, default=30.0, metavar="S",
-                    help="before each run, wait up to S seconds for other processes to use less than "
-                         "--max-foreign-load cores (the machine may be shared); 0: do not wait")
-    ap.add_argument("--max-foreign-load", type=float, default=0.3, metavar="CORES",
-                    help="runs during which other processes used more cores than this are marked noisy")
+    ap.add_argument(
+        "--probe-concurrency",
+        type=int,
+        default=8,
+        help="concurrent requests of the capacity probe (trtpipe's max_batch_size is 8)",
+    )
+    ap.add_argument(
+        "--duration",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="bound each aiperf run to S seconds (aiperf --benchmark-duration); 0: no bound",
+    )
+    ap.add_argument(
+        "--max-minutes",
+        type=float,
+        default=15.0,
+        help="start no run that would end past this many minutes of measuring (setup not counted)",
+    )
+    ap.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="before each run, wait up to S seconds for other processes to use less than "
+        "--max-foreign-load cores (the machine may be shared); 0: do not wait",
+    )
+    ap.add_argument(
+        "--max-foreign-load",
+        type=float,
+        default=0.3,
+        metavar="CORES",
+        help="runs during which other processes used more cores than this are marked noisy",
+    )
     ap.add_argument("--note", help="a line printed at the top of the report (e.g. 'smoke run on a busy machine')")
     ap.add_argument("--threads", type=int, default=2, help="threads of each server")
-    ap.add_argument("--trtpipe", type=Path, default=MAIN_VENV / "bin" / "trtpipe",
-                    help="the trtpipe executable whose `serve` is measured (default: the repo's .venv)")
-    ap.add_argument("--llama-python", type=Path, default=BENCH_VENV / "bin" / "python",
-                    help="the Python whose `-m llama_cpp.server` is measured (default: the one --setup installs)")
+    ap.add_argument(
+        "--trtpipe",
+        type=Path,
+        default=MAIN_VENV / "bin" / "trtpipe",
+        help="the trtpipe executable whose `serve` is measured (default: the repo's .venv)",
+    )
+    ap.add_argument(
+        "--llama-python",
+        type=Path,
+        default=BENCH_VENV / "bin" / "python",
+        help="the Python whose `-m llama_cpp.server` is measured (default: the one --setup installs)",
+    )
     ap.add_argument("--artifact", type=Path, default=DEFAULT_ARTIFACT, help="artifact trtpipe serves")
     ap.add_argument("--load-timeout", type=float, default=300.0, metavar="S", help="server start-up limit")
     ap.add_argument("--out", type=Path, default=DEFAULT_DOC, help="markdown report (docs/serving.md)")
@@ -285,14 +349,24 @@ def run(args, raw_path: Path) -> int:
                 shutil.copytree(work, args.keep_artifacts, dirs_exist_ok=True)
     machine = peers.machine_info()
     machine["loadavg_start"], machine["loadavg_end"] = load_start, os.getloadavg()
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "engines": engines,
-            "threads": args.threads, "requests_per_rate": args.requests_per_rate,
-            "warmup_requests": args.warmup_requests, "duration_s": args.duration, "workload": workload,
-            "note": args.note, "max_foreign_load": args.max_foreign_load, "raw_json": str(_rel(raw_path)),
-            "slo": {"ttft_p95_ms": TTFT_SLO_MS, "tpot_p90_ms": TPOT_SLO_MS}, "machine": machine,
-            "wall_s": round(time.monotonic() - t_start, 1),
-            "command": shlex.join(["python", "bench/serve.py", *sys.argv[1:]]),
-            "versions": serve_report.versions(args, AIPERF_VENV), "setup": state}
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "engines": engines,
+        "threads": args.threads,
+        "requests_per_rate": args.requests_per_rate,
+        "warmup_requests": args.warmup_requests,
+        "duration_s": args.duration,
+        "workload": workload,
+        "note": args.note,
+        "max_foreign_load": args.max_foreign_load,
+        "raw_json": str(_rel(raw_path)),
+        "slo": {"ttft_p95_ms": TTFT_SLO_MS, "tpot_p90_ms": TPOT_SLO_MS},
+        "machine": machine,
+        "wall_s": round(time.monotonic() - t_start, 1),
+        "command": shlex.join(["python", "bench/serve.py", *sys.argv[1:]]),
+        "versions": serve_report.versions(args, AIPERF_VENV),
+        "setup": state,
+    }
     raw = {"meta": meta, "plan": plan, "runs": runs}
     raw_path.write_text(json.dumps(raw, indent=1))
     md = serve_report.render(raw, serve_report.read_analysis(args.out))

@@ -29,8 +29,15 @@ PROMPT = "Write a long story about a lighthouse keeper and the sea."
 
 def http_tpot_ms(url: str, model: str, tokens: int) -> tuple[float, float]:
     """(TTFT ms, TPOT ms) of one streamed request at the client (chunk arrival times)."""
-    body = {"model": model, "prompt": PROMPT, "max_tokens": tokens, "ignore_eos": True, "temperature": 0,
-            "stream": True, "return_token_ids": True}
+    body = {
+        "model": model,
+        "prompt": PROMPT,
+        "max_tokens": tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+        "return_token_ids": True,
+    }
     times: list[float] = []
     t0 = time.monotonic()
     with httpx.Client(timeout=120) as h, h.stream("POST", url + "/v1/completions", json=body) as r:
@@ -67,14 +74,18 @@ def main() -> None:
             inproc = (m.ttft_s * 1e3, m.tpot_s * 1e3)
             http = http_tpot_ms(server.url, model, a.tokens)
             rows.append((inproc, http))
-            print(f"round {i}: in-process TTFT {inproc[0]:7.1f} ms TPOT {inproc[1]:6.2f} ms | "
-                  f"HTTP TTFT {http[0]:7.1f} ms TPOT {http[1]:6.2f} ms")
+            print(
+                f"round {i}: in-process TTFT {inproc[0]:7.1f} ms TPOT {inproc[1]:6.2f} ms | "
+                f"HTTP TTFT {http[0]:7.1f} ms TPOT {http[1]:6.2f} ms"
+            )
     ip = statistics.median(r[0][1] for r in rows)
     hp = statistics.median(r[1][1] for r in rows)
     it = statistics.median(r[0][0] for r in rows)
     ht = statistics.median(r[1][0] for r in rows)
-    print(f"median TPOT: in-process {ip:.2f} ms, HTTP {hp:.2f} ms -> overhead {hp - ip:+.2f} ms/token "
-          f"(ratio {hp / ip:.3f}); median TTFT: in-process {it:.1f} ms, HTTP {ht:.1f} ms ({ht - it:+.1f} ms)")
+    print(
+        f"median TPOT: in-process {ip:.2f} ms, HTTP {hp:.2f} ms -> overhead {hp - ip:+.2f} ms/token "
+        f"(ratio {hp / ip:.3f}); median TTFT: in-process {it:.1f} ms, HTTP {ht:.1f} ms ({ht - it:+.1f} ms)"
+    )
 
 
 if __name__ == "__main__":

@@ -53,8 +53,9 @@ def _kill_all() -> None:
 def spawn(cmd: list[str], env: dict, log: Path, cwd: Path | None = None) -> subprocess.Popen:
     """Start ``cmd`` in its own session, output to ``log``; registered for killing at exit."""
     with open(log, "w") as f:
-        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True,
-                             stdin=subprocess.DEVNULL)
+        p = subprocess.Popen(
+            cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True, stdin=subprocess.DEVNULL
+        )
     _LIVE.add(p)
     return p
 
@@ -87,8 +88,9 @@ class ServerProcess:
         url = f"http://127.0.0.1:{port}{path}"
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode} before {path} answered 200: "
-                                   f"{self.log_tail()}")
+                raise RuntimeError(
+                    f"server exited with {self.proc.returncode} before {path} answered 200: {self.log_tail()}"
+                )
             try:
                 with urllib.request.urlopen(url, timeout=5) as r:
                     if r.status == 200:

@@ -25,8 +25,6 @@ REQUIREMENTS = REPO / "bench" / "requirements-serve.txt"
 GROUP_VENVS = {"llama.cpp-server": BENCH_VENV, "aiperf": AIPERF_VENV}
 
 
-
-
 def _state_file(group: str) -> Path:
     return GROUP_VENVS[group] / f"setup-{group}.json"
 
@@ -64,17 +62,29 @@ def setup(groups: list[str], retry_failed: bool, log=print) -> dict[str, dict]:
         if group == "llama.cpp-server":  # builds from source; native = this CPU's AVX2/AVX-512
             env.setdefault("CMAKE_ARGS", "-DGGML_NATIVE=ON")
             env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
-        log(f"setup: pip install into {venv.name}/: {' '.join(reqs)} (llama-cpp-python builds from source: "
-            "10-20 min on 2 quiet cores, 60 min on a busy one) ..." if group == "llama.cpp-server" else
-            f"setup: pip install into {venv.name}/: {' '.join(reqs)} ...")
-        p = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
-                            *reqs], env=env, capture_output=True, text=True, timeout=3600)
+        log(
+            f"setup: pip install into {venv.name}/: {' '.join(reqs)} (llama-cpp-python builds from source: "
+            "10-20 min on 2 quiet cores, 60 min on a busy one) ..."
+            if group == "llama.cpp-server"
+            else f"setup: pip install into {venv.name}/: {' '.join(reqs)} ..."
+        )
+        p = subprocess.run(
+            [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", *reqs],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=3600,
+        )
         tail = " | ".join((p.stderr or p.stdout).strip().splitlines()[-4:])[-600:]
-        state[group] = {"ok": p.returncode == 0, "seconds": round(time.monotonic() - t0, 1),
-                        "packages": reqs, "venv": venv.name,
-                        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                        "error": "" if p.returncode == 0 else f"pip exit {p.returncode}: {tail}",
-                        "note": "" if "Successfully installed" in p.stdout else "already installed"}
+        state[group] = {
+            "ok": p.returncode == 0,
+            "seconds": round(time.monotonic() - t0, 1),
+            "packages": reqs,
+            "venv": venv.name,
+            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "error": "" if p.returncode == 0 else f"pip exit {p.returncode}: {tail}",
+            "note": "" if "Successfully installed" in p.stdout else "already installed",
+        }
         _state_file(group).write_text(json.dumps(state[group], indent=2))
         log(f"setup:   [{group}] {'ok' if state[group]['ok'] else 'FAILED'} in {state[group]['seconds']} s")
     return state
@@ -95,8 +105,18 @@ def tokenizer_dir(artifact: Path) -> Path:
     out = AIPERF_VENV / "tokenizer-smollm2"
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(artifact / "tokenizer.json", out / "tokenizer.json")
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|im_start|>", "eos_token": "<|im_end|>",
-        "unk_token": "<|endoftext|>", "pad_token": "<|im_end|>", "model_max_length": 8192,
-        "clean_up_tokenization_spaces": False}, indent=1))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<|im_start|>",
+                "eos_token": "<|im_end|>",
+                "unk_token": "<|endoftext|>",
+                "pad_token": "<|im_end|>",
+                "model_max_length": 8192,
+                "clean_up_tokenization_spaces": False,
+            },
+            indent=1,
+        )
+    )
     return out

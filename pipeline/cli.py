@@ -73,9 +73,18 @@ def recipes_cmd() -> None:
     Console(highlight=False, soft_wrap=False).print(table)
 
 
-
-for _cmd in (build_cmd, export_cmd, generate_cmd, chat_cmd, validate_cmd, estimate_cmd, info_cmd, serve_cmd,
-             farm_group, pull_cmd):
+for _cmd in (
+    build_cmd,
+    export_cmd,
+    generate_cmd,
+    chat_cmd,
+    validate_cmd,
+    estimate_cmd,
+    info_cmd,
+    serve_cmd,
+    farm_group,
+    pull_cmd,
+):
     main.add_command(_cmd)
 
 __all__ = ["EXIT_FAILED", "EXIT_NEEDS_TARGET", "EXIT_OK", "EXIT_USAGE", "main"]

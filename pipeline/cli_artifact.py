@@ -34,12 +34,17 @@ ROOT_SOURCES = f"--artifacts, else ${ARTIFACTS_ENV}, else ./{DEFAULT_ARTIFACTS_R
 def artifacts_option(f):
     """The shared ``--artifacts DIR`` option (environment variable ``TRTPIPE_ARTIFACTS``)."""
     return click.option(
-        "--artifacts", "artifact_root", default=DEFAULT_ARTIFACTS_ROOT, show_default=True,
-        envvar=ARTIFACTS_ENV, show_envvar=True,
-        help="Root folder of artifacts (<root>/<recipe>/<target>); relative to the current folder.")(f)
+        "--artifacts",
+        "artifact_root",
+        default=DEFAULT_ARTIFACTS_ROOT,
+        show_default=True,
+        envvar=ARTIFACTS_ENV,
+        show_envvar=True,
+        help="Root folder of artifacts (<root>/<recipe>/<target>); relative to the current folder.",
+    )(f)
 
 
-def load_recipe_for_deploy(recipe: str) -> "Recipe":
+def load_recipe_for_deploy(recipe: str) -> Recipe:
     """A recipe (path or shipped name) for a deploy-side command: schema checked, but its model
     source is not looked up (the artifact carries what the runtime needs). Raises RecipeError."""
     from trtpipe.pipeline.recipe import load_recipe, resolve_recipe_path
@@ -47,15 +52,16 @@ def load_recipe_for_deploy(recipe: str) -> "Recipe":
     return load_recipe(resolve_recipe_path(recipe), check_files=False)
 
 
-def missing_artifact_error(recipe: "Recipe", art: Path, extra_fix: str = "") -> ArtifactError:
+def missing_artifact_error(recipe: Recipe, art: Path, extra_fix: str = "") -> ArtifactError:
     """The "nothing built here" error: the absolute folder looked in and how the root is chosen."""
     return ArtifactError(
         f"no artifact for recipe {recipe.name!r} in {art.resolve()} (artifacts root: {ROOT_SOURCES}). "
         f"Fix: run `trtpipe build {recipe.origin}` first, or point --artifacts / ${ARTIFACTS_ENV} "
-        f"at the folder it was built in{extra_fix}.")
+        f"at the folder it was built in{extra_fix}."
+    )
 
 
-def check_artifact_matches_recipe(manifest: "Manifest", recipe: "Recipe", artifact_dir: Path) -> None:
+def check_artifact_matches_recipe(manifest: Manifest, recipe: Recipe, artifact_dir: Path) -> None:
     """Refuse an artifact built from another recipe (or an older version of this one).
 
     Compares :func:`build_hash` with ``manifest.build_info["build_hash"]`` when the build recorded
@@ -73,10 +79,11 @@ def check_artifact_matches_recipe(manifest: "Manifest", recipe: "Recipe", artifa
             f"artifact {artifact_dir} was built from recipe {manifest.recipe_name!r} with {what} "
             f"{have[:12]}, but {recipe.origin} ({recipe.name!r}) hashes to {want[:12]}: the recipe "
             f"changed since the build, or this is another recipe's artifact. Fix: rebuild with "
-            f"`trtpipe build {recipe.origin}`, or pass the recipe the artifact was built from.")
+            f"`trtpipe build {recipe.origin}`, or pass the recipe the artifact was built from."
+        )
 
 
-def artifact_for_recipe(recipe: "Recipe", artifact_root: str | Path, extra_fix: str = "") -> Path:
+def artifact_for_recipe(recipe: Recipe, artifact_root: str | Path, extra_fix: str = "") -> Path:
     """``<root>/<recipe>/<target>``, checked to exist and to be built from ``recipe``."""
     from trtpipe.pipeline.build import artifact_dir_for
     from trtpipe.runtime.manifest import MANIFEST_NAME, load_manifest
@@ -103,11 +110,20 @@ def resolve_artifact(recipe_or_artifact: str, artifact_root: str | Path = DEFAUL
         recipe = load_recipe_for_deploy(recipe_or_artifact)
     except TrtpipeError:
         if p.is_dir():
-            raise ArtifactError(f"{p.resolve()} is not a trtpipe artifact (no manifest.json). Fix: run "
-                                "`trtpipe build RECIPE` and pass the recipe or the directory it prints.") from None
+            raise ArtifactError(
+                f"{p.resolve()} is not a trtpipe artifact (no manifest.json). Fix: run "
+                "`trtpipe build RECIPE` and pass the recipe or the directory it prints."
+            ) from None
         raise
     return artifact_for_recipe(recipe, artifact_root)
 
 
-__all__ = ["ARTIFACTS_ENV", "artifact_for_recipe", "check_artifact_matches_recipe", "artifacts_option", "load_recipe_for_deploy",
-           "missing_artifact_error", "resolve_artifact"]
+__all__ = [
+    "ARTIFACTS_ENV",
+    "artifact_for_recipe",
+    "check_artifact_matches_recipe",
+    "artifacts_option",
+    "load_recipe_for_deploy",
+    "missing_artifact_error",
+    "resolve_artifact",
+]

@@ -15,10 +15,19 @@ from trtpipe.plugins.errors import TrtpipeError
 @click.command("build")
 @click.argument("recipe")
 @artifacts_option
-@click.option("--force", is_flag=True, help="Rebuild even if the inputs (recipe, model, versions) are unchanged; "
-              "the previous artifact's validate reports are kept under validate/previous-<build hash>/.")
-@click.option("--from-spec", "from_spec", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Finish a GPU build on the target machine from the build_spec.json a CPU machine wrote.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Rebuild even if the inputs (recipe, model, versions) are unchanged; "
+    "the previous artifact's validate reports are kept under validate/previous-<build hash>/.",
+)
+@click.option(
+    "--from-spec",
+    "from_spec",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Finish a GPU build on the target machine from the build_spec.json a CPU machine wrote.",
+)
 def build_cmd(recipe: str, artifact_root: str, force: bool, from_spec: str | None) -> None:
     """Build the artifact for RECIPE: load the model, export the prefill and decode ONNX graphs,
     lower them for the target's backend (ONNX Runtime for cpu, TensorRT plans for GPUs), record
@@ -52,6 +61,7 @@ def build_cmd(recipe: str, artifact_root: str, force: bool, from_spec: str | Non
         r = load_recipe_arg(recipe)
         console = Console(stderr=True)
         with console.status(f"building {r.name} for {r.target} ...") as status:
+
             def log(msg: str) -> None:  # a spinner on the long steps, a timestamped line per step
                 console.log(msg)
                 status.update(msg)
@@ -60,19 +70,21 @@ def build_cmd(recipe: str, artifact_root: str, force: bool, from_spec: str | Non
         if not res.skipped:
             click.echo(f"built {res.artifact_dir} in {res.seconds:.1f} s")
     except BuildNeedsTarget as e:
-        click.echo(click.style("build spec written, finish on the target: ", fg="yellow", bold=True) + str(e),
-                   err=True)
+        click.echo(click.style("build spec written, finish on the target: ", fg="yellow", bold=True) + str(e), err=True)
         sys.exit(EXIT_NEEDS_TARGET)
     except TrtpipeError as e:
         fail(e)
 
 
-
 @click.command("export")
 @click.argument("recipe")
-@click.option("--out", "out_dir", default=None,
-              help="Folder for prefill.onnx / decode.onnx (default: artifacts/<recipe>/<target>-export, "
-                   "beside the built artifact, never inside it).")
+@click.option(
+    "--out",
+    "out_dir",
+    default=None,
+    help="Folder for prefill.onnx / decode.onnx (default: artifacts/<recipe>/<target>-export, "
+    "beside the built artifact, never inside it).",
+)
 def export_cmd(recipe: str, out_dir: str | None) -> None:
     """Export the unlowered prefill and decode ONNX graphs (with trtpipe:: custom ops) for RECIPE.
 
@@ -91,12 +103,19 @@ def export_cmd(recipe: str, out_dir: str | None) -> None:
         check_recipe_against_model(r, loaded.config)
         for phase in ("prefill", "decode"):
             prec = getattr(r.precision, phase)
-            ref = build_reference_model(loaded, prec, r.precision.int4.group_size, r.precision.int4.symmetric,
-                                        rope_table_len=r.max_seq_len, sliding_window=r.sliding_window)
+            ref = build_reference_model(
+                loaded,
+                prec,
+                r.precision.int4.group_size,
+                r.precision.int4.symmetric,
+                rope_table_len=r.max_seq_len,
+                sliding_window=r.sliding_window,
+            )
             click.echo(f"exporting {phase} ({prec}) ...")
             res = export_phase(ref, phase, out / f"{phase}.onnx", r.kv_cache.block_size)
-            click.echo(f"  {res.path} ({res.graph_bytes / 1e6:.1f} MB graph, {res.data_bytes / 1e6:.1f} MB weights, "
-                       f"{res.seconds:.1f} s)")
+            click.echo(
+                f"  {res.path} ({res.graph_bytes / 1e6:.1f} MB graph, {res.data_bytes / 1e6:.1f} MB weights, "
+                f"{res.seconds:.1f} s)"
+            )
     except TrtpipeError as e:
         fail(e)
-

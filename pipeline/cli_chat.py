@@ -15,8 +15,9 @@ goes to stdout, prompts and notes to stderr, so a piped stdin gives a clean tran
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 from trtpipe.pipeline.cli_prompt import decode_utf8
 from trtpipe.runtime.errors import RequestError
@@ -56,13 +57,23 @@ def fit_prompt(llm, conv: Conversation, user: str, reserve_tokens: int) -> tuple
         if not conv.drop_oldest_turn():
             if len(ids) < max_len:  # no history left: answer in the room there is
                 return ids, dropped
-            raise RequestError(f"this message is {len(ids)} tokens with the chat template; max_seq_len is "
-                               f"{max_len}. Fix: send a shorter message (or /reset).")
+            raise RequestError(
+                f"this message is {len(ids)} tokens with the chat template; max_seq_len is "
+                f"{max_len}. Fix: send a shorter message (or /reset)."
+            )
         dropped += 1
 
 
-def run_chat(llm, params, *, system: str | None, stdin: BinaryIO, out: Callable[[str], None],
-             note: Callable[[str], None], interactive: bool) -> int:
+def run_chat(
+    llm,
+    params,
+    *,
+    system: str | None,
+    stdin: BinaryIO,
+    out: Callable[[str], None],
+    note: Callable[[str], None],
+    interactive: bool,
+) -> int:
     """Run the loop until /exit or end of input; returns the exit code: 0, or 1 when a turn failed
     in the engine (finish reason ``error``: the error is printed, the turn is not kept, the loop goes on).
 
@@ -95,8 +106,7 @@ def run_chat(llm, params, *, system: str | None, stdin: BinaryIO, out: Callable[
             failed = not _turn(llm, params, conv, line, out, note) or failed
 
 
-def _turn(llm, params, conv: Conversation, line: str, out: Callable[[str], None],
-          note: Callable[[str], None]) -> bool:
+def _turn(llm, params, conv: Conversation, line: str, out: Callable[[str], None], note: Callable[[str], None]) -> bool:
     """One user turn: fit the prompt, stream the answer, keep both in ``conv``. False when the
     engine failed the request (its error is printed and the turn is not kept)."""
     from trtpipe.pipeline.cli_prompt import cap_note

@@ -10,8 +10,7 @@ from typing import NoReturn
 import click
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NEEDS_TARGET = 0, 1, 2, 3
-THREADS_HELP = ("ONNX Runtime intra-op threads (default: the recipe's engine.intra_op_num_threads, "
-                "else ONNX Runtime's).")
+THREADS_HELP = "ONNX Runtime intra-op threads (default: the recipe's engine.intra_op_num_threads, else ONNX Runtime's)."
 
 
 def fail(e: Exception, code: int = EXIT_USAGE) -> NoReturn:

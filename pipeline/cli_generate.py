@@ -14,10 +14,10 @@ from trtpipe.pipeline.cli_artifact import artifacts_option, resolve_artifact
 from trtpipe.pipeline.cli_common import EXIT_FAILED, EXIT_OK, THREADS_HELP, fail
 from trtpipe.plugins.errors import TrtpipeError
 
-
 GENERATE_SYSTEM_HELP = "System message of the chat template (implies --chat)."
-CHAT_SYSTEM_HELP = ("System message that opens the conversation (kept when the oldest turns are dropped "
-                    "and after /reset).")
+CHAT_SYSTEM_HELP = (
+    "System message that opens the conversation (kept when the oldest turns are dropped and after /reset)."
+)
 
 
 def _sampling_options(system_help: str):
@@ -26,19 +26,25 @@ def _sampling_options(system_help: str):
 
 
 def _add_sampling_options(f, system_help: str):
-    for opt in reversed([
-        click.option("--max-new-tokens", default=128, show_default=True, type=int,
-                     help="Most tokens to generate (capped by the artifact's max_seq_len, with a note)."),
-        click.option("--temperature", default=0.0, show_default=True, type=float, help="0 = greedy."),
-        click.option("--top-k", default=0, show_default=True, type=int, help="0 = off."),
-        click.option("--top-p", default=1.0, show_default=True, type=float, help="1.0 = off."),
-        click.option("--seed", default=None, type=int, help="Seed for sampling (reproducible)."),
-        click.option("--stop", multiple=True, help="Stop string (repeatable)."),
-        click.option("--system", default=None, help=system_help),
-        artifacts_option,
-        click.option("--threads", default=None, type=click.IntRange(min=1),
-                     help=THREADS_HELP),
-    ]):
+    for opt in reversed(
+        [
+            click.option(
+                "--max-new-tokens",
+                default=128,
+                show_default=True,
+                type=int,
+                help="Most tokens to generate (capped by the artifact's max_seq_len, with a note).",
+            ),
+            click.option("--temperature", default=0.0, show_default=True, type=float, help="0 = greedy."),
+            click.option("--top-k", default=0, show_default=True, type=int, help="0 = off."),
+            click.option("--top-p", default=1.0, show_default=True, type=float, help="1.0 = off."),
+            click.option("--seed", default=None, type=int, help="Seed for sampling (reproducible)."),
+            click.option("--stop", multiple=True, help="Stop string (repeatable)."),
+            click.option("--system", default=None, help=system_help),
+            artifacts_option,
+            click.option("--threads", default=None, type=click.IntRange(min=1), help=THREADS_HELP),
+        ]
+    ):
         f = opt(f)
     return f
 
@@ -50,10 +56,22 @@ def _add_sampling_options(f, system_help: str):
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
 @_sampling_options(GENERATE_SYSTEM_HELP)
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Print text as it arrives.")
-def generate_cmd(recipe_or_artifact: str, prompt: str | None, prompt_file: str | None, chat: bool,
-                 max_new_tokens: int, temperature: float, top_k: int, top_p: float, seed: int | None,
-                 stop: tuple[str, ...], system: str | None, artifact_root: str, threads: int | None,
-                 stream: bool) -> None:
+def generate_cmd(
+    recipe_or_artifact: str,
+    prompt: str | None,
+    prompt_file: str | None,
+    chat: bool,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    seed: int | None,
+    stop: tuple[str, ...],
+    system: str | None,
+    artifact_root: str,
+    threads: int | None,
+    stream: bool,
+) -> None:
     """Generate text for PROMPT with a built artifact (no torch, no model package needed).
 
     \b
@@ -70,8 +88,9 @@ def generate_cmd(recipe_or_artifact: str, prompt: str | None, prompt_file: str |
 
     try:
         text = read_prompt(prompt, prompt_file)
-        params = sampling_params_from_flags(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                                            top_p=top_p, seed=seed, stop=stop)
+        params = sampling_params_from_flags(
+            max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop
+        )
         art = resolve_artifact(recipe_or_artifact, artifact_root)
         llm = LLM(art, num_threads=threads)
         if system is not None:
@@ -124,9 +143,18 @@ def _target_bandwidth(name: str) -> float | None:
 @click.command("chat")
 @click.argument("recipe_or_artifact")
 @_sampling_options(CHAT_SYSTEM_HELP)
-def chat_cmd(recipe_or_artifact: str, max_new_tokens: int, temperature: float, top_k: int, top_p: float,
-             seed: int | None, stop: tuple[str, ...], system: str | None, artifact_root: str,
-             threads: int | None) -> None:
+def chat_cmd(
+    recipe_or_artifact: str,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    seed: int | None,
+    stop: tuple[str, ...],
+    system: str | None,
+    artifact_root: str,
+    threads: int | None,
+) -> None:
     """Talk with a built artifact, turn by turn (the chat template, streamed answers).
 
     \b
@@ -143,12 +171,15 @@ def chat_cmd(recipe_or_artifact: str, max_new_tokens: int, temperature: float, t
     from trtpipe.runtime.llm import LLM
 
     try:
-        params = sampling_params_from_flags(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                                            top_p=top_p, seed=seed, stop=stop)
+        params = sampling_params_from_flags(
+            max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop
+        )
         llm = LLM(resolve_artifact(recipe_or_artifact, artifact_root), num_threads=threads)
         if not llm.manifest.model.chat_template:
-            raise TrtpipeError("this model has no chat template in its metadata, so it cannot chat. "
-                               "Fix: use `trtpipe generate` with a plain prompt.")
+            raise TrtpipeError(
+                "this model has no chat template in its metadata, so it cannot chat. "
+                "Fix: use `trtpipe generate` with a plain prompt."
+            )
 
         def out(piece: str) -> None:
             click.echo(piece, nl=False)
@@ -157,12 +188,12 @@ def chat_cmd(recipe_or_artifact: str, max_new_tokens: int, temperature: float, t
         def note(line: str) -> None:
             click.echo(click.style(line, dim=True), err=True)
 
-        code = run_chat(llm, params, system=system, stdin=sys.stdin.buffer, out=out, note=note,
-                        interactive=sys.stdin.isatty())
+        code = run_chat(
+            llm, params, system=system, stdin=sys.stdin.buffer, out=out, note=note, interactive=sys.stdin.isatty()
+        )
     except TrtpipeError as e:
         fail(e)
     except KeyboardInterrupt:
         click.echo("", err=True)
         code = EXIT_OK
     sys.exit(code)
-

@@ -16,15 +16,30 @@ def _info_summary(m) -> dict:
     bi = m.build_info or {}
     return {
         "artifact": str(Path(m.root).resolve()) if m.root else None,
-        "recipe": m.recipe_name, "build_hash": bi.get("build_hash"), "recipe_hash": m.recipe_hash,
-        "target": m.target, "backend": m.backend,
-        "model": {"name": m.model.name, "num_layers": m.model.num_layers, "hidden_size": m.model.hidden_size,
-                  "vocab_size": m.model.vocab_size, "chat_template": bool(m.model.chat_template)},
+        "recipe": m.recipe_name,
+        "build_hash": bi.get("build_hash"),
+        "recipe_hash": m.recipe_hash,
+        "target": m.target,
+        "backend": m.backend,
+        "model": {
+            "name": m.model.name,
+            "num_layers": m.model.num_layers,
+            "hidden_size": m.model.hidden_size,
+            "vocab_size": m.model.vocab_size,
+            "chat_template": bool(m.model.chat_template),
+        },
         "graphs": {ph: {"file": g.file, "precision": g.precision} for ph, g in m.graphs.items()},
-        "kv": {"num_blocks": m.kv.num_blocks, "block_size": m.kv.block_size, "dtype": m.kv.dtype,
-               "sliding_window": m.kv.sliding_window, "pool_bytes": m.kv.pool_bytes},
+        "kv": {
+            "num_blocks": m.kv.num_blocks,
+            "block_size": m.kv.block_size,
+            "dtype": m.kv.dtype,
+            "sliding_window": m.kv.sliding_window,
+            "pool_bytes": m.kv.pool_bytes,
+        },
         "limits": m.limits,
-        "built_at": bi.get("built_at"), "host": bi.get("host"), "rebuild_command": m.rebuild_command,
+        "built_at": bi.get("built_at"),
+        "host": bi.get("host"),
+        "rebuild_command": m.rebuild_command,
         "trtpipe_version": m.trtpipe_version,
     }
 
@@ -60,15 +75,24 @@ def info_cmd(recipe_or_artifact: str, artifact_root: str, as_json: bool) -> None
     rows = [
         ("artifact", d["artifact"]),
         ("recipe", f"{d['recipe']} (build hash {(d['build_hash'] or d['recipe_hash'])[:12]})"),
-        ("target", f"{m.target.get('name')} ({m.target.get('platform')}"
-                   + (f", sm_{m.target['sm']})" if m.target.get("sm") else ")")),
+        (
+            "target",
+            f"{m.target.get('name')} ({m.target.get('platform')}"
+            + (f", sm_{m.target['sm']})" if m.target.get("sm") else ")"),
+        ),
         ("backend", f"{m.backend.get('name')} {m.backend.get('version', '')}".strip()),
-        ("model", f"{model['name']}: {model['num_layers']} layers, hidden {model['hidden_size']}, "
-                  f"vocab {model['vocab_size']}, chat template {'yes' if model['chat_template'] else 'no'}"),
+        (
+            "model",
+            f"{model['name']}: {model['num_layers']} layers, hidden {model['hidden_size']}, "
+            f"vocab {model['vocab_size']}, chat template {'yes' if model['chat_template'] else 'no'}",
+        ),
         *((f"{ph} graph", f"{g['file']} ({g['precision']})") for ph, g in d["graphs"].items()),
-        ("KV pool", f"{kv['num_blocks']} blocks x {kv['block_size']} tokens, {kv['dtype']}, "
-                    f"{kv['pool_bytes'] / 2**20:.0f} MiB"
-                    + (f", window {kv['sliding_window']}" if kv["sliding_window"] else "")),
+        (
+            "KV pool",
+            f"{kv['num_blocks']} blocks x {kv['block_size']} tokens, {kv['dtype']}, "
+            f"{kv['pool_bytes'] / 2**20:.0f} MiB"
+            + (f", window {kv['sliding_window']}" if kv["sliding_window"] else ""),
+        ),
         ("limits", ", ".join(f"{k} {v}" for k, v in d["limits"].items())),
         ("built", f"{d['built_at'] or '?'} on {d['host'] or '?'} (trtpipe {d['trtpipe_version']})"),
         ("rebuild", d["rebuild_command"]),
@@ -79,4 +103,3 @@ def info_cmd(recipe_or_artifact: str, artifact_root: str, as_json: bool) -> None
     for k, v in rows:
         table.add_row(k, v)
     Console(highlight=False).print(table)
-

@@ -32,8 +32,10 @@ def decode_utf8(data: bytes, source: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise RequestError(f"{source}: byte {e.start} (0x{data[e.start]:02x}) is not valid UTF-8 "
-                           f"({e.reason}). Fix: save the prompt as UTF-8 text.") from None
+        raise RequestError(
+            f"{source}: byte {e.start} (0x{data[e.start]:02x}) is not valid UTF-8 "
+            f"({e.reason}). Fix: save the prompt as UTF-8 text."
+        ) from None
 
 
 def read_prompt(prompt: str | None, prompt_file: str | None, stdin: BinaryIO | None = None) -> str:
@@ -44,14 +46,16 @@ def read_prompt(prompt: str | None, prompt_file: str | None, stdin: BinaryIO | N
     are not UTF-8.
     """
     if prompt_file is not None and prompt is not None:
-        raise RequestError(f"both PROMPT ({prompt[:20]!r}) and --prompt-file {prompt_file!r} given. "
-                           "Fix: pass one of them.")
+        raise RequestError(
+            f"both PROMPT ({prompt[:20]!r}) and --prompt-file {prompt_file!r} given. Fix: pass one of them."
+        )
     if prompt_file is not None:
         try:
             data = Path(prompt_file).read_bytes()
         except OSError as e:
-            raise RequestError(f"--prompt-file {prompt_file!r}: cannot read it ({e.strerror}). "
-                               "Fix: pass an existing UTF-8 text file.") from None
+            raise RequestError(
+                f"--prompt-file {prompt_file!r}: cannot read it ({e.strerror}). Fix: pass an existing UTF-8 text file."
+            ) from None
         return _drop_final_newline(decode_utf8(data, f"--prompt-file {prompt_file!r}"))
     if prompt is None:
         raise RequestError("no prompt. Fix: pass PROMPT, `-` to read it from stdin, or --prompt-file FILE.")
@@ -86,8 +90,10 @@ def cap_note(prompt_tokens: int, max_new_tokens: int, max_seq_len: int) -> str |
     room = max_seq_len - prompt_tokens
     if max_new_tokens <= room:
         return None
-    return (f"note: --max-new-tokens {max_new_tokens} capped to {room}: the artifact's max_seq_len is "
-            f"{max_seq_len} tokens (prompt + output) and the prompt has {prompt_tokens}.")
+    return (
+        f"note: --max-new-tokens {max_new_tokens} capped to {room}: the artifact's max_seq_len is "
+        f"{max_seq_len} tokens (prompt + output) and the prompt has {prompt_tokens}."
+    )
 
 
 __all__ = ["FLAG_OF_FIELD", "cap_note", "decode_utf8", "read_prompt", "sampling_params_from_flags"]

@@ -19,40 +19,89 @@ def _need_serve_extra() -> None:
         import prometheus_client  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as e:
-        click.echo(f"error: `trtpipe serve` needs the serve extra ({e.name} is not installed). "
-                   "Fix: pip install 'trtpipe[serve]'", err=True)
+        click.echo(
+            f"error: `trtpipe serve` needs the serve extra ({e.name} is not installed). "
+            "Fix: pip install 'trtpipe[serve]'",
+            err=True,
+        )
         sys.exit(2)
 
 
 @click.command("serve")
 @click.argument("recipe_or_artifact")
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on (127.0.0.1: this machine only; 0.0.0.0: every interface).")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on (127.0.0.1: this machine only; 0.0.0.0: every interface).",
+)
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port.")
-@click.option("--max-queued-requests", default=64, show_default=True, type=click.IntRange(min=1),
-              help="Most requests waiting for admission; past it new ones get 503 with Retry-After.")
-@click.option("--request-timeout-s", default=None, type=click.FloatRange(min=0, min_open=True),
-              help="Cancel a request still running this long after arrival (finish_reason \"timeout\"). "
-                   "Default: no limit.")
-@click.option("--api-key", default=None, envvar="TRTPIPE_API_KEY", show_envvar=True,
-              help="Require 'Authorization: Bearer KEY' on /v1 and /tokenize (401 otherwise).")
-@click.option("--shutdown-grace-s", default=10.0, show_default=True, type=click.FloatRange(min=0),
-              help="On SIGTERM/SIGINT: how long running requests may finish before they are cancelled.")
+@click.option(
+    "--max-queued-requests",
+    default=64,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Most requests waiting for admission; past it new ones get 503 with Retry-After.",
+)
+@click.option(
+    "--request-timeout-s",
+    default=None,
+    type=click.FloatRange(min=0, min_open=True),
+    help='Cancel a request still running this long after arrival (finish_reason "timeout"). Default: no limit.',
+)
+@click.option(
+    "--api-key",
+    default=None,
+    envvar="TRTPIPE_API_KEY",
+    show_envvar=True,
+    help="Require 'Authorization: Bearer KEY' on /v1 and /tokenize (401 otherwise).",
+)
+@click.option(
+    "--shutdown-grace-s",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="On SIGTERM/SIGINT: how long running requests may finish before they are cancelled.",
+)
 @artifacts_option
-@click.option("--threads", default=None, type=click.IntRange(min=1),
-              help="ONNX Runtime intra-op threads (default: the recipe's engine.intra_op_num_threads, "
-                   "else ONNX Runtime's).")
-@click.option("--no-prefix-caching", is_flag=True,
-              help="Turn automatic prefix caching off (overrides the recipe's kv_cache.prefix_caching).")
-@click.option("--scheduler-policy", type=click.Choice(["slo", "fcfs"]), default=None,
-              help="Override the recipe's scheduler.policy (artifact folder: slo).")
-@click.option("--tpot-budget-ms", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Override the recipe's scheduler.tpot_budget_ms: the TPOT the slo policy sizes prefill "
-                   "chunks for (artifact folder: none, so FCFS chunks).")
-def serve_cmd(recipe_or_artifact: str, host: str, port: int, max_queued_requests: int,
-              request_timeout_s: float | None, api_key: str | None, shutdown_grace_s: float,
-              artifact_root: str, threads: int | None, no_prefix_caching: bool,
-              scheduler_policy: str | None, tpot_budget_ms: float | None) -> None:
+@click.option(
+    "--threads",
+    default=None,
+    type=click.IntRange(min=1),
+    help="ONNX Runtime intra-op threads (default: the recipe's engine.intra_op_num_threads, else ONNX Runtime's).",
+)
+@click.option(
+    "--no-prefix-caching",
+    is_flag=True,
+    help="Turn automatic prefix caching off (overrides the recipe's kv_cache.prefix_caching).",
+)
+@click.option(
+    "--scheduler-policy",
+    type=click.Choice(["slo", "fcfs"]),
+    default=None,
+    help="Override the recipe's scheduler.policy (artifact folder: slo).",
+)
+@click.option(
+    "--tpot-budget-ms",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Override the recipe's scheduler.tpot_budget_ms: the TPOT the slo policy sizes prefill "
+    "chunks for (artifact folder: none, so FCFS chunks).",
+)
+def serve_cmd(
+    recipe_or_artifact: str,
+    host: str,
+    port: int,
+    max_queued_requests: int,
+    request_timeout_s: float | None,
+    api_key: str | None,
+    shutdown_grace_s: float,
+    artifact_root: str,
+    threads: int | None,
+    no_prefix_caching: bool,
+    scheduler_policy: str | None,
+    tpot_budget_ms: float | None,
+) -> None:
     """Serve a built artifact over an OpenAI-compatible HTTP API (no torch needed).
 
     \b
@@ -91,16 +140,28 @@ def serve_cmd(recipe_or_artifact: str, host: str, port: int, max_queued_requests
         name = load_manifest(art, verify_hashes=False).recipe_name
     except TrtpipeError as e:
         _fail(e)
-    overrides = {"prefix_caching": False if no_prefix_caching else None, "scheduler_policy": scheduler_policy,
-                 "tpot_budget_ms": tpot_budget_ms}
+    overrides = {
+        "prefix_caching": False if no_prefix_caching else None,
+        "scheduler_policy": scheduler_policy,
+        "tpot_budget_ms": tpot_budget_ms,
+    }
     overrides = {k: v for k, v in overrides.items() if v is not None}
     settings.update(overrides)
     if overrides:
         source += "; overridden: " + ", ".join(f"{k}={v}" for k, v in overrides.items())
     click.echo(f"trtpipe serve: runtime settings from {source}", err=True)
-    cfg = ServeConfig(artifact_dir=art, model_name=name, host=host, port=port,
-                      max_queued_requests=max_queued_requests, request_timeout_s=request_timeout_s,
-                      api_key=api_key, shutdown_grace_s=shutdown_grace_s, num_threads=threads, **settings)
+    cfg = ServeConfig(
+        artifact_dir=art,
+        model_name=name,
+        host=host,
+        port=port,
+        max_queued_requests=max_queued_requests,
+        request_timeout_s=request_timeout_s,
+        api_key=api_key,
+        shutdown_grace_s=shutdown_grace_s,
+        num_threads=threads,
+        **settings,
+    )
     sys.exit(serve(cfg, echo=lambda s: click.echo(s, err=True)))
 
 
@@ -112,11 +173,17 @@ def serve_settings(recipe_or_artifact: str, artifact_root: str) -> tuple[Path, d
 
     p = Path(recipe_or_artifact)
     if p.is_dir() and (p / "manifest.json").is_file():
-        return p, {"prefix_caching": True, "scheduler_policy": "slo", "tpot_budget_ms": None}, \
-            "the defaults (an artifact folder, no recipe)"
+        return (
+            p,
+            {"prefix_caching": True, "scheduler_policy": "slo", "tpot_budget_ms": None},
+            "the defaults (an artifact folder, no recipe)",
+        )
     if p.is_dir():
         return resolve_artifact(recipe_or_artifact, artifact_root), {}, ""  # raises "not an artifact"
     r = load_recipe_for_deploy(recipe_or_artifact)
-    settings = {"prefix_caching": r.kv_cache.prefix_caching, "scheduler_policy": r.scheduler.policy,
-                "tpot_budget_ms": r.scheduler.tpot_budget_ms}
+    settings = {
+        "prefix_caching": r.kv_cache.prefix_caching,
+        "scheduler_policy": r.scheduler.policy,
+        "tpot_budget_ms": r.scheduler.tpot_budget_ms,
+    }
     return artifact_for_recipe(r, artifact_root), settings, f"recipe {r.name!r} (kv_cache, scheduler)"

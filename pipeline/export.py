@@ -25,8 +25,15 @@ from torch import nn
 from trtpipe.pipeline.model import LlamaReference
 from trtpipe.plugins.torch_ops import onnx_translation_table
 
-PREFILL_INPUTS = ["input_ids", "positions", "slot_mapping", "block_tables", "context_lens",
-                  "query_start_loc", "last_token_indices"]
+PREFILL_INPUTS = [
+    "input_ids",
+    "positions",
+    "slot_mapping",
+    "block_tables",
+    "context_lens",
+    "query_start_loc",
+    "last_token_indices",
+]
 DECODE_INPUTS = ["input_ids", "positions", "slot_mapping", "block_tables", "context_lens"]
 ONNX_OPSET = 21
 IR_VERSION = 10  # what this ONNX Runtime accepts (TOOLCHAIN.md)
@@ -46,10 +53,19 @@ class _Prefill(nn.Module):
         super().__init__()
         self.ref = ref
 
-    def forward(self, input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc,
-                last_token_indices, *kv):
-        logits, caches = self.ref.forward_paged(input_ids, positions, slot_mapping, block_tables, context_lens,
-                                                query_start_loc, last_token_indices, list(kv))
+    def forward(
+        self, input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc, last_token_indices, *kv
+    ):
+        logits, caches = self.ref.forward_paged(
+            input_ids,
+            positions,
+            slot_mapping,
+            block_tables,
+            context_lens,
+            query_start_loc,
+            last_token_indices,
+            list(kv),
+        )
         return (logits, *caches)
 
 
@@ -62,8 +78,9 @@ class _Decode(nn.Module):
         S = input_ids.shape[0]
         qsl = torch.arange(S + 1, dtype=torch.int64)
         last = torch.arange(S, dtype=torch.int64)
-        logits, caches = self.ref.forward_paged(input_ids, positions, slot_mapping, block_tables, context_lens,
-                                                qsl, last, list(kv))
+        logits, caches = self.ref.forward_paged(
+            input_ids, positions, slot_mapping, block_tables, context_lens, qsl, last, list(kv)
+        )
         return (logits, *caches)
 
 
@@ -85,8 +102,15 @@ def _dummy(ref: LlamaReference, phase: str, block_size: int):
     i64 = lambda x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
     bt = i64([[1, 2, 0], [3, 0, 0]])
     if phase == "prefill":
-        args = (i64([1, 2, 3, 4, 5]), i64([0, 1, 2, 0, 1]), i64([block_size, block_size + 1, block_size + 2, 3 * block_size, 3 * block_size + 1]),
-                bt, i64([3, 2]), i64([0, 3, 5]), i64([2, 4]))
+        args = (
+            i64([1, 2, 3, 4, 5]),
+            i64([0, 1, 2, 0, 1]),
+            i64([block_size, block_size + 1, block_size + 2, 3 * block_size, 3 * block_size + 1]),
+            bt,
+            i64([3, 2]),
+            i64([0, 3, 5]),
+            i64([2, 4]),
+        )
     else:
         args = (i64([1, 2]), i64([3, 2]), i64([block_size + 3, 3 * block_size + 2]), bt, i64([4, 3]))
     return args, kv
@@ -124,9 +148,16 @@ def export_phase(ref: LlamaReference, phase: str, out_path: Path, block_size: in
         warnings.simplefilter("ignore")
         logging.getLogger("torch.onnx").setLevel(logging.ERROR)
         prog = torch.onnx.export(
-            module.eval(), (*args, *kv), dynamic_shapes=ds, dynamo=True, opset_version=ONNX_OPSET,
-            input_names=names + past, output_names=["logits"] + present,
-            custom_translation_table=onnx_translation_table(), optimize=True, verify=False,
+            module.eval(),
+            (*args, *kv),
+            dynamic_shapes=ds,
+            dynamo=True,
+            opset_version=ONNX_OPSET,
+            input_names=names + past,
+            output_names=["logits"] + present,
+            custom_translation_table=onnx_translation_table(),
+            optimize=True,
+            verify=False,
         )
     model = prog.model_proto
     model.ir_version = IR_VERSION
@@ -139,11 +170,18 @@ def export_phase(ref: LlamaReference, phase: str, out_path: Path, block_size: in
     shutil.rmtree(tmp_dir, ignore_errors=True)
     tmp_dir.mkdir()
     try:
-        onnx.save_model(model, str(tmp_dir / out_path.name), save_as_external_data=True,
-                        all_tensors_to_one_file=True, location=data_name, size_threshold=1024)
+        onnx.save_model(
+            model,
+            str(tmp_dir / out_path.name),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=data_name,
+            size_threshold=1024,
+        )
         os.replace(tmp_dir / data_name, out_path.parent / data_name)
         os.replace(tmp_dir / out_path.name, out_path)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
-    return ExportResult(out_path, time.perf_counter() - t0, out_path.stat().st_size,
-                        (out_path.parent / data_name).stat().st_size)
+    return ExportResult(
+        out_path, time.perf_counter() - t0, out_path.stat().st_size, (out_path.parent / data_name).stat().st_size
+    )

@@ -64,11 +64,7 @@ def _unpermute_rows(data: np.ndarray, n_head: int) -> np.ndarray:
     data: [rows, ...] (float weights, or raw quantized rows). rows = n_head * head_dim.
     """
     rows = data.shape[0]
-    return (
-        data.reshape(n_head, rows // n_head // 2, 2, *data.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(data.shape)
-    )
+    return data.reshape(n_head, rows // n_head // 2, 2, *data.shape[1:]).swapaxes(1, 2).reshape(data.shape)
 
 
 def _architecture(reader, path: Path) -> str:

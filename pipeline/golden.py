@@ -22,10 +22,11 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -42,10 +43,20 @@ GOLDEN_CACHE_DIR = Path(".cache") / "golden"  # under the artifacts root
 REFERENCE_DESCRIPTION = "torch fp32 (dequantized weights)"
 PROGRESS_EVERY_S = 10.0
 # the code the recording runs: a change to any of these files is a new key
-_REFERENCE_SOURCES = ("pipeline/model.py", "pipeline/golden.py", "pipeline/gguf_loader.py", "pipeline/hf_loader.py",
-                      "pipeline/weights.py", "plugins/torch_ops.py", "plugins/reference.py", "plugins/int4_pack.py",
-                      "plugins/rope.py", "plugins/gguf_blocks.py", "pipeline/model_config_override.py",
-                      "pipeline/tokenizer_gguf/fields.py")
+_REFERENCE_SOURCES = (
+    "pipeline/model.py",
+    "pipeline/golden.py",
+    "pipeline/gguf_loader.py",
+    "pipeline/hf_loader.py",
+    "pipeline/weights.py",
+    "plugins/torch_ops.py",
+    "plugins/reference.py",
+    "plugins/int4_pack.py",
+    "plugins/rope.py",
+    "plugins/gguf_blocks.py",
+    "pipeline/model_config_override.py",
+    "pipeline/tokenizer_gguf/fields.py",
+)
 
 
 @dataclass(frozen=True)
@@ -89,28 +100,45 @@ def reference_code_sha256() -> str:
     return _sha256_files([root / s for s in _REFERENCE_SOURCES])
 
 
-def golden_key(loaded, sliding_window: int | None = None, *, precision: str = "fp32",
-               prompts: Sequence[str] = GOLDEN_PROMPTS) -> GoldenKey:
+def golden_key(
+    loaded, sliding_window: int | None = None, *, precision: str = "fp32", prompts: Sequence[str] = GOLDEN_PROMPTS
+) -> GoldenKey:
     """The key of ``loaded`` (a :class:`~trtpipe.pipeline.weights.LoadedModel`) with the recipe's
     ``sliding_window`` override (None: the model's own windows)."""
     c = loaded.config
     windows = with_sliding_window(c, sliding_window).layer_sliding_window
     config_sha = hashlib.sha256(json.dumps(c.to_dict(), sort_keys=True, default=str).encode()).hexdigest()
-    return GoldenKey(model_content_sha256(loaded.source_path), config_sha, precision, tuple(prompts),
-                     tuple(int(w) for w in windows), reference_code_sha256())
+    return GoldenKey(
+        model_content_sha256(loaded.source_path),
+        config_sha,
+        precision,
+        tuple(prompts),
+        tuple(int(w) for w in windows),
+        reference_code_sha256(),
+    )
 
 
-def golden_for_build(loaded, sliding_window: int | None, num_tokens: int, make_ref: Callable[[], Any],
-                     artifact_root: Path, *, log: Callable[[str], None] = print) -> tuple[dict, bool]:
+def golden_for_build(
+    loaded,
+    sliding_window: int | None,
+    num_tokens: int,
+    make_ref: Callable[[], Any],
+    artifact_root: Path,
+    *,
+    log: Callable[[str], None] = print,
+) -> tuple[dict, bool]:
     """The golden outputs a build writes: cached under ``artifact_root`` or recorded with the fp32
     reference ``make_ref()`` (built only when recording). Returns (golden, reused)."""
     key = golden_key(loaded, sliding_window)
 
     def record(n: int) -> dict:
-        log(f"recording golden outputs from the torch reference ({len(key.prompts)} prompts x up to {n} tokens; "
-            f"cached for later builds of this model) ...")
-        return record_golden(make_ref(), loaded.tokenizer_json, loaded.config.chat_template, n, prompts=key.prompts,
-                             log=log)
+        log(
+            f"recording golden outputs from the torch reference ({len(key.prompts)} prompts x up to {n} tokens; "
+            f"cached for later builds of this model) ..."
+        )
+        return record_golden(
+            make_ref(), loaded.tokenizer_json, loaded.config.chat_template, n, prompts=key.prompts, log=log
+        )
 
     return cached_golden(artifact_root, key, num_tokens, record, log=log)
 
@@ -132,9 +160,14 @@ def torch_threads(n: int = 1):
         torch.set_num_threads(before)
 
 
-def reference_greedy(ref, prompt_ids: list[int], num_tokens: int, block_size: int = 16,
-                     eos: set[int] | frozenset = frozenset(),
-                     on_token: Callable[[int], None] | None = None) -> tuple[list[int], list[np.ndarray]]:
+def reference_greedy(
+    ref,
+    prompt_ids: list[int],
+    num_tokens: int,
+    block_size: int = 16,
+    eos: set[int] | frozenset = frozenset(),
+    on_token: Callable[[int], None] | None = None,
+) -> tuple[list[int], list[np.ndarray]]:
     """Greedy continuation with the torch reference through its paged path (prefill once, then
     one decode step per token). ``on_token(i)`` is called after generated token i (0-based).
     Returns (token ids, logits per generated position [V] float32)."""
@@ -167,9 +200,16 @@ def reference_greedy(ref, prompt_ids: list[int], num_tokens: int, block_size: in
     return out, all_logits
 
 
-def record_golden(ref_fp32, tokenizer_json: str, chat_template: str | None, num_tokens: int, *,
-                  prompts: Sequence[str] = GOLDEN_PROMPTS, log: Callable[[str], None] = lambda s: None,
-                  progress_every_s: float = PROGRESS_EVERY_S) -> dict:
+def record_golden(
+    ref_fp32,
+    tokenizer_json: str,
+    chat_template: str | None,
+    num_tokens: int,
+    *,
+    prompts: Sequence[str] = GOLDEN_PROMPTS,
+    log: Callable[[str], None] = lambda s: None,
+    progress_every_s: float = PROGRESS_EVERY_S,
+) -> dict:
     """Greedy continuations and top-5 logits of ``prompts`` (chat-templated when the model has a
     template) from the fp32 reference. Logs each prompt and, at most every ``progress_every_s``
     seconds, the token count, rate and time left of the running prompt."""
@@ -192,8 +232,10 @@ def record_golden(ref_fp32, tokenizer_json: str, chat_template: str | None, num_
             if now - last >= progress_every_s and step + 1 < num_tokens:
                 last = now
                 rate = (step + 1) / (now - t0)
-                log(f"  golden prompt {i + 1}/{len(prompts)}: {step + 1}/{num_tokens} tokens, {rate:.1f} tokens/s, "
-                    f"at most {(num_tokens - step - 1) / rate:.0f} s left for this prompt")
+                log(
+                    f"  golden prompt {i + 1}/{len(prompts)}: {step + 1}/{num_tokens} tokens, {rate:.1f} tokens/s, "
+                    f"at most {(num_tokens - step - 1) / rate:.0f} s left for this prompt"
+                )
 
         with torch_threads(1):
             gen, logits = reference_greedy(ref_fp32, ids, num_tokens, eos=eos, on_token=progress)
@@ -211,8 +253,9 @@ def truncate_golden(golden: dict, num_tokens: int) -> dict:
     recording with at least that many: exactly what a ``num_tokens`` recording holds."""
     if golden["num_tokens"] < num_tokens:
         raise ValueError(f"a {golden['num_tokens']}-token recording cannot serve {num_tokens} tokens")
-    seqs = [{**s, "output_ids": s["output_ids"][:num_tokens], "top5": s["top5"][:num_tokens]}
-            for s in golden["sequences"]]
+    seqs = [
+        {**s, "output_ids": s["output_ids"][:num_tokens], "top5": s["top5"][:num_tokens]} for s in golden["sequences"]
+    ]
     return {**golden, "num_tokens": num_tokens, "sequences": seqs}
 
 
@@ -236,8 +279,14 @@ def _read_entry(path: Path, key: GoldenKey, log: Callable[[str], None]) -> dict 
         return None
 
 
-def cached_golden(artifact_root: Path, key: GoldenKey, num_tokens: int, record: Callable[[int], dict], *,
-                  log: Callable[[str], None] = print) -> tuple[dict, bool]:
+def cached_golden(
+    artifact_root: Path,
+    key: GoldenKey,
+    num_tokens: int,
+    record: Callable[[int], dict],
+    *,
+    log: Callable[[str], None] = print,
+) -> tuple[dict, bool]:
     """The golden outputs for ``key`` with ``num_tokens`` tokens: from the cache under
     ``artifact_root`` when an entry with at least that many tokens exists, else ``record(num_tokens)``
     (written to the cache atomically). Returns (golden, reused)."""
@@ -246,8 +295,10 @@ def cached_golden(artifact_root: Path, key: GoldenKey, num_tokens: int, record: 
     path = cache_path(artifact_root, key)
     golden = _read_entry(path, key, log)
     if golden is not None and golden["num_tokens"] >= num_tokens:
-        log(f"golden outputs reused from {path} (same model, reference precision {key.precision}, prompts and "
-            f"reference code; {golden['num_tokens']} tokens recorded, {num_tokens} needed)")
+        log(
+            f"golden outputs reused from {path} (same model, reference precision {key.precision}, prompts and "
+            f"reference code; {golden['num_tokens']} tokens recorded, {num_tokens} needed)"
+        )
         return truncate_golden(golden, num_tokens), True
     if golden is not None:
         log(f"golden cache {path} holds {golden['num_tokens']} tokens, {num_tokens} needed: recording again")
@@ -260,6 +311,18 @@ def cached_golden(artifact_root: Path, key: GoldenKey, num_tokens: int, record: 
     return golden, False
 
 
-__all__ = ["GOLDEN_CACHE_DIR", "GOLDEN_PROMPTS", "GoldenKey", "cache_path", "cached_golden", "golden_for_build", "golden_key",
-           "model_content_sha256", "record_golden", "reference_code_sha256", "reference_greedy", "torch_threads",
-           "truncate_golden"]
+__all__ = [
+    "GOLDEN_CACHE_DIR",
+    "GOLDEN_PROMPTS",
+    "GoldenKey",
+    "cache_path",
+    "cached_golden",
+    "golden_for_build",
+    "golden_key",
+    "model_content_sha256",
+    "record_golden",
+    "reference_code_sha256",
+    "reference_greedy",
+    "torch_threads",
+    "truncate_golden",
+]

@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,13 +33,15 @@ def in_process_runner(llm: Any) -> ProbeRunner:
     return ProbeRunner(llm.tokenizer, llm.manifest.model.chat_template, lambda items: run_workload(llm, items, None))
 
 
-def http_runner(url: str, model: str, tokenizer: Any, chat_template: str | None,
-                api_key: str | None = None) -> ProbeRunner:
+def http_runner(
+    url: str, model: str, tokenizer: Any, chat_template: str | None, api_key: str | None = None
+) -> ProbeRunner:
     """Probes against a running ``trtpipe serve`` (timed at the client, as ``validate --url``)."""
     from trtpipe.runtime.serve.http_client import run_workload_http
 
-    return ProbeRunner(tokenizer, chat_template,
-                       lambda items: run_workload_http(url, model, items, None, api_key=api_key))
+    return ProbeRunner(
+        tokenizer, chat_template, lambda items: run_workload_http(url, model, items, None, api_key=api_key)
+    )
 
 
 def _probe_fn(runner: ProbeRunner, scenario: Any, spec: Any, err: Any):
@@ -59,8 +62,10 @@ def _probe_fn(runner: ProbeRunner, scenario: Any, spec: Any, err: Any):
         passed = all(r.passed for r in results)
         lat = {f"{r.metric}_{r.percentile}": r.measured for r in results if r.percentile}
         shown = ", ".join(f"{k} {v:.0f}" for k, v in lat.items() if v is not None)
-        err.print(f"  {scenario.name} at {rate:.3g} req/s: {'pass' if passed else 'fail'} ({shown}) "
-                  f"in {time.perf_counter() - t:.0f} s")
+        err.print(
+            f"  {scenario.name} at {rate:.3g} req/s: {'pass' if passed else 'fail'} ({shown}) "
+            f"in {time.perf_counter() - t:.0f} s"
+        )
         return ProbeResult(rate, passed, summary.output_tokens_per_s, lat, time.perf_counter() - t)
 
     return probe
@@ -97,8 +102,17 @@ def plot_goodput(results: Sequence[Any], limits: dict[str, list[tuple[str, str, 
     return buf.getvalue()
 
 
-def run_goodput(runner: ProbeRunner, chosen: Sequence[tuple[Any, Any]], out_dir: Path, err: Any, out: Any,
-                *, time_budget_s: float, max_probes: int = 8, before_each=None) -> list[Any]:
+def run_goodput(
+    runner: ProbeRunner,
+    chosen: Sequence[tuple[Any, Any]],
+    out_dir: Path,
+    err: Any,
+    out: Any,
+    *,
+    time_budget_s: float,
+    max_probes: int = 8,
+    before_each=None,
+) -> list[Any]:
     """Search each Poisson scenario's goodput (``time_budget_s`` per scenario); write
     ``goodput.json`` and ``goodput.png`` into ``out_dir``; print a table. Closed-loop scenarios
     (``concurrency``) have no arrival rate to search and are skipped, with a note.
@@ -110,23 +124,34 @@ def run_goodput(runner: ProbeRunner, chosen: Sequence[tuple[Any, Any]], out_dir:
     results, limits = [], {}
     for scenario, spec in chosen:
         if spec.arrival_rate_per_s is None:
-            err.print(f"goodput: scenario {scenario.name} is closed-loop (concurrency "
-                      f"{spec.concurrency}): no arrival rate to search, skipped")
+            err.print(
+                f"goodput: scenario {scenario.name} is closed-loop (concurrency "
+                f"{spec.concurrency}): no arrival rate to search, skipped"
+            )
             continue
         if not scenario.budgets.limits():
             err.print(f"goodput: scenario {scenario.name} has no latency budget, skipped")
             continue
         if before_each is not None:
             before_each(scenario)
-        err.print(f"goodput: scenario {scenario.name}, from {spec.arrival_rate_per_s:g} req/s, at most "
-                  f"{max_probes} runs / {time_budget_s:.0f} s")
-        res = find_goodput(scenario.name, _probe_fn(runner, scenario, spec, err), spec.arrival_rate_per_s,
-                           max_probes=max_probes, time_budget_s=time_budget_s)
+        err.print(
+            f"goodput: scenario {scenario.name}, from {spec.arrival_rate_per_s:g} req/s, at most "
+            f"{max_probes} runs / {time_budget_s:.0f} s"
+        )
+        res = find_goodput(
+            scenario.name,
+            _probe_fn(runner, scenario, spec, err),
+            spec.arrival_rate_per_s,
+            max_probes=max_probes,
+            time_budget_s=time_budget_s,
+        )
         results.append(res)
         limits[scenario.name] = [(m, p, v) for m, p, v in scenario.budgets.limits()]
         tok = f"{res.output_tokens_per_s:.1f}" if res.output_tokens_per_s else "-"
-        out.print(f"goodput {scenario.name}: {res.goodput_per_s or 0:.3g} req/s ({tok} output tokens/s) "
-                  f"within its budgets; bracket {res.bracket}, stopped: {res.stopped}")
+        out.print(
+            f"goodput {scenario.name}: {res.goodput_per_s or 0:.3g} req/s ({tok} output tokens/s) "
+            f"within its budgets; bracket {res.bracket}, stopped: {res.stopped}"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / "goodput.json", json.dumps([r.to_dict() for r in results], indent=2))
     if results:

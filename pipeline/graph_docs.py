@@ -11,7 +11,11 @@ _SHAPES = {
     "input_ids": ("int64", "[T] (prefill) / [S] (decode)", "token ids, packed: no padding tokens"),
     "positions": ("int64", "[T] / [S]", "position of each token in its sequence (RoPE index)"),
     "slot_mapping": ("int64", "[T] / [S]", "pool slot written by each token: block_id * BS + position % BS"),
-    "block_tables": ("int64", "[S, MB]", "logical block i of sequence s -> physical block id; padding = 0 (null block)"),
+    "block_tables": (
+        "int64",
+        "[S, MB]",
+        "logical block i of sequence s -> physical block id; padding = 0 (null block)",
+    ),
     "context_lens": ("int64", "[S]", "tokens of each sequence in the pool after this step (chunk included)"),
     "query_start_loc": ("int64", "[S+1]", "prefill only: sequence s owns packed tokens [qsl[s], qsl[s+1])"),
     "last_token_indices": ("int64", "[S]", "prefill only: packed index of each sequence's last token (logits rows)"),

@@ -88,8 +88,7 @@ def config_from_hf(cfg: dict, path: Path) -> ModelConfig:
     arch = next((_ARCHS[a] for a in archs if a in _ARCHS), None)
     if arch is None:
         raise ModelLoadError(
-            f"{path / 'config.json'}: architectures = {archs!r} is not supported; expected one of "
-            f"{sorted(_ARCHS)}."
+            f"{path / 'config.json'}: architectures = {archs!r} is not supported; expected one of {sorted(_ARCHS)}."
         )
     n = int(cfg["num_hidden_layers"])
     heads = int(cfg["num_attention_heads"])

@@ -80,8 +80,17 @@ class FloatLinear(nn.Module):
 class Int4Linear(nn.Module):
     """Weight-only INT4 linear through ``trtpipe::int4_gemm`` (packed codes, scales, zero points)."""
 
-    def __init__(self, packed: np.ndarray, scales: np.ndarray, zero_points: np.ndarray, K: int, N: int,
-                 group_size: int, bias: np.ndarray | None = None, bits: int = 4):
+    def __init__(
+        self,
+        packed: np.ndarray,
+        scales: np.ndarray,
+        zero_points: np.ndarray,
+        K: int,
+        N: int,
+        group_size: int,
+        bias: np.ndarray | None = None,
+        bits: int = 4,
+    ):
         super().__init__()
         self.register_buffer("b_packed", torch.from_numpy(np.ascontiguousarray(packed)))
         self.register_buffer("scales", torch.from_numpy(np.ascontiguousarray(scales, np.float32)))
@@ -93,8 +102,9 @@ class Int4Linear(nn.Module):
         self.K, self.N, self.group_size, self.bits = K, N, group_size, bits
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.trtpipe.int4_gemm(x, self.b_packed, self.scales, self.zero_points, self.K, self.N,
-                                        self.group_size, self.bits)
+        y = torch.ops.trtpipe.int4_gemm(
+            x, self.b_packed, self.scales, self.zero_points, self.K, self.N, self.group_size, self.bits
+        )
         return y if self.bias is None else y + self.bias
 
 
@@ -170,7 +180,9 @@ class DecoderLayer(nn.Module):
         super().__init__()
         eps = model.config.rms_norm_eps
         self.input_layernorm = RMSNorm(model.float_weight(f"model.layers.{i}.input_layernorm.weight"), eps)
-        self.post_attention_layernorm = RMSNorm(model.float_weight(f"model.layers.{i}.post_attention_layernorm.weight"), eps)
+        self.post_attention_layernorm = RMSNorm(
+            model.float_weight(f"model.layers.{i}.post_attention_layernorm.weight"), eps
+        )
         self.self_attn = Attention(model, i, quant)
         self.mlp = MLP(model, i, quant)
 
@@ -184,8 +196,14 @@ class LlamaReference(nn.Module):
     (:func:`~trtpipe.pipeline.model_config_override.with_sliding_window`; None keeps the model's).
     """
 
-    def __init__(self, model: LoadedModel, quant: QuantSpec = QuantSpec(), rope_table_len: int | None = None,
-                 sliding_window: int | None = None, lm_head_quant: QuantSpec | None = None):
+    def __init__(
+        self,
+        model: LoadedModel,
+        quant: QuantSpec = QuantSpec(),
+        rope_table_len: int | None = None,
+        sliding_window: int | None = None,
+        lm_head_quant: QuantSpec | None = None,
+    ):
         super().__init__()
         c = with_sliding_window(model.config, sliding_window)
         if c is not model.config:
@@ -249,7 +267,9 @@ class LlamaReference(nn.Module):
             mask = i[None, :] <= i[:, None]
             if a.sliding_window > 0:
                 mask &= i[None, :] > i[:, None] - a.sliding_window
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=a.scale)
+            o = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=a.scale
+            )
             h = h + a.o_proj(o.transpose(1, 2).reshape(B, L, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self._logits(h)
@@ -279,8 +299,21 @@ class LlamaReference(nn.Module):
             v = a.v_proj(x)
             kc, vc = kv_caches[2 * li], kv_caches[2 * li + 1]
             o, kc, vc = torch.ops.trtpipe.paged_attention(
-                q, k, v, kc, vc, slot_mapping, block_tables, context_lens, query_start_loc,
-                a.num_heads, a.num_kv_heads, a.head_dim, a.scale, kc.shape[1], a.sliding_window,
+                q,
+                k,
+                v,
+                kc,
+                vc,
+                slot_mapping,
+                block_tables,
+                context_lens,
+                query_start_loc,
+                a.num_heads,
+                a.num_kv_heads,
+                a.head_dim,
+                a.scale,
+                kc.shape[1],
+                a.sliding_window,
             )
             new_caches += [kc, vc]
             h = h + a.o_proj(o)
@@ -289,17 +322,35 @@ class LlamaReference(nn.Module):
         return self._logits(h_last), new_caches
 
     @torch.no_grad()
-    def run_paged(self, input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc,
-                  last_token_indices, kv_caches):
+    def run_paged(
+        self,
+        input_ids,
+        positions,
+        slot_mapping,
+        block_tables,
+        context_lens,
+        query_start_loc,
+        last_token_indices,
+        kv_caches,
+    ):
         """Eager call of :meth:`forward_paged` with position checks (numpy or torch inputs)."""
         t = lambda x: torch.as_tensor(np.asarray(x), dtype=torch.int64)  # noqa: E731
         positions = t(positions)
         self._check_positions(positions)
-        return self.forward_paged(t(input_ids), positions, t(slot_mapping), t(block_tables), t(context_lens),
-                                  t(query_start_loc), t(last_token_indices), kv_caches)
+        return self.forward_paged(
+            t(input_ids),
+            positions,
+            t(slot_mapping),
+            t(block_tables),
+            t(context_lens),
+            t(query_start_loc),
+            t(last_token_indices),
+            kv_caches,
+        )
 
 
-def build_reference_model(model: LoadedModel, precision: str = "fp32", group_size: int = 32,
-                          symmetric: bool = False, **kw) -> LlamaReference:
+def build_reference_model(
+    model: LoadedModel, precision: str = "fp32", group_size: int = 32, symmetric: bool = False, **kw
+) -> LlamaReference:
     """Reference model for a loaded checkpoint at a weight precision ("fp32" or "int4")."""
     return LlamaReference(model, QuantSpec(precision, group_size, symmetric), **kw).eval()

@@ -66,8 +66,7 @@ class TargetSpec:
         """Peak dense FLOP/s for GEMMs in ``dtype`` (one of :data:`COMPUTE_DTYPES`)."""
         table = dict(self.peak_flops)
         if dtype not in table:
-            raise TrtpipeError(f"target {self.name}: no FLOP/s for compute dtype {dtype!r}; "
-                               f"known: {', '.join(table)}")
+            raise TrtpipeError(f"target {self.name}: no FLOP/s for compute dtype {dtype!r}; known: {', '.join(table)}")
         return table[dtype]
 
     def achievable_flops_per_s(self, dtype: str) -> float:
@@ -75,13 +74,18 @@ class TargetSpec:
 
     def to_dict(self) -> dict:
         return {
-            "name": self.name, "family": self.family, "description": self.description,
-            "memory_bytes": self.memory_bytes, "reserved_bytes": self.reserved_bytes,
+            "name": self.name,
+            "family": self.family,
+            "description": self.description,
+            "memory_bytes": self.memory_bytes,
+            "reserved_bytes": self.reserved_bytes,
             "usable_memory_bytes": self.usable_memory_bytes,
             "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
             "bandwidth_fraction": self.bandwidth_fraction,
-            "peak_flops_per_s": dict(self.peak_flops), "flops_fraction": self.flops_fraction,
-            "measured": self.measured, "source": self.source,
+            "peak_flops_per_s": dict(self.peak_flops),
+            "flops_fraction": self.flops_fraction,
+            "measured": self.measured,
+            "source": self.source,
         }
 
 
@@ -95,8 +99,9 @@ class TargetSpec:
 # at half the FP16 rate (derived, not published). 204.8 GB/s 256-bit LPDDR5, unified with the CPU.
 # AGX Orin 32 GB: 1792 cores and 56 Tensor Cores at 930 MHz (3.3 FP32 TFLOPS; FP16 dense derived
 # the same way: 56 x 0.93 GHz x 512 = 26.7 TFLOPS), same 204.8 GB/s.
-_ORIN_SOURCE = ("Jetson AGX Orin technical brief / data sheet (published peaks; TF32 derived as "
-                "FP16/2; DLAs not counted)")
+_ORIN_SOURCE = (
+    "Jetson AGX Orin technical brief / data sheet (published peaks; TF32 derived as FP16/2; DLAs not counted)"
+)
 # NVIDIA A100 data sheet (SXM): FP16/BF16 Tensor 312 TFLOPS dense, TF32 156, FP32 19.5, INT8 624;
 # 40 GB HBM2 at 1,555 GB/s, 80 GB HBM2e at 2,039 GB/s.
 _A100_SOURCE = "NVIDIA A100 data sheet, SXM (published dense peaks)"
@@ -112,6 +117,7 @@ GPU_BANDWIDTH_FRACTION = 0.8
 GPU_FLOPS_FRACTION = 0.6
 GPU_RESERVED_BYTES = 1 * GiB
 ORIN_RESERVED_BYTES = 4 * GiB
+
 
 @dataclass(frozen=True)
 class BuildTarget:
@@ -137,34 +143,104 @@ TARGET_FAMILIES: tuple[str, ...] = tuple(BUILD_TARGETS)  # the recipe ``target``
 GPU_BUILD_TARGETS: dict[str, BuildTarget] = {k: v for k, v in BUILD_TARGETS.items() if v.sm is not None}
 
 
-def _gpu_row(name: str, description: str, memory_gib: int, bandwidth_bytes_per_s: float, source: str, *,
-             fp32: float, tf32: float, fp16: float, int8: float) -> TargetSpec:
+def _gpu_row(
+    name: str,
+    description: str,
+    memory_gib: int,
+    bandwidth_bytes_per_s: float,
+    source: str,
+    *,
+    fp32: float,
+    tf32: float,
+    fp16: float,
+    int8: float,
+) -> TargetSpec:
     """A GPU row from published dense peaks in TFLOP/s (bf16 runs at the fp16 rate on these parts)."""
     family = name.split("-")[0]
     reserved = ORIN_RESERVED_BYTES if family == "orin" else GPU_RESERVED_BYTES
     t = 1e12
     flops = (("fp32", fp32 * t), ("tf32", tf32 * t), ("fp16", fp16 * t), ("bf16", fp16 * t), ("int8", int8 * t))
-    return TargetSpec(name, family, description, memory_gib * GiB, reserved, bandwidth_bytes_per_s, flops,
-                      GPU_BANDWIDTH_FRACTION, GPU_FLOPS_FRACTION, False, source)
+    return TargetSpec(
+        name,
+        family,
+        description,
+        memory_gib * GiB,
+        reserved,
+        bandwidth_bytes_per_s,
+        flops,
+        GPU_BANDWIDTH_FRACTION,
+        GPU_FLOPS_FRACTION,
+        False,
+        source,
+    )
 
 
-GPU_TARGETS: dict[str, TargetSpec] = {r.name: r for r in (
-    _gpu_row("orin", "Jetson AGX Orin 64 GB (sm_87, unified LPDDR5; a 32 GB module: orin-32gb)", 64, 204.8e9,
-             _ORIN_SOURCE, fp32=5.3, tf32=21.25, fp16=42.5, int8=85),
-    _gpu_row("orin-32gb", "Jetson AGX Orin 32 GB (sm_87, unified LPDDR5)", 32, 204.8e9,
-             _ORIN_SOURCE, fp32=3.33, tf32=13.3, fp16=26.7, int8=53.4),
-    _gpu_row("a100", "A100 80 GB SXM (sm_80, HBM2e; the 40 GB card: a100-40gb)", 80, 2.039e12,
-             _A100_SOURCE, fp32=19.5, tf32=156, fp16=312, int8=624),
-    _gpu_row("a100-40gb", "A100 40 GB SXM (sm_80, HBM2)", 40, 1.555e12,
-             _A100_SOURCE, fp32=19.5, tf32=156, fp16=312, int8=624),
-    _gpu_row("h200", "H200 141 GB SXM (sm_90, HBM3e)", 141, 4.8e12,
-             _H200_SOURCE, fp32=67, tf32=494.5, fp16=989, int8=1979),
-)}
+GPU_TARGETS: dict[str, TargetSpec] = {
+    r.name: r
+    for r in (
+        _gpu_row(
+            "orin",
+            "Jetson AGX Orin 64 GB (sm_87, unified LPDDR5; a 32 GB module: orin-32gb)",
+            64,
+            204.8e9,
+            _ORIN_SOURCE,
+            fp32=5.3,
+            tf32=21.25,
+            fp16=42.5,
+            int8=85,
+        ),
+        _gpu_row(
+            "orin-32gb",
+            "Jetson AGX Orin 32 GB (sm_87, unified LPDDR5)",
+            32,
+            204.8e9,
+            _ORIN_SOURCE,
+            fp32=3.33,
+            tf32=13.3,
+            fp16=26.7,
+            int8=53.4,
+        ),
+        _gpu_row(
+            "a100",
+            "A100 80 GB SXM (sm_80, HBM2e; the 40 GB card: a100-40gb)",
+            80,
+            2.039e12,
+            _A100_SOURCE,
+            fp32=19.5,
+            tf32=156,
+            fp16=312,
+            int8=624,
+        ),
+        _gpu_row(
+            "a100-40gb",
+            "A100 40 GB SXM (sm_80, HBM2)",
+            40,
+            1.555e12,
+            _A100_SOURCE,
+            fp32=19.5,
+            tf32=156,
+            fp16=312,
+            int8=624,
+        ),
+        _gpu_row(
+            "h200",
+            "H200 141 GB SXM (sm_90, HBM3e)",
+            141,
+            4.8e12,
+            _H200_SOURCE,
+            fp32=67,
+            tf32=494.5,
+            fp16=989,
+            int8=1979,
+        ),
+    )
+}
 
 
 # --------------------------------------------------------------------------------------------
 # The host CPU: measured
 # --------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class HostMeasurement:
@@ -227,8 +303,7 @@ def _measure() -> HostMeasurement:
         ncpu = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         ncpu = os.cpu_count() or 1
-    return HostMeasurement(bandwidth, 2 * n**3 / best, total, avail, ncpu,
-                           time.perf_counter() - t0)
+    return HostMeasurement(bandwidth, 2 * n**3 / best, total, avail, ncpu, time.perf_counter() - t0)
 
 
 _HOST: HostMeasurement | None = None
@@ -254,13 +329,19 @@ def cpu_target(host: HostMeasurement | None = None) -> TargetSpec:
     f = h.fp32_flops_per_s
     how = "given" if host is not None and host.seconds == 0 else "measured"
     return TargetSpec(
-        "cpu", "cpu", f"host CPU ({h.num_cpus} cores, ONNX Runtime CPU EP)",
-        h.memory_total_bytes, max(0, h.memory_total_bytes - h.memory_available_bytes),
+        "cpu",
+        "cpu",
+        f"host CPU ({h.num_cpus} cores, ONNX Runtime CPU EP)",
+        h.memory_total_bytes,
+        max(0, h.memory_total_bytes - h.memory_available_bytes),
         h.bandwidth_bytes_per_s,
         (("fp32", f), ("tf32", f), ("fp16", f), ("bf16", f), ("int8", f)),
-        1.0, 1.0, True,
+        1.0,
+        1.0,
+        True,
         f"{how} on this host: NumPy copy of 256 MiB (read+write bytes / s), 2048^3 float32 "
-        "matmul; memory from /proc/meminfo (MemAvailable)")
+        "matmul; memory from /proc/meminfo (MemAvailable)",
+    )
 
 
 TARGET_NAMES: tuple[str, ...] = ("cpu", *GPU_TARGETS)
@@ -290,4 +371,3 @@ def compute_dtype(precision: str, family: str) -> str:
     if family == "cpu":
         return "fp32"
     return {"fp32": "tf32", "fp16": "fp16", "bf16": "bf16", "int4": "fp16"}[precision]
-

@@ -32,12 +32,20 @@ import json
 import os
 import platform
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from trtpipe.pipeline.recipe import (Recipe, Scenario, build_hash, load_recipe, recipe_hash, resolve_recipe_path,
-                                     scenario_workload_spec)
 from trtpipe.pipeline.cli_artifact import check_artifact_matches_recipe, missing_artifact_error
+from trtpipe.pipeline.recipe import (
+    Recipe,
+    Scenario,
+    build_hash,
+    load_recipe,
+    recipe_hash,
+    resolve_recipe_path,
+    scenario_workload_spec,
+)
 from trtpipe.pipeline.validate_correctness import CorrectnessResult, check_correctness, load_golden
 from trtpipe.pipeline.validate_output import finish_report, gate_of_reports, print_scenario
 from trtpipe.plugins.errors import TrtpipeError
@@ -78,8 +86,9 @@ def select_scenarios(recipe: Recipe, names: Sequence[str]) -> list[Scenario]:
             close = difflib.get_close_matches(n, all_names, n=1)
             hints.append(f"{n!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
         listed = ", ".join(all_names) if all_names else "none (the recipe has no validate.scenarios)"
-        raise ValidateUsageError(f"--scenario {', '.join(hints)}: not a scenario of recipe "
-                                 f"{recipe.name!r}. Expected one of: {listed}.")
+        raise ValidateUsageError(
+            f"--scenario {', '.join(hints)}: not a scenario of recipe {recipe.name!r}. Expected one of: {listed}."
+        )
     wanted = set(names)
     return [s for s in recipe.validation.scenarios if not wanted or s.name in wanted]
 
@@ -89,12 +98,20 @@ def _describe(spec) -> str:
         lo, hi = lo_hi
         return f"{lo}" if lo == hi else f"{lo}-{hi}"
 
-    arrivals = (f"Poisson {spec.arrival_rate_per_s:g} req/s" if spec.arrival_rate_per_s is not None
-                else f"closed loop, concurrency {spec.concurrency}")
-    prompts = (f"{len(spec.prompts)} prompts from a file" if spec.prompts is not None
-               else f"prompts {rng(spec.prompt_tokens)} tokens")
-    return (f"{spec.num_warmup_requests} warm-up + {spec.num_requests} measured requests, {arrivals}, "
-            f"{prompts}, outputs {rng(spec.output_tokens)} tokens, seed {spec.seed}")
+    arrivals = (
+        f"Poisson {spec.arrival_rate_per_s:g} req/s"
+        if spec.arrival_rate_per_s is not None
+        else f"closed loop, concurrency {spec.concurrency}"
+    )
+    prompts = (
+        f"{len(spec.prompts)} prompts from a file"
+        if spec.prompts is not None
+        else f"prompts {rng(spec.prompt_tokens)} tokens"
+    )
+    return (
+        f"{spec.num_warmup_requests} warm-up + {spec.num_requests} measured requests, {arrivals}, "
+        f"{prompts}, outputs {rng(spec.output_tokens)} tokens, seed {spec.seed}"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -102,8 +119,15 @@ def _describe(spec) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def run_scenario(llm: Any, scenario: Scenario, spec: Any, err: Any, run: Any = None, tokenizer: Any = None,
-                  chat_template: str | None = None):
+def run_scenario(
+    llm: Any,
+    scenario: Scenario,
+    spec: Any,
+    err: Any,
+    run: Any = None,
+    tokenizer: Any = None,
+    chat_template: str | None = None,
+):
     """Run one scenario's workload (progress on ``err``); its :class:`ScenarioReport`.
 
     ``run(items, concurrency, on_request_done)`` replaces the in-process ``run_workload(llm, ...)``
@@ -118,18 +142,28 @@ def run_scenario(llm: Any, scenario: Scenario, spec: Any, err: Any, run: Any = N
     from trtpipe.runtime.workload import make_workload, run_workload
 
     err.print(f"scenario {scenario.name}: {_describe(spec)}")
-    items = make_workload(spec, tokenizer or llm.tokenizer,
-                          chat_template=chat_template if llm is None else llm.manifest.model.chat_template)
-    run = run or (lambda items, concurrency, on_request_done: run_workload(
-        llm, items, concurrency, on_request_done=on_request_done))
+    items = make_workload(
+        spec,
+        tokenizer or llm.tokenizer,
+        chat_template=chat_template if llm is None else llm.manifest.model.chat_template,
+    )
+    run = run or (
+        lambda items, concurrency, on_request_done: run_workload(
+            llm, items, concurrency, on_request_done=on_request_done
+        )
+    )
     t = time.perf_counter()
-    with Progress(TextColumn("  {task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err, transient=True,
-                  disable=not err.is_terminal) as bar:
-        task = bar.add_task(f"{scenario.name} (after {spec.num_warmup_requests} warm-up)",
-                            total=spec.num_requests)
-        metrics, wall_s, stats = run(items, spec.concurrency,
-                                     lambda done, total: bar.update(task, completed=done))
+    with Progress(
+        TextColumn("  {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    ) as bar:
+        task = bar.add_task(f"{scenario.name} (after {spec.num_warmup_requests} warm-up)", total=spec.num_requests)
+        metrics, wall_s, stats = run(items, spec.concurrency, lambda done, total: bar.update(task, completed=done))
     summary = summarize(metrics, wall_s, stats)
     results = evaluate_budgets(summary, scenario.budgets.runtime_budgets())
     err.print(f"  done in {time.perf_counter() - t:.1f} s")
@@ -149,7 +183,8 @@ def _env(llm: Any, recipe: Recipe, art: Path, threads: int | None) -> dict:
         "cpu_count": os.cpu_count(),
         "load_avg_1_5_15m_at_start": load,
         "backend": f"{m.backend.get('name')} {m.backend.get('version')}",
-        "intra_op_threads": threads or m.runtime_options.get("intra_op_num_threads")
+        "intra_op_threads": threads
+        or m.runtime_options.get("intra_op_num_threads")
         or "onnxruntime default (one per physical core)",
         "artifact_dir": str(art),
         "recipe_hash": recipe_hash(recipe),
@@ -185,10 +220,17 @@ def report_dir(art: Path, recipe: Recipe, chosen: Sequence[Scenario]) -> Path:
     return art / "validate" / ("scenarios-" + "+".join(names))
 
 
-def run_validate(recipe: str | os.PathLike | Recipe, *, artifact_dir: str | os.PathLike | None = None,
-                 artifact_root: str | os.PathLike = "artifacts", scenarios: Sequence[str] = (),
-                 as_json: bool = False, threads: int | None = None, goodput: bool = False,
-                 goodput_time_s: float = 300.0) -> int:
+def run_validate(
+    recipe: str | os.PathLike | Recipe,
+    *,
+    artifact_dir: str | os.PathLike | None = None,
+    artifact_root: str | os.PathLike = "artifacts",
+    scenarios: Sequence[str] = (),
+    as_json: bool = False,
+    threads: int | None = None,
+    goodput: bool = False,
+    goodput_time_s: float = 300.0,
+) -> int:
     """Validate the recipe's artifact; return the gate's exit code (0 pass, 1 fail).
 
     ``recipe``: a path, a shipped recipe name or a :class:`Recipe`. ``artifact_dir``: the artifact
@@ -221,15 +263,29 @@ def run_validate(recipe: str | os.PathLike | Recipe, *, artifact_dir: str | os.P
     def search_goodput() -> None:
         from trtpipe.pipeline.goodput import in_process_runner, run_goodput
 
-        run_goodput(in_process_runner(llm), specs, paths.report_json.parent, err, out, time_budget_s=goodput_time_s,
-                    before_each=lambda s: llm.set_tpot_budget(scenario_tpot_budget_ms(r, s)))
+        run_goodput(
+            in_process_runner(llm),
+            specs,
+            paths.report_json.parent,
+            err,
+            out,
+            time_budget_s=goodput_time_s,
+            before_each=lambda s: llm.set_tpot_budget(scenario_tpot_budget_ms(r, s)),
+        )
 
     gate = gate_of_reports(reports, correctness.passed)
     return finish_report(out, err, paths, gate, as_json, then=search_goodput if goodput else None)
 
 
-def _write_report(llm: Any, r: Recipe, art: Path, chosen: Sequence[Scenario], reports: list[Any],
-                  correctness: CorrectnessResult, env: dict) -> Any:
+def _write_report(
+    llm: Any,
+    r: Recipe,
+    art: Path,
+    chosen: Sequence[Scenario],
+    reports: list[Any],
+    correctness: CorrectnessResult,
+    env: dict,
+) -> Any:
     """report.json, report.md and the plots (:func:`report_dir`), with each scenario's achieved decode
     bandwidth (and its share of a GPU target's; the cpu target's is not measured here)."""
     from trtpipe.pipeline.targets import get_target
@@ -237,13 +293,21 @@ def _write_report(llm: Any, r: Recipe, art: Path, chosen: Sequence[Scenario], re
     from trtpipe.runtime.report import write_report
 
     peak_bw = None if r.target == "cpu" else get_target(r.target).bandwidth_bytes_per_s
-    return write_report(report_dir(art, r, chosen), recipe_name=r.name, target=r.target, scenarios=reports,
-                        correctness=correctness.to_dict(), env=env, decode_read=read_model_from_manifest(llm.manifest),
-                        target_bandwidth_bytes_per_s=peak_bw)
+    return write_report(
+        report_dir(art, r, chosen),
+        recipe_name=r.name,
+        target=r.target,
+        scenarios=reports,
+        correctness=correctness.to_dict(),
+        env=env,
+        decode_read=read_model_from_manifest(llm.manifest),
+        target_bandwidth_bytes_per_s=peak_bw,
+    )
 
 
-def _open_artifact(r: Recipe, artifact_dir: str | os.PathLike | None,
-                   artifact_root: str | os.PathLike) -> tuple[Path, dict]:
+def _open_artifact(
+    r: Recipe, artifact_dir: str | os.PathLike | None, artifact_root: str | os.PathLike
+) -> tuple[Path, dict]:
     """The artifact folder and its golden outputs, after the cheap checks (it exists, it was built
     from this recipe); the LLM re-verifies the files when it loads them."""
     from trtpipe.pipeline.build import artifact_dir_for
@@ -262,11 +326,12 @@ def _load_llm(r: Recipe, art: Path, threads: int | None, err: Any) -> Any:
 
     err.print(f"validate {r.name} on {r.target}: artifact {art}")
     t = time.perf_counter()
-    llm = LLM(art, num_threads=threads, prefix_caching=r.kv_cache.prefix_caching,
-              scheduler_policy=r.scheduler.policy)
-    err.print(f"  loaded in {time.perf_counter() - t:.1f} s ({llm.manifest.backend.get('name')} "
-              f"{llm.manifest.backend.get('version')}, prefill {r.precision.prefill}, decode "
-              f"{r.precision.decode})")
+    llm = LLM(art, num_threads=threads, prefix_caching=r.kv_cache.prefix_caching, scheduler_policy=r.scheduler.policy)
+    err.print(
+        f"  loaded in {time.perf_counter() - t:.1f} s ({llm.manifest.backend.get('name')} "
+        f"{llm.manifest.backend.get('version')}, prefill {r.precision.prefill}, decode "
+        f"{r.precision.decode})"
+    )
     return llm
 
 
@@ -275,8 +340,7 @@ def _run_correctness(llm: Any, r: Recipe, golden: dict, out: Any, err: Any) -> C
     leak: the check fails with a note saying so (the gate exits 1 and the report is still written)."""
     err.print("correctness: comparing with the golden outputs recorded at build time ...")
     t = time.perf_counter()
-    correctness = dataclasses.replace(check_correctness(llm, r, golden),
-                                      seconds=round(time.perf_counter() - t, 2))
+    correctness = dataclasses.replace(check_correctness(llm, r, golden), seconds=round(time.perf_counter() - t, 2))
     try:
         llm.block_pool.check_all_free(after="the correctness requests finished")
     except KVLeakError as e:
@@ -287,8 +351,9 @@ def _run_correctness(llm: Any, r: Recipe, golden: dict, out: Any, err: Any) -> C
     return correctness
 
 
-def _run_scenarios(llm: Any, r: Recipe, specs: Sequence[tuple[Scenario, Any]], env: dict, out: Any,
-                   err: Any) -> list[Any]:
+def _run_scenarios(
+    llm: Any, r: Recipe, specs: Sequence[tuple[Scenario, Any]], env: dict, out: Any, err: Any
+) -> list[Any]:
     """Each scenario with its prefill-chunking budget set first (recorded in ``env``)."""
     reports = []
     env["prefill_chunking"] = {}
@@ -301,7 +366,20 @@ def _run_scenarios(llm: Any, r: Recipe, specs: Sequence[tuple[Scenario, Any]], e
     return reports
 
 
-__all__ = ["ValidateUsageError", "build_hash", "scenario_tpot_budget_ms", "check_artifact_matches_recipe",
-           "check_correctness", "finish_report", "gate_of_reports", "load_golden", "load_recipe_for_validate",
-           "print_scenario", "report_dir", "run_scenario", "run_validate", "scenario_workload_spec",
-           "select_scenarios"]
+__all__ = [
+    "ValidateUsageError",
+    "build_hash",
+    "scenario_tpot_budget_ms",
+    "check_artifact_matches_recipe",
+    "check_correctness",
+    "finish_report",
+    "gate_of_reports",
+    "load_golden",
+    "load_recipe_for_validate",
+    "print_scenario",
+    "report_dir",
+    "run_scenario",
+    "run_validate",
+    "scenario_workload_spec",
+    "select_scenarios",
+]

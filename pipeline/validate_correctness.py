@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from trtpipe.pipeline.recipe import CorrectnessSpec, Recipe
 from trtpipe.runtime.errors import ArtifactError
@@ -71,18 +72,27 @@ class CorrectnessResult:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready ``correctness`` object of report.json."""
-        out: dict[str, Any] = {"reference": self.reference, "precision": self.precision,
-                               "settings_from": self.settings_from, "num_sequences": len(self.sequences),
-                               "method": self.method}
+        out: dict[str, Any] = {
+            "reference": self.reference,
+            "precision": self.precision,
+            "settings_from": self.settings_from,
+            "num_sequences": len(self.sequences),
+            "method": self.method,
+        }
         a = self.agreement
         if a is None:
             num_ok = sum(s.exact for s in self.sequences)  # type: ignore[union-attr]
             out.update(passed=self.passed, sequences_exact=f"{num_ok}/{len(self.sequences)}")
         else:
-            out.update(agreement=round(a.agreement, 6), agreeing_tokens=f"{a.agreeing_tokens}/{self.num_tokens}",
-                       threshold=a.threshold, threshold_key=a.threshold_key, passed=self.passed,
-                       margin=round(a.agreement - a.threshold, 6),
-                       in_reference_top5=f"{a.in_reference_top5}/{self.num_tokens}")
+            out.update(
+                agreement=round(a.agreement, 6),
+                agreeing_tokens=f"{a.agreeing_tokens}/{self.num_tokens}",
+                threshold=a.threshold,
+                threshold_key=a.threshold_key,
+                passed=self.passed,
+                margin=round(a.agreement - a.threshold, 6),
+                in_reference_top5=f"{a.in_reference_top5}/{self.num_tokens}",
+            )
         out.update(num_tokens=self.num_tokens, sequences=[dataclasses.asdict(s) for s in self.sequences])
         if self.notes:
             out["notes"] = self.notes
@@ -95,31 +105,42 @@ class CorrectnessResult:
         verdict = "[green]PASS[/green]" if self.passed else "[red]FAIL[/red]"
         a = self.agreement
         if a is not None:
-            return (f"correctness ({self.precision}): teacher-forced agreement {a.agreement:.4f} "
-                    f"({a.agreeing_tokens}/{self.num_tokens} tokens) vs min {a.threshold:g}, margin "
-                    f"{a.agreement - a.threshold:+.4f}: {verdict}")
+            return (
+                f"correctness ({self.precision}): teacher-forced agreement {a.agreement:.4f} "
+                f"({a.agreeing_tokens}/{self.num_tokens} tokens) vs min {a.threshold:g}, margin "
+                f"{a.agreement - a.threshold:+.4f}: {verdict}"
+            )
         num_ok = sum(s.exact for s in self.sequences)  # type: ignore[union-attr]
-        return (f"correctness ({self.precision}): exact greedy ids on {num_ok}/{len(self.sequences)} golden "
-                f"sequences: {verdict}")
+        return (
+            f"correctness ({self.precision}): exact greedy ids on {num_ok}/{len(self.sequences)} golden "
+            f"sequences: {verdict}"
+        )
 
 
 def load_golden(manifest: Any) -> dict:
     """golden.json of the artifact (recorded at build time); :class:`ArtifactError` if absent."""
     rebuild = manifest.rebuild_command
     if not manifest.golden_file:
-        raise ArtifactError(f"artifact {manifest.root} records no golden outputs (golden_file is "
-                            f"empty), so correctness cannot be checked. Fix: `{rebuild}`.")
+        raise ArtifactError(
+            f"artifact {manifest.root} records no golden outputs (golden_file is "
+            f"empty), so correctness cannot be checked. Fix: `{rebuild}`."
+        )
     path = manifest.path(manifest.golden_file)
     try:
         golden = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise ArtifactError(f"golden outputs {path}: unreadable ({e}). Fix: `{rebuild}`.") from None
     seqs = golden.get("sequences") if isinstance(golden, dict) else None
-    ok = isinstance(seqs, list) and bool(seqs) and all(
-        isinstance(s, dict) and s.get("prompt_ids") and s.get("output_ids") for s in seqs)
+    ok = (
+        isinstance(seqs, list)
+        and bool(seqs)
+        and all(isinstance(s, dict) and s.get("prompt_ids") and s.get("output_ids") for s in seqs)
+    )
     if not ok:
-        raise ArtifactError(f"golden outputs {path}: expected a non-empty \"sequences\" list whose "
-                            f"items have prompt_ids and output_ids. Fix: `{rebuild}`.")
+        raise ArtifactError(
+            f'golden outputs {path}: expected a non-empty "sequences" list whose '
+            f"items have prompt_ids and output_ids. Fix: `{rebuild}`."
+        )
     return golden
 
 
@@ -134,8 +155,9 @@ def _exact_sequences(llm: Any, seqs: Sequence[dict], num_tokens: int) -> tuple[E
     return tuple(rows)
 
 
-def _agreement_sequences(llm: Any, seqs: Sequence[dict], num_tokens: int
-                         ) -> tuple[tuple[AgreementSequence, ...], int, int]:
+def _agreement_sequences(
+    llm: Any, seqs: Sequence[dict], num_tokens: int
+) -> tuple[tuple[AgreementSequence, ...], int, int]:
     """Per-sequence rows, agreeing positions and positions in the reference's top 5."""
     from trtpipe.runtime import teacher_forcing
 
@@ -147,10 +169,14 @@ def _agreement_sequences(llm: Any, seqs: Sequence[dict], num_tokens: int
         in_top5 += sum(1 for i, p in enumerate(preds) if i < len(top5) and p in [int(t) for t, _ in top5[i]])
         # How close the reference itself was to its runner-up where we disagree: near-ties
         # (small gaps) are quantization noise, large gaps point at a real error.
-        gaps = [top5[i][0][1] - top5[i][1][1] for i, (p, w) in enumerate(zip(preds, want))
-                if p != w and i < len(top5) and len(top5[i]) > 1]
-        rows.append(AgreementSequence(s.get("prompt", ""), len(want), round(frac, 4),
-                                      round(max(gaps), 4) if gaps else None))
+        gaps = [
+            top5[i][0][1] - top5[i][1][1]
+            for i, (p, w) in enumerate(zip(preds, want))
+            if p != w and i < len(top5) and len(top5[i]) > 1
+        ]
+        rows.append(
+            AgreementSequence(s.get("prompt", ""), len(want), round(frac, 4), round(max(gaps), 4) if gaps else None)
+        )
         agree += sum(p == w for p, w in zip(preds, want))
     return tuple(rows), agree, in_top5
 
@@ -170,8 +196,10 @@ def _notes(spec: CorrectnessSpec, golden: dict, num_seqs: int) -> str | None:
     if num_seqs < spec.num_sequences:
         notes.append(f"num_sequences {spec.num_sequences} asked, golden.json holds {num_seqs}")
     if golden.get("num_tokens") is not None and golden["num_tokens"] < spec.num_tokens:
-        notes.append(f"num_tokens {spec.num_tokens} asked, golden.json was recorded with "
-                     f"{golden['num_tokens']}; rebuild to record more")
+        notes.append(
+            f"num_tokens {spec.num_tokens} asked, golden.json was recorded with "
+            f"{golden['num_tokens']}; rebuild to record more"
+        )
     return "; ".join(notes) or None
 
 
@@ -183,18 +211,29 @@ def check_correctness(llm: Any, recipe: Recipe, golden: dict) -> CorrectnessResu
     spec = spec or CorrectnessSpec()
     seqs = golden["sequences"][: spec.num_sequences]
     prec = recipe.precision
-    common = dict(reference=golden.get("reference", "golden.json"),
-                  precision=f"prefill {prec.prefill}, decode {prec.decode}", settings_from=source,
-                  notes=_notes(spec, golden, len(seqs)))
+    common = dict(
+        reference=golden.get("reference", "golden.json"),
+        precision=f"prefill {prec.prefill}, decode {prec.decode}",
+        settings_from=source,
+        notes=_notes(spec, golden, len(seqs)),
+    )
     if prec.prefill == "fp32" and prec.decode == "fp32":
         rows = _exact_sequences(llm, seqs, spec.num_tokens)
-        return CorrectnessResult(method="exact greedy token ids (fp32 prefill and decode)",
-                                 passed=all(r.exact for r in rows), num_tokens=sum(r.tokens for r in rows),
-                                 sequences=rows, **common)
+        return CorrectnessResult(
+            method="exact greedy token ids (fp32 prefill and decode)",
+            passed=all(r.exact for r in rows),
+            num_tokens=sum(r.tokens for r in rows),
+            sequences=rows,
+            **common,
+        )
     arows, agree, in_top5 = _agreement_sequences(llm, seqs, spec.num_tokens)
     total = sum(r.tokens for r in arows)
     threshold, key = agreement_threshold(llm, spec)
-    return CorrectnessResult(method="teacher-forced argmax agreement", passed=agree / total >= threshold,
-                             num_tokens=total, sequences=arows,
-                             agreement=Agreement(agree / total, agree, threshold, key, in_top5),
-                             **common)
+    return CorrectnessResult(
+        method="teacher-forced argmax agreement",
+        passed=agree / total >= threshold,
+        num_tokens=total,
+        sequences=arows,
+        agreement=Agreement(agree / total, agree, threshold, key, in_top5),
+        **common,
+    )

@@ -23,17 +23,27 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from trtpipe.pipeline.recipe import Recipe
-from trtpipe.pipeline.validate import (ValidateUsageError, finish_report, gate_of_reports, load_recipe_for_validate,
-                                       print_scenario, report_dir, run_scenario, scenario_workload_spec,
-                                       select_scenarios)
+from trtpipe.pipeline.validate import (
+    ValidateUsageError,
+    finish_report,
+    gate_of_reports,
+    load_recipe_for_validate,
+    print_scenario,
+    report_dir,
+    run_scenario,
+    scenario_workload_spec,
+    select_scenarios,
+)
 
-MEASURED_BY = ("client over HTTP: streamed POST /v1/completions; TTFT = request sent -> first non-empty text "
-               "chunk; TPOT and ITL from chunk arrival times (network, HTTP and SSE included)")
+MEASURED_BY = (
+    "client over HTTP: streamed POST /v1/completions; TTFT = request sent -> first non-empty text "
+    "chunk; TPOT and ITL from chunk arrival times (network, HTTP and SSE included)"
+)
 
 
 @contextmanager
@@ -45,8 +55,9 @@ def served(artifact_dir: Path, threads: int | None, ready_timeout_s: float = 300
     cmd = [sys.executable, "-m", "trtpipe.pipeline.cli", "serve", str(artifact_dir), "--port", str(port)]
     if threads:
         cmd += ["--threads", str(threads)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()  # type: ignore[arg-type]
     try:
@@ -72,8 +83,10 @@ def server_base_url(url: str) -> str:
     :class:`ValidateUsageError` for a URL without an http:// or https:// scheme."""
     base = url.strip().rstrip("/")
     if not base.lower().startswith(("http://", "https://")):
-        raise ValidateUsageError(f"--url {url!r}: expected an http:// or https:// URL of a `trtpipe serve`. "
-                                 "Fix: pass e.g. --url http://127.0.0.1:8000")
+        raise ValidateUsageError(
+            f"--url {url!r}: expected an http:// or https:// URL of a `trtpipe serve`. "
+            "Fix: pass e.g. --url http://127.0.0.1:8000"
+        )
     return base[:-3] if base.endswith("/v1") else base
 
 
@@ -83,15 +96,21 @@ def _served_model(url: str, recipe: Recipe, headers: dict[str, str]) -> str:
     try:
         r = httpx.get(url + "/v1/models", headers=headers, timeout=30)
     except httpx.HTTPError as e:
-        raise ValidateUsageError(f"--url {url}: cannot reach the server ({e}). Fix: start it with "
-                                 f"`trtpipe serve {recipe.name}` or pass --serve.") from None
+        raise ValidateUsageError(
+            f"--url {url}: cannot reach the server ({e}). Fix: start it with "
+            f"`trtpipe serve {recipe.name}` or pass --serve."
+        ) from None
     if r.status_code != 200:
-        raise ValidateUsageError(f"--url {url}: GET /v1/models answered HTTP {r.status_code} ({r.text[:200]}). "
-                                 "Fix: pass --api-key if the server needs one, or wait until /health is 200.")
+        raise ValidateUsageError(
+            f"--url {url}: GET /v1/models answered HTTP {r.status_code} ({r.text[:200]}). "
+            "Fix: pass --api-key if the server needs one, or wait until /health is 200."
+        )
     names = [m.get("id") for m in r.json().get("data", [])]
     if recipe.name not in names:
-        raise ValidateUsageError(f"--url {url} serves {names}, not recipe {recipe.name!r}. Fix: validate the "
-                                 "recipe the server was started with, or start `trtpipe serve` for this one.")
+        raise ValidateUsageError(
+            f"--url {url} serves {names}, not recipe {recipe.name!r}. Fix: validate the "
+            "recipe the server was started with, or start `trtpipe serve` for this one."
+        )
     return recipe.name
 
 
@@ -107,10 +126,20 @@ def _local_chat_template(artifact_dir: Path) -> str | None:
         return None
 
 
-def run_validate_http(recipe: str | os.PathLike | Recipe, *, url: str | None = None, serve: bool = False,
-                      artifact_dir: str | os.PathLike | None = None, artifact_root: str | os.PathLike = "artifacts",
-                      scenarios: Sequence[str] = (), as_json: bool = False, threads: int | None = None,
-                      api_key: str | None = None, goodput: bool = False, goodput_time_s: float = 300.0) -> int:
+def run_validate_http(
+    recipe: str | os.PathLike | Recipe,
+    *,
+    url: str | None = None,
+    serve: bool = False,
+    artifact_dir: str | os.PathLike | None = None,
+    artifact_root: str | os.PathLike = "artifacts",
+    scenarios: Sequence[str] = (),
+    as_json: bool = False,
+    threads: int | None = None,
+    api_key: str | None = None,
+    goodput: bool = False,
+    goodput_time_s: float = 300.0,
+) -> int:
     """Validate over HTTP; returns the gate's exit code (0 pass, 1 fail). Exactly one of ``url``
     and ``serve``. ``goodput``: then search each Poisson scenario's goodput against the same server
     (its own scheduler settings apply: the per-scenario TPOT budget of the in-process search cannot
@@ -134,36 +163,60 @@ def run_validate_http(recipe: str | os.PathLike | Recipe, *, url: str | None = N
     out = Console(stderr=as_json, highlight=False)
     err = Console(stderr=True, highlight=False)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    with (served(art, threads) if serve else nullcontext(url)) as base:
+    with served(art, threads) if serve else nullcontext(url) as base:
         err.print(f"validate {r.name} over HTTP at {base}" + (" (started by --serve)" if serve else ""))
         model = _served_model(base, r, headers)
         tokenizer = HttpTokenizer(base, headers)
         chat_template = _local_chat_template(art)
         reports = []
         for scenario, spec in specs:
-            def run(items, concurrency, on_request_done):
-                return run_workload_http(base, model, items, concurrency, api_key=api_key,
-                                         on_request_done=on_request_done)
 
-            reports.append(run_scenario(None, scenario, spec, err, run=run, tokenizer=tokenizer,
-                                        chat_template=chat_template))
+            def run(items, concurrency, on_request_done):
+                return run_workload_http(
+                    base, model, items, concurrency, api_key=api_key, on_request_done=on_request_done
+                )
+
+            reports.append(
+                run_scenario(None, scenario, spec, err, run=run, tokenizer=tokenizer, chat_template=chat_template)
+            )
             print_scenario(out, reports[-1])
-        env = {"measured_by": MEASURED_BY, "url": base, "server": "started by --serve" if serve else "external",
-               "client_host": platform.node(), "client_platform": platform.platform(),
-               "cpu_count": os.cpu_count(), "load_avg_1_5_15m_at_end": [round(x, 2) for x in os.getloadavg()]}
-        correctness = {"method": "not checked over HTTP (needs the engine's logits); run `trtpipe validate "
-                                 f"{r.name}` in-process for the golden-output check"}
-        paths = write_report(report_dir(art, r, chosen) / "http", recipe_name=r.name, target=r.target,
-                             scenarios=reports, correctness=correctness, env=env)
+        env = {
+            "measured_by": MEASURED_BY,
+            "url": base,
+            "server": "started by --serve" if serve else "external",
+            "client_host": platform.node(),
+            "client_platform": platform.platform(),
+            "cpu_count": os.cpu_count(),
+            "load_avg_1_5_15m_at_end": [round(x, 2) for x in os.getloadavg()],
+        }
+        correctness = {
+            "method": "not checked over HTTP (needs the engine's logits); run `trtpipe validate "
+            f"{r.name}` in-process for the golden-output check"
+        }
+        paths = write_report(
+            report_dir(art, r, chosen) / "http",
+            recipe_name=r.name,
+            target=r.target,
+            scenarios=reports,
+            correctness=correctness,
+            env=env,
+        )
 
         def search_goodput() -> None:  # while the server is still up (--serve stops it on exit)
             from trtpipe.pipeline.goodput import http_runner, run_goodput
 
             err.print("goodput over HTTP: the server's own scheduler settings apply to every probe")
-            run_goodput(http_runner(base, model, tokenizer, chat_template, api_key), specs,
-                        paths.report_json.parent, err, out, time_budget_s=goodput_time_s)
+            run_goodput(
+                http_runner(base, model, tokenizer, chat_template, api_key),
+                specs,
+                paths.report_json.parent,
+                err,
+                out,
+                time_budget_s=goodput_time_s,
+            )
 
         gate = gate_of_reports(reports, None)  # correctness is not checked over HTTP
         return finish_report(out, err, paths, gate, as_json, then=search_goodput if goodput else None)
+
 
 __all__ = ["run_validate_http", "served", "MEASURED_BY"]

@@ -8,7 +8,8 @@ The gate is computed once, from the scenario reports and the correctness verdict
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from trtpipe.runtime.budgets import Gate
 
@@ -31,8 +32,14 @@ def _metrics_table(name: str, summary: Any):
     for p in (*PERCENTILES, "mean"):
         t.add_column(p, justify="right")
     t.add_column("n", justify="right")
-    labels = {"ttft": "TTFT (from arrival)", "tpot": "TPOT", "itl": "ITL", "e2e": "E2E",
-              "prefill": "prefill only", "queue": "queue"}
+    labels = {
+        "ttft": "TTFT (from arrival)",
+        "tpot": "TPOT",
+        "itl": "ITL",
+        "e2e": "E2E",
+        "prefill": "prefill only",
+        "queue": "queue",
+    }
     for m in LATENCY_METRICS:
         d = getattr(summary, m)
         if d is None:
@@ -47,12 +54,14 @@ def _summary_line(s: Any) -> str:
         return "–" if x is None else fmt.format(x)
 
     leak = {None: "not checked", True: "[green]all free[/green]", False: "[red]LEAK[/red]"}[s.kv_leak_free]
-    return (f"  output {opt(s.output_tokens_per_s, '{:.1f}')} tokens/s over {s.wall_s:.2f} s; decode "
-            f"batch peak {opt(s.peak_decode_batch_size)} mean {opt(s.mean_decode_batch_size, '{:.2f}')}; "
-            f"KV blocks peak {opt(s.peak_kv_blocks_used)}/{opt(s.num_kv_blocks)}, at end "
-            f"{opt(s.kv_blocks_in_use_at_end)} ({leak}); peak RSS "
-            f"{opt(s.peak_rss_bytes and s.peak_rss_bytes / 2**20, '{:.0f}')} MiB; prefix cache "
-            f"{s.prefix_cache_hits_tokens}/{s.total_prompt_tokens} prompt tokens hit")
+    return (
+        f"  output {opt(s.output_tokens_per_s, '{:.1f}')} tokens/s over {s.wall_s:.2f} s; decode "
+        f"batch peak {opt(s.peak_decode_batch_size)} mean {opt(s.mean_decode_batch_size, '{:.2f}')}; "
+        f"KV blocks peak {opt(s.peak_kv_blocks_used)}/{opt(s.num_kv_blocks)}, at end "
+        f"{opt(s.kv_blocks_in_use_at_end)} ({leak}); peak RSS "
+        f"{opt(s.peak_rss_bytes and s.peak_rss_bytes / 2**20, '{:.0f}')} MiB; prefix cache "
+        f"{s.prefix_cache_hits_tokens}/{s.total_prompt_tokens} prompt tokens hit"
+    )
 
 
 def print_scenario(out: Any, rep: Any) -> None:
@@ -67,16 +76,18 @@ def print_scenario(out: Any, rep: Any) -> None:
         out.print(f"  scenario {rep.name}: no budgets")
 
 
-def finish_report(out: Any, err: Any, paths: Any, gate: Gate, as_json: bool,
-                  then: Callable[[], None] | None = None) -> int:
+def finish_report(
+    out: Any, err: Any, paths: Any, gate: Gate, as_json: bool, then: Callable[[], None] | None = None
+) -> int:
     """Print the gate line and where the report went; run ``then`` (e.g. the goodput search);
     print report.json on stdout with ``as_json``. Returns the gate's exit code."""
     word = {None: "not run", True: "pass", False: "[red]FAIL[/red]"}
     verdict = "[green]PASS[/green]" if gate.passed else "[red]FAIL[/red]"
-    out.print(f"gate: {verdict} (exit {gate.exit_code}): budgets {word[gate.budgets_passed]}, "
-              f"correctness {word[gate.correctness_passed]}, KV leak check {word[gate.kv_leak_free]}")
-    out.print(f"report: {paths.report_json} (+ report.md and {len(paths.plots())} plots in "
-              f"{paths.report_json.parent})")
+    out.print(
+        f"gate: {verdict} (exit {gate.exit_code}): budgets {word[gate.budgets_passed]}, "
+        f"correctness {word[gate.correctness_passed]}, KV leak check {word[gate.kv_leak_free]}"
+    )
+    out.print(f"report: {paths.report_json} (+ report.md and {len(paths.plots())} plots in {paths.report_json.parent})")
     if paths.notice:
         err.print(paths.notice, markup=False)  # "[plots]" in the notice is text, not rich markup
     if then is not None:

@@ -63,6 +63,7 @@ def requantized_reference(ref_int4: Any, mode: str = "requantize_symmetric", *, 
     from trtpipe.pipeline.model import FloatLinear, Int4Linear
     from trtpipe.plugins.int4_pack import requantize_symmetric
     from trtpipe.plugins.reference import dequantize_int4
+
     out = copy.deepcopy(ref_int4)
     for parent in list(out.modules()):
         for name, m in list(parent.named_children()):
@@ -95,7 +96,7 @@ def teacher_forced_agreement_dense(ref: Any, golden: dict, num_sequences: int, n
         ids = torch.tensor([prompt + want[:-1]], dtype=torch.int64)
         with torch_threads(1):
             logits = ref.forward_dense(ids)[0]  # [L, V]
-        preds = logits[len(prompt) - 1:].argmax(-1).tolist()
+        preds = logits[len(prompt) - 1 :].argmax(-1).tolist()
         agree += sum(p == w for p, w in zip(preds, want))
         total += len(want)
     return Agreement(agree, total)

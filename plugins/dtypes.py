@@ -26,15 +26,18 @@ class DType:
         return None if self.name == "bf16" else np.dtype(self.numpy_name)
 
 
-DTYPES: dict[str, DType] = {d.name: d for d in (
-    DType("fp32", "float32", 1, 4),
-    DType("fp16", "float16", 10, 2),
-    DType("bf16", "bfloat16", 16, 2),
-    DType("int8", "int8", 3, 1),
-    DType("uint8", "uint8", 2, 1),
-    DType("int32", "int32", 6, 4),
-    DType("int64", "int64", 7, 8),
-)}
+DTYPES: dict[str, DType] = {
+    d.name: d
+    for d in (
+        DType("fp32", "float32", 1, 4),
+        DType("fp16", "float16", 10, 2),
+        DType("bf16", "bfloat16", 16, 2),
+        DType("int8", "int8", 3, 1),
+        DType("uint8", "uint8", 2, 1),
+        DType("int32", "int32", 6, 4),
+        DType("int64", "int64", 7, 8),
+    )
+}
 BY_NUMPY_NAME: dict[str, DType] = {d.numpy_name: d for d in DTYPES.values()}
 BY_ONNX_TYPE: dict[int, DType] = {d.onnx_type: d for d in DTYPES.values()}
 FLOAT_NAMES: tuple[str, ...] = ("fp32", "fp16", "bf16")

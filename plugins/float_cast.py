@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
@@ -42,8 +41,13 @@ def _np_float(dtype: str) -> Any:
     return np_dtype.type
 
 
-def cast_float_graph(model: onnx.ModelProto, dtype: str = "fp16", *, kv_dtype: str | None = None,
-                     keep_fp32_outputs: tuple[str, ...] = ("logits",)) -> onnx.ModelProto:
+def cast_float_graph(
+    model: onnx.ModelProto,
+    dtype: str = "fp16",
+    *,
+    kv_dtype: str | None = None,
+    keep_fp32_outputs: tuple[str, ...] = ("logits",),
+) -> onnx.ModelProto:
     """Convert an fp32 graph to ``dtype`` ("fp16" | "bf16") activations and weights.
 
     ``kv_dtype`` (default: ``dtype``) must equal ``dtype``: the pool is read and written by the
@@ -59,8 +63,10 @@ def cast_float_graph(model: onnx.ModelProto, dtype: str = "fp16", *, kv_dtype: s
     if dtype not in FLOAT_TYPES:
         raise OpError(f"cast dtype {dtype!r}: expected one of {sorted(FLOAT_TYPES)}")
     if (kv_dtype or dtype) != dtype:
-        raise OpError(f"kv_cache.dtype {kv_dtype} differs from the activation dtype {dtype}: the TensorRT "
-                      f"graphs read and write the pool in the activation dtype. Fix: set kv_cache.dtype: {dtype}.")
+        raise OpError(
+            f"kv_cache.dtype {kv_dtype} differs from the activation dtype {dtype}: the TensorRT "
+            f"graphs read and write the pool in the activation dtype. Fix: set kv_cache.dtype: {dtype}."
+        )
     out = copy_model(model)
     done = {p.key: p.value for p in out.metadata_props}.get(_CAST_MARK)
     if done == dtype:
@@ -75,8 +81,15 @@ def cast_float_graph(model: onnx.ModelProto, dtype: str = "fp16", *, kv_dtype: s
         for x in n.input:
             readers.setdefault(x, set()).add(i in island)
     only_island = {name for name, kinds in readers.items() if kinds == {True}}
-    cast = _Cast(dtype, FLOAT_TYPES[dtype], _np_float(dtype), _non_float_constants(out), island,
-                 {o for i in island for o in g.node[i].output}, only_island)
+    cast = _Cast(
+        dtype,
+        FLOAT_TYPES[dtype],
+        _np_float(dtype),
+        _non_float_constants(out),
+        island,
+        {o for i in island for o in g.node[i].output},
+        only_island,
+    )
     for t in g.initializer:
         if t.data_type == TensorProto.FLOAT and t.name not in only_island:
             t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(cast.np_type), t.name))
@@ -137,8 +150,9 @@ def _cast_node(n: onnx.NodeProto, cast: _Cast, new_nodes: list[onnx.NodeProto]) 
             a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(cast.np_type), a.t.name))
 
 
-def _cast_graph_io(g: onnx.GraphProto, cast: _Cast, new_nodes: list[onnx.NodeProto],
-                   keep_fp32_outputs: tuple[str, ...]) -> None:
+def _cast_graph_io(
+    g: onnx.GraphProto, cast: _Cast, new_nodes: list[onnx.NodeProto], keep_fp32_outputs: tuple[str, ...]
+) -> None:
     """Float graph inputs and outputs take the target dtype, except ``keep_fp32_outputs``: their
     producer writes ``<name>/<dtype>`` and a final ``Cast`` restores the float32 output."""
     for vi in g.input:
@@ -194,5 +208,3 @@ def _norm_islands(graph: onnx.GraphProto) -> set[int]:
         if any(graph.node[j].op_type == "ReduceMean" for j in chain):
             keep.update(chain)
     return keep
-
-

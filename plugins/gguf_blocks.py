@@ -21,8 +21,14 @@ import numpy as np
 
 from trtpipe.plugins.errors import OpError
 
-__all__ = ["GGUF_BLOCK", "GGUF_BLOCK_BYTES", "gguf_blocks", "fp16_field", "unpack_gguf_q4_codes",
-           "dequantize_gguf_q8_0"]
+__all__ = [
+    "GGUF_BLOCK",
+    "GGUF_BLOCK_BYTES",
+    "gguf_blocks",
+    "fp16_field",
+    "unpack_gguf_q4_codes",
+    "dequantize_gguf_q8_0",
+]
 
 GGUF_BLOCK = 32  # elements per ggml Q4_0 / Q4_1 / Q8_0 block
 GGUF_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
@@ -48,7 +54,7 @@ def gguf_blocks(raw: np.ndarray, N: int, K: int, kind: str) -> np.ndarray:
 
 def fp16_field(blocks: np.ndarray, offset: int) -> np.ndarray:
     """fp16 little-endian field at ``offset`` of each block -> float32 ``[N, K/32]``."""
-    b = np.ascontiguousarray(blocks[..., offset:offset + 2])
+    b = np.ascontiguousarray(blocks[..., offset : offset + 2])
     return b.view("<f2")[..., 0].astype(np.float32)
 
 

@@ -22,8 +22,9 @@ custom opset and the onnxscript functions of the domain). ``NodeBuilder`` names 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import onnx
@@ -31,8 +32,17 @@ from onnx import helper, numpy_helper
 
 from trtpipe.plugins import OP_DOMAIN
 
-__all__ = ["NodeBuilder", "GraphRewrite", "node_attributes", "copy_model", "rewrite_custom_nodes", "ensure_opset",
-           "drop_unused_initializers", "drop_custom_domain", "finish_lowering"]
+__all__ = [
+    "NodeBuilder",
+    "GraphRewrite",
+    "node_attributes",
+    "copy_model",
+    "rewrite_custom_nodes",
+    "ensure_opset",
+    "drop_unused_initializers",
+    "drop_custom_domain",
+    "finish_lowering",
+]
 
 
 def node_attributes(node: onnx.NodeProto) -> dict[str, Any]:
@@ -61,8 +71,16 @@ class NodeBuilder:
         self._n += 1
         return f"{self.prefix}/{hint}_{self._n}"
 
-    def op(self, op_type: str, inputs: list[str], hint: str | None = None, n_out: int = 1,
-           domain: str = "", outputs: list[str] | None = None, **attrs: Any) -> Any:
+    def op(
+        self,
+        op_type: str,
+        inputs: list[str],
+        hint: str | None = None,
+        n_out: int = 1,
+        domain: str = "",
+        outputs: list[str] | None = None,
+        **attrs: Any,
+    ) -> Any:
         """Append one node; returns its output name (``n_out == 1``) or the list of names.
         ``outputs`` names the outputs explicitly (e.g. the custom node's own output names)."""
         nm = self.name(hint or op_type)
@@ -97,8 +115,9 @@ class GraphRewrite:
 NodeRewrite = Callable[[onnx.NodeProto, GraphRewrite], None]
 
 
-def rewrite_custom_nodes(model: onnx.ModelProto, rewrite: NodeRewrite, *,
-                         keep: Callable[[onnx.NodeProto], bool] | None = None) -> onnx.ModelProto:
+def rewrite_custom_nodes(
+    model: onnx.ModelProto, rewrite: NodeRewrite, *, keep: Callable[[onnx.NodeProto], bool] | None = None
+) -> onnx.ModelProto:
     """A copy of ``model`` whose ``trtpipe`` nodes are replaced by what ``rewrite(node, state)``
     appends to ``state``; other nodes (and custom nodes for which ``keep(node)`` is true) stay.
     New initializers are appended after the existing ones. Errors are the rewrite's."""

@@ -27,14 +27,36 @@ from __future__ import annotations
 import numpy as np
 
 from trtpipe.plugins.errors import OpError
-from trtpipe.plugins.gguf_blocks import (GGUF_BLOCK, GGUF_BLOCK_BYTES, dequantize_gguf_q8_0, fp16_field, gguf_blocks,
-                                         unpack_gguf_q4_codes)
+from trtpipe.plugins.gguf_blocks import (
+    GGUF_BLOCK,
+    GGUF_BLOCK_BYTES,
+    dequantize_gguf_q8_0,
+    fp16_field,
+    gguf_blocks,
+    unpack_gguf_q4_codes,
+)
 
-__all__ = ["check_group_size", "pack_int4", "unpack_int4", "unpack_int4_codes", "pack_zero_points_uint8",
-           "unpack_zero_points_uint8", "zero_points_float", "dequantize_codes", "quantize_rtn",
-           "quantize_symmetric_mse", "requantize_symmetric", "GGUF_BLOCK", "GGUF_BLOCK_BYTES",
-           "unpack_gguf_q4_codes", "repack_gguf_q4_0", "repack_gguf_q4_1", "repack_gguf_q4_1_exact",
-           "dequantize_gguf_q8_0", "repack_gguf_q8_0_as_uint8"]
+__all__ = [
+    "check_group_size",
+    "pack_int4",
+    "unpack_int4",
+    "unpack_int4_codes",
+    "pack_zero_points_uint8",
+    "unpack_zero_points_uint8",
+    "zero_points_float",
+    "dequantize_codes",
+    "quantize_rtn",
+    "quantize_symmetric_mse",
+    "requantize_symmetric",
+    "GGUF_BLOCK",
+    "GGUF_BLOCK_BYTES",
+    "unpack_gguf_q4_codes",
+    "repack_gguf_q4_0",
+    "repack_gguf_q4_1",
+    "repack_gguf_q4_1_exact",
+    "dequantize_gguf_q8_0",
+    "repack_gguf_q8_0_as_uint8",
+]
 
 
 # --------------------------------------------------------------------------------------------
@@ -51,7 +73,8 @@ def check_group_size(K: int, group_size: int) -> None:
     if K % G != 0:
         divisors = [g for g in (16, 32, 64, 128, 256, 512, 1024) if K % g == 0]
         fix = (
-            f"pick a group size that divides K: {divisors}" if divisors
+            f"pick a group size that divides K: {divisors}"
+            if divisors
             else "K has no power-of-two divisor >= 16; keep this layer unquantized"
         )
         raise OpError(f"K={K} is not a multiple of group_size={G}; {fix}")
@@ -179,9 +202,7 @@ def dequantize_codes(codes: np.ndarray, scales: np.ndarray, zero_points: np.ndar
 # --------------------------------------------------------------------------------------------
 
 
-def quantize_rtn(
-    w: np.ndarray, group_size: int, symmetric: bool
-) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def quantize_rtn(w: np.ndarray, group_size: int, symmetric: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Round-to-nearest blockwise 4-bit quantization of ``w [N, K]`` (float) along K.
 
     Conventions (chosen so that every element satisfies ``|w - deq| <= scale/2``, up to float
@@ -242,8 +263,9 @@ def _weight_blocks(w: np.ndarray, group_size: int) -> np.ndarray:
 SYMMETRIC_SCALE_DIVISORS = tuple(np.linspace(6.0, 8.5, 11).tolist())  # scale = absmax / d candidates
 
 
-def quantize_symmetric_mse(w: np.ndarray, group_size: int, *, scale_dtype=np.float16,
-                           divisors: tuple[float, ...] = SYMMETRIC_SCALE_DIVISORS) -> tuple[np.ndarray, np.ndarray]:
+def quantize_symmetric_mse(
+    w: np.ndarray, group_size: int, *, scale_dtype=np.float16, divisors: tuple[float, ...] = SYMMETRIC_SCALE_DIVISORS
+) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric blockwise 4-bit quantization of ``w [N, K]`` with the scale that minimizes each
     block's squared error: TensorRT's INT4 ``DequantizeLinear`` form (``w ~= c * scale``,
     c = code - 8 in [-8, 7], no zero point).
@@ -279,8 +301,9 @@ def quantize_symmetric_mse(w: np.ndarray, group_size: int, *, scale_dtype=np.flo
     return pack_int4(codes.reshape(N, K).astype(np.uint8), G), best_scale.astype(np.float32)
 
 
-def requantize_symmetric(b_packed: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, K: int,
-                         N: int, group_size: int) -> tuple[np.ndarray, np.ndarray]:
+def requantize_symmetric(
+    b_packed: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, K: int, N: int, group_size: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Asymmetric INT4 blocks (e.g. GGUF Q4_1 as float zero points) -> symmetric INT4 blocks of
     the same group size, re-quantized from the dequantized weights with
     :func:`quantize_symmetric_mse`. Not exact: each weight moves by up to about half a (new)
@@ -319,7 +342,7 @@ _REQUANT_MEMO_MAX_BYTES = 512 << 20
 
 def _q4_codes_packed(blocks: np.ndarray, qs_offset: int) -> np.ndarray:
     N, nb, _ = blocks.shape
-    codes = unpack_gguf_q4_codes(blocks[..., qs_offset:qs_offset + 16])  # [N, nb, 32]
+    codes = unpack_gguf_q4_codes(blocks[..., qs_offset : qs_offset + 16])  # [N, nb, 32]
     return pack_int4(codes.reshape(N, nb * GGUF_BLOCK), GGUF_BLOCK)
 
 

@@ -20,8 +20,14 @@ from onnx import numpy_helper
 
 from trtpipe.plugins import OP_DOMAIN
 from trtpipe.plugins.errors import OpError
-from trtpipe.plugins.graph_rewrite import (GraphRewrite, NodeBuilder, ensure_opset, finish_lowering, node_attributes,
-                                           rewrite_custom_nodes)
+from trtpipe.plugins.graph_rewrite import (
+    GraphRewrite,
+    NodeBuilder,
+    ensure_opset,
+    finish_lowering,
+    node_attributes,
+    rewrite_custom_nodes,
+)
 from trtpipe.plugins.int4_pack import check_group_size, pack_zero_points_uint8, unpack_int4_codes
 from trtpipe.plugins.paged_attention_onnx import lower_paged_attention
 
@@ -31,8 +37,9 @@ MS_DOMAIN = "com.microsoft"
 FLOAT_ZERO_POINT_MODES = ("exact", "int8")
 
 
-def lower_for_ort(model: onnx.ModelProto, accuracy_level: int = 0, decode: bool = False,
-                  float_zero_points: str = "exact") -> onnx.ModelProto:
+def lower_for_ort(
+    model: onnx.ModelProto, accuracy_level: int = 0, decode: bool = False, float_zero_points: str = "exact"
+) -> onnx.ModelProto:
     """Rewrite every ``trtpipe`` node into ONNX Runtime CPU ops (returns a new ModelProto).
 
     ``accuracy_level`` is passed to MatMulNBits (0 = fp32 activations, 4 = int8 activations).
@@ -63,8 +70,14 @@ def lower_for_ort(model: onnx.ModelProto, accuracy_level: int = 0, decode: bool 
     return out
 
 
-def _lower_int4_gemm(b: NodeBuilder, node: onnx.NodeProto, accuracy_level: int, inits: _InitializerView,
-                     blocksums: dict, float_zero_points: str = "exact") -> None:
+def _lower_int4_gemm(
+    b: NodeBuilder,
+    node: onnx.NodeProto,
+    accuracy_level: int,
+    inits: _InitializerView,
+    blocksums: dict,
+    float_zero_points: str = "exact",
+) -> None:
     """Int4Gemm -> MatMulNBits.
 
     uint8 (or absent) zero points map 1:1. Float zero points (GGUF Q4_1: ``w = d*q + m`` with
@@ -99,12 +112,20 @@ def _lower_int4_gemm(b: NodeBuilder, node: onnx.NodeProto, accuracy_level: int, 
         return
     scales = inits[inputs[2]]
     if float_zero_points == "int8" and bits == 4:
-        q8, d8, z8 = requantize_float_zp_to_uint8_8bit(unpack_int4_codes(inits[inputs[1]], K, N, G),
-                                                       scales, zp, G)
-        names = [b.const(q8, np.uint8, hint="b_int8"), b.const(d8, np.float32, hint="scales_int8"),
-                 b.const(z8, np.uint8, hint="zero_points_int8")]
-        b.op("MatMulNBits", [inputs[0]] + names, "matmul_nbits", domain=MS_DOMAIN, outputs=list(node.output),
-             **dict(nbits, bits=8))
+        q8, d8, z8 = requantize_float_zp_to_uint8_8bit(unpack_int4_codes(inits[inputs[1]], K, N, G), scales, zp, G)
+        names = [
+            b.const(q8, np.uint8, hint="b_int8"),
+            b.const(d8, np.float32, hint="scales_int8"),
+            b.const(z8, np.uint8, hint="zero_points_int8"),
+        ]
+        b.op(
+            "MatMulNBits",
+            [inputs[0]] + names,
+            "matmul_nbits",
+            domain=MS_DOMAIN,
+            outputs=list(node.output),
+            **dict(nbits, bits=8),
+        )
         return
     mins_t = np.ascontiguousarray((-zp.astype(np.float32) * scales.astype(np.float32)).T)  # [K/G, N]
     n_groups = K // G
@@ -119,8 +140,9 @@ def _lower_int4_gemm(b: NodeBuilder, node: onnx.NodeProto, accuracy_level: int, 
     b.op("Add", [y, corr], "add_mins", outputs=list(node.output))
 
 
-def requantize_float_zp_to_uint8_8bit(codes: np.ndarray, scales: np.ndarray, zero_points: np.ndarray,
-                                      group_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def requantize_float_zp_to_uint8_8bit(
+    codes: np.ndarray, scales: np.ndarray, zero_points: np.ndarray, group_size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """4-bit blocks with *float* zero points (GGUF Q4_1: ``w = d*(q - zp)``, ``zp = -m/d``) ->
     8-bit blocks with *integer* zero points, the form ONNX Runtime's MatMulNBits runs fast.
 
@@ -139,8 +161,10 @@ def requantize_float_zp_to_uint8_8bit(codes: np.ndarray, scales: np.ndarray, zer
     N, K = codes.shape
     G = int(group_size)
     if scales.shape != (N, K // G) or zero_points.shape != (N, K // G):
-        raise OpError(f"scales {scales.shape} / zero_points {zero_points.shape}: expected [N, K/G] = "
-                      f"[{N}, {K // G}] for codes [{N}, {K}] and group_size {G}")
+        raise OpError(
+            f"scales {scales.shape} / zero_points {zero_points.shape}: expected [N, K/G] = "
+            f"[{N}, {K // G}] for codes [{N}, {K}] and group_size {G}"
+        )
     zp16 = np.round(16.0 * zero_points.astype(np.float64))
     r = np.clip(-zp16, 0, 15)
     z8 = np.clip(r + zp16, 0, 255).astype(np.uint8)

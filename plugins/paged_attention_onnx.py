@@ -60,8 +60,9 @@ def lower_paged_attention(node: onnx.NodeProto, state: GraphRewrite, *, decode: 
     state.emit(b)
 
 
-def _index_subgraph(b: NodeBuilder, slot_mapping: str, block_tables: str, context_lens: str, qsl: str,
-                    block_size: int) -> dict[str, str]:
+def _index_subgraph(
+    b: NodeBuilder, slot_mapping: str, block_tables: str, context_lens: str, qsl: str, block_size: int
+) -> dict[str, str]:
     """Index tensors shared by every PagedAttention node of a graph (see module docstring)."""
     c0, c1 = b.const([0]), b.const([1])
     cmax = b.const([np.iinfo(np.int64).max])
@@ -96,8 +97,16 @@ def _index_subgraph(b: NodeBuilder, slot_mapping: str, block_tables: str, contex
     j = b.op("Range", [zero, b.op("Squeeze", [L]), one], "key_pos")  # [L]
     qpos3 = b.op("Unsqueeze", [qpos, b.const([2])])  # [S, Qmax, 1]
     causal = b.op("LessOrEqual", [j, qpos3], "causal")  # [S, Qmax, L]
-    return dict(write_idx=write_idx, pad_index=pad_index, tok_flat=tok_flat, qpos3=qpos3, key_pos=j,
-                causal=causal, qmax=qmax, L=L)
+    return dict(
+        write_idx=write_idx,
+        pad_index=pad_index,
+        tok_flat=tok_flat,
+        qpos3=qpos3,
+        key_pos=j,
+        causal=causal,
+        qmax=qmax,
+        L=L,
+    )
 
 
 def _attention_prologue(b: NodeBuilder, node: onnx.NodeProto, idx: dict[str, str]):
@@ -154,8 +163,9 @@ def _lower_paged_attention(b: NodeBuilder, node: onnx.NodeProto, idx: dict[str, 
     b.op("Gather", [o, idx["pad_index"]], "unpad", axis=0, outputs=[out])
 
 
-def _decode_index_subgraph(b: NodeBuilder, slot_mapping: str, block_tables: str, context_lens: str,
-                           block_size: int) -> dict[str, str]:
+def _decode_index_subgraph(
+    b: NodeBuilder, slot_mapping: str, block_tables: str, context_lens: str, block_size: int
+) -> dict[str, str]:
     """Decode: one query per sequence at position context_lens - 1 (shared by all layers)."""
     c1 = b.const([1])
     bs = b.const(block_size, hint="block_size")
@@ -180,10 +190,18 @@ def _lower_paged_attention_decode(b: NodeBuilder, node: onnx.NodeProto, idx: dic
             m = b.op("And", [m, b.op("GreaterOrEqual", [idx["key_pos"], lo])], f"mask_w{W}")
         masks[W] = b.op("Unsqueeze", [m, b.const([1, 2])], f"mask4d_w{W}")  # [S, 1, 1, L]
     s_l_kvh_d = b.const([0, -1, KVH, D])
-    kt = b.op("Transpose", [b.op("Reshape", [b.op("Gather", [kc_out, block_tables], "gather_k", axis=0), s_l_kvh_d])],
-              "k_t", perm=[0, 2, 3, 1])  # [S, KVH, D, L]
-    vt = b.op("Transpose", [b.op("Reshape", [b.op("Gather", [vc_out, block_tables], "gather_v", axis=0), s_l_kvh_d])],
-              "v_t", perm=[0, 2, 1, 3])  # [S, KVH, L, D]
+    kt = b.op(
+        "Transpose",
+        [b.op("Reshape", [b.op("Gather", [kc_out, block_tables], "gather_k", axis=0), s_l_kvh_d])],
+        "k_t",
+        perm=[0, 2, 3, 1],
+    )  # [S, KVH, D, L]
+    vt = b.op(
+        "Transpose",
+        [b.op("Reshape", [b.op("Gather", [vc_out, block_tables], "gather_v", axis=0), s_l_kvh_d])],
+        "v_t",
+        perm=[0, 2, 1, 3],
+    )  # [S, KVH, L, D]
     qs = b.op("Reshape", [b.op("Mul", [q, b.const(scale, np.float32)], "q_scaled"), b.const([-1, KVH, G, D])])
     scores = b.op("MatMul", [qs, kt], "scores")  # [S, KVH, G, L]
     scores = b.op("Where", [masks[W], scores, b.const(-np.inf, np.float32)], "masked_scores")

@@ -36,8 +36,13 @@ import numpy as np
 
 from trtpipe.plugins.checks import FLOAT_DTYPES, as_float_array, as_int_array, positive_int, shape_error
 from trtpipe.plugins.errors import OpError
-from trtpipe.plugins.int4_pack import (check_group_size, dequantize_codes, unpack_int4_codes, unpack_zero_points_uint8,
-                                       zero_points_float)
+from trtpipe.plugins.int4_pack import (
+    check_group_size,
+    dequantize_codes,
+    unpack_int4_codes,
+    unpack_zero_points_uint8,
+    zero_points_float,
+)
 from trtpipe.plugins.rope import apply_rotary, check_positions, rope_cos_sin, rope_inv_freq
 
 __all__ = [
@@ -115,11 +120,24 @@ def paged_attention(
             block table covers; a block table entry out of ``[0, NB)`` for a key some query
             sees; a slot_mapping entry out of range or inconsistent with the block table.
     """
-    H, KVH, D, BS, W, scale = _attention_attributes(num_heads, num_kv_heads, head_size, block_size,
-                                                    sliding_window, scale)
+    H, KVH, D, BS, W, scale = _attention_attributes(
+        num_heads, num_kv_heads, head_size, block_size, sliding_window, scale
+    )
     query, key, value, key_cache, value_cache, slot_mapping, block_tables, context_lens, qsl = _attention_inputs(
-        query, key, value, key_cache, value_cache, slot_mapping, block_tables, context_lens, query_start_loc,
-        H=H, KVH=KVH, D=D, BS=BS)
+        query,
+        key,
+        value,
+        key_cache,
+        value_cache,
+        slot_mapping,
+        block_tables,
+        context_lens,
+        query_start_loc,
+        H=H,
+        KVH=KVH,
+        D=D,
+        BS=BS,
+    )
     T = query.shape[0]
     S = block_tables.shape[0]
 
@@ -134,32 +152,68 @@ def paged_attention(
         start, end = int(qsl[s]), int(qsl[s + 1])
         if end == start:
             continue
-        positions, keys_pos, slots = _sequence_keys(s, end - start, int(context_lens[s]), block_tables,
-                                                    slot_mapping[start:end], start, NB=key_cache.shape[0], BS=BS, W=W)
+        positions, keys_pos, slots = _sequence_keys(
+            s,
+            end - start,
+            int(context_lens[s]),
+            block_tables,
+            slot_mapping[start:end],
+            start,
+            NB=key_cache.shape[0],
+            BS=BS,
+            W=W,
+        )
         k = kc32[slots // BS, slots % BS]  # [L, KVH, D]
         v = vc32[slots // BS, slots % BS]
         output[start:end] = _attend(q32[start:end], k, v, positions, keys_pos, H // KVH, scale, W)
     return output.reshape(T, H * D).astype(query.dtype), key_cache_out, value_cache_out
 
 
-def _attention_inputs(query: Any, key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any,
-                      block_tables: Any, context_lens: Any, query_start_loc: Any, *, H: int, KVH: int, D: int,
-                      BS: int) -> tuple[np.ndarray, ...]:
+def _attention_inputs(
+    query: Any,
+    key: Any,
+    value: Any,
+    key_cache: Any,
+    value_cache: Any,
+    slot_mapping: Any,
+    block_tables: Any,
+    context_lens: Any,
+    query_start_loc: Any,
+    *,
+    H: int,
+    KVH: int,
+    D: int,
+    BS: int,
+) -> tuple[np.ndarray, ...]:
     """The nine inputs as checked arrays (float: float32|float16; indices: int64), same order."""
-    floats = [as_float_array(n, x) for n, x in (("query", query), ("key", key), ("value", value),
-                                                 ("key_cache", key_cache), ("value_cache", value_cache))]
-    ints = [as_int_array(n, x, nd) for n, x, nd in (("slot_mapping", slot_mapping, 1),
-                                                     ("block_tables", block_tables, 2),
-                                                     ("context_lens", context_lens, 1),
-                                                     ("query_start_loc", query_start_loc, 1))]
+    floats = [
+        as_float_array(n, x)
+        for n, x in (
+            ("query", query),
+            ("key", key),
+            ("value", value),
+            ("key_cache", key_cache),
+            ("value_cache", value_cache),
+        )
+    ]
+    ints = [
+        as_int_array(n, x, nd)
+        for n, x, nd in (
+            ("slot_mapping", slot_mapping, 1),
+            ("block_tables", block_tables, 2),
+            ("context_lens", context_lens, 1),
+            ("query_start_loc", query_start_loc, 1),
+        )
+    ]
     q, k, v, kc, vc = floats
     sm, bt, cl, qsl = ints
     _check_attention_shapes(q, k, v, kc, vc, sm, bt, cl, qsl, H, KVH, D, BS)
     return (*floats, *ints)
 
 
-def _attention_attributes(num_heads: Any, num_kv_heads: Any, head_size: Any, block_size: Any, sliding_window: Any,
-                          scale: Any) -> tuple[int, int, int, int, int, float]:
+def _attention_attributes(
+    num_heads: Any, num_kv_heads: Any, head_size: Any, block_size: Any, sliding_window: Any, scale: Any
+) -> tuple[int, int, int, int, int, float]:
     """``(H, KVH, D, BS, W, scale)`` after the attribute checks; scale 0.0 -> ``1/sqrt(D)``."""
     H = positive_int("num_heads", num_heads)
     KVH = positive_int("num_kv_heads", num_kv_heads)
@@ -170,16 +224,27 @@ def _attention_attributes(num_heads: Any, num_kv_heads: Any, head_size: Any, blo
         raise OpError(f"attribute sliding_window={sliding_window}, expected >= 0 (0 = off)")
     if H % KVH != 0:
         raise OpError(
-            f"attributes num_heads={H}, num_kv_heads={KVH}: num_heads must be a multiple of "
-            "num_kv_heads (GQA groups)"
+            f"attributes num_heads={H}, num_kv_heads={KVH}: num_heads must be a multiple of num_kv_heads (GQA groups)"
         )
     scale = float(scale)
     return H, KVH, D, BS, W, (1.0 / math.sqrt(D) if scale == 0.0 else scale)
 
 
-def _check_attention_shapes(query: np.ndarray, key: np.ndarray, value: np.ndarray, key_cache: np.ndarray,
-                            value_cache: np.ndarray, slot_mapping: np.ndarray, block_tables: np.ndarray,
-                            context_lens: np.ndarray, qsl: np.ndarray, H: int, KVH: int, D: int, BS: int) -> None:
+def _check_attention_shapes(
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    key_cache: np.ndarray,
+    value_cache: np.ndarray,
+    slot_mapping: np.ndarray,
+    block_tables: np.ndarray,
+    context_lens: np.ndarray,
+    qsl: np.ndarray,
+    H: int,
+    KVH: int,
+    D: int,
+    BS: int,
+) -> None:
     """The shape contract of :func:`paged_attention` (T, S, NB from the inputs)."""
     if query.ndim != 2 or query.shape[1] != H * D:
         raise shape_error("query", query.shape, f"[T, num_heads*head_size] = [T, {H * D}]")
@@ -201,15 +266,19 @@ def _check_attention_shapes(query: np.ndarray, key: np.ndarray, value: np.ndarra
     if qsl.shape != (S + 1,):
         raise shape_error("query_start_loc", qsl.shape, f"[S+1] = [{S + 1}]")
     if S > 0 and (qsl[0] != 0 or qsl[-1] != T or np.any(np.diff(qsl) < 0)):
-        raise OpError(
-            f"query_start_loc={qsl.tolist()}: expected non-decreasing offsets from 0 to T={T}"
-        )
+        raise OpError(f"query_start_loc={qsl.tolist()}: expected non-decreasing offsets from 0 to T={T}")
     if S == 0 and T != 0:
         raise OpError(f"block_tables has 0 sequences but the batch has T={T} tokens")
 
 
-def _write_kv(key: np.ndarray, value: np.ndarray, key_cache: np.ndarray, value_cache: np.ndarray,
-              slot_mapping: np.ndarray, BS: int) -> tuple[np.ndarray, np.ndarray]:
+def _write_kv(
+    key: np.ndarray,
+    value: np.ndarray,
+    key_cache: np.ndarray,
+    value_cache: np.ndarray,
+    slot_mapping: np.ndarray,
+    BS: int,
+) -> tuple[np.ndarray, np.ndarray]:
     """New caches equal to the inputs with token t's K/V at slot ``slot_mapping[t]``."""
     NB, _, KVH, D = key_cache.shape
     T = key.shape[0]
@@ -219,8 +288,7 @@ def _write_kv(key: np.ndarray, value: np.ndarray, key_cache: np.ndarray, value_c
     if bad.size:
         t = int(bad[0])
         raise OpError(
-            f"slot_mapping[{t}]={int(slot_mapping[t])} is outside the pool [0, NB*block_size) = "
-            f"[0, {NB * BS})"
+            f"slot_mapping[{t}]={int(slot_mapping[t])} is outside the pool [0, NB*block_size) = [0, {NB * BS})"
         )
     blk, off = slot_mapping // BS, slot_mapping % BS
     key_cache_out[blk, off] = key.reshape(T, KVH, D).astype(key_cache.dtype)
@@ -228,8 +296,9 @@ def _write_kv(key: np.ndarray, value: np.ndarray, key_cache: np.ndarray, value_c
     return key_cache_out, value_cache_out
 
 
-def _sequence_keys(s: int, n: int, ctx: int, block_tables: np.ndarray, seq_slots: np.ndarray, start: int, *,
-                   NB: int, BS: int, W: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _sequence_keys(
+    s: int, n: int, ctx: int, block_tables: np.ndarray, seq_slots: np.ndarray, start: int, *, NB: int, BS: int, W: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Sequence ``s`` with ``n`` chunk tokens and ``ctx`` tokens in the pool after this step:
     ``(positions [n], visible key positions [L], their slots [L])`` where the keys are those
     some query of the chunk can see (``[lo, ctx)``). Checks the chunk, the block table and the
@@ -271,8 +340,16 @@ def _sequence_keys(s: int, n: int, ctx: int, block_tables: np.ndarray, seq_slots
     return positions, j[lo:], phys[lo:] * BS + j[lo:] % BS
 
 
-def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray, keys_pos: np.ndarray, group: int,
-            scale: float, W: int) -> np.ndarray:
+def _attend(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    positions: np.ndarray,
+    keys_pos: np.ndarray,
+    group: int,
+    scale: float,
+    W: int,
+) -> np.ndarray:
     """Causal (+ window) GQA softmax attention in float32: q ``[n, H, D]``, k/v ``[L, KVH, D]``
     -> ``[n, H, D]``; query head h uses kv head ``h // group``."""
     k = np.repeat(k, group, axis=1)  # [L, H, D]

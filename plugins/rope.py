@@ -8,7 +8,8 @@ The reference model and the exported graphs take cos/sin from these tables (re-e
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -68,17 +69,11 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: Mapping[str, Any] | None
         smoothed = (1 - smooth) * llama / factor + smooth * llama
         medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
         return np.where(medium, smoothed, llama)
-    raise OpError(
-        f"rope_type {rope_type!r} is not supported; supported: default (None), linear, llama3"
-    )
+    raise OpError(f"rope_type {rope_type!r} is not supported; supported: default (None), linear, llama3")
 
 
 def rope_cos_sin(
-    max_positions: int,
-    head_dim: int,
-    theta: float,
-    scaling: Mapping[str, Any] | None = None,
-    dtype: Any = np.float32,
+    max_positions: int, head_dim: int, theta: float, scaling: Mapping[str, Any] | None = None, dtype: Any = np.float32
 ) -> tuple[np.ndarray, np.ndarray]:
     """Rotary tables ``cos, sin`` of shape ``[max_positions, head_dim]`` in ``dtype``.
 

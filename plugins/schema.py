@@ -26,13 +26,7 @@ from typing import Any
 
 from trtpipe.plugins import OP_DOMAIN, OP_VERSION
 
-__all__ = [
-    "OP_SPECS",
-    "register_schemas",
-    "infer_trtpipe_shapes",
-    "op_schema_abi_hash",
-    "op_schema_canonical_text",
-]
+__all__ = ["OP_SPECS", "register_schemas", "infer_trtpipe_shapes", "op_schema_abi_hash", "op_schema_canonical_text"]
 
 _FLOATS = ["tensor(float)", "tensor(float16)"]
 

@@ -17,7 +17,6 @@ import math
 import torch
 
 
-
 @torch.library.custom_op("trtpipe::paged_attention", mutates_args=())
 def paged_attention(
     query: torch.Tensor,
@@ -75,9 +74,23 @@ def paged_attention(
 
 
 @paged_attention.register_fake
-def _paged_attention_fake(query, key, value, key_cache, value_cache, slot_mapping, block_tables,
-                          context_lens, query_start_loc, num_heads, num_kv_heads, head_size, scale,
-                          block_size, sliding_window):
+def _paged_attention_fake(
+    query,
+    key,
+    value,
+    key_cache,
+    value_cache,
+    slot_mapping,
+    block_tables,
+    context_lens,
+    query_start_loc,
+    num_heads,
+    num_kv_heads,
+    head_size,
+    scale,
+    block_size,
+    sliding_window,
+):
     return torch.empty_like(query), torch.empty_like(key_cache), torch.empty_like(value_cache)
 
 

@@ -31,7 +31,8 @@ Offsets are computed in int64 (block tables and slots are int64).
 
 This module imports triton at module level (it is the Triton module; import it lazily), never
 torch. It is a plugin ABI source (:data:`trtpipe.plugins.versions.PLUGIN_ABI_SOURCES`). Exception
-to the 60-line rule: the two attention kernels are single ``@triton.jit`` bodies (Triton inlines
+to the 60-line rule: the two attention kernels (``paged_attention_decode_kernel``,
+``paged_attention_prefill_kernel``) are single ``@triton.jit`` bodies (Triton inlines
 helpers anyway; splitting them would hide the tiling in call boundaries).
 """
 
@@ -86,8 +87,21 @@ def write_kv_cache_kernel(
 
 
 @triton.jit
-def _kv_tile(block_tables_ptr, s, stride_bt, j0, lo, hi, kvh, d, dmask, NUM_KV_HEADS: tl.constexpr,
-             HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+def _kv_tile(
+    block_tables_ptr,
+    s,
+    stride_bt,
+    j0,
+    lo,
+    hi,
+    kvh,
+    d,
+    dmask,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """Keys ``j = j0 .. j0+BLOCK_N-1`` of sequence s for kv head ``kvh``: ``(j [N], jvalid [N] =
     lo <= j < hi, element offsets of their K/V rows in the pool [N, D_PAD], load mask)``. Block
     table entries of invalid keys are never read (they may lie outside the window's blocks)."""
@@ -159,8 +173,9 @@ def paged_attention_decode_kernel(
     start = (lo // BLOCK_N) * BLOCK_N
     m_i, l_i, acc = _online_softmax_init(GROUP_PAD, D_PAD)  # running max, sum, weighted values
     for j0 in range(start, ctx, BLOCK_N):
-        j, jvalid, kv_off, kv_mask = _kv_tile(block_tables_ptr, s, stride_bt, j0, lo, ctx, kvh, d, dmask,
-                                              NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, BLOCK_N)
+        j, jvalid, kv_off, kv_mask = _kv_tile(
+            block_tables_ptr, s, stride_bt, j0, lo, ctx, kvh, d, dmask, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, BLOCK_N
+        )
         k = tl.load(key_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)  # [N, D]
         scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [G, N]
         scores = tl.where(jvalid[None, :], scores, float("-inf"))
@@ -243,8 +258,9 @@ def paged_attention_prefill_kernel(
 
     m_i, l_i, acc = _online_softmax_init(BLOCK_M, D_PAD)  # running max, sum, weighted values
     for j0 in range(start, j_end, BLOCK_N):
-        j, jvalid, kv_off, kv_mask = _kv_tile(block_tables_ptr, s, stride_bt, j0, j_lo, j_end, kvh, d, dmask,
-                                              NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, BLOCK_N)
+        j, jvalid, kv_off, kv_mask = _kv_tile(
+            block_tables_ptr, s, stride_bt, j0, j_lo, j_end, kvh, d, dmask, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, BLOCK_N
+        )
         k = tl.load(key_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)  # [N, D]
         scores = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * scale  # [M, N]
         visible = jvalid[None, :] & (j[None, :] <= pos[:, None])
@@ -307,8 +323,11 @@ def int4_gemm_kernel(
             z = tl.load(zp_ptr + rn * num_blocks + blk, mask=nmask, other=0.0).to(tl.float32)
             w = (q - z[None, :]) * sc[None, :]
         acc += tl.dot(a, w.to(a.dtype), input_precision=INPUT_PRECISION)
-    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=mmask[:, None] & nmask[None, :])
+    tl.store(
+        y_ptr + rm[:, None] * stride_ym + rn[None, :],
+        acc.to(y_ptr.dtype.element_ty),
+        mask=mmask[:, None] & nmask[None, :],
+    )
 
 
 def next_pow2(x: int) -> int:
@@ -326,45 +345,106 @@ _F = {"fp16": "*fp16", "fp32": "*fp32"}
 AOT_KERNELS: dict[str, tuple[Any, Any, dict[str, Any]]] = {
     "write_kv_cache": (
         write_kv_cache_kernel,
-        lambda dt: {"key_ptr": _F[dt], "value_ptr": _F[dt], "key_cache_ptr": _F[dt], "value_cache_ptr": _F[dt],
-                    "slot_mapping_ptr": "*i64", "stride_key_t": "i64", "stride_value_t": "i64",
-                    "KVH_D": "constexpr", "BLOCK": "constexpr"},
+        lambda dt: {
+            "key_ptr": _F[dt],
+            "value_ptr": _F[dt],
+            "key_cache_ptr": _F[dt],
+            "value_cache_ptr": _F[dt],
+            "slot_mapping_ptr": "*i64",
+            "stride_key_t": "i64",
+            "stride_value_t": "i64",
+            "KVH_D": "constexpr",
+            "BLOCK": "constexpr",
+        },
         {"KVH_D": 3 * 64, "BLOCK": 256},
     ),
     "paged_attention_decode": (
         paged_attention_decode_kernel,
-        lambda dt: {"out_ptr": _F[dt], "query_ptr": _F[dt], "key_cache_ptr": _F[dt], "value_cache_ptr": _F[dt],
-                    "block_tables_ptr": "*i64", "context_lens_ptr": "*i64", "scale": "fp32",
-                    "sliding_window": "i32", "stride_q": "i64", "stride_out": "i64", "stride_bt": "i64",
-                    **{k: "constexpr" for k in ("NUM_KV_HEADS", "HEAD_SIZE", "BLOCK_SIZE", "GROUP", "GROUP_PAD",
-                                                "D_PAD", "BLOCK_N")}},
-        {"NUM_KV_HEADS": 3, "HEAD_SIZE": 64, "BLOCK_SIZE": 16, "GROUP": 3, "GROUP_PAD": 4, "D_PAD": 64,
-         "BLOCK_N": 32},
+        lambda dt: {
+            "out_ptr": _F[dt],
+            "query_ptr": _F[dt],
+            "key_cache_ptr": _F[dt],
+            "value_cache_ptr": _F[dt],
+            "block_tables_ptr": "*i64",
+            "context_lens_ptr": "*i64",
+            "scale": "fp32",
+            "sliding_window": "i32",
+            "stride_q": "i64",
+            "stride_out": "i64",
+            "stride_bt": "i64",
+            **{
+                k: "constexpr"
+                for k in ("NUM_KV_HEADS", "HEAD_SIZE", "BLOCK_SIZE", "GROUP", "GROUP_PAD", "D_PAD", "BLOCK_N")
+            },
+        },
+        {"NUM_KV_HEADS": 3, "HEAD_SIZE": 64, "BLOCK_SIZE": 16, "GROUP": 3, "GROUP_PAD": 4, "D_PAD": 64, "BLOCK_N": 32},
     ),
     "paged_attention_prefill": (
         paged_attention_prefill_kernel,
-        lambda dt: {"out_ptr": _F[dt], "query_ptr": _F[dt], "key_cache_ptr": _F[dt], "value_cache_ptr": _F[dt],
-                    "block_tables_ptr": "*i64", "context_lens_ptr": "*i64", "query_start_loc_ptr": "*i64",
-                    "num_seqs": "i32", "scale": "fp32", "sliding_window": "i32", "stride_q": "i64",
-                    "stride_out": "i64", "stride_bt": "i64",
-                    **{k: "constexpr" for k in ("NUM_KV_HEADS", "HEAD_SIZE", "BLOCK_SIZE", "GROUP", "GROUP_PAD",
-                                                "D_PAD", "BLOCK_Q", "BLOCK_N", "INPUT_PRECISION")}},
-        {"NUM_KV_HEADS": 3, "HEAD_SIZE": 64, "BLOCK_SIZE": 16, "GROUP": 3, "GROUP_PAD": 4, "D_PAD": 64,
-         "BLOCK_Q": 16, "BLOCK_N": 32, "INPUT_PRECISION": "tf32"},
+        lambda dt: {
+            "out_ptr": _F[dt],
+            "query_ptr": _F[dt],
+            "key_cache_ptr": _F[dt],
+            "value_cache_ptr": _F[dt],
+            "block_tables_ptr": "*i64",
+            "context_lens_ptr": "*i64",
+            "query_start_loc_ptr": "*i64",
+            "num_seqs": "i32",
+            "scale": "fp32",
+            "sliding_window": "i32",
+            "stride_q": "i64",
+            "stride_out": "i64",
+            "stride_bt": "i64",
+            **{
+                k: "constexpr"
+                for k in (
+                    "NUM_KV_HEADS",
+                    "HEAD_SIZE",
+                    "BLOCK_SIZE",
+                    "GROUP",
+                    "GROUP_PAD",
+                    "D_PAD",
+                    "BLOCK_Q",
+                    "BLOCK_N",
+                    "INPUT_PRECISION",
+                )
+            },
+        },
+        {
+            "NUM_KV_HEADS": 3,
+            "HEAD_SIZE": 64,
+            "BLOCK_SIZE": 16,
+            "GROUP": 3,
+            "GROUP_PAD": 4,
+            "D_PAD": 64,
+            "BLOCK_Q": 16,
+            "BLOCK_N": 32,
+            "INPUT_PRECISION": "tf32",
+        },
     ),
     "int4_gemm": (
         int4_gemm_kernel,
-        lambda dt: {"a_ptr": _F[dt], "b_ptr": "*u8", "scales_ptr": _F[dt], "zp_ptr": "*u8", "y_ptr": _F[dt],
-                    "M": "i32", "N": "i32", "K": "i32", "stride_am": "i64", "stride_ym": "i64",
-                    **{k: "constexpr" for k in ("GROUP", "ZP_MODE", "BLOCK_M", "BLOCK_N", "BLOCK_K",
-                                                "INPUT_PRECISION")}},
+        lambda dt: {
+            "a_ptr": _F[dt],
+            "b_ptr": "*u8",
+            "scales_ptr": _F[dt],
+            "zp_ptr": "*u8",
+            "y_ptr": _F[dt],
+            "M": "i32",
+            "N": "i32",
+            "K": "i32",
+            "stride_am": "i64",
+            "stride_ym": "i64",
+            **{k: "constexpr" for k in ("GROUP", "ZP_MODE", "BLOCK_M", "BLOCK_N", "BLOCK_K", "INPUT_PRECISION")},
+        },
         {"GROUP": 32, "ZP_MODE": 1, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 32, "INPUT_PRECISION": "tf32"},
     ),
 }
 
 
-def aot_compile(name: str, *, cc: int, dtype: str = "fp16", num_warps: int = 4, fp_fusion: bool = True,
-                **constexprs: Any) -> Any:
+def aot_compile(
+    name: str, *, cc: int, dtype: str = "fp16", num_warps: int = 4, fp_fusion: bool = True, **constexprs: Any
+) -> Any:
     """Compile kernel ``name`` of :data:`AOT_KERNELS` for ``sm_<cc>`` without a GPU.
 
     ``dtype`` ("fp16" | "fp32") types the float pointers; ``constexprs`` override the defaults

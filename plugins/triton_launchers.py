@@ -18,8 +18,13 @@ import triton
 
 from trtpipe.plugins.errors import OpError
 from trtpipe.plugins.int4_pack import check_group_size
-from trtpipe.plugins.triton_kernels import (int4_gemm_kernel, next_pow2, paged_attention_decode_kernel,
-                                            paged_attention_prefill_kernel, write_kv_cache_kernel)
+from trtpipe.plugins.triton_kernels import (
+    int4_gemm_kernel,
+    next_pow2,
+    paged_attention_decode_kernel,
+    paged_attention_prefill_kernel,
+    write_kv_cache_kernel,
+)
 
 __all__ = ["write_kv_cache", "paged_attention_decode", "paged_attention_prefill", "paged_attention", "int4_gemm"]
 
@@ -32,10 +37,15 @@ def _precision(dtype: Any, input_precision: str | None) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"  # fp16 ignores it
 
 
-def _attention_attrs(num_heads: int, num_kv_heads: int, head_size: int, scale: float, block_size: int,
-                     sliding_window: int) -> tuple[int, float]:
-    for name, v in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads), ("head_size", head_size),
-                    ("block_size", block_size)):
+def _attention_attrs(
+    num_heads: int, num_kv_heads: int, head_size: int, scale: float, block_size: int, sliding_window: int
+) -> tuple[int, float]:
+    for name, v in (
+        ("num_heads", num_heads),
+        ("num_kv_heads", num_kv_heads),
+        ("head_size", head_size),
+        ("block_size", block_size),
+    ):
         if int(v) <= 0:
             raise OpError(f"attribute {name}={v}, expected a positive integer")
     if num_heads % num_kv_heads:
@@ -49,8 +59,9 @@ def _check_cache(key_cache: Any, value_cache: Any, block_size: int, num_kv_heads
     want = (block_size, num_kv_heads, head_size)
     for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
         if c.dim() != 4 or tuple(c.shape[1:]) != want or not c.is_contiguous():
-            raise OpError(f"{name}: shape {tuple(c.shape)}, expected a contiguous [NB, {block_size}, "
-                          f"{num_kv_heads}, {head_size}]")
+            raise OpError(
+                f"{name}: shape {tuple(c.shape)}, expected a contiguous [NB, {block_size}, {num_kv_heads}, {head_size}]"
+            )
 
 
 def write_kv_cache(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any) -> None:
@@ -59,20 +70,43 @@ def write_kv_cache(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_
     T = key.shape[0]
     kvh_d = key_cache.shape[2] * key_cache.shape[3]
     if key.shape != (T, kvh_d) or value.shape != (T, kvh_d) or slot_mapping.shape != (T,):
-        raise OpError(f"write_kv_cache: key {tuple(key.shape)}, value {tuple(value.shape)}, slot_mapping "
-                      f"{tuple(slot_mapping.shape)}; expected [T, {kvh_d}], [T, {kvh_d}], [T]")
+        raise OpError(
+            f"write_kv_cache: key {tuple(key.shape)}, value {tuple(value.shape)}, slot_mapping "
+            f"{tuple(slot_mapping.shape)}; expected [T, {kvh_d}], [T, {kvh_d}], [T]"
+        )
     if T == 0:
         return
     if key.stride(1) != 1 or value.stride(1) != 1:
         raise OpError("write_kv_cache: key/value rows must be contiguous in their last dim")
-    write_kv_cache_kernel[(T,)](key, value, key_cache, value_cache, slot_mapping, key.stride(0),
-                                value.stride(0), KVH_D=kvh_d, BLOCK=next_pow2(kvh_d))
+    write_kv_cache_kernel[(T,)](
+        key,
+        value,
+        key_cache,
+        value_cache,
+        slot_mapping,
+        key.stride(0),
+        value.stride(0),
+        KVH_D=kvh_d,
+        BLOCK=next_pow2(kvh_d),
+    )
 
 
-def paged_attention_decode(query: Any, key_cache: Any, value_cache: Any, block_tables: Any, context_lens: Any,
-                           *, num_heads: int, num_kv_heads: int, head_size: int, scale: float = 0.0,
-                           block_size: int, sliding_window: int = 0, out: Any = None,
-                           block_n: int | None = None) -> Any:
+def paged_attention_decode(
+    query: Any,
+    key_cache: Any,
+    value_cache: Any,
+    block_tables: Any,
+    context_lens: Any,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    scale: float = 0.0,
+    block_size: int,
+    sliding_window: int = 0,
+    out: Any = None,
+    block_n: int | None = None,
+) -> Any:
     """Decode attention: ``query [S, H*D]`` (token s is sequence s's newest token, position
     ``context_lens[s]-1``, its K/V already in the pool) -> ``out [S, H*D]`` in query's dtype."""
     import torch
@@ -88,18 +122,47 @@ def paged_attention_decode(query: Any, key_cache: Any, value_cache: Any, block_t
     gp, dp = next_pow2(group), max(16, next_pow2(head_size))
     bn = block_n or max(16, min(64, next_pow2(max(1, 8192 // (gp * dp)))))
     paged_attention_decode_kernel[(S, num_kv_heads)](
-        out, query, key_cache, value_cache, block_tables, context_lens, scale, int(sliding_window),
-        query.stride(0), out.stride(0), block_tables.stride(0),
-        NUM_KV_HEADS=num_kv_heads, HEAD_SIZE=head_size, BLOCK_SIZE=block_size, GROUP=group, GROUP_PAD=gp,
-        D_PAD=dp, BLOCK_N=bn)
+        out,
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        context_lens,
+        scale,
+        int(sliding_window),
+        query.stride(0),
+        out.stride(0),
+        block_tables.stride(0),
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_SIZE=head_size,
+        BLOCK_SIZE=block_size,
+        GROUP=group,
+        GROUP_PAD=gp,
+        D_PAD=dp,
+        BLOCK_N=bn,
+    )
     return out
 
 
-def paged_attention_prefill(query: Any, key_cache: Any, value_cache: Any, block_tables: Any, context_lens: Any,
-                            query_start_loc: Any, *, num_heads: int, num_kv_heads: int, head_size: int,
-                            scale: float = 0.0, block_size: int, sliding_window: int = 0, out: Any = None,
-                            block_q: int | None = None, block_n: int = 32,
-                            input_precision: str | None = None) -> Any:
+def paged_attention_prefill(
+    query: Any,
+    key_cache: Any,
+    value_cache: Any,
+    block_tables: Any,
+    context_lens: Any,
+    query_start_loc: Any,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    scale: float = 0.0,
+    block_size: int,
+    sliding_window: int = 0,
+    out: Any = None,
+    block_q: int | None = None,
+    block_n: int = 32,
+    input_precision: str | None = None,
+) -> Any:
     """Prefill attention over packed ragged chunks (``query [T, H*D]``, ``query_start_loc
     [S+1]``), this step's K/V already in the pool. ``out [T, H*D]`` in query's dtype."""
     import torch
@@ -120,17 +183,51 @@ def paged_attention_prefill(query: Any, key_cache: Any, value_cache: Any, block_
         raise OpError(f"block_q={bq} x group {gp} must give >= 16 rows; block_n={block_n} >= 16; powers of two")
     grid = (T // bq + S, num_kv_heads)
     paged_attention_prefill_kernel[grid](
-        out, query, key_cache, value_cache, block_tables, context_lens, query_start_loc, S, scale,
-        int(sliding_window), query.stride(0), out.stride(0), block_tables.stride(0),
-        NUM_KV_HEADS=num_kv_heads, HEAD_SIZE=head_size, BLOCK_SIZE=block_size, GROUP=group, GROUP_PAD=gp,
-        D_PAD=dp, BLOCK_Q=bq, BLOCK_N=block_n, INPUT_PRECISION=_precision(query.dtype, input_precision))
+        out,
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        context_lens,
+        query_start_loc,
+        S,
+        scale,
+        int(sliding_window),
+        query.stride(0),
+        out.stride(0),
+        block_tables.stride(0),
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_SIZE=head_size,
+        BLOCK_SIZE=block_size,
+        GROUP=group,
+        GROUP_PAD=gp,
+        D_PAD=dp,
+        BLOCK_Q=bq,
+        BLOCK_N=block_n,
+        INPUT_PRECISION=_precision(query.dtype, input_precision),
+    )
     return out
 
 
-def paged_attention(query: Any, key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any,
-                    block_tables: Any, context_lens: Any, query_start_loc: Any, *, num_heads: int,
-                    num_kv_heads: int, head_size: int, scale: float = 0.0, block_size: int,
-                    sliding_window: int = 0, max_query_len: int | None = None) -> tuple[Any, Any, Any]:
+def paged_attention(
+    query: Any,
+    key: Any,
+    value: Any,
+    key_cache: Any,
+    value_cache: Any,
+    slot_mapping: Any,
+    block_tables: Any,
+    context_lens: Any,
+    query_start_loc: Any,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    scale: float = 0.0,
+    block_size: int,
+    sliding_window: int = 0,
+    max_query_len: int | None = None,
+) -> tuple[Any, Any, Any]:
     """``trtpipe::PagedAttention`` on torch tensors: write K/V in place, then attention.
 
     Returns ``(output, key_cache, value_cache)`` with the caches being the (updated) inputs,
@@ -143,19 +240,52 @@ def paged_attention(query: Any, key: Any, value: Any, key_cache: Any, value_cach
     if max_query_len is None:
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max().item()) if S else 0
     if max_query_len == 1 and query.shape[0] == S:
-        out = paged_attention_decode(query, key_cache, value_cache, block_tables, context_lens, num_heads=num_heads,
-                                     num_kv_heads=num_kv_heads, head_size=head_size, scale=scale,
-                                     block_size=block_size, sliding_window=sliding_window)
+        out = paged_attention_decode(
+            query,
+            key_cache,
+            value_cache,
+            block_tables,
+            context_lens,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_size=head_size,
+            scale=scale,
+            block_size=block_size,
+            sliding_window=sliding_window,
+        )
     else:
-        out = paged_attention_prefill(query, key_cache, value_cache, block_tables, context_lens, query_start_loc,
-                                      num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size,
-                                      scale=scale, block_size=block_size, sliding_window=sliding_window)
+        out = paged_attention_prefill(
+            query,
+            key_cache,
+            value_cache,
+            block_tables,
+            context_lens,
+            query_start_loc,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_size=head_size,
+            scale=scale,
+            block_size=block_size,
+            sliding_window=sliding_window,
+        )
     return out, key_cache, value_cache
 
 
-def int4_gemm(a: Any, b_packed: Any, scales: Any, zero_points: Any = None, *, K: int, N: int, group_size: int,
-              bits: int = 4, block_m: int = 16, block_n: int = 32, block_k: int | None = None,
-              input_precision: str | None = None) -> Any:
+def int4_gemm(
+    a: Any,
+    b_packed: Any,
+    scales: Any,
+    zero_points: Any = None,
+    *,
+    K: int,
+    N: int,
+    group_size: int,
+    bits: int = 4,
+    block_m: int = 16,
+    block_n: int = 32,
+    block_k: int | None = None,
+    input_precision: str | None = None,
+) -> Any:
     """``trtpipe::Int4Gemm`` on torch tensors: ``a [..., K]`` -> ``y [..., N]`` in a's dtype.
 
     ``b_packed [N, K/G, G/2]`` uint8, ``scales [N, K/G]``, ``zero_points`` None | uint8
@@ -170,8 +300,9 @@ def int4_gemm(a: Any, b_packed: Any, scales: Any, zero_points: Any = None, *, K:
     if a.shape[-1] != K:
         raise OpError(f"A: shape {tuple(a.shape)}, expected [..., K] with K={K}")
     if tuple(b_packed.shape) != (N, nb, G // 2) or b_packed.dtype != torch.uint8 or not b_packed.is_contiguous():
-        raise OpError(f"b_packed: {tuple(b_packed.shape)} {b_packed.dtype}, expected contiguous uint8 "
-                      f"[{N}, {nb}, {G // 2}]")
+        raise OpError(
+            f"b_packed: {tuple(b_packed.shape)} {b_packed.dtype}, expected contiguous uint8 [{N}, {nb}, {G // 2}]"
+        )
     if tuple(scales.shape) != (N, nb) or not scales.is_contiguous():
         raise OpError(f"scales: shape {tuple(scales.shape)}, expected contiguous [{N}, {nb}]")
     if zero_points is None:
@@ -194,7 +325,22 @@ def int4_gemm(a: Any, b_packed: Any, scales: Any, zero_points: Any = None, *, K:
     y = torch.empty((M, N), dtype=a.dtype, device=a.device)
     if M:
         grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
-        int4_gemm_kernel[grid](a2, b_packed, scales, zp, y, M, N, K, a2.stride(0), y.stride(0), GROUP=G,
-                               ZP_MODE=zp_mode, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=bk,
-                               INPUT_PRECISION=_precision(a.dtype, input_precision))
+        int4_gemm_kernel[grid](
+            a2,
+            b_packed,
+            scales,
+            zp,
+            y,
+            M,
+            N,
+            K,
+            a2.stride(0),
+            y.stride(0),
+            GROUP=G,
+            ZP_MODE=zp_mode,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            BLOCK_K=bk,
+            INPUT_PRECISION=_precision(a.dtype, input_precision),
+        )
     return y.reshape(*a.shape[:-1], N)

@@ -37,42 +37,60 @@ from onnx import TensorProto, helper, numpy_helper
 from trtpipe.plugins import OP_DOMAIN, PLUGIN_VERSION
 from trtpipe.plugins.errors import OpError
 from trtpipe.plugins.float_cast import FLOAT_TYPES, cast_float_graph
-from trtpipe.plugins.graph_rewrite import (GraphRewrite, NodeBuilder, finish_lowering, node_attributes,
-                                           rewrite_custom_nodes)
+from trtpipe.plugins.graph_rewrite import (
+    GraphRewrite,
+    NodeBuilder,
+    finish_lowering,
+    node_attributes,
+    rewrite_custom_nodes,
+)
 from trtpipe.plugins.int4_pack import unpack_zero_points_uint8
 from trtpipe.plugins.trt_plugin_free import ASYMMETRIC_INT4_MODES, lower_int8_gemm_float, lower_plugin_free
 
-__all__ = ["PLUGIN_NAMESPACE", "PLUGIN_ATTRIBUTES", "lower_with_plugins", "lower_for_trt", "custom_nodes",
-           # re-exported from their homes (float_cast.py, trt_plugin_free.py)
-           "FLOAT_TYPES", "cast_float_graph", "ASYMMETRIC_INT4_MODES", "lower_plugin_free"]
+__all__ = [
+    "PLUGIN_NAMESPACE",
+    "PLUGIN_ATTRIBUTES",
+    "lower_with_plugins",
+    "lower_for_trt",
+    "custom_nodes",
+    # re-exported from their homes (float_cast.py, trt_plugin_free.py)
+    "FLOAT_TYPES",
+    "cast_float_graph",
+    "ASYMMETRIC_INT4_MODES",
+    "lower_plugin_free",
+]
 
 PLUGIN_NAMESPACE = "trtpipe"
 # plugin creator name -> the attributes its node carries (besides plugin_namespace/version);
 # trt_plugins.py registers exactly these.
 PLUGIN_ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "PagedKVWrite": ("num_kv_heads", "head_size", "block_size"),
-    "PagedAttention": ("num_heads", "num_kv_heads", "head_size", "scale", "block_size", "sliding_window",
-                       "decode"),
+    "PagedAttention": ("num_heads", "num_kv_heads", "head_size", "scale", "block_size", "sliding_window", "decode"),
     "Int4Gemm": ("K", "N", "group_size", "bits"),
 }
 
 
-def _plugin_node(op_type: str, inputs: list[str], outputs: list[str], name: str, attrs: dict,
-                 namespace: str, version: str) -> onnx.NodeProto:
+def _plugin_node(
+    op_type: str, inputs: list[str], outputs: list[str], name: str, attrs: dict, namespace: str, version: str
+) -> onnx.NodeProto:
     want = PLUGIN_ATTRIBUTES[op_type]
     kw = {k: attrs[k] for k in want}
-    return helper.make_node(op_type, inputs, outputs, name=name, domain=OP_DOMAIN,
-                            plugin_namespace=namespace, plugin_version=version, **kw)
+    return helper.make_node(
+        op_type, inputs, outputs, name=name, domain=OP_DOMAIN, plugin_namespace=namespace, plugin_version=version, **kw
+    )
 
 
-def _float_zero_points(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto], extra: list,
-                       n_groups: int, N: int) -> str:
+def _float_zero_points(
+    node: onnx.NodeProto, inits: dict[str, onnx.TensorProto], extra: list, n_groups: int, N: int
+) -> str:
     """The node's zero points as a float initializer name (scales' dtype): a float initializer
     as is, uint8 ones unpacked, absent ones 8 (new initializers are appended to ``extra``)."""
     scales = inits.get(node.input[2])
     if scales is None:
-        raise OpError(f"Int4Gemm {node.name}: scales {node.input[2]!r} must be an initializer (weights are "
-                      "constant). Fix: export with the weights as initializers.")
+        raise OpError(
+            f"Int4Gemm {node.name}: scales {node.input[2]!r} must be an initializer (weights are "
+            "constant). Fix: export with the weights as initializers."
+        )
     fdt = numpy_helper.to_array(scales).dtype
     zp_name = node.input[3] if len(node.input) > 3 else ""
     if not zp_name:
@@ -89,20 +107,37 @@ def _float_zero_points(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto],
     return name
 
 
-def _plugin_nodes(node: onnx.NodeProto, state: GraphRewrite, inits: dict[str, onnx.TensorProto], *, decode: bool,
-                  namespace: str, version: str) -> None:
+def _plugin_nodes(
+    node: onnx.NodeProto,
+    state: GraphRewrite,
+    inits: dict[str, onnx.TensorProto],
+    *,
+    decode: bool,
+    namespace: str,
+    version: str,
+) -> None:
     """One custom node -> its plugin node(s) (or, for an 8-bit ``Int4Gemm``, a float MatMul)."""
     a = node_attributes(node)
     base = node.name or node.output[0]
     if node.op_type == "PagedAttention":
         q, k, v, kc, vc, slot, bt, cl, qsl = node.input[:9]
         o, kc_out, vc_out = node.output
-        state.nodes.append(_plugin_node("PagedKVWrite", [k, v, kc, vc, slot], [kc_out, vc_out], f"{base}/kv_write",
-                                        a, namespace, version))
-        a = {**a, "scale": float(a.get("scale", 0.0)), "sliding_window": int(a.get("sliding_window", 0)),
-             "decode": int(decode)}
-        state.nodes.append(_plugin_node("PagedAttention", [q, kc_out, vc_out, bt, cl, qsl], [o], f"{base}/attention",
-                                        a, namespace, version))
+        state.nodes.append(
+            _plugin_node(
+                "PagedKVWrite", [k, v, kc, vc, slot], [kc_out, vc_out], f"{base}/kv_write", a, namespace, version
+            )
+        )
+        a = {
+            **a,
+            "scale": float(a.get("scale", 0.0)),
+            "sliding_window": int(a.get("sliding_window", 0)),
+            "decode": int(decode),
+        }
+        state.nodes.append(
+            _plugin_node(
+                "PagedAttention", [q, kc_out, vc_out, bt, cl, qsl], [o], f"{base}/attention", a, namespace, version
+            )
+        )
     elif node.op_type == "Int4Gemm" and int(a.get("bits", 4)) == 8:
         b = NodeBuilder(base)
         lower_int8_gemm_float(b, node, inits)
@@ -111,15 +146,19 @@ def _plugin_nodes(node: onnx.NodeProto, state: GraphRewrite, inits: dict[str, on
         K, N, G = a["K"], a["N"], a["group_size"]
         zp = _float_zero_points(node, inits, state.initializers, K // G, N)
         a = {**a, "bits": int(a.get("bits", 4))}
-        state.nodes.append(_plugin_node("Int4Gemm", list(node.input[:3]) + [zp], list(node.output), base, a,
-                                        namespace, version))
+        state.nodes.append(
+            _plugin_node("Int4Gemm", list(node.input[:3]) + [zp], list(node.output), base, a, namespace, version)
+        )
     else:
-        raise OpError(f"no TensorRT plugin for {OP_DOMAIN}::{node.op_type} (node {node.name}); "
-                      f"plugins exist for {sorted(PLUGIN_ATTRIBUTES)}")
+        raise OpError(
+            f"no TensorRT plugin for {OP_DOMAIN}::{node.op_type} (node {node.name}); "
+            f"plugins exist for {sorted(PLUGIN_ATTRIBUTES)}"
+        )
 
 
-def lower_with_plugins(model: onnx.ModelProto, *, decode: bool = False, namespace: str = PLUGIN_NAMESPACE,
-                       version: str = PLUGIN_VERSION) -> onnx.ModelProto:
+def lower_with_plugins(
+    model: onnx.ModelProto, *, decode: bool = False, namespace: str = PLUGIN_NAMESPACE, version: str = PLUGIN_VERSION
+) -> onnx.ModelProto:
     """Rewrite ``trtpipe`` nodes into TensorRT plugin nodes (see the module docstring).
 
     ``decode``: the graph has one query token per sequence (the split layout's decode graph), so
@@ -128,19 +167,30 @@ def lower_with_plugins(model: onnx.ModelProto, *, decode: bool = False, namespac
     """
     inits = {t.name: t for t in model.graph.initializer}
     out = rewrite_custom_nodes(
-        model, lambda node, state: _plugin_nodes(node, state, inits, decode=decode, namespace=namespace,
-                                                 version=version),
-        keep=lambda node: "plugin_namespace" in node_attributes(node))
+        model,
+        lambda node, state: _plugin_nodes(node, state, inits, decode=decode, namespace=namespace, version=version),
+        keep=lambda node: "plugin_namespace" in node_attributes(node),
+    )
     return finish_lowering(out, keep_custom_opset=True)
 
 
-def lower_for_trt(model: onnx.ModelProto, *, dtype: str, plugin_free: bool, decode: bool = False,
-                  kv_dtype: str | None = None, asymmetric_int4: str = "refuse") -> onnx.ModelProto:
+def lower_for_trt(
+    model: onnx.ModelProto,
+    *,
+    dtype: str,
+    plugin_free: bool,
+    decode: bool = False,
+    kv_dtype: str | None = None,
+    asymmetric_int4: str = "refuse",
+) -> onnx.ModelProto:
     """The whole TensorRT lowering of one exported fp32 graph: custom ops (plugins or
     plugin-free, the latter optionally re-quantizing asymmetric INT4 weights), then the float
     cast to ``dtype`` ("fp32" | "fp16" | "bf16")."""
-    lowered = (lower_plugin_free(model, decode=decode, asymmetric_int4=asymmetric_int4) if plugin_free
-               else lower_with_plugins(model, decode=decode))
+    lowered = (
+        lower_plugin_free(model, decode=decode, asymmetric_int4=asymmetric_int4)
+        if plugin_free
+        else lower_with_plugins(model, decode=decode)
+    )
     return cast_float_graph(lowered, dtype, kv_dtype=kv_dtype)
 
 

@@ -28,8 +28,13 @@ from onnx import numpy_helper
 
 from trtpipe.plugins import OP_DOMAIN
 from trtpipe.plugins.errors import OpError
-from trtpipe.plugins.graph_rewrite import (GraphRewrite, NodeBuilder, finish_lowering, node_attributes,
-                                           rewrite_custom_nodes)
+from trtpipe.plugins.graph_rewrite import (
+    GraphRewrite,
+    NodeBuilder,
+    finish_lowering,
+    node_attributes,
+    rewrite_custom_nodes,
+)
 from trtpipe.plugins.int4_pack import requantize_symmetric, unpack_int4_codes, zero_points_float
 from trtpipe.plugins.paged_attention_onnx import lower_paged_attention
 from trtpipe.plugins.reference import dequantize_int4
@@ -40,8 +45,9 @@ ASYMMETRIC_INT4_MODES = ("refuse", "requantize_symmetric", "dequantize_float")
 _BLOCKWISE_DQ_OPSET = 21  # blockwise DequantizeLinear (block_size attribute)
 
 
-def lower_plugin_free(model: onnx.ModelProto, *, decode: bool = False,
-                      asymmetric_int4: str = "refuse") -> onnx.ModelProto:
+def lower_plugin_free(
+    model: onnx.ModelProto, *, decode: bool = False, asymmetric_int4: str = "refuse"
+) -> onnx.ModelProto:
     """Rewrite every ``trtpipe`` node into standard ONNX ops TensorRT parses without plugins.
 
     ``decode``: one query token per sequence (the split layout's decode graph), which takes the
@@ -83,8 +89,9 @@ def _int4_tensor(values: np.ndarray, name: str) -> onnx.TensorProto:
     return numpy_helper.from_array(np.ascontiguousarray(values.astype(np.int8)).astype(ml_dtypes.int4), name)
 
 
-def _weights(node: onnx.NodeProto,
-             inits: dict[str, onnx.TensorProto]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def _weights(
+    node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """``(codes, scales, zero points or None)`` of an ``Int4Gemm`` node as stored. Raises
     :class:`OpError` when one is not an initializer."""
     zp_name = node.input[3] if len(node.input) > 3 else ""
@@ -92,8 +99,9 @@ def _weights(node: onnx.NodeProto,
         arrays = [numpy_helper.to_array(inits[name]) for name in node.input[1:3]]
         zp = numpy_helper.to_array(inits[zp_name]) if zp_name else None
     except KeyError as e:
-        raise OpError(f"Int4Gemm {node.name}: {e} must be an initializer (load the graph with its external "
-                      "data before lowering)") from None
+        raise OpError(
+            f"Int4Gemm {node.name}: {e} must be an initializer (load the graph with its external data before lowering)"
+        ) from None
     return arrays[0], arrays[1], zp
 
 
@@ -104,8 +112,9 @@ def _emit_float_matmul(b: NodeBuilder, node: onnx.NodeProto, w: np.ndarray, dtyp
     b.op("MatMul", [node.input[0], name], "matmul", outputs=list(node.output))
 
 
-def _lower_int4_gemm_dq(b: NodeBuilder, node: onnx.NodeProto, inits: dict[str, onnx.TensorProto], *,
-                        asymmetric_int4: str = "refuse") -> None:
+def _lower_int4_gemm_dq(
+    b: NodeBuilder, node: onnx.NodeProto, inits: dict[str, onnx.TensorProto], *, asymmetric_int4: str = "refuse"
+) -> None:
     """``Int4Gemm`` -> ``MatMul(A, DequantizeLinear(W_int4 [K, N], scale [K/G, N], axis=0,
     block_size=G))``. Symmetric only (zero point 8 everywhere), see the module docstring.
     Asymmetric blocks (``asymmetric_int4``): ``refuse`` raises; ``requantize_symmetric``
@@ -145,7 +154,8 @@ def _asymmetric_error(node: onnx.NodeProto, K: int, N: int, G: int, bad: int, to
         "(engine.plugin_free_int4: dequantize_float), gated by "
         "validate.correctness.plugin_free_teacher_forced_agreement_min), or re-quantize every variant "
         "(precision.int4.symmetric: true; a GGUF Q4_1 file is asymmetric and is repacked as is at group_size "
-        "32, so pick group_size 64 or 128 to re-quantize), or run that phase in fp16.")
+        "32, so pick group_size 64 or 128 to re-quantize), or run that phase in fp16."
+    )
 
 
 def lower_int8_gemm_float(b: NodeBuilder, node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> None:

@@ -33,7 +33,7 @@ takes the ``tensorrt.plugin`` module as an argument (tests pass one built on
 """
 
 # no `from __future__ import annotations`: tensorrt.plugin reads the annotations as objects
-from typing import TYPE_CHECKING, Any, List, Tuple
+from typing import TYPE_CHECKING, Any
 
 import triton
 import triton.language as tl
@@ -41,8 +41,13 @@ import triton.language as tl
 from trtpipe.plugins import PLUGIN_VERSION
 from trtpipe.plugins.dtypes import FLOAT_NAMES
 from trtpipe.plugins.errors import OpError
-from trtpipe.plugins.triton_kernels import (int4_gemm_kernel, next_pow2, paged_attention_decode_kernel,
-                                            paged_attention_prefill_kernel, write_kv_cache_kernel)
+from trtpipe.plugins.triton_kernels import (
+    int4_gemm_kernel,
+    next_pow2,
+    paged_attention_decode_kernel,
+    paged_attention_prefill_kernel,
+    write_kv_cache_kernel,
+)
 from trtpipe.plugins.trt_lowering import PLUGIN_ATTRIBUTES, PLUGIN_NAMESPACE
 from trtpipe.plugins.versions import TRT_PLUGINS_MIN_VERSION, trt_has_python_plugins
 
@@ -65,63 +70,141 @@ PREFILL_TACTICS = {1: 32, 2: 64}
 
 @triton.jit
 def kv_write_plugin_kernel(
-    key_ptr, value_ptr, key_cache_ptr, value_cache_ptr, slot_mapping_ptr,  # inputs
-    key_cache_out_ptr, value_cache_out_ptr,  # outputs (same memory as key_cache / value_cache)
-    KVH_D: tl.constexpr, BLOCK: tl.constexpr,
+    key_ptr,
+    value_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    slot_mapping_ptr,  # inputs
+    key_cache_out_ptr,
+    value_cache_out_ptr,  # outputs (same memory as key_cache / value_cache)
+    KVH_D: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     """Grid (T,). Rows of key/value are contiguous ([T, KVH*D])."""
-    write_kv_cache_kernel(key_ptr, value_ptr, key_cache_out_ptr, value_cache_out_ptr, slot_mapping_ptr,
-                          KVH_D, KVH_D, KVH_D, BLOCK)
+    write_kv_cache_kernel(
+        key_ptr, value_ptr, key_cache_out_ptr, value_cache_out_ptr, slot_mapping_ptr, KVH_D, KVH_D, KVH_D, BLOCK
+    )
 
 
 @triton.jit
 def attention_decode_plugin_kernel(
-    query_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, context_lens_ptr, query_start_loc_ptr,  # inputs
+    query_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    block_tables_ptr,
+    context_lens_ptr,
+    query_start_loc_ptr,  # inputs
     max_blocks,  # extra: MB (block-table row stride)
     out_ptr,  # output
-    SCALE: tl.constexpr, WINDOW: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D_PAD: tl.constexpr,
+    SCALE: tl.constexpr,
+    WINDOW: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    D_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     """Grid (S, KVH). One token per sequence (query row s = sequence s); query_start_loc unused."""
     HD: tl.constexpr = NUM_KV_HEADS * GROUP * HEAD_SIZE
     window = tl.full((), WINDOW, tl.int32)
     scale = tl.full((), SCALE, tl.float32)
-    paged_attention_decode_kernel(out_ptr, query_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr,
-                                  context_lens_ptr, scale, window, HD, HD, max_blocks, NUM_KV_HEADS, HEAD_SIZE,
-                                  BLOCK_SIZE, GROUP, GROUP_PAD, D_PAD, BLOCK_N)
+    paged_attention_decode_kernel(
+        out_ptr,
+        query_ptr,
+        key_cache_ptr,
+        value_cache_ptr,
+        block_tables_ptr,
+        context_lens_ptr,
+        scale,
+        window,
+        HD,
+        HD,
+        max_blocks,
+        NUM_KV_HEADS,
+        HEAD_SIZE,
+        BLOCK_SIZE,
+        GROUP,
+        GROUP_PAD,
+        D_PAD,
+        BLOCK_N,
+    )
 
 
 @triton.jit
 def attention_prefill_plugin_kernel(
-    query_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, context_lens_ptr, query_start_loc_ptr,  # inputs
-    num_seqs, max_blocks,  # extras: S, MB
+    query_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    block_tables_ptr,
+    context_lens_ptr,
+    query_start_loc_ptr,  # inputs
+    num_seqs,
+    max_blocks,  # extras: S, MB
     out_ptr,  # output
-    SCALE: tl.constexpr, WINDOW: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D_PAD: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    SCALE: tl.constexpr,
+    WINDOW: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
 ):
     """Grid (T // BLOCK_Q + S, KVH): ragged packed chunks (see paged_attention_prefill_kernel)."""
     HD: tl.constexpr = NUM_KV_HEADS * GROUP * HEAD_SIZE
     window = tl.full((), WINDOW, tl.int32)
     scale = tl.full((), SCALE, tl.float32)
-    paged_attention_prefill_kernel(out_ptr, query_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr,
-                                   context_lens_ptr, query_start_loc_ptr, num_seqs, scale, window, HD, HD,
-                                   max_blocks, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, GROUP, GROUP_PAD, D_PAD,
-                                   BLOCK_Q, BLOCK_N, INPUT_PRECISION)
+    paged_attention_prefill_kernel(
+        out_ptr,
+        query_ptr,
+        key_cache_ptr,
+        value_cache_ptr,
+        block_tables_ptr,
+        context_lens_ptr,
+        query_start_loc_ptr,
+        num_seqs,
+        scale,
+        window,
+        HD,
+        HD,
+        max_blocks,
+        NUM_KV_HEADS,
+        HEAD_SIZE,
+        BLOCK_SIZE,
+        GROUP,
+        GROUP_PAD,
+        D_PAD,
+        BLOCK_Q,
+        BLOCK_N,
+        INPUT_PRECISION,
+    )
 
 
 @triton.jit
 def int4_gemm_plugin_kernel(
-    a_ptr, b_ptr, scales_ptr, zp_ptr,  # inputs (float zero points)
+    a_ptr,
+    b_ptr,
+    scales_ptr,
+    zp_ptr,  # inputs (float zero points)
     M,  # extra: rows of A (product of its leading dims)
     y_ptr,  # output
-    N: tl.constexpr, K: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
 ):
     """Grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)); A [M, K] and Y [M, N] contiguous."""
-    int4_gemm_kernel(a_ptr, b_ptr, scales_ptr, zp_ptr, y_ptr, M, N, K, K, N, GROUP, 2, BLOCK_M, BLOCK_N, BLOCK_K,
-                     INPUT_PRECISION)
+    int4_gemm_kernel(
+        a_ptr, b_ptr, scales_ptr, zp_ptr, y_ptr, M, N, K, K, N, GROUP, 2, BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION
+    )
 
 
 # ============================================================================================
@@ -129,15 +212,24 @@ def int4_gemm_plugin_kernel(
 # ============================================================================================
 
 
-def _attention_constexprs(num_heads: int, num_kv_heads: int, head_size: int, scale: float, block_size: int,
-                          sliding_window: int) -> dict[str, Any]:
+def _attention_constexprs(
+    num_heads: int, num_kv_heads: int, head_size: int, scale: float, block_size: int, sliding_window: int
+) -> dict[str, Any]:
     if num_heads <= 0 or num_kv_heads <= 0 or num_heads % num_kv_heads:
-        raise OpError(f"PagedAttention: num_heads={num_heads} must be a positive multiple of "
-                      f"num_kv_heads={num_kv_heads}")
+        raise OpError(
+            f"PagedAttention: num_heads={num_heads} must be a positive multiple of num_kv_heads={num_kv_heads}"
+        )
     group = num_heads // num_kv_heads
-    return dict(SCALE=float(scale) or 1.0 / float(head_size) ** 0.5, WINDOW=int(sliding_window),
-                NUM_KV_HEADS=num_kv_heads, HEAD_SIZE=head_size, BLOCK_SIZE=block_size, GROUP=group,
-                GROUP_PAD=next_pow2(group), D_PAD=max(16, next_pow2(head_size)))
+    return dict(
+        SCALE=float(scale) or 1.0 / float(head_size) ** 0.5,
+        WINDOW=int(sliding_window),
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_SIZE=head_size,
+        BLOCK_SIZE=block_size,
+        GROUP=group,
+        GROUP_PAD=next_pow2(group),
+        D_PAD=max(16, next_pow2(head_size)),
+    )
 
 
 def kernel_config(plugin: str, attrs: dict[str, Any], dtype: str, tactic: int = 1) -> tuple[Any, dict, dict, int]:
@@ -148,15 +240,35 @@ def kernel_config(plugin: str, attrs: dict[str, Any], dtype: str, tactic: int = 
         raise OpError(f"dtype {dtype!r}: the plugins run fp16, bf16 or fp32")
     if plugin == "PagedKVWrite":
         kvh_d = int(attrs["num_kv_heads"]) * int(attrs["head_size"])
-        sig = {"key_ptr": f, "value_ptr": f, "key_cache_ptr": f, "value_cache_ptr": f, "slot_mapping_ptr": "*i64",
-               "key_cache_out_ptr": f, "value_cache_out_ptr": f, "KVH_D": "constexpr", "BLOCK": "constexpr"}
+        sig = {
+            "key_ptr": f,
+            "value_ptr": f,
+            "key_cache_ptr": f,
+            "value_cache_ptr": f,
+            "slot_mapping_ptr": "*i64",
+            "key_cache_out_ptr": f,
+            "value_cache_out_ptr": f,
+            "KVH_D": "constexpr",
+            "BLOCK": "constexpr",
+        }
         return kv_write_plugin_kernel, sig, {"KVH_D": kvh_d, "BLOCK": next_pow2(kvh_d)}, 4
     if plugin == "PagedAttention":
-        c = _attention_constexprs(int(attrs["num_heads"]), int(attrs["num_kv_heads"]), int(attrs["head_size"]),
-                                  float(attrs.get("scale", 0.0)), int(attrs["block_size"]),
-                                  int(attrs.get("sliding_window", 0)))
-        ins = {"query_ptr": f, "key_cache_ptr": f, "value_cache_ptr": f, "block_tables_ptr": "*i64",
-               "context_lens_ptr": "*i64", "query_start_loc_ptr": "*i64"}
+        c = _attention_constexprs(
+            int(attrs["num_heads"]),
+            int(attrs["num_kv_heads"]),
+            int(attrs["head_size"]),
+            float(attrs.get("scale", 0.0)),
+            int(attrs["block_size"]),
+            int(attrs.get("sliding_window", 0)),
+        )
+        ins = {
+            "query_ptr": f,
+            "key_cache_ptr": f,
+            "value_cache_ptr": f,
+            "block_tables_ptr": "*i64",
+            "context_lens_ptr": "*i64",
+            "query_start_loc_ptr": "*i64",
+        }
         if int(attrs.get("decode", 0)):
             c["BLOCK_N"] = max(16, min(64, next_pow2(max(1, 8192 // (c["GROUP_PAD"] * c["D_PAD"])))))
             sig = {**ins, "max_blocks": "i32", "out_ptr": f, **{k: "constexpr" for k in c}}
@@ -173,10 +285,24 @@ def kernel_config(plugin: str, attrs: dict[str, Any], dtype: str, tactic: int = 
         if K % G or G < 16 or G & (G - 1):
             raise OpError(f"Int4Gemm: group_size={G} must be a power of two >= 16 dividing K={K}")
         bm, bn, bk, warps = INT4_TACTICS.get(tactic, INT4_TACTICS[1])
-        c = {"N": N, "K": K, "GROUP": G, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": min(G, bk),
-             "INPUT_PRECISION": "ieee" if dtype == "fp32" else "tf32"}
-        sig = {"a_ptr": f, "b_ptr": "*u8", "scales_ptr": f, "zp_ptr": f, "M": "i32", "y_ptr": f,
-               **{k: "constexpr" for k in c}}
+        c = {
+            "N": N,
+            "K": K,
+            "GROUP": G,
+            "BLOCK_M": bm,
+            "BLOCK_N": bn,
+            "BLOCK_K": min(G, bk),
+            "INPUT_PRECISION": "ieee" if dtype == "fp32" else "tf32",
+        }
+        sig = {
+            "a_ptr": f,
+            "b_ptr": "*u8",
+            "scales_ptr": f,
+            "zp_ptr": f,
+            "M": "i32",
+            "y_ptr": f,
+            **{k: "constexpr" for k in c},
+        }
         return int4_gemm_plugin_kernel, sig, c, warps
     raise OpError(f"unknown plugin {plugin!r}; expected one of {sorted(PLUGIN_ATTRIBUTES)}")
 
@@ -187,20 +313,23 @@ def strip_unused_params(ptx: str, kernel_name: str, keep: int) -> str:
     is used (the kernel then needs scratch memory TensorRT does not provide)."""
     head_start = ptx.index(f".entry {kernel_name}(")
     head_end = ptx.index(")", head_start)
-    params = [p.strip() for p in ptx[head_start + len(f".entry {kernel_name}("):head_end].split(",") if p.strip()]
+    params = [p.strip() for p in ptx[head_start + len(f".entry {kernel_name}(") : head_end].split(",") if p.strip()]
     if len(params) <= keep:
         return ptx
     body = ptx[head_end:]
     for i in range(keep, len(params)):
         if f"[{kernel_name}_param_{i}]" in body:
-            raise OpError(f"kernel {kernel_name} reads hidden parameter {i} (Triton scratch memory); the TensorRT "
-                          "AOT launch does not pass it")
+            raise OpError(
+                f"kernel {kernel_name} reads hidden parameter {i} (Triton scratch memory); the TensorRT "
+                "AOT launch does not pass it"
+            )
     new_head = ",\n\t".join(params[:keep])
     return ptx[:head_start] + f".entry {kernel_name}(\n\t{new_head}\n" + ptx[head_end:]
 
 
-def compile_plugin_kernel(plugin: str, attrs: dict[str, Any], dtype: str, *, cc: int,
-                          tactic: int = 1) -> tuple[str, str, Any]:
+def compile_plugin_kernel(
+    plugin: str, attrs: dict[str, Any], dtype: str, *, cc: int, tactic: int = 1
+) -> tuple[str, str, Any]:
     """Compile the plugin's wrapper kernel for ``sm_<cc>`` (no GPU needed) and return
     ``(kernel name, PTX with exactly the TensorRT-launched parameters, triton CompiledKernel)``."""
     from triton.backends.compiler import GPUTarget
@@ -262,9 +391,11 @@ def register_plugins(trtp: Any = None, *, cc: int | None = None) -> dict[str, An
     import tensorrt as trt
 
     ns = PLUGIN_NAMESPACE
-    ids = {f"{ns}::PagedKVWrite": _register_kv_write(trtp, trt),
-           f"{ns}::PagedAttention": _register_attention(trtp, trt),
-           f"{ns}::Int4Gemm": _register_int4_gemm(trtp, trt)}
+    ids = {
+        f"{ns}::PagedKVWrite": _register_kv_write(trtp, trt),
+        f"{ns}::PagedAttention": _register_attention(trtp, trt),
+        f"{ns}::Int4Gemm": _register_int4_gemm(trtp, trt),
+    }
     _REGISTERED[id(trtp)] = ids
     return ids
 
@@ -293,21 +424,42 @@ def _register_kv_write(trtp: Any, trt: Any) -> Any:
     ns = PLUGIN_NAMESPACE
 
     @trtp.register(f"{ns}::PagedKVWrite")
-    def paged_kv_write_desc(key: TensorDesc, value: TensorDesc, key_cache: TensorDesc, value_cache: TensorDesc,
-                            slot_mapping: TensorDesc, num_kv_heads: int, head_size: int,
-                            block_size: int) -> Tuple[TensorDesc, TensorDesc]:
+    def paged_kv_write_desc(
+        key: TensorDesc,
+        value: TensorDesc,
+        key_cache: TensorDesc,
+        value_cache: TensorDesc,
+        slot_mapping: TensorDesc,
+        num_kv_heads: int,
+        head_size: int,
+        block_size: int,
+    ) -> tuple[TensorDesc, TensorDesc]:
         return key_cache.aliased(), value_cache.aliased()
 
     @trtp.autotune(f"{ns}::PagedKVWrite")
-    def paged_kv_write_autotune(key: TensorDesc, value: TensorDesc, key_cache: TensorDesc, value_cache: TensorDesc,
-                                slot_mapping: TensorDesc, outputs: Tuple[TensorDesc]) -> List[trtp.AutoTuneCombination]:
+    def paged_kv_write_autotune(
+        key: TensorDesc,
+        value: TensorDesc,
+        key_cache: TensorDesc,
+        value_cache: TensorDesc,
+        slot_mapping: TensorDesc,
+        outputs: tuple[TensorDesc],
+    ) -> list[trtp.AutoTuneCombination]:
         return [trtp.AutoTuneCombination(f"{_FLOATS}, {_FLOATS}, {_FLOATS}, {_FLOATS}, INT64, {_FLOATS}, {_FLOATS}")]
 
     @trtp.aot_impl(f"{ns}::PagedKVWrite")
-    def paged_kv_write_aot(key: TensorDesc, value: TensorDesc, key_cache: TensorDesc, value_cache: TensorDesc,
-                           slot_mapping: TensorDesc, num_kv_heads: int, head_size: int, block_size: int,
-                           outputs: Tuple[TensorDesc], tactic: int) -> Tuple[str, str, trtp.KernelLaunchParams,
-                                                                              trtp.SymExprs]:
+    def paged_kv_write_aot(
+        key: TensorDesc,
+        value: TensorDesc,
+        key_cache: TensorDesc,
+        value_cache: TensorDesc,
+        slot_mapping: TensorDesc,
+        num_kv_heads: int,
+        head_size: int,
+        block_size: int,
+        outputs: tuple[TensorDesc],
+        tactic: int,
+    ) -> tuple[str, str, trtp.KernelLaunchParams, trtp.SymExprs]:
         attrs = dict(num_kv_heads=num_kv_heads, head_size=head_size, block_size=block_size)
         name, ptx, k = compile_plugin_kernel("PagedKVWrite", attrs, _dtype_name(trt, key.dtype), cc=_TARGET_CC["cc"])
         return _launch(trtp, name, ptx, (key.shape_expr[0],), k, ())
@@ -324,28 +476,68 @@ def _register_attention(trtp: Any, trt: Any) -> Any:
     ns = PLUGIN_NAMESPACE
 
     @trtp.register(f"{ns}::PagedAttention")
-    def paged_attention_desc(query: TensorDesc, key_cache: TensorDesc, value_cache: TensorDesc,
-                             block_tables: TensorDesc, context_lens: TensorDesc, query_start_loc: TensorDesc,
-                             num_heads: int, num_kv_heads: int, head_size: int, scale: float, block_size: int,
-                             sliding_window: int, decode: int) -> Tuple[TensorDesc]:
+    def paged_attention_desc(
+        query: TensorDesc,
+        key_cache: TensorDesc,
+        value_cache: TensorDesc,
+        block_tables: TensorDesc,
+        context_lens: TensorDesc,
+        query_start_loc: TensorDesc,
+        num_heads: int,
+        num_kv_heads: int,
+        head_size: int,
+        scale: float,
+        block_size: int,
+        sliding_window: int,
+        decode: int,
+    ) -> tuple[TensorDesc]:
         return query.like()
 
     @trtp.autotune(f"{ns}::PagedAttention")
-    def paged_attention_autotune(query: TensorDesc, key_cache: TensorDesc, value_cache: TensorDesc,
-                                 block_tables: TensorDesc, context_lens: TensorDesc, query_start_loc: TensorDesc,
-                                 decode: int, outputs: Tuple[TensorDesc]) -> List[trtp.AutoTuneCombination]:
+    def paged_attention_autotune(
+        query: TensorDesc,
+        key_cache: TensorDesc,
+        value_cache: TensorDesc,
+        block_tables: TensorDesc,
+        context_lens: TensorDesc,
+        query_start_loc: TensorDesc,
+        decode: int,
+        outputs: tuple[TensorDesc],
+    ) -> list[trtp.AutoTuneCombination]:
         tactics = [1] if decode else sorted(PREFILL_TACTICS)
-        return [trtp.AutoTuneCombination(f"{_FLOATS}, {_FLOATS}, {_FLOATS}, INT64, INT64, INT64, {_FLOATS}", "LINEAR",
-                                          tactics)]
+        return [
+            trtp.AutoTuneCombination(
+                f"{_FLOATS}, {_FLOATS}, {_FLOATS}, INT64, INT64, INT64, {_FLOATS}", "LINEAR", tactics
+            )
+        ]
 
     @trtp.aot_impl(f"{ns}::PagedAttention")
-    def paged_attention_aot(query: TensorDesc, key_cache: TensorDesc, value_cache: TensorDesc,
-                            block_tables: TensorDesc, context_lens: TensorDesc, query_start_loc: TensorDesc,
-                            num_heads: int, num_kv_heads: int, head_size: int, scale: float, block_size: int,
-                            sliding_window: int, decode: int, outputs: Tuple[TensorDesc],
-                            tactic: int) -> Tuple[str, str, trtp.KernelLaunchParams, trtp.SymExprs]:
-        attrs = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size, scale=scale,
-                     block_size=block_size, sliding_window=sliding_window, decode=decode)
+    def paged_attention_aot(
+        query: TensorDesc,
+        key_cache: TensorDesc,
+        value_cache: TensorDesc,
+        block_tables: TensorDesc,
+        context_lens: TensorDesc,
+        query_start_loc: TensorDesc,
+        num_heads: int,
+        num_kv_heads: int,
+        head_size: int,
+        scale: float,
+        block_size: int,
+        sliding_window: int,
+        decode: int,
+        outputs: tuple[TensorDesc],
+        tactic: int,
+    ) -> tuple[str, str, trtp.KernelLaunchParams, trtp.SymExprs]:
+        attrs = dict(
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_size=head_size,
+            scale=scale,
+            block_size=block_size,
+            sliding_window=sliding_window,
+            decode=decode,
+        )
         dt = _dtype_name(trt, query.dtype)
         name, ptx, k = compile_plugin_kernel("PagedAttention", attrs, dt, cc=_TARGET_CC["cc"], tactic=tactic)
         S, MB = block_tables.shape_expr[0], block_tables.shape_expr[1]
@@ -366,24 +558,46 @@ def _register_int4_gemm(trtp: Any, trt: Any) -> Any:
     ns = PLUGIN_NAMESPACE
 
     @trtp.register(f"{ns}::Int4Gemm")
-    def int4_gemm_desc(a: TensorDesc, b: TensorDesc, scales: TensorDesc, zero_points: TensorDesc, K: int, N: int,
-                       group_size: int, bits: int) -> Tuple[TensorDesc]:
+    def int4_gemm_desc(
+        a: TensorDesc,
+        b: TensorDesc,
+        scales: TensorDesc,
+        zero_points: TensorDesc,
+        K: int,
+        N: int,
+        group_size: int,
+        bits: int,
+    ) -> tuple[TensorDesc]:
         dims = [a.shape_expr[i] for i in range(len(a.shape_expr) - 1)] + [N]
         return (trtp.from_shape_expr(tuple(dims), dtype=a.dtype),)
 
     @trtp.autotune(f"{ns}::Int4Gemm")
-    def int4_gemm_autotune(a: TensorDesc, b: TensorDesc, scales: TensorDesc, zero_points: TensorDesc,
-                           outputs: Tuple[TensorDesc]) -> List[trtp.AutoTuneCombination]:
-        return [trtp.AutoTuneCombination(f"{_FLOATS}, UINT8, {_FLOATS}, {_FLOATS}, {_FLOATS}", "LINEAR",
-                                          sorted(INT4_TACTICS))]
+    def int4_gemm_autotune(
+        a: TensorDesc, b: TensorDesc, scales: TensorDesc, zero_points: TensorDesc, outputs: tuple[TensorDesc]
+    ) -> list[trtp.AutoTuneCombination]:
+        return [
+            trtp.AutoTuneCombination(
+                f"{_FLOATS}, UINT8, {_FLOATS}, {_FLOATS}, {_FLOATS}", "LINEAR", sorted(INT4_TACTICS)
+            )
+        ]
 
     @trtp.aot_impl(f"{ns}::Int4Gemm")
-    def int4_gemm_aot(a: TensorDesc, b: TensorDesc, scales: TensorDesc, zero_points: TensorDesc, K: int, N: int,
-                      group_size: int, bits: int, outputs: Tuple[TensorDesc],
-                      tactic: int) -> Tuple[str, str, trtp.KernelLaunchParams, trtp.SymExprs]:
+    def int4_gemm_aot(
+        a: TensorDesc,
+        b: TensorDesc,
+        scales: TensorDesc,
+        zero_points: TensorDesc,
+        K: int,
+        N: int,
+        group_size: int,
+        bits: int,
+        outputs: tuple[TensorDesc],
+        tactic: int,
+    ) -> tuple[str, str, trtp.KernelLaunchParams, trtp.SymExprs]:
         attrs = dict(K=K, N=N, group_size=group_size, bits=bits)
-        name, ptx, k = compile_plugin_kernel("Int4Gemm", attrs, _dtype_name(trt, a.dtype), cc=_TARGET_CC["cc"],
-                                             tactic=tactic)
+        name, ptx, k = compile_plugin_kernel(
+            "Int4Gemm", attrs, _dtype_name(trt, a.dtype), cc=_TARGET_CC["cc"], tactic=tactic
+        )
         bm, bn = INT4_TACTICS.get(tactic, INT4_TACTICS[1])[:2]
         M = a.shape_expr.numel() // K
         return _launch(trtp, name, ptx, (trtp.cdiv(M, bm), -(-N // bn)), k, (M,))
@@ -391,5 +605,12 @@ def _register_int4_gemm(trtp: Any, trt: Any) -> Any:
     return int4_gemm_desc
 
 
-__all__ = ["register_plugins", "compile_plugin_kernel", "kernel_config", "strip_unused_params",
-           "trt_version_supports_plugins", "PLUGIN_VERSIONS", "MIN_TRT_VERSION"]
+__all__ = [
+    "register_plugins",
+    "compile_plugin_kernel",
+    "kernel_config",
+    "strip_unused_params",
+    "trt_version_supports_plugins",
+    "PLUGIN_VERSIONS",
+    "MIN_TRT_VERSION",
+]

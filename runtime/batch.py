@@ -7,8 +7,8 @@ never reads another sequence's blocks.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -41,7 +41,7 @@ class PrefillBatch:
     last_token_indices: np.ndarray
 
     @classmethod
-    def from_scheduled(cls, prefills: Sequence[ScheduledPrefill]) -> "PrefillBatch":
+    def from_scheduled(cls, prefills: Sequence[ScheduledPrefill]) -> PrefillBatch:
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
@@ -67,9 +67,13 @@ class PrefillBatch:
 
     def feeds(self) -> dict[str, np.ndarray]:
         return {
-            "input_ids": self.input_ids, "positions": self.positions, "slot_mapping": self.slot_mapping,
-            "block_tables": self.block_tables, "context_lens": self.context_lens,
-            "query_start_loc": self.query_start_loc, "last_token_indices": self.last_token_indices,
+            "input_ids": self.input_ids,
+            "positions": self.positions,
+            "slot_mapping": self.slot_mapping,
+            "block_tables": self.block_tables,
+            "context_lens": self.context_lens,
+            "query_start_loc": self.query_start_loc,
+            "last_token_indices": self.last_token_indices,
         }
 
 
@@ -85,7 +89,7 @@ class DecodeBatch:
     context_lens: np.ndarray
 
     @classmethod
-    def from_scheduled(cls, decodes: Sequence[ScheduledDecode]) -> "DecodeBatch":
+    def from_scheduled(cls, decodes: Sequence[ScheduledDecode]) -> DecodeBatch:
         return cls(
             request_ids=tuple(d.request_id for d in decodes),
             input_ids=np.asarray([d.token_id for d in decodes], np.int64),
@@ -97,6 +101,9 @@ class DecodeBatch:
 
     def feeds(self) -> dict[str, np.ndarray]:
         return {
-            "input_ids": self.input_ids, "positions": self.positions, "slot_mapping": self.slot_mapping,
-            "block_tables": self.block_tables, "context_lens": self.context_lens,
+            "input_ids": self.input_ids,
+            "positions": self.positions,
+            "slot_mapping": self.slot_mapping,
+            "block_tables": self.block_tables,
+            "context_lens": self.context_lens,
         }

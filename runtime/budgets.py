@@ -19,8 +19,9 @@ when it was checked, every KV block was free after the run.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from trtpipe.plugins.errors import TrtpipeError
 from trtpipe.runtime.metrics import PERCENTILES, MetricsSummary
@@ -151,9 +152,7 @@ def parse_budget(spec: Any) -> Budget:
     pct = _field(spec, "percentile")
     if metric in THROUGHPUT_BUDGET_METRICS:
         if pct is not None:
-            raise BudgetError(
-                f"budget {metric}: percentile={pct!r} does not apply to a throughput; remove it"
-            )
+            raise BudgetError(f"budget {metric}: percentile={pct!r} does not apply to a throughput; remove it")
         return Budget(metric=metric, percentile=None, kind=kind, limit=limit)
     pct = _normalize_percentile(metric, pct)
     return Budget(metric=metric, percentile=pct, kind=kind, limit=limit)
@@ -169,9 +168,7 @@ def _normalize_percentile(metric: str, pct: Any) -> str:
     else:
         text = None
     if text not in PERCENTILES:
-        raise BudgetError(
-            f"budget {metric}: percentile={pct!r}, expected one of {', '.join(PERCENTILES)}"
-        )
+        raise BudgetError(f"budget {metric}: percentile={pct!r}, expected one of {', '.join(PERCENTILES)}")
     return text
 
 
@@ -219,12 +216,7 @@ def evaluate_budgets(summary: MetricsSummary, budgets: Iterable[Any]) -> list[Bu
     return results
 
 
-def gate_exit_code(
-    results: Sequence[BudgetResult],
-    correctness_ok: bool,
-    *,
-    kv_leak_free: bool | None = None,
-) -> int:
+def gate_exit_code(results: Sequence[BudgetResult], correctness_ok: bool, *, kv_leak_free: bool | None = None) -> int:
     """0 when every budget passed, correctness passed and no KV block leaked; else 1.
 
     ``kv_leak_free=None`` means the leak check was not run and does not affect the gate.
@@ -251,16 +243,20 @@ class Gate:
         return self.exit_code == 0
 
     @classmethod
-    def of(cls, results: Sequence[BudgetResult], correctness_passed: bool | None,
-           kv_leak_free: bool | None) -> Gate:
+    def of(cls, results: Sequence[BudgetResult], correctness_passed: bool | None, kv_leak_free: bool | None) -> Gate:
         """The gate over every scenario's budget rows, the correctness verdict and the leak check."""
         code = gate_exit_code(results, correctness_passed is not False, kv_leak_free=kv_leak_free)
         return cls(all(r.passed for r in results), correctness_passed, kv_leak_free, code)
 
     def to_dict(self) -> dict:
         """report.json's ``gate`` object."""
-        return {"passed": self.passed, "exit_code": self.exit_code, "budgets_passed": self.budgets_passed,
-                "correctness_passed": self.correctness_passed, "kv_leak_free": self.kv_leak_free}
+        return {
+            "passed": self.passed,
+            "exit_code": self.exit_code,
+            "budgets_passed": self.budgets_passed,
+            "correctness_passed": self.correctness_passed,
+            "kv_leak_free": self.kv_leak_free,
+        }
 
 
 __all__ = [

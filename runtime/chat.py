@@ -42,8 +42,13 @@ def _raise_exception(message: str) -> None:
     raise _TemplateRejected(message)
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+def _tojson(
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
     # Jinja's own tojson escapes <, >, & and ' for HTML; a prompt must not change them.
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -134,8 +139,14 @@ def _check_messages(messages: Any) -> list[dict]:
     return list(messages)
 
 
-def render_chat(template: str, messages: list[dict], add_generation_prompt: bool = True,
-                bos_token: str = "", eos_token: str = "", **template_vars: Any) -> str:
+def render_chat(
+    template: str,
+    messages: list[dict],
+    add_generation_prompt: bool = True,
+    bos_token: str = "",
+    eos_token: str = "",
+    **template_vars: Any,
+) -> str:
     """The prompt text for ``messages`` under the chat ``template``.
 
     Matches ``transformers`` ``tokenizer.apply_chat_template(messages, tokenize=False,
@@ -161,9 +172,7 @@ def render_chat(template: str, messages: list[dict], add_generation_prompt: bool
             **variables,
         )
     except _TemplateRejected as exc:
-        raise RequestError(
-            f"messages: the model's chat template rejected the conversation: {exc.message}"
-        ) from None
+        raise RequestError(f"messages: the model's chat template rejected the conversation: {exc.message}") from None
     except jinja2.exceptions.SecurityError as exc:
         raise ArtifactError(
             f"chat_template: the template tried an operation the sandbox forbids ({exc}); "

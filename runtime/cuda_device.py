@@ -20,8 +20,16 @@ import numpy as np
 
 from trtpipe.runtime.errors import ArtifactError
 
-__all__ = ["CudaError", "CudaDeviceInfo", "DeviceBuffer", "check_cuda", "cuda_device_info", "load_cudart",
-           "memcpy_dtoh", "memcpy_htod"]
+__all__ = [
+    "CudaError",
+    "CudaDeviceInfo",
+    "DeviceBuffer",
+    "check_cuda",
+    "cuda_device_info",
+    "load_cudart",
+    "memcpy_dtoh",
+    "memcpy_htod",
+]
 
 
 class CudaError(ArtifactError):
@@ -41,8 +49,12 @@ def load_cudart() -> Any:
     found = ctypes.util.find_library("cudart")
     if found:
         names.append(found)
-    for root in ("/usr/local/cuda/lib64", "/usr/local/cuda/targets/aarch64-linux/lib", "/usr/lib/x86_64-linux-gnu",
-                 "/usr/lib/aarch64-linux-gnu"):
+    for root in (
+        "/usr/local/cuda/lib64",
+        "/usr/local/cuda/targets/aarch64-linux/lib",
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+    ):
         names += sorted(glob.glob(os.path.join(root, "libcudart.so*")))
     try:
         import nvidia.cuda_runtime as _ncr  # type: ignore  # pip wheel, if installed
@@ -58,10 +70,12 @@ def load_cudart() -> Any:
             return _CUDART
         except OSError as e:
             errors.append(f"{n}: {e}")
-    raise CudaError("the CUDA runtime library (libcudart) was not found"
-                    + (f" ({'; '.join(errors)})" if errors else "")
-                    + ". Fix: install the CUDA runtime (JetPack on Orin; the CUDA toolkit or "
-                    "`pip install nvidia-cuda-runtime-cu12` elsewhere).")
+    raise CudaError(
+        "the CUDA runtime library (libcudart) was not found"
+        + (f" ({'; '.join(errors)})" if errors else "")
+        + ". Fix: install the CUDA runtime (JetPack on Orin; the CUDA toolkit or "
+        "`pip install nvidia-cuda-runtime-cu12` elsewhere)."
+    )
 
 
 def check_cuda(rc: int, what: str) -> None:
@@ -121,8 +135,9 @@ class DeviceBuffer:
     def __init__(self, nbytes: int):
         self.nbytes = int(max(nbytes, 1))
         self.ptr = ctypes.c_void_p()
-        check_cuda(load_cudart().cudaMalloc(ctypes.byref(self.ptr), ctypes.c_size_t(self.nbytes)),
-                   f"cudaMalloc({self.nbytes})")
+        check_cuda(
+            load_cudart().cudaMalloc(ctypes.byref(self.ptr), ctypes.c_size_t(self.nbytes)), f"cudaMalloc({self.nbytes})"
+        )
         check_cuda(load_cudart().cudaMemset(self.ptr, 0, ctypes.c_size_t(self.nbytes)), "cudaMemset")
 
     @property
@@ -147,14 +162,24 @@ _HOST_TO_DEVICE, _DEVICE_TO_HOST = 1, 2  # cudaMemcpyKind
 def memcpy_htod(dst: int, arr: np.ndarray, stream: int) -> None:
     """Copy host ``arr`` (made contiguous) to device address ``dst`` on ``stream`` (async)."""
     arr = np.ascontiguousarray(arr)
-    rc = load_cudart().cudaMemcpyAsync(ctypes.c_void_p(dst), arr.ctypes.data_as(ctypes.c_void_p),
-                                       ctypes.c_size_t(arr.nbytes), _HOST_TO_DEVICE, ctypes.c_void_p(stream))
+    rc = load_cudart().cudaMemcpyAsync(
+        ctypes.c_void_p(dst),
+        arr.ctypes.data_as(ctypes.c_void_p),
+        ctypes.c_size_t(arr.nbytes),
+        _HOST_TO_DEVICE,
+        ctypes.c_void_p(stream),
+    )
     check_cuda(rc, "cudaMemcpyAsync H2D")
 
 
 def memcpy_dtoh(out: np.ndarray, src: int, stream: int) -> None:
     """Copy ``out.nbytes`` from device address ``src`` into contiguous host ``out`` on ``stream``
     (async: synchronize the stream before reading ``out``)."""
-    rc = load_cudart().cudaMemcpyAsync(out.ctypes.data_as(ctypes.c_void_p), ctypes.c_void_p(src),
-                                       ctypes.c_size_t(out.nbytes), _DEVICE_TO_HOST, ctypes.c_void_p(stream))
+    rc = load_cudart().cudaMemcpyAsync(
+        out.ctypes.data_as(ctypes.c_void_p),
+        ctypes.c_void_p(src),
+        ctypes.c_size_t(out.nbytes),
+        _DEVICE_TO_HOST,
+        ctypes.c_void_p(stream),
+    )
     check_cuda(rc, "cudaMemcpyAsync D2H")

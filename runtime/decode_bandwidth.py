@@ -26,8 +26,13 @@ from trtpipe.plugins.dtypes import dtype
 from trtpipe.runtime.model_config import ModelConfig
 
 
-def kv_bytes_per_layer(layer_num_kv_heads: Sequence[int], layer_sliding_window: Sequence[int], head_dim: int,
-                       num_tokens: int, dtype_bytes: int) -> tuple[int, ...]:
+def kv_bytes_per_layer(
+    layer_num_kv_heads: Sequence[int],
+    layer_sliding_window: Sequence[int],
+    head_dim: int,
+    num_tokens: int,
+    dtype_bytes: int,
+) -> tuple[int, ...]:
     """K and V bytes of each layer for one sequence of ``num_tokens`` tokens:
     ``2 x kv_heads_l x head_dim x dtype_bytes x min(num_tokens, W_l)`` (``W_l`` = 0: no window)."""
     out = []
@@ -56,8 +61,9 @@ class DecodeReadModel:
 
     def kv_read_bytes(self, context_tokens: int, batch: int = 1) -> int:
         """KV bytes a step reads: ``batch`` sequences of ``context_tokens`` tokens each."""
-        per_seq = kv_bytes_per_layer(self.layer_num_kv_heads, self.layer_sliding_window, self.head_dim,
-                                     context_tokens, self.kv_dtype_bytes)
+        per_seq = kv_bytes_per_layer(
+            self.layer_num_kv_heads, self.layer_sliding_window, self.head_dim, context_tokens, self.kv_dtype_bytes
+        )
         return batch * sum(per_seq)
 
     def step_read_bytes(self, context_tokens: int, batch: int = 1) -> int:
@@ -65,18 +71,30 @@ class DecodeReadModel:
         return self.weight_read_bytes + self.kv_read_bytes(context_tokens, batch)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"weight_read_bytes": self.weight_read_bytes, "kv_dtype_bytes": self.kv_dtype_bytes,
-                "head_dim": self.head_dim, "layer_num_kv_heads": list(self.layer_num_kv_heads),
-                "layer_sliding_window": list(self.layer_sliding_window), "source": self.source}
+        return {
+            "weight_read_bytes": self.weight_read_bytes,
+            "kv_dtype_bytes": self.kv_dtype_bytes,
+            "head_dim": self.head_dim,
+            "layer_num_kv_heads": list(self.layer_num_kv_heads),
+            "layer_sliding_window": list(self.layer_sliding_window),
+            "source": self.source,
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> DecodeReadModel:
-        return cls(int(d["weight_read_bytes"]), int(d["kv_dtype_bytes"]), int(d["head_dim"]),
-                   tuple(d["layer_num_kv_heads"]), tuple(d["layer_sliding_window"]), str(d.get("source", "")))
+        return cls(
+            int(d["weight_read_bytes"]),
+            int(d["kv_dtype_bytes"]),
+            int(d["head_dim"]),
+            tuple(d["layer_num_kv_heads"]),
+            tuple(d["layer_sliding_window"]),
+            str(d.get("source", "")),
+        )
 
 
-def _embedding_from_initializers(config: ModelConfig, initializers: Mapping[str, Sequence[Any]]
-                                 ) -> tuple[int, bool] | None:
+def _embedding_from_initializers(
+    config: ModelConfig, initializers: Mapping[str, Sequence[Any]]
+) -> tuple[int, bool] | None:
     """(embedding table bytes, is it also the LM head) from the artifact's initializer table
     (``name -> [dtype, shape, offset, nbytes]``); None when no ``[vocab, hidden]`` table is found.
     The table is the LM head unless another initializer has a vocab-sized dimension (a separate
@@ -91,8 +109,13 @@ def _embedding_from_initializers(config: ModelConfig, initializers: Mapping[str,
     return None if emb is None else (emb, not others_with_vocab)
 
 
-def decode_read_model(config: ModelConfig, kv_dtype: str, weight_bytes: int, activation_dtype: str,
-                      initializers: Mapping[str, Sequence[Any]] | None = None) -> DecodeReadModel:
+def decode_read_model(
+    config: ModelConfig,
+    kv_dtype: str,
+    weight_bytes: int,
+    activation_dtype: str,
+    initializers: Mapping[str, Sequence[Any]] | None = None,
+) -> DecodeReadModel:
     """The read model of an artifact whose weights take ``weight_bytes`` bytes.
 
     ``kv_dtype``/``activation_dtype``: ``float32``/``fp32`` etc. (the embedding's dtype when the
@@ -108,8 +131,14 @@ def decode_read_model(config: ModelConfig, kv_dtype: str, weight_bytes: int, act
         emb = config.vocab_size * config.hidden_size * dtype(activation_dtype).itemsize
         tied = config.tie_word_embeddings
         how = "artifact weights" + ("" if tied else " minus the embedding table (model facts)")
-    return DecodeReadModel(weight_read_bytes(weight_bytes, emb, tied), dtype(kv_dtype).itemsize, config.head_dim,
-                           tuple(config.layer_num_kv_heads), tuple(config.layer_sliding_window), how)
+    return DecodeReadModel(
+        weight_read_bytes(weight_bytes, emb, tied),
+        dtype(kv_dtype).itemsize,
+        config.head_dim,
+        tuple(config.layer_num_kv_heads),
+        tuple(config.layer_sliding_window),
+        how,
+    )
 
 
 def read_model_from_manifest(manifest: Any) -> DecodeReadModel | None:
@@ -121,8 +150,9 @@ def read_model_from_manifest(manifest: Any) -> DecodeReadModel | None:
         return None
     precision = manifest.graphs["decode"].precision
     act = precision if precision != "int4" else ("fp32" if manifest.target.get("name") == "cpu" else "fp16")
-    return decode_read_model(manifest.model, manifest.kv.dtype, int(weight_bytes), act,
-                             manifest.runtime_options.get("shared_initializers"))
+    return decode_read_model(
+        manifest.model, manifest.kv.dtype, int(weight_bytes), act, manifest.runtime_options.get("shared_initializers")
+    )
 
 
 @dataclass(frozen=True)
@@ -145,12 +175,19 @@ class DecodeBandwidth:
         """``"decode bandwidth 12.4 GB/s (107.3 MB per step / 8.65 ms TPOT; 41% of 30.0 GB/s)"``."""
         frac, peak_bw = self.fraction_of_peak, self.peak_bytes_per_s
         peak = "" if frac is None or peak_bw is None else f"; {frac:.0%} of {peak_bw / 1e9:.1f} GB/s"
-        return (f"decode bandwidth {self.bytes_per_s / 1e9:.1f} GB/s ({self.step_read_bytes / 1e6:.1f} MB per step / "
-                f"{self.tpot_s * 1e3:.3g} ms TPOT{peak})")
+        return (
+            f"decode bandwidth {self.bytes_per_s / 1e9:.1f} GB/s ({self.step_read_bytes / 1e6:.1f} MB per step / "
+            f"{self.tpot_s * 1e3:.3g} ms TPOT{peak})"
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step_read_bytes": self.step_read_bytes, "tpot_s": self.tpot_s, "bytes_per_s": self.bytes_per_s,
-                "peak_bytes_per_s": self.peak_bytes_per_s, "fraction_of_peak": self.fraction_of_peak}
+        return {
+            "step_read_bytes": self.step_read_bytes,
+            "tpot_s": self.tpot_s,
+            "bytes_per_s": self.bytes_per_s,
+            "peak_bytes_per_s": self.peak_bytes_per_s,
+            "fraction_of_peak": self.fraction_of_peak,
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> DecodeBandwidth:
@@ -158,8 +195,13 @@ class DecodeBandwidth:
         return cls(int(d["step_read_bytes"]), float(d["tpot_s"]), d.get("peak_bytes_per_s"))
 
 
-def decode_bandwidth(model: DecodeReadModel, tpot_s: float | None, context_tokens: int, batch: float = 1,
-                     peak_bytes_per_s: float | None = None) -> DecodeBandwidth | None:
+def decode_bandwidth(
+    model: DecodeReadModel,
+    tpot_s: float | None,
+    context_tokens: int,
+    batch: float = 1,
+    peak_bytes_per_s: float | None = None,
+) -> DecodeBandwidth | None:
     """Bandwidth of decode steps of ``batch`` sequences (a mean may be fractional) at
     ``context_tokens``, each taking ``tpot_s``; None without a TPOT (a one-token output)."""
     if tpot_s is None or tpot_s <= 0:
@@ -168,8 +210,9 @@ def decode_bandwidth(model: DecodeReadModel, tpot_s: float | None, context_token
     return DecodeBandwidth(model.weight_read_bytes + batch_kv, tpot_s, peak_bytes_per_s)
 
 
-def scenario_decode_bandwidth(model: DecodeReadModel, summary: Mapping[str, Any],
-                              peak_bytes_per_s: float | None = None) -> DecodeBandwidth | None:
+def scenario_decode_bandwidth(
+    model: DecodeReadModel, summary: Mapping[str, Any], peak_bytes_per_s: float | None = None
+) -> DecodeBandwidth | None:
     """The bandwidth of a validate scenario from its report summary (``MetricsSummary.to_dict``):
     TPOT p50, the mean decode batch, and the mean context of a decode step (mean prompt plus half
     the mean output). None when the scenario has no TPOT."""
@@ -178,18 +221,23 @@ def scenario_decode_bandwidth(model: DecodeReadModel, summary: Mapping[str, Any]
     if not tpot.get("p50") or not n:
         return None
     context = round((summary["total_prompt_tokens"] + summary["total_output_tokens"] / 2) / n)
-    return decode_bandwidth(model, tpot["p50"] / 1e3, context, summary.get("mean_decode_batch_size") or 1,
-                            peak_bytes_per_s)
+    return decode_bandwidth(
+        model, tpot["p50"] / 1e3, context, summary.get("mean_decode_batch_size") or 1, peak_bytes_per_s
+    )
 
 
-def request_decode_note(manifest: Any, prompt_tokens: int, output_tokens: int, tpot_s: float | None,
-                        peak_bytes_per_s: float | None = None) -> str:
+def request_decode_note(
+    manifest: Any, prompt_tokens: int, output_tokens: int, tpot_s: float | None, peak_bytes_per_s: float | None = None
+) -> str:
     """``trtpipe generate``'s figure for one request: ``"; decode 116 tokens/s, decode bandwidth
     ..."`` at the request's mean decode context (prompt plus half the output, batch 1); "" when
     it has no TPOT or the manifest lacks its weight bytes."""
     model = read_model_from_manifest(manifest)
-    bw = None if model is None else decode_bandwidth(model, tpot_s, prompt_tokens + output_tokens // 2, 1,
-                                                     peak_bytes_per_s)
+    bw = (
+        None
+        if model is None
+        else decode_bandwidth(model, tpot_s, prompt_tokens + output_tokens // 2, 1, peak_bytes_per_s)
+    )
     if bw is None:
         return ""
     return f"; decode {1 / bw.tpot_s:.1f} tokens/s, {bw.describe()}"

@@ -40,10 +40,7 @@ class IncrementalDetokenizer:
     """
 
     def __init__(
-        self,
-        tokenizer: Tokenizer,
-        prompt_token_ids: Iterable[int] = (),
-        skip_special_tokens: bool = True,
+        self, tokenizer: Tokenizer, prompt_token_ids: Iterable[int] = (), skip_special_tokens: bool = True
     ) -> None:
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import mmap
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -98,8 +98,9 @@ class OrtEngine:
             # planning on, decode steps after other requests slowed from 14 to 24 ms at 512
             # tokens of context (measured; steps of a first request were unaffected).
             so.enable_mem_pattern = False
-        self.sessions = {ph: _Session(ort, manifest.path(manifest.graphs[ph].file), so, pool, providers)
-                         for ph in phases}
+        self.sessions = {
+            ph: _Session(ort, manifest.path(manifest.graphs[ph].file), so, pool, providers) for ph in phases
+        }
         self.release_mapped_weight_pages()
         self.last_step_s = 0.0
 
@@ -124,8 +125,9 @@ class OrtEngine:
         out = {}
         for name, init in shared.items():
             count = int(np.prod(init.shape)) if init.shape else 1
-            arr = np.frombuffer(data, dtype=dtype(init.dtype).numpy, count=count,
-                                offset=init.offset_bytes).reshape(init.shape)
+            arr = np.frombuffer(data, dtype=dtype(init.dtype).numpy, count=count, offset=init.offset_bytes).reshape(
+                init.shape
+            )
             out[name] = ort.OrtValue.ortvalue_from_numpy(arr)
         return out
 

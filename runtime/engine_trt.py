@@ -40,14 +40,28 @@ import numpy as np
 
 from trtpipe.plugins.dtypes import dtype as dtype_record
 from trtpipe.plugins.versions import plugin_abi_hash
-from trtpipe.runtime.cuda_device import (CudaError, DeviceBuffer, check_cuda, cuda_device_info, load_cudart,
-                                         memcpy_dtoh, memcpy_htod)
+from trtpipe.runtime.cuda_device import (
+    CudaError,
+    DeviceBuffer,
+    check_cuda,
+    cuda_device_info,
+    load_cudart,
+    memcpy_dtoh,
+    memcpy_htod,
+)
 from trtpipe.runtime.errors import ArtifactError
 from trtpipe.runtime.manifest import Manifest
 
-__all__ = ["TrtEngine", "TrtRuntimeFacts", "check_trt_fingerprint", "current_trt_facts",
-           # re-exported for callers of the engine module (homes: runtime/cuda_device.py, plugins/versions.py)
-           "CudaError", "cuda_device_info", "plugin_abi_hash"]
+__all__ = [
+    "TrtEngine",
+    "TrtRuntimeFacts",
+    "check_trt_fingerprint",
+    "current_trt_facts",
+    # re-exported for callers of the engine module (homes: runtime/cuda_device.py, plugins/versions.py)
+    "CudaError",
+    "cuda_device_info",
+    "plugin_abi_hash",
+]
 
 # ============================================================================================
 # fingerprint
@@ -76,21 +90,31 @@ def current_trt_facts() -> TrtRuntimeFacts:
     except Exception:
         pass
     dev = cuda_device_info()
-    return TrtRuntimeFacts(flavor, version, dev.sm if dev else None, dev.runtime_version if dev else None,
-                           platform.machine(), plugin_abi_hash())
+    return TrtRuntimeFacts(
+        flavor,
+        version,
+        dev.sm if dev else None,
+        dev.runtime_version if dev else None,
+        platform.machine(),
+        plugin_abi_hash(),
+    )
 
 
 def check_trt_fingerprint(manifest: Manifest, facts: TrtRuntimeFacts) -> None:
     """Refuse an artifact built for another TensorRT, GPU, CUDA major version, platform or
     plugin ABI. Raises :class:`ArtifactError` listing every difference and the rebuild command."""
     b, t = manifest.backend, manifest.target
-    rebuild = (f"rebuild on this machine: `{manifest.rebuild_command}` (or finish a build spec "
-               "here with `trtpipe build <spec>/recipe.yaml --from-spec <spec>/build_spec.json`)")
+    rebuild = (
+        f"rebuild on this machine: `{manifest.rebuild_command}` (or finish a build spec "
+        "here with `trtpipe build <spec>/recipe.yaml --from-spec <spec>/build_spec.json`)"
+    )
     if facts.flavor is None:
-        raise ArtifactError(f"artifact {manifest.root} holds TensorRT {b.get('version')} plans, but the Python package "
-                            "`tensorrt` is not importable here. Fix: install TensorRT "
-                            f"{b.get('version')} (JetPack on Orin; `pip install tensorrt-cu12=={b.get('version')}` "
-                            "on x86-64), or use a cpu artifact.")
+        raise ArtifactError(
+            f"artifact {manifest.root} holds TensorRT {b.get('version')} plans, but the Python package "
+            "`tensorrt` is not importable here. Fix: install TensorRT "
+            f"{b.get('version')} (JetPack on Orin; `pip install tensorrt-cu12=={b.get('version')}` "
+            "on x86-64), or use a cpu artifact."
+        )
     diffs = []
     if b.get("flavor") != facts.flavor:
         diffs.append(f"builder flavor {b.get('flavor')} (this runtime: {facts.flavor})")
@@ -109,8 +133,11 @@ def check_trt_fingerprint(manifest: Manifest, facts: TrtRuntimeFacts) -> None:
         built = str(b.get("plugin_abi_hash"))[:12]
         diffs.append(f"plugin ABI hash {built} (this trtpipe: {facts.plugin_abi_hash[:12]})")
     if diffs:
-        raise ArtifactError(f"artifact {manifest.root} was built for a different TensorRT runtime: " + "; ".join(diffs)
-                            + f". Fix: {rebuild}.")
+        raise ArtifactError(
+            f"artifact {manifest.root} was built for a different TensorRT runtime: "
+            + "; ".join(diffs)
+            + f". Fix: {rebuild}."
+        )
 
 
 # ============================================================================================
@@ -129,10 +156,16 @@ class _Context:
         self.profile_index = profile_index
         if engine.num_optimization_profiles > 1:
             self.ctx.set_optimization_profile_async(profile_index, stream)
-        self.inputs = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)
-                       if engine.get_tensor_mode(engine.get_tensor_name(i)) == trt.TensorIOMode.INPUT]
-        self.outputs = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)
-                        if engine.get_tensor_mode(engine.get_tensor_name(i)) == trt.TensorIOMode.OUTPUT]
+        self.inputs = [
+            engine.get_tensor_name(i)
+            for i in range(engine.num_io_tensors)
+            if engine.get_tensor_mode(engine.get_tensor_name(i)) == trt.TensorIOMode.INPUT
+        ]
+        self.outputs = [
+            engine.get_tensor_name(i)
+            for i in range(engine.num_io_tensors)
+            if engine.get_tensor_mode(engine.get_tensor_name(i)) == trt.TensorIOMode.OUTPUT
+        ]
 
     def profile_range(self, name: str) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
         lo, opt, hi = self.engine.get_tensor_profile_shape(name, self.profile_index)
@@ -170,8 +203,10 @@ class TrtEngine:
                 data = manifest.path(plan).read_bytes()
                 eng = self.runtime.deserialize_cuda_engine(data)
                 if eng is None:
-                    raise ArtifactError(f"TensorRT could not load {manifest.path(plan)} (built with another TensorRT, "
-                                        f"GPU or plugin set?). Fix: `{manifest.rebuild_command}` here.")
+                    raise ArtifactError(
+                        f"TensorRT could not load {manifest.path(plan)} (built with another TensorRT, "
+                        f"GPU or plugin set?). Fix: `{manifest.rebuild_command}` here."
+                    )
                 self._engines[plan] = eng
             profile = int((opts.profiles or {}).get(phase, {}).get("profile_index", 0))
             self.contexts[phase] = _Context(self._engines[plan], profile, self.stream, trt)
@@ -179,9 +214,16 @@ class TrtEngine:
         kv = manifest.kv
         item = dtype_record(kv.dtype).itemsize  # bytes per KV element ("float16" -> 2)
         n_pools = 1 if self.kv_in_place else 2
-        self.pools = [[(DeviceBuffer(int(np.prod(kv.layer_shape(i))) * item),
-                        DeviceBuffer(int(np.prod(kv.layer_shape(i))) * item))
-                       for i in range(len(kv.layer_num_kv_heads))] for _ in range(n_pools)]
+        self.pools = [
+            [
+                (
+                    DeviceBuffer(int(np.prod(kv.layer_shape(i))) * item),
+                    DeviceBuffer(int(np.prod(kv.layer_shape(i))) * item),
+                )
+                for i in range(len(kv.layer_num_kv_heads))
+            ]
+            for _ in range(n_pools)
+        ]
         self._cur = 0
         lim = manifest.limits
         vocab = manifest.model.vocab_size

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,16 @@ class GoodputResult:
             "goodput_output_tokens_per_s": self.output_tokens_per_s,
             "bracket_requests_per_s": list(self.bracket),
             "stopped": self.stopped,
-            "probes": [{"rate_per_s": p.rate_per_s, "passed": p.passed, "seconds": round(p.seconds, 2),
-                        "output_tokens_per_s": p.output_tokens_per_s, **p.latency_ms} for p in self.probes],
+            "probes": [
+                {
+                    "rate_per_s": p.rate_per_s,
+                    "passed": p.passed,
+                    "seconds": round(p.seconds, 2),
+                    "output_tokens_per_s": p.output_tokens_per_s,
+                    **p.latency_ms,
+                }
+                for p in self.probes
+            ],
         }
 
 
@@ -115,15 +124,16 @@ def find_goodput(
         if stopped:
             break
         run(math.sqrt(lo * hi))
-    return GoodputResult(scenario, lo, best.output_tokens_per_s if best else None, (lo, hi),
-                         tuple(probes), stopped)
+    return GoodputResult(scenario, lo, best.output_tokens_per_s if best else None, (lo, hi), tuple(probes), stopped)
 
 
 def _check_search(start_rate_per_s: float, rel_tol: float, max_probes: int) -> None:
     """ValueError naming the values unless the search can start."""
     if not (start_rate_per_s > 0 and rel_tol > 0 and max_probes >= 1):
-        raise ValueError(f"start_rate_per_s={start_rate_per_s}, rel_tol={rel_tol}, max_probes={max_probes}: "
-                         "expected all > 0 (max_probes >= 1)")
+        raise ValueError(
+            f"start_rate_per_s={start_rate_per_s}, rel_tol={rel_tol}, max_probes={max_probes}: "
+            "expected all > 0 (max_probes >= 1)"
+        )
 
 
 __all__ = ["GoodputResult", "ProbeResult", "find_goodput"]

@@ -192,8 +192,9 @@ class KVCacheManager:
                 self.block_pool.cache_block(blocks[i], block_hashes[i])
         self._num_hashed[seq_id] = max(start, end)
 
-    def allocate_slots(self, seq_id: Hashable, num_new_tokens: int, num_computed_tokens: int,
-                       cached_block_ids: Sequence[int] = ()) -> bool:
+    def allocate_slots(
+        self, seq_id: Hashable, num_new_tokens: int, num_computed_tokens: int, cached_block_ids: Sequence[int] = ()
+    ) -> bool:
         """Give ``seq_id`` slots for positions ``num_computed_tokens .. +num_new_tokens-1``.
 
         ``cached_block_ids`` (a new sequence only, from ``find_cached_prefix``): its first blocks
@@ -211,8 +212,7 @@ class KVCacheManager:
         if cached_block_ids:
             return self._allocate_with_prefix(seq_id, num_new_tokens, num_computed_tokens, cached_block_ids)
         assert num_computed_tokens <= self._num_tokens.get(seq_id, 0), (
-            f"{seq_id!r}: computed {num_computed_tokens} tokens but only "
-            f"{self._num_tokens.get(seq_id, 0)} have slots"
+            f"{seq_id!r}: computed {num_computed_tokens} tokens but only {self._num_tokens.get(seq_id, 0)} have slots"
         )
         plan = self._plan(seq_id, num_new_tokens, num_computed_tokens)
         if plan.num_taken > self.block_pool.num_free + plan.num_freed_by_release:
@@ -275,13 +275,15 @@ class KVCacheManager:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _allocate_with_prefix(self, seq_id: Hashable, num_new_tokens: int, num_computed_tokens: int,
-                              cached_block_ids: Sequence[int]) -> bool:
+    def _allocate_with_prefix(
+        self, seq_id: Hashable, num_new_tokens: int, num_computed_tokens: int, cached_block_ids: Sequence[int]
+    ) -> bool:
         """``allocate_slots`` for a new sequence that starts with a prefix-cache hit."""
         bs = self.block_size
         assert seq_id not in self._blocks, f"prefix hit for existing sequence {seq_id!r}"
         assert num_computed_tokens == len(cached_block_ids) * bs, (
-            f"{seq_id!r}: {len(cached_block_ids)} cached blocks but {num_computed_tokens} computed tokens")
+            f"{seq_id!r}: {len(cached_block_ids)} cached blocks but {num_computed_tokens} computed tokens"
+        )
         pool = self.block_pool
         # Blocks the first query (position c) can no longer see are not referenced at all.
         num_dead = max(0, (num_computed_tokens - self.sliding_window + 1) // bs) if self.sliding_window else 0

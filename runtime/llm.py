@@ -15,9 +15,10 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -92,13 +93,23 @@ class LLM:
     Raises :class:`ArtifactError` for a missing/corrupted/mismatched artifact.
     """
 
-    def __init__(self, artifact_dir: str | Path, num_threads: int | None = None,
-                 step_stats: StepStats | None = None, *, prefix_caching: bool = True,
-                 scheduler_policy: str = "slo", tpot_budget_ms: float | None = None):
+    def __init__(
+        self,
+        artifact_dir: str | Path,
+        num_threads: int | None = None,
+        step_stats: StepStats | None = None,
+        *,
+        prefix_caching: bool = True,
+        scheduler_policy: str = "slo",
+        tpot_budget_ms: float | None = None,
+    ):
         self.manifest: Manifest = load_manifest(artifact_dir)
         m = self.manifest
-        self.tokenizer = Tokenizer.from_file(m.path(m.tokenizer_file), bos_token_id=m.model.bos_token_id,
-                                             eos_token_id=(m.model.eos_token_ids or (None,))[0])
+        self.tokenizer = Tokenizer.from_file(
+            m.path(m.tokenizer_file),
+            bos_token_id=m.model.bos_token_id,
+            eos_token_id=(m.model.eos_token_ids or (None,))[0],
+        )
         self.pool = KVPool(m.kv)
         self.engine: OrtEngine | TrtEngine
         if m.options.backend == "ort":
@@ -113,9 +124,15 @@ class LLM:
         self.kv_manager = KVCacheManager(self.block_pool, m.kv.block_size, m.kv.sliding_window)
         # The artifact's identity in every block hash: its build hash and its inputs (weights).
         build_id = f"{(m.build_info or {}).get('build_hash') or m.recipe_hash}:{m.inputs_hash}"
-        self.scheduler = Scheduler(self.kv_manager, m.limits["max_num_tokens"], m.limits["max_batch_size"],
-                                   m.limits["max_seq_len"], eos_token_ids=m.model.eos_token_ids,
-                                   enable_prefix_caching=prefix_caching, build_hash=build_id)
+        self.scheduler = Scheduler(
+            self.kv_manager,
+            m.limits["max_num_tokens"],
+            m.limits["max_batch_size"],
+            m.limits["max_seq_len"],
+            eos_token_ids=m.model.eos_token_ids,
+            enable_prefix_caching=prefix_caching,
+            build_hash=build_id,
+        )
         self.step_stats = step_stats or StepStats(num_kv_blocks=m.kv.num_blocks - 1)
         self._live: dict[str, _Live] = {}
         self._ids = itertools.count()
@@ -149,8 +166,14 @@ class LLM:
         """The engine's step-cost model: the artifact's ``step_cost.json`` or measured now."""
         if self.step_cost is None:
             self.step_cost = load_or_calibrate(
-                self.manifest.path("."), self.engine, self.block_pool, self.kv_manager.block_size,
-                self.manifest.limits["max_num_tokens"], self.manifest.limits["max_batch_size"], self.num_threads)
+                self.manifest.path("."),
+                self.engine,
+                self.block_pool,
+                self.kv_manager.block_size,
+                self.manifest.limits["max_num_tokens"],
+                self.manifest.limits["max_batch_size"],
+                self.num_threads,
+            )
         return self.step_cost
 
     @property
@@ -170,8 +193,9 @@ class LLM:
             try:
                 prompt = prompt.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise RequestError(f"prompt is not valid UTF-8 ({e.reason} at byte {e.start}). "
-                                   "Fix: send UTF-8 text.") from None
+                raise RequestError(
+                    f"prompt is not valid UTF-8 ({e.reason} at byte {e.start}). Fix: send UTF-8 text."
+                ) from None
         if not isinstance(prompt, str) or not prompt.strip():
             raise RequestError(f"prompt = {prompt!r}: expected non-empty text. Fix: send a prompt.")
         if chat:
@@ -190,9 +214,17 @@ class LLM:
             raise RequestError("--chat: this model has no chat template in its metadata. Fix: drop --chat.")
         return self.tokenizer.encode(render_chat(tpl, list(messages)), add_special_tokens=True)
 
-    def add_request(self, prompt: str | bytes | Sequence[int], params: SamplingParams | None = None, *,
-                    chat: bool = False, request_id: str | None = None, arrival_s: float | None = None,
-                    on_text: Callable[[str], None] | None = None, cache_salt: str | None = None) -> str:
+    def add_request(
+        self,
+        prompt: str | bytes | Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        chat: bool = False,
+        request_id: str | None = None,
+        arrival_s: float | None = None,
+        on_text: Callable[[str], None] | None = None,
+        cache_salt: str | None = None,
+    ) -> str:
         """Queue a request; returns its id. ``prompt`` is text or token ids.
 
         ``cache_salt``: only requests with the same salt share prefix-cache blocks (vLLM's
@@ -215,8 +247,14 @@ class LLM:
         req = Request(rid, tuple(ids), params, arrival_time_s=arrival, cache_salt=cache_salt)
         self.scheduler.add_request(req)
         out = RequestOutput(rid, tuple(ids))
-        self._live[rid] = _Live(req, IncrementalDetokenizer(self.tokenizer.backend, ids), RequestTimer(
-            rid, prompt_tokens=len(ids), arrival_s=arrival), make_generator(params), out, on_text)
+        self._live[rid] = _Live(
+            req,
+            IncrementalDetokenizer(self.tokenizer.backend, ids),
+            RequestTimer(rid, prompt_tokens=len(ids), arrival_s=arrival),
+            make_generator(params),
+            out,
+            on_text,
+        )
         return rid
 
     def cancel(self, request_id: str) -> bool:
@@ -259,8 +297,9 @@ class LLM:
         self.steps += 1
         self.num_preemptions += len(step.preempted)
         self._log_step_cost(step, time.perf_counter() - t_step)
-        self.step_stats.on_step(time.monotonic(), decode_batch_size=len(step.decodes),
-                                kv_blocks_used=self.block_pool.num_used)
+        self.step_stats.on_step(
+            time.monotonic(), decode_batch_size=len(step.decodes), kv_blocks_used=self.block_pool.num_used
+        )
         return self._emit(sampled, finished)
 
     def _prefill(self, prefills: tuple[ScheduledPrefill, ...], sampled: dict[str, int]) -> None:
@@ -342,14 +381,18 @@ class LLM:
             return False
         stop = live.request.sampling_params.stop
         text = live.output.text + piece
-        hit = find_stop(text, stop, max(0, len(live.output.text) - max((len(s) for s in stop), default=0))) if stop else None
+        hit = (
+            find_stop(text, stop, max(0, len(live.output.text) - max((len(s) for s in stop), default=0)))
+            if stop
+            else None
+        )
         if hit is not None:
             text = text[:hit]
             live.stopped = final = True
         live.output.text = text
         safe = len(text) if final or not stop else len(text) - stop_prefix_len(text, stop)
         if live.on_text and safe > live.emitted:
-            live.on_text(text[live.emitted:safe])
+            live.on_text(text[live.emitted : safe])
         live.emitted = max(live.emitted, safe)
         return hit is not None
 
@@ -372,8 +415,13 @@ class LLM:
             outs.extend(self.step())
         return outs
 
-    def generate(self, prompts: Iterable[str | Sequence[int]], params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 *, chat: bool = False) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: Iterable[str | Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        chat: bool = False,
+    ) -> list[RequestOutput]:
         """Run all prompts as one continuous batch; outputs in prompt order."""
         prompts = list(prompts)
         plist = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
@@ -381,8 +429,9 @@ class LLM:
         by_id = {o.request_id: o for o in self.run_until_done()}
         return [by_id[r] for r in rids]
 
-    def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
-               chat: bool = False) -> Iterator[str]:
+    def stream(
+        self, prompt: str | Sequence[int], params: SamplingParams | None = None, *, chat: bool = False
+    ) -> Iterator[str]:
         """Yield text pieces as they are produced (UTF-8 safe); the final RequestOutput is in
         ``self.last_output`` afterwards."""
         pieces: list[str] = []

@@ -142,7 +142,9 @@ class Manifest:
             "plugin_versions": self.plugin_versions,
             "model": self.model.to_dict(),
             "kv": {**self.kv.__dict__, "layer_num_kv_heads": list(self.kv.layer_num_kv_heads)},
-            "graphs": {k: {**v.__dict__, "inputs": list(v.inputs), "outputs": list(v.outputs)} for k, v in self.graphs.items()},
+            "graphs": {
+                k: {**v.__dict__, "inputs": list(v.inputs), "outputs": list(v.outputs)} for k, v in self.graphs.items()
+            },
             "files": self.files,
             "limits": self.limits,
             "tokenizer_file": self.tokenizer_file,
@@ -153,7 +155,7 @@ class Manifest:
         return json.dumps(d, indent=2, sort_keys=False, default=str)
 
     @classmethod
-    def from_json(cls, text: str, root: Path | None = None) -> "Manifest":
+    def from_json(cls, text: str, root: Path | None = None) -> Manifest:
         d = json.loads(text)
         kv = dict(d["kv"])
         kv["layer_num_kv_heads"] = tuple(kv["layer_num_kv_heads"])
@@ -169,8 +171,10 @@ class Manifest:
             plugin_versions=d.get("plugin_versions", {}),
             model=ModelConfig.from_dict(d["model"]),
             kv=KVLayout(**kv),
-            graphs={k: GraphEntry(v["file"], v["precision"], tuple(v["inputs"]), tuple(v["outputs"]))
-                    for k, v in d["graphs"].items()},
+            graphs={
+                k: GraphEntry(v["file"], v["precision"], tuple(v["inputs"]), tuple(v["outputs"]))
+                for k, v in d["graphs"].items()
+            },
             files=d["files"],
             limits=d["limits"],
             tokenizer_file=d.get("tokenizer_file", "tokenizer.json"),
@@ -189,8 +193,11 @@ def current_fingerprint(backend: str) -> dict[str, Any]:
     """What this process runs: backend version, platform, op ABI hash, format version."""
     from trtpipe.plugins.schema import op_schema_abi_hash
 
-    fp: dict[str, Any] = {"format_version": FORMAT_VERSION, "op_abi_hash": op_schema_abi_hash(),
-                          "platform": platform.machine()}
+    fp: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "op_abi_hash": op_schema_abi_hash(),
+        "platform": platform.machine(),
+    }
     if backend == "ort":
         try:
             import onnxruntime
@@ -221,12 +228,21 @@ def load_manifest(artifact_dir: str | Path, *, verify_hashes: bool = True) -> Ma
     except (KeyError, ValueError, TypeError) as e:
         raise ArtifactError(f"{mpath} is malformed ({e!r}). Fix: rebuild with `trtpipe build <recipe> --force`.") from e
     rebuild = m.rebuild_command
-    bad = [f"{k} = {v!r}" for k, v in (("kv.block_size", m.kv.block_size), ("kv.num_blocks", m.kv.num_blocks),
-                                       ("kv.head_dim", m.kv.head_dim), *((f"limits.{k}", v) for k, v in m.limits.items()))
-           if not isinstance(v, int) or v < (2 if k == "kv.num_blocks" else 1)]
+    bad = [
+        f"{k} = {v!r}"
+        for k, v in (
+            ("kv.block_size", m.kv.block_size),
+            ("kv.num_blocks", m.kv.num_blocks),
+            ("kv.head_dim", m.kv.head_dim),
+            *((f"limits.{k}", v) for k, v in m.limits.items()),
+        )
+        if not isinstance(v, int) or v < (2 if k == "kv.num_blocks" else 1)
+    ]
     if bad:
-        raise ArtifactError(f"{mpath}: {', '.join(bad)}: expected positive integers (2+ blocks: block 0 is the "
-                            f"null block). The manifest was edited or damaged. Fix: `{rebuild}`.")
+        raise ArtifactError(
+            f"{mpath}: {', '.join(bad)}: expected positive integers (2+ blocks: block 0 is the "
+            f"null block). The manifest was edited or damaged. Fix: `{rebuild}`."
+        )
     fp = current_fingerprint(m.options.backend)  # m.options: ArtifactError for a missing/bad option
     diffs = []
     if m.format_version != fp["format_version"]:
@@ -239,12 +255,17 @@ def load_manifest(artifact_dir: str | Path, *, verify_hashes: bool = True) -> Ma
     if m.target.get("platform") and m.target.get("platform") != fp["platform"] and m.options.backend == "trt":
         diffs.append(f"platform {m.target.get('platform')} (this machine: {fp['platform']})")
     if diffs:
-        raise ArtifactError(f"artifact {root} was built for a different runtime: " + "; ".join(diffs)
-                            + f". Fix: rebuild it here with `{rebuild}`.")
+        raise ArtifactError(
+            f"artifact {root} was built for a different runtime: "
+            + "; ".join(diffs)
+            + f". Fix: rebuild it here with `{rebuild}`."
+        )
     for rel, digest in m.files.items():
         p = root / rel
         if not p.is_file():
             raise ArtifactError(f"artifact {root}: file {rel} is missing. Fix: `{rebuild}`.")
         if verify_hashes and sha256_file(p) != digest:
-            raise ArtifactError(f"artifact {root}: file {rel} is corrupted (sha256 differs from the manifest). Fix: `{rebuild}`.")
+            raise ArtifactError(
+                f"artifact {root}: file {rel} is corrupted (sha256 differs from the manifest). Fix: `{rebuild}`."
+            )
     return m

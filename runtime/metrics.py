@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
 from trtpipe.runtime.errors import MetricsError
 from trtpipe.runtime.percentiles import PERCENTILE_METHOD, PERCENTILES, Percentiles, percentile
@@ -106,9 +106,7 @@ class RequestTimer:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if prompt_tokens < 0:
-            raise MetricsError(
-                f"prompt_tokens={prompt_tokens} for request {request_id!r}: expected >= 0"
-            )
+            raise MetricsError(f"prompt_tokens={prompt_tokens} for request {request_id!r}: expected >= 0")
         self.request_id = request_id
         self.prompt_tokens = prompt_tokens
         self._clock = clock
@@ -154,9 +152,7 @@ class RequestTimer:
         timing is per token, and a token whose text the detokenizer holds back is still a token.
         """
         if num_tokens < 0:
-            raise MetricsError(
-                f"request {self.request_id!r}: num_tokens={num_tokens}, expected >= 0"
-            )
+            raise MetricsError(f"request {self.request_id!r}: num_tokens={num_tokens}, expected >= 0")
         if num_tokens == 0:
             return
         t = self._now(t, "token")
@@ -262,9 +258,7 @@ class MetricsSummary:
         ``None`` when the metric has no data (e.g. TPOT when every request had one token).
         """
         if metric not in LATENCY_METRICS:
-            raise MetricsError(
-                f"metric {metric!r}: expected one of {', '.join(LATENCY_METRICS)}"
-            )
+            raise MetricsError(f"metric {metric!r}: expected one of {', '.join(LATENCY_METRICS)}")
         dist: Percentiles | None = getattr(self, metric)
         return None if dist is None else dist.get(pct) * 1000.0
 
@@ -293,17 +287,14 @@ class MetricsSummary:
             kv_leak_free=self.kv_leak_free,
             prefix_cache_queries_tokens=self.total_prompt_tokens,
             prefix_cache_hits_tokens=self.prefix_cache_hits_tokens,
-            prefix_cache_hit_rate=(self.prefix_cache_hits_tokens / self.total_prompt_tokens
-                                   if self.total_prompt_tokens else None),
+            prefix_cache_hit_rate=(
+                self.prefix_cache_hits_tokens / self.total_prompt_tokens if self.total_prompt_tokens else None
+            ),
         )
         return out
 
 
-def summarize(
-    requests: Sequence[RequestMetrics],
-    wall_s: float,
-    step_stats: StepStats | None = None,
-) -> MetricsSummary:
+def summarize(requests: Sequence[RequestMetrics], wall_s: float, step_stats: StepStats | None = None) -> MetricsSummary:
     """Summarize one scenario: percentiles, throughput and step statistics.
 
     ``wall_s`` is the run's wall time in seconds (first arrival to last token, as the caller
@@ -338,9 +329,7 @@ def summarize(
         mean_decode_batch_size=sum(decode_sizes) / len(decode_sizes) if decode_sizes else None,
         peak_kv_blocks_used=max(steps.kv_blocks_used) if steps.kv_blocks_used else None,
         num_kv_blocks=steps.num_kv_blocks,
-        kv_occupancy=tuple(
-            (t - t0, n) for t, n in zip(steps.step_times_s, steps.kv_blocks_used)
-        ),
+        kv_occupancy=tuple((t - t0, n) for t, n in zip(steps.step_times_s, steps.kv_blocks_used)),
         peak_rss_bytes=steps.peak_rss_bytes,
         kv_blocks_in_use_at_end=steps.kv_blocks_in_use_at_end,
         prefix_cache_hits_tokens=sum(r.cached_prompt_tokens for r in requests),

@@ -79,7 +79,7 @@ class ModelConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
         """Build from :meth:`to_dict` output (e.g. the artifact manifest)."""
         d = dict(d)
         rs = d.get("rope_scaling")

@@ -21,30 +21,22 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from trtpipe.runtime.budgets import BudgetResult, gate_exit_code
 from trtpipe.runtime.decode_bandwidth import DecodeReadModel, scenario_decode_bandwidth
 from trtpipe.runtime.errors import ArtifactError
+from trtpipe.runtime.metrics import PERCENTILE_METHOD, MetricsSummary, RequestMetrics
 from trtpipe.runtime.report_markdown import fmt_margin, render_markdown
-from trtpipe.runtime.metrics import (
-    PERCENTILE_METHOD,
-    MetricsSummary,
-    RequestMetrics,
-)
 
 SCHEMA_VERSION = 1
 """Version of report.json's layout; bump it when a field changes meaning or moves."""
 
-PLOT_FILES: tuple[str, ...] = (
-    "ttft_vs_prompt_len.png",
-    "tpot_cdf.png",
-    "itl_cdf.png",
-    "kv_occupancy.png",
-)
+PLOT_FILES: tuple[str, ...] = ("ttft_vs_prompt_len.png", "tpot_cdf.png", "itl_cdf.png", "kv_occupancy.png")
 
 
 @dataclass(frozen=True)
@@ -128,8 +120,7 @@ def build_report(
         "schema_version": SCHEMA_VERSION,
         "recipe": recipe_name,
         "target": target,
-        "generated_at": generated_at
-        or datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "generated_at": generated_at or datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "percentile_method": PERCENTILE_METHOD,
         "gate": {
             "passed": exit_code == 0,
@@ -165,9 +156,7 @@ def load_report(path: str | os.PathLike) -> dict:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
-        raise ArtifactError(
-            f"report {path}: cannot read it ({e}); rerun `trtpipe validate`"
-        ) from e
+        raise ArtifactError(f"report {path}: cannot read it ({e}); rerun `trtpipe validate`") from e
     version = doc.get("schema_version") if isinstance(doc, dict) else None
     if version != SCHEMA_VERSION:
         raise ArtifactError(

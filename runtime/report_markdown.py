@@ -7,7 +7,8 @@ returns (or :func:`~trtpipe.runtime.report.load_report` reads back).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from trtpipe.runtime.decode_bandwidth import DecodeBandwidth
 from trtpipe.runtime.metrics import LATENCY_METRICS, PERCENTILES
@@ -67,10 +68,7 @@ def _scenario_markdown(s: Mapping[str, Any]) -> list[str]:
     """report.md lines of one scenario: latency table, run facts, budget table."""
     sm = s["summary"]
     lines = [f"## Scenario `{s['name']}`", ""]
-    lines += [
-        "| metric | p50 | p90 | p95 | p99 | mean | n |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
+    lines += ["| metric | p50 | p90 | p95 | p99 | mean | n |", "|---|---:|---:|---:|---:|---:|---:|"]
     for name in LATENCY_METRICS:
         d = sm[f"{name}_ms"]
         label = {"prefill": "prefill (only)", "queue": "queue"}.get(name, name)
@@ -86,8 +84,7 @@ def _scenario_markdown(s: Mapping[str, Any]) -> list[str]:
         f"{sm['total_output_tokens']}, wall {sm['wall_s']:.3f} s",
         f"- output tokens/s: {_fmt(sm['output_tokens_per_s'])}"
         + (f"; {DecodeBandwidth.from_dict(bw).describe()} at TPOT p50" if (bw := s.get("decode_bandwidth")) else ""),
-        f"- decode batch size: peak {_opt(sm['peak_decode_batch_size'])}, "
-        f"mean {_fmt(sm['mean_decode_batch_size'])}",
+        f"- decode batch size: peak {_opt(sm['peak_decode_batch_size'])}, mean {_fmt(sm['mean_decode_batch_size'])}",
         f"- KV blocks: peak used {_opt(sm['peak_kv_blocks_used'])} of "
         f"{_opt(sm['num_kv_blocks'])}; in use at end {_opt(sm['kv_blocks_in_use_at_end'])} "
         f"(leak check: {_pass(sm['kv_leak_free'])})",
@@ -101,10 +98,7 @@ def _budgets_markdown(budgets: Sequence[Mapping[str, Any]]) -> list[str]:
     """report.md lines of one scenario's budget table."""
     if not budgets:
         return ["No budgets for this scenario.", ""]
-    lines = [
-        "| budget | limit | measured | margin | result |",
-        "|---|---:|---:|---:|---|",
-    ]
+    lines = ["| budget | limit | measured | margin | result |", "|---|---:|---:|---:|---|"]
     for b in budgets:
         label = b["metric"] + ("" if b["percentile"] is None else f" {b['percentile']}")
         op = "≤" if b["kind"] == "max" else "≥"

@@ -20,15 +20,18 @@ from __future__ import annotations
 
 import importlib.util
 import io
-from typing import TYPE_CHECKING, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from trtpipe.runtime.report import ScenarioReport
 
 PANEL_HEIGHT_IN = 2.6
 WIDTH_IN = 7.5
-MISSING_NOTICE = ("plots skipped: matplotlib is not installed (the runtime does not need it). "
-                  "Fix: pip install 'trtpipe[plots]' and rerun validate.")
+MISSING_NOTICE = (
+    "plots skipped: matplotlib is not installed (the runtime does not need it). "
+    "Fix: pip install 'trtpipe[plots]' and rerun validate."
+)
 
 
 def plots_available() -> bool:
@@ -64,22 +67,25 @@ def _no_data(ax, what: str = "no data") -> None:
     ax.text(0.5, 0.5, what, ha="center", va="center", transform=ax.transAxes)
 
 
-def _budget_lines(ax, scen: "ScenarioReport", metric: str, *, vertical: bool) -> None:
+def _budget_lines(ax, scen: ScenarioReport, metric: str, *, vertical: bool) -> None:
     """This scenario's budgets on ``metric`` (and only them) as dashed red lines."""
     for r in scen.budget_results:
         if r.metric == metric:
-            (ax.axvline if vertical else ax.axhline)(r.limit, color="C3", linestyle="--", linewidth=1.2,
-                                                     label=f"budget: {r.label} <= {r.limit:g} ms")
+            (ax.axvline if vertical else ax.axhline)(
+                r.limit, color="C3", linestyle="--", linewidth=1.2, label=f"budget: {r.label} <= {r.limit:g} ms"
+            )
 
 
-def plot_ttft_vs_prompt(scenarios: Sequence["ScenarioReport"]) -> bytes:
+def plot_ttft_vs_prompt(scenarios: Sequence[ScenarioReport]) -> bytes:
     fig, axes = _figure("TTFT vs prompt length (TTFT from arrival: queueing included)", len(scenarios))
     for i, (ax, s) in enumerate(zip(axes, scenarios)):
         pts = [(m.prompt_tokens, m.ttft_s * 1000.0) for m in s.requests if m.ttft_s is not None]
         ax.set_title(s.name, fontsize="medium", loc="left")
         ax.set_ylabel("TTFT (ms)")
         if pts:
-            ax.scatter([p for p, _ in pts], [t for _, t in pts], s=12, color=f"C{i % 10}", label=f"requests (n={len(pts)})")
+            ax.scatter(
+                [p for p, _ in pts], [t for _, t in pts], s=12, color=f"C{i % 10}", label=f"requests (n={len(pts)})"
+            )
         else:
             _no_data(ax)
         _budget_lines(ax, s, "ttft_ms", vertical=False)
@@ -88,15 +94,18 @@ def plot_ttft_vs_prompt(scenarios: Sequence["ScenarioReport"]) -> bytes:
     return _png(fig)
 
 
-def plot_latency_cdf(scenarios: Sequence["ScenarioReport"], which: str) -> bytes:
+def plot_latency_cdf(scenarios: Sequence[ScenarioReport], which: str) -> bytes:
     """``which``: "tpot" (per request) or "itl" (every token gap). Log x axis (ms)."""
     name = which.upper()
     unit = "requests" if which == "tpot" else "token gaps"
     fig, axes = _figure(f"{name} CDF (log time axis, the same on every panel)", len(scenarios))
     lo, hi = _log_range(scenarios, which)
     for i, (ax, s) in enumerate(zip(axes, scenarios)):
-        values = ([m.tpot_s for m in s.requests if m.tpot_s is not None] if which == "tpot"
-                  else [g for m in s.requests for g in m.itl_s])
+        values = (
+            [m.tpot_s for m in s.requests if m.tpot_s is not None]
+            if which == "tpot"
+            else [g for m in s.requests for g in m.itl_s]
+        )
         xs = sorted(v * 1000.0 for v in values if v > 0)  # a log axis has no 0
         ax.set_title(s.name, fontsize="medium", loc="left")
         ax.set_ylabel(f"fraction of {unit}")
@@ -105,8 +114,13 @@ def plot_latency_cdf(scenarios: Sequence["ScenarioReport"], which: str) -> bytes
         if xs:
             ys = [(k + 1) / len(xs) for k in range(len(xs))]
             # start the empirical CDF at 0 so its first jump is visible
-            ax.step([xs[0], *xs], [0.0, *ys], where="post", color=f"C{i % 10}",
-                    label=f"{name} (n={len(xs)}, max {xs[-1]:.4g} ms)")
+            ax.step(
+                [xs[0], *xs],
+                [0.0, *ys],
+                where="post",
+                color=f"C{i % 10}",
+                label=f"{name} (n={len(xs)}, max {xs[-1]:.4g} ms)",
+            )
         else:
             _no_data(ax, f"no {name} data (every request produced one token)" if which == "tpot" else "no data")
         _budget_lines(ax, s, f"{which}_ms", vertical=True)
@@ -115,10 +129,15 @@ def plot_latency_cdf(scenarios: Sequence["ScenarioReport"], which: str) -> bytes
     return _png(fig)
 
 
-def _log_range(scenarios: Sequence["ScenarioReport"], which: str) -> tuple[float, float]:
+def _log_range(scenarios: Sequence[ScenarioReport], which: str) -> tuple[float, float]:
     """x limits (ms) covering every panel's values and budgets, so panels compare by eye."""
-    xs = [v * 1000.0 for s in scenarios for m in s.requests
-          for v in (([m.tpot_s] if m.tpot_s is not None else []) if which == "tpot" else m.itl_s) if v > 0]
+    xs = [
+        v * 1000.0
+        for s in scenarios
+        for m in s.requests
+        for v in (([m.tpot_s] if m.tpot_s is not None else []) if which == "tpot" else m.itl_s)
+        if v > 0
+    ]
     xs += [r.limit for s in scenarios for r in s.budget_results if r.metric == f"{which}_ms" and r.limit > 0]
     if not xs:
         return 1.0, 100.0
@@ -135,7 +154,7 @@ def _log_ms_axis(ax, lo: float, hi: float) -> None:
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
-def _occupancy_series(scenarios: Sequence["ScenarioReport"], gap_s: float = 0.0):
+def _occupancy_series(scenarios: Sequence[ScenarioReport], gap_s: float = 0.0):
     """Scenarios laid end to end: (times, blocks, [(start_s, name)])."""
     ts: list[float] = []
     ns: list[int] = []
@@ -153,7 +172,7 @@ def _occupancy_series(scenarios: Sequence["ScenarioReport"], gap_s: float = 0.0)
     return ts, ns, starts
 
 
-def plot_kv_occupancy(scenarios: Sequence["ScenarioReport"]) -> bytes:
+def plot_kv_occupancy(scenarios: Sequence[ScenarioReport]) -> bytes:
     ts, ns, starts = _occupancy_series(scenarios)
     caps = {s.summary.num_kv_blocks for s in scenarios if s.summary.num_kv_blocks}
     capacity = max(caps) if caps else None  # one pool per artifact: every scenario reports it
@@ -173,13 +192,27 @@ def plot_kv_occupancy(scenarios: Sequence["ScenarioReport"]) -> bytes:
         ax.axhline(capacity, color="C3", linestyle="--", linewidth=1.2, label=f"pool capacity {capacity} blocks")
         top = capacity * 1.05
     elif capacity:  # named in the legend; drawing it would squash the line into the bottom strip
-        ax.plot([], [], color="C3", linestyle="--", linewidth=1.2,
-                label=f"pool capacity {capacity} blocks = 100 % (above this panel)")
+        ax.plot(
+            [],
+            [],
+            color="C3",
+            linestyle="--",
+            linewidth=1.2,
+            label=f"pool capacity {capacity} blocks = 100 % (above this panel)",
+        )
     ax.set_ylim(0, top)
     for x, name in starts:
         ax.axvline(x, color="0.5", linewidth=0.8, linestyle=":")
-        ax.annotate(name, xy=(x, 0.97), xycoords=("data", "axes fraction"), xytext=(3, 0),
-                    textcoords="offset points", va="top", fontsize="small", color="0.3")
+        ax.annotate(
+            name,
+            xy=(x, 0.97),
+            xycoords=("data", "axes fraction"),
+            xytext=(3, 0),
+            textcoords="offset points",
+            va="top",
+            fontsize="small",
+            color="0.3",
+        )
     if capacity:
         to_pct: Callable[[float], float] = lambda b: 100.0 * b / capacity  # noqa: E731
         ax.secondary_yaxis("right", functions=(to_pct, lambda p: p * capacity / 100.0)).set_ylabel("% of pool")

@@ -35,9 +35,11 @@ def prompt_length_error(num_prompt_tokens: int, max_seq_len: int) -> str | None:
     """
     if num_prompt_tokens < max_seq_len:
         return None
-    return (f"prompt has {num_prompt_tokens} tokens; expected fewer than max_seq_len = {max_seq_len} "
-            "(prompt + output, at least one output token). Fix: shorten the prompt or build a recipe "
-            "with a larger max_seq_len.")
+    return (
+        f"prompt has {num_prompt_tokens} tokens; expected fewer than max_seq_len = {max_seq_len} "
+        "(prompt + output, at least one output token). Fix: shorten the prompt or build a recipe "
+        "with a larger max_seq_len."
+    )
 
 
 @dataclass(frozen=True)

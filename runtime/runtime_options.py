@@ -60,8 +60,9 @@ class RuntimeOptions:
     profiles: Mapping[str, Mapping[str, Any]] | None
 
 
-def parse_runtime_options(backend: Mapping[str, Any], options: Mapping[str, Any], *, where: str,
-                          rebuild: str) -> RuntimeOptions:
+def parse_runtime_options(
+    backend: Mapping[str, Any], options: Mapping[str, Any], *, where: str, rebuild: str
+) -> RuntimeOptions:
     """Check ``backend`` (manifest ``backend``) and ``options`` (manifest ``runtime_options``).
 
     ``where`` names the manifest file and ``rebuild`` the command that rebuilds it, for messages.
@@ -70,16 +71,20 @@ def parse_runtime_options(backend: Mapping[str, Any], options: Mapping[str, Any]
     """
     name = backend.get("name")
     if name not in BACKENDS:
-        raise ArtifactError(f"{where}: backend.name = {name!r}: expected one of {', '.join(BACKENDS)}. "
-                            f"Fix: `{rebuild}`.")
+        raise ArtifactError(
+            f"{where}: backend.name = {name!r}: expected one of {', '.join(BACKENDS)}. Fix: `{rebuild}`."
+        )
     missing = [k for k in REQUIRED_OPTIONS[name] if k not in options]
     if missing:
-        raise ArtifactError(f"{where}: runtime_options lacks {', '.join(missing)} (needed by the {name} backend; "
-                            f"the artifact was built by an older or damaged build). Fix: `{rebuild}`.")
+        raise ArtifactError(
+            f"{where}: runtime_options lacks {', '.join(missing)} (needed by the {name} backend; "
+            f"the artifact was built by an older or damaged build). Fix: `{rebuild}`."
+        )
 
     def bad(key: str, expected: str) -> ArtifactError:
-        return ArtifactError(f"{where}: runtime_options.{key} = {options[key]!r}: expected {expected}. "
-                             f"Fix: `{rebuild}`.")
+        return ArtifactError(
+            f"{where}: runtime_options.{key} = {options[key]!r}: expected {expected}. Fix: `{rebuild}`."
+        )
 
     if name == "ort":
         return _parse_ort(options, bad)
@@ -90,8 +95,16 @@ def parse_runtime_options(backend: Mapping[str, Any], options: Mapping[str, Any]
         raise bad("kv_in_place", "true or false")
     if not isinstance(profiles, Mapping):
         raise bad("profiles", "an object {phase: {profile_index: ...}}")
-    return RuntimeOptions(backend="trt", shared_data_file=None, shared_initializers=None, intra_op_num_threads=None,
-                          ort_decode_graph=None, layout=layout, kv_in_place=in_place, profiles=profiles)
+    return RuntimeOptions(
+        backend="trt",
+        shared_data_file=None,
+        shared_initializers=None,
+        intra_op_num_threads=None,
+        ort_decode_graph=None,
+        layout=layout,
+        kv_in_place=in_place,
+        profiles=profiles,
+    )
 
 
 def _parse_ort(options: Mapping[str, Any], bad: Any) -> RuntimeOptions:
@@ -102,17 +115,26 @@ def _parse_ort(options: Mapping[str, Any], bad: Any) -> RuntimeOptions:
     if not isinstance(shared, Mapping):
         raise bad("shared_initializers", "an object {name: [dtype, shape, offset, length]}")
     try:
-        initializers = {k: SharedInitializer(str(dt), tuple(int(d) for d in shape), int(offset), int(length))
-                        for k, (dt, shape, offset, length) in shared.items()}
+        initializers = {
+            k: SharedInitializer(str(dt), tuple(int(d) for d in shape), int(offset), int(length))
+            for k, (dt, shape, offset, length) in shared.items()
+        }
     except (TypeError, ValueError):
         raise bad("shared_initializers", "an object {name: [dtype, shape, offset, length]}") from None
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise bad("intra_op_num_threads", "an int >= 1 or null")
     if decode_graph not in ORT_DECODE_GRAPHS:
         raise bad("ort_decode_graph", " or ".join(repr(v) for v in ORT_DECODE_GRAPHS))
-    return RuntimeOptions(backend="ort", shared_data_file=data_file, shared_initializers=initializers,
-                          intra_op_num_threads=threads, ort_decode_graph=decode_graph, layout=None,
-                          kv_in_place=None, profiles=None)
+    return RuntimeOptions(
+        backend="ort",
+        shared_data_file=data_file,
+        shared_initializers=initializers,
+        intra_op_num_threads=threads,
+        ort_decode_graph=decode_graph,
+        layout=None,
+        kv_in_place=None,
+        profiles=None,
+    )
 
 
 __all__ = ["RuntimeOptions", "SharedInitializer", "parse_runtime_options", "REQUIRED_OPTIONS"]

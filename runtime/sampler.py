@@ -29,9 +29,7 @@ def make_generator(params: SamplingParams) -> np.random.Generator:
 
 
 def sample(
-    logits: np.ndarray,
-    params: Sequence[SamplingParams],
-    generators: Sequence[np.random.Generator | None],
+    logits: np.ndarray, params: Sequence[SamplingParams], generators: Sequence[np.random.Generator | None]
 ) -> np.ndarray:
     """Pick one token per row.
 

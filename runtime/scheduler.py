@@ -301,7 +301,8 @@ class Scheduler:
         else:
             context = 0
         cap = self.chunk_policy.max_prefill_tokens(
-            len(decoding), sum(r.num_computed_tokens + 1 for r in decoding), context)
+            len(decoding), sum(r.num_computed_tokens + 1 for r in decoding), context
+        )
         self.last_prefill_cap = cap
         return min(self.max_num_tokens, len(decoding) + cap)
 

@@ -39,11 +39,14 @@ class SloChunkPolicy:
 
     def __post_init__(self) -> None:
         if not self.tpot_budget_ms > 0:
-            raise TrtpipeError(f"tpot_budget_ms = {self.tpot_budget_ms!r}: expected > 0 ms; fix: set a "
-                               "TPOT budget (e.g. tpot_ms: {p95: 50}) or use scheduler.policy: fcfs")
+            raise TrtpipeError(
+                f"tpot_budget_ms = {self.tpot_budget_ms!r}: expected > 0 ms; fix: set a "
+                "TPOT budget (e.g. tpot_ms: {p95: 50}) or use scheduler.policy: fcfs"
+            )
         if self.block_size < 1 or self.max_num_tokens < 1:
-            raise TrtpipeError(f"block_size = {self.block_size}, max_num_tokens = {self.max_num_tokens}: "
-                               "expected both >= 1")
+            raise TrtpipeError(
+                f"block_size = {self.block_size}, max_num_tokens = {self.max_num_tokens}: expected both >= 1"
+            )
 
     def max_prefill_tokens(self, num_decodes: int, decode_context_sum: int, prefill_context: int = 0) -> int:
         """Prefill tokens for a step that decodes ``num_decodes`` sequences (see module doc)."""
@@ -66,12 +69,14 @@ class SloChunkPolicy:
         c = self.cost
         batches = sorted({b for b in (1, 2, 4, 8, max_batch_size) if b <= max_batch_size})
         chunks = ", ".join(f"{b} -> {self.max_prefill_tokens(b, b * context_per_seq)}" for b in batches)
-        return (f"slo: TPOT budget {self.tpot_budget_ms:g} ms; measured step cost: prefill "
-                f"{c.prefill_s[0] * 1e3:.1f} ms + {c.prefill_s[1] * 1e3:.3f} ms/token, decode "
-                f"{c.decode_s[0] * 1e3:.1f} ms + {c.decode_s[1] * 1e3:.2f} ms/sequence (model error "
-                f"{c.error_ms:.1f} ms, {c.rel_error:.0%}); prefill chunk by decode batch at "
-                f"{context_per_seq} tokens of context: {chunks} tokens (never below one block = "
-                f"{self.block_size}); no decode running: {self.max_num_tokens} tokens")
+        return (
+            f"slo: TPOT budget {self.tpot_budget_ms:g} ms; measured step cost: prefill "
+            f"{c.prefill_s[0] * 1e3:.1f} ms + {c.prefill_s[1] * 1e3:.3f} ms/token, decode "
+            f"{c.decode_s[0] * 1e3:.1f} ms + {c.decode_s[1] * 1e3:.2f} ms/sequence (model error "
+            f"{c.error_ms:.1f} ms, {c.rel_error:.0%}); prefill chunk by decode batch at "
+            f"{context_per_seq} tokens of context: {chunks} tokens (never below one block = "
+            f"{self.block_size}); no decode running: {self.max_num_tokens} tokens"
+        )
 
 
 __all__ = ["SloChunkPolicy"]

@@ -24,9 +24,10 @@ import json
 import os
 import platform
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -80,7 +81,7 @@ class StepCostModel:
         return json.dumps({"format_version": FORMAT_VERSION, **asdict(self)}, indent=2)
 
     @classmethod
-    def from_json(cls, text: str) -> "StepCostModel":
+    def from_json(cls, text: str) -> StepCostModel:
         d = json.loads(text)
         if d.pop("format_version", None) != FORMAT_VERSION:
             raise ValueError("step_cost.json: unknown format_version")
@@ -89,13 +90,15 @@ class StepCostModel:
         return cls(**d)
 
 
-def fit(prefill_samples: Sequence[tuple[int, int, float]],
-        decode_samples: Sequence[tuple[int, int, float]]) -> StepCostModel:
+def fit(
+    prefill_samples: Sequence[tuple[int, int, float]], decode_samples: Sequence[tuple[int, int, float]]
+) -> StepCostModel:
     """Least-squares fit of both calls; coefficients clamped at >= 0 (time never falls with work).
 
     ``prefill_samples``: ``(num_tokens, context, seconds)``; ``decode_samples``: ``(batch,
     context_sum, seconds)``. Needs at least 3 distinct samples of each.
     """
+
     def solve(rows: list[list[float]], y: list[float]) -> tuple[float, float, float]:
         a, b = np.asarray(rows, np.float64), np.asarray(y, np.float64)
         coef = np.linalg.lstsq(a, b, rcond=None)[0]
@@ -109,8 +112,12 @@ def fit(prefill_samples: Sequence[tuple[int, int, float]],
     return StepCostModel(prefill_s=p, decode_s=d)
 
 
-def with_error(model: StepCostModel, prefill_held: Sequence[tuple[int, int, float]],
-               decode_held: Sequence[tuple[int, int, float]], **facts: Any) -> StepCostModel:
+def with_error(
+    model: StepCostModel,
+    prefill_held: Sequence[tuple[int, int, float]],
+    decode_held: Sequence[tuple[int, int, float]],
+    **facts: Any,
+) -> StepCostModel:
     """``model`` with ``error_ms``/``rel_error`` measured on held-out calls (and extra facts)."""
     misses = [(model.prefill_time_s(n, c), s) for n, c, s in prefill_held]
     misses += [(model.decode_time_s(b, c), s) for b, c, s in decode_held]
@@ -128,8 +135,9 @@ DECODE_FIT = ((1, 32), (4, 32), (8, 32), (4, 256))
 DECODE_HELD = ((2, 128), (6, 64))
 
 
-def calibrate(engine: Any, block_pool: Any, block_size: int, max_num_tokens: int, max_batch_size: int,
-              *, repeats: int = 2) -> StepCostModel:
+def calibrate(
+    engine: Any, block_pool: Any, block_size: int, max_num_tokens: int, max_batch_size: int, *, repeats: int = 2
+) -> StepCostModel:
     """Time a few prefill and decode calls of ``engine`` and fit a :class:`StepCostModel`.
 
     The calls write dummy KV into blocks taken from ``block_pool`` with ``allocate`` (so no
@@ -172,14 +180,17 @@ def calibrate(engine: Any, block_pool: Any, block_size: int, max_num_tokens: int
         return out
 
     try:
-        timed(engine.prefill, PrefillBatch.from_scheduled(
-            [ScheduledPrefill("w", (1,) * 8, 0, tables[0], slots(tables[0], 0, 8), True)]))  # warm-up
+        timed(
+            engine.prefill,
+            PrefillBatch.from_scheduled([ScheduledPrefill("w", (1,) * 8, 0, tables[0], slots(tables[0], 0, 8), True)]),
+        )  # warm-up
         model = fit(prefill(PREFILL_FIT), decode(DECODE_FIT))
         held_p, held_d = prefill(PREFILL_HELD), decode(DECODE_HELD)
     finally:
         block_pool.free(ids)
-    return with_error(model, held_p, held_d, host=platform.node(),
-                      calibration_s=round(time.perf_counter() - t_start, 3))
+    return with_error(
+        model, held_p, held_d, host=platform.node(), calibration_s=round(time.perf_counter() - t_start, 3)
+    )
 
 
 def _reserve_block_tables(block_pool: Any, block_size: int, max_b: int) -> tuple[list[int], list[tuple[int, ...]]]:
@@ -194,17 +205,26 @@ def _reserve_block_tables(block_pool: Any, block_size: int, max_b: int) -> tuple
         raise TrtpipeError(
             f"step-cost calibration needs {sum(sizes)} free KV blocks, the pool has "
             f"{block_pool.num_free}; fix: run it between requests, or give the pool more blocks "
-            "(kv_cache.num_blocks), or use scheduler.policy: fcfs")
+            "(kv_cache.num_blocks), or use scheduler.policy: fcfs"
+        )
     tables, at = [], 0
     for size in sizes:
-        tables.append(tuple(ids[at:at + size]))
+        tables.append(tuple(ids[at : at + size]))
         at += size
     return ids, tables
 
 
-def load_or_calibrate(artifact_dir: str | os.PathLike, engine: Any, block_pool: Any, block_size: int,
-                      max_num_tokens: int, max_batch_size: int, num_threads: int | None,
-                      *, log=None) -> StepCostModel:
+def load_or_calibrate(
+    artifact_dir: str | os.PathLike,
+    engine: Any,
+    block_pool: Any,
+    block_size: int,
+    max_num_tokens: int,
+    max_batch_size: int,
+    num_threads: int | None,
+    *,
+    log=None,
+) -> StepCostModel:
     """The artifact's ``step_cost.json`` when it was measured on this host with these threads;
     else calibrate now and write it there (atomically; a read-only artifact just skips the write)."""
     from trtpipe.runtime.manifest import atomic_write_text

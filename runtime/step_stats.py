@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from trtpipe.runtime.errors import MetricsError
 
+
 @dataclass
 class StepStats:
     """Per-step counters of one run, filled in by the engine loop (mutable recorder).

@@ -21,7 +21,8 @@ blocks are freed at the end, also on error.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -38,8 +39,7 @@ def _argmax_row(logits: np.ndarray) -> int:
     return int(np.argmax(np.asarray(logits)[0]))
 
 
-def teacher_forced_agreement(llm: Any, prompt_ids: Sequence[int],
-                             target_ids: Sequence[int]) -> tuple[float, list[int]]:
+def teacher_forced_agreement(llm: Any, prompt_ids: Sequence[int], target_ids: Sequence[int]) -> tuple[float, list[int]]:
     """Teacher-force ``target_ids`` after ``prompt_ids``; return (agreement, predicted ids).
 
     ``llm``: an :class:`~trtpipe.runtime.llm.LLM` (uses its ``engine``, ``kv_manager`` and the
@@ -54,23 +54,29 @@ def teacher_forced_agreement(llm: Any, prompt_ids: Sequence[int],
     prompt = [int(t) for t in prompt_ids]
     target = [int(t) for t in target_ids]
     if not prompt or not target:
-        raise RequestError(f"teacher forcing needs a non-empty prompt and target (got {len(prompt)} "
-                           f"prompt and {len(target)} target tokens). Fix: check golden.json.")
+        raise RequestError(
+            f"teacher forcing needs a non-empty prompt and target (got {len(prompt)} "
+            f"prompt and {len(target)} target tokens). Fix: check golden.json."
+        )
     limits = llm.manifest.limits
     max_seq_len, chunk = int(limits["max_seq_len"]), int(limits["max_num_tokens"])
     total = len(prompt) + len(target) - 1  # the last target token is never fed
     if total > max_seq_len:
-        raise RequestError(f"teacher forcing: {len(prompt)} prompt + {len(target) - 1} fed target "
-                           f"tokens = {total} > max_seq_len {max_seq_len}. Fix: use a shorter "
-                           "reference or a recipe with a larger max_seq_len.")
+        raise RequestError(
+            f"teacher forcing: {len(prompt)} prompt + {len(target) - 1} fed target "
+            f"tokens = {total} > max_seq_len {max_seq_len}. Fix: use a shorter "
+            "reference or a recipe with a larger max_seq_len."
+        )
     kv = llm.kv_manager
     seq_id = f"teacher-forcing-{next(_probe_ids)}"
 
     def allocate(num_new: int, num_computed: int) -> None:
         if not kv.allocate_slots(seq_id, num_new, num_computed):
-            raise RequestError(f"teacher forcing: the KV pool has no room for {num_new} more tokens "
-                               f"({kv.block_pool.num_free} free blocks). Fix: run it when no "
-                               "request is running, or give the pool more blocks.")
+            raise RequestError(
+                f"teacher forcing: the KV pool has no room for {num_new} more tokens "
+                f"({kv.block_pool.num_free} free blocks). Fix: run it when no "
+                "request is running, or give the pool more blocks."
+            )
 
     preds: list[int] = []
     try:
@@ -79,17 +85,21 @@ def teacher_forced_agreement(llm: Any, prompt_ids: Sequence[int],
         while pos < len(prompt):
             n = min(chunk, len(prompt) - pos)
             allocate(n, pos)
-            chunk_rec = ScheduledPrefill(seq_id, tuple(prompt[pos:pos + n]), pos,
-                                   tuple(kv.block_table(seq_id)),
-                                   tuple(kv.slot_mapping(seq_id, pos, n)), pos + n == len(prompt))
+            chunk_rec = ScheduledPrefill(
+                seq_id,
+                tuple(prompt[pos : pos + n]),
+                pos,
+                tuple(kv.block_table(seq_id)),
+                tuple(kv.slot_mapping(seq_id, pos, n)),
+                pos + n == len(prompt),
+            )
             logits = llm.engine.prefill(PrefillBatch.from_scheduled([chunk_rec]))  # [1, V]
             pos += n
         assert logits is not None  # the prompt is non-empty (checked above)
         preds.append(_argmax_row(logits))
         for tok in target[:-1]:
             allocate(1, pos)
-            rec = ScheduledDecode(seq_id, tok, pos, tuple(kv.block_table(seq_id)),
-                                  kv.slot_mapping(seq_id, pos, 1)[0])
+            rec = ScheduledDecode(seq_id, tok, pos, tuple(kv.block_table(seq_id)), kv.slot_mapping(seq_id, pos, 1)[0])
             logits = llm.engine.decode(DecodeBatch.from_scheduled([rec]))  # [1, V]
             preds.append(_argmax_row(logits))
             pos += 1

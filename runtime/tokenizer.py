@@ -26,8 +26,9 @@ class Tokenizer:
     manifest (None when the model has none). Ids are Python ints in ``[0, vocab_size)``.
     """
 
-    def __init__(self, backend: _BackendTokenizer, *, bos_token_id: int | None = None,
-                 eos_token_id: int | None = None) -> None:
+    def __init__(
+        self, backend: _BackendTokenizer, *, bos_token_id: int | None = None, eos_token_id: int | None = None
+    ) -> None:
         self._backend = backend
         self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
         for name, token_id in (("bos_token_id", bos_token_id), ("eos_token_id", eos_token_id)):
@@ -40,8 +41,9 @@ class Tokenizer:
         self.eos_token_id = eos_token_id
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike[str], *, bos_token_id: int | None = None,
-                  eos_token_id: int | None = None) -> "Tokenizer":
+    def from_file(
+        cls, path: str | os.PathLike[str], *, bos_token_id: int | None = None, eos_token_id: int | None = None
+    ) -> Tokenizer:
         """Load a ``tokenizer.json``. Raises :class:`ArtifactError` naming the file when it is
         missing or not a tokenizers serialization."""
         path = os.fspath(path)
@@ -77,7 +79,7 @@ class Tokenizer:
             try:
                 text = raw.decode("utf-8", errors="strict")
             except UnicodeDecodeError as exc:
-                bad = raw[exc.start:exc.end]
+                bad = raw[exc.start : exc.end]
                 raise RequestError(
                     f"prompt: invalid UTF-8 at byte offset {exc.start} ({bad.hex(' ')}: {exc.reason}); "
                     "expected UTF-8 encoded text. Fix: send the prompt as UTF-8 (re-encode it from "
@@ -93,9 +95,7 @@ class Tokenizer:
                     "bytes with errors='strict' (not 'surrogateescape') or send it as UTF-8 bytes."
                 ) from None
         else:
-            raise RequestError(
-                f"prompt: got {type(text).__name__}; expected str or UTF-8 bytes."
-            )
+            raise RequestError(f"prompt: got {type(text).__name__}; expected str or UTF-8 bytes.")
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:

@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -162,8 +163,11 @@ class WorkloadSpec:
         if self.arrival_rate_per_s is not None and not self.arrival_rate_per_s > 0:
             bad.append(f"arrival_rate_per_s={self.arrival_rate_per_s}: expected > 0")
         if bad:
-            raise WorkloadError(f"workload {self.name!r}: " + "; ".join(bad)
-                                + ". Fix: correct the scenario in the recipe's validate section.")
+            raise WorkloadError(
+                f"workload {self.name!r}: "
+                + "; ".join(bad)
+                + ". Fix: correct the scenario in the recipe's validate section."
+            )
         return self
 
 
@@ -208,30 +212,43 @@ def _corpus_slice(corpus: Sequence[int], offset: int, n: int) -> tuple[int, ...]
     return tuple(corpus[(offset + i) % m] for i in range(n))
 
 
-def _with_system_prompt(spec: WorkloadSpec, tokenizer: _Encoder, corpus: list[int] | None,
-                        users: list[tuple[int, ...]], chat_template: str | None) -> list[tuple[int, ...]]:
+def _with_system_prompt(
+    spec: WorkloadSpec,
+    tokenizer: _Encoder,
+    corpus: list[int] | None,
+    users: list[tuple[int, ...]],
+    chat_template: str | None,
+) -> list[tuple[int, ...]]:
     """Prefix every user turn with the scenario's fixed system prompt (the first
     ``system_prompt_tokens`` corpus tokens), in the chat template when ``spec.chat``."""
     system = _corpus_slice(corpus, 0, spec.system_prompt_tokens) if spec.system_prompt_tokens and corpus else ()
     if not spec.chat:
         return [system + u for u in users]
     if not chat_template:
-        raise WorkloadError(f"workload {spec.name!r}: chat: true but the model has no chat template. "
-                            "Fix: set chat: false in the scenario.")
+        raise WorkloadError(
+            f"workload {spec.name!r}: chat: true but the model has no chat template. "
+            "Fix: set chat: false in the scenario."
+        )
     from trtpipe.runtime.chat import render_chat
 
     system_text = tokenizer.decode(system) if system else None
     out = []
     for u in users:
-        messages = ([{"role": "system", "content": system_text}] if system_text else [])
+        messages = [{"role": "system", "content": system_text}] if system_text else []
         messages.append({"role": "user", "content": tokenizer.decode(u)})
         out.append(tuple(tokenizer.encode(render_chat(chat_template, messages), add_special_tokens=True)))
     return out
 
 
-def _make_items(spec: WorkloadSpec, tokenizer: _Encoder, corpus: list[int] | None,
-                seeds: Sequence[np.random.SeedSequence], n: int, warmup: bool,
-                chat_template: str | None = None) -> list[WorkItem]:
+def _make_items(
+    spec: WorkloadSpec,
+    tokenizer: _Encoder,
+    corpus: list[int] | None,
+    seeds: Sequence[np.random.SeedSequence],
+    n: int,
+    warmup: bool,
+    chat_template: str | None = None,
+) -> list[WorkItem]:
     """``n`` items from four child seed streams: prompt lengths, offsets, outputs, arrivals."""
     if n == 0:
         return []
@@ -241,11 +258,12 @@ def _make_items(spec: WorkloadSpec, tokenizer: _Encoder, corpus: list[int] | Non
         lines = [p for p in spec.prompts if p.strip()]
         # Warm-up starts elsewhere in the file so it does not pre-run the measured prompts' path.
         start = int(rng_off.integers(0, len(lines)))
-        prompts = [tuple(tokenizer.encode(lines[(start + i) % len(lines)], add_special_tokens=True))
-                   for i in range(n)]
+        prompts = [tuple(tokenizer.encode(lines[(start + i) % len(lines)], add_special_tokens=True)) for i in range(n)]
         if any(not p for p in prompts):
-            raise WorkloadError(f"workload {spec.name!r}: a prompt of the prompt file tokenizes to "
-                                "no tokens. Fix: remove blank or whitespace-only prompts.")
+            raise WorkloadError(
+                f"workload {spec.name!r}: a prompt of the prompt file tokenizes to "
+                "no tokens. Fix: remove blank or whitespace-only prompts."
+            )
     else:
         assert corpus is not None and spec.prompt_tokens is not None
         lens = _draw_lengths(rng_plen, spec.prompt_tokens, n)
@@ -274,9 +292,9 @@ def make_workload(spec: WorkloadSpec, tokenizer: _Encoder, chat_template: str | 
     if corpus is not None and not corpus:
         raise WorkloadError("the built-in corpus tokenized to no tokens; the tokenizer is broken")
     measured_seeds, warmup_seeds = np.random.SeedSequence(spec.seed).spawn(2)
-    return (_make_items(spec, tokenizer, corpus, warmup_seeds.spawn(4), spec.num_warmup_requests, True, chat_template)
-            + _make_items(spec, tokenizer, corpus, measured_seeds.spawn(4), spec.num_requests, False,
-                          chat_template))
+    return _make_items(
+        spec, tokenizer, corpus, warmup_seeds.spawn(4), spec.num_warmup_requests, True, chat_template
+    ) + _make_items(spec, tokenizer, corpus, measured_seeds.spawn(4), spec.num_requests, False, chat_template)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,16 +367,23 @@ def run_workload(
 
 
 def _run_measured(
-    llm: Any, measured: Sequence[WorkItem], concurrency: int | None, clock: Callable[[], float],
-    sleep: Callable[[float], None], on_request_done: Callable[[int, int], None] | None,
+    llm: Any,
+    measured: Sequence[WorkItem],
+    concurrency: int | None,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+    on_request_done: Callable[[int, int], None] | None,
 ) -> tuple[dict[str, int], dict[str, RequestMetrics], float]:
     """The measured phase of :func:`run_workload` (open or closed loop, see there). Returns
     (request id -> item index, request id -> metrics of the finished ones, wall seconds)."""
     order: dict[str, int] = {}
     results: dict[str, RequestMetrics] = {}
     # Open loop: by scheduled arrival (a stable sort keeps item order for ties).
-    pending = deque(sorted(range(len(measured)), key=lambda i: measured[i].arrival_s)
-                    if concurrency is None else range(len(measured)))
+    pending = deque(
+        sorted(range(len(measured)), key=lambda i: measured[i].arrival_s)
+        if concurrency is None
+        else range(len(measured))
+    )
     t0 = clock()
 
     def submit(i: int, arrival: float) -> None:
@@ -386,12 +411,5 @@ def _run_measured(
                     on_request_done(len(results), len(measured))
     return order, results, clock() - t0
 
-__all__ = [
-    "CORPUS",
-    "WorkItem",
-    "WorkloadError",
-    "WorkloadSpec",
-    "corpus_token_ids",
-    "make_workload",
-    "run_workload",
-]
+
+__all__ = ["CORPUS", "WorkItem", "WorkloadError", "WorkloadSpec", "corpus_token_ids", "make_workload", "run_workload"]

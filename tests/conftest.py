@@ -69,8 +69,9 @@ def hf_smollm2(gguf_path):
 @pytest.fixture(scope="session")
 def france_ids(hf_smollm2) -> list[int]:
     tok, _ = hf_smollm2
-    text = tok.apply_chat_template([{"role": "user", "content": FRANCE_PROMPT}], tokenize=False,
-                                   add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": FRANCE_PROMPT}], tokenize=False, add_generation_prompt=True
+    )
     return tok(text)["input_ids"]
 
 
@@ -86,10 +87,14 @@ def make_test_recipe(base_dir, name, prefill, decode, accuracy_level=4, **over):
     from trtpipe.pipeline.recipe import parse_recipe
 
     data = {
-        "name": name, "model": {"source": "smollm2-135m"}, "target": "cpu",
+        "name": name,
+        "model": {"source": "smollm2-135m"},
+        "target": "cpu",
         "precision": {"prefill": prefill, "decode": decode, "int4": {"group_size": 32}},
         "kv_cache": {"block_size": 16, "num_blocks": 160},
-        "max_seq_len": 1024, "max_batch_size": 8, "max_num_tokens": 512,
+        "max_seq_len": 1024,
+        "max_batch_size": 8,
+        "max_num_tokens": 512,
         "engine": {"ort_accuracy_level": accuracy_level},
     }
     data.update(over)
@@ -188,9 +193,18 @@ def _write_tiny_llama(d: Path) -> None:
 
     d.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                                   tie_word_embeddings=True, bos_token_id=None, eos_token_id=None)
+    cfg = transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
     transformers.LlamaForCausalLM(cfg).save_pretrained(d, safe_serialization=True)
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())  # one token per byte, no merges
     tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))

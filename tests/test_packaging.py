@@ -38,11 +38,28 @@ PIP_FOR_TARGET = textwrap.dedent("""
 
 TARGETS = {
     # JetPack 6: Ubuntu 22.04 (glibc 2.35), Python 3.10, aarch64
-    "jetson-aarch64-py310": ({"platform_machine": "aarch64", "python_version": "3.10",
-                              "python_full_version": "3.10.12", "sys_platform": "linux",
-                              "platform_system": "Linux"}, "aarch64", "3.10"),
-    "x86_64-py310": ({"platform_machine": "x86_64", "python_version": "3.10", "python_full_version": "3.10.12",
-                      "sys_platform": "linux", "platform_system": "Linux"}, "x86_64", "3.10"),
+    "jetson-aarch64-py310": (
+        {
+            "platform_machine": "aarch64",
+            "python_version": "3.10",
+            "python_full_version": "3.10.12",
+            "sys_platform": "linux",
+            "platform_system": "Linux",
+        },
+        "aarch64",
+        "3.10",
+    ),
+    "x86_64-py310": (
+        {
+            "platform_machine": "x86_64",
+            "python_version": "3.10",
+            "python_full_version": "3.10.12",
+            "sys_platform": "linux",
+            "platform_system": "Linux",
+        },
+        "x86_64",
+        "3.10",
+    ),
 }
 
 pytestmark = pytest.mark.network
@@ -62,8 +79,9 @@ def _pip(args: list[str], env_markers: dict | None = None) -> subprocess.Complet
         r = subprocess.run(cmd + args, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         pytest.skip(f"pip did not finish in {PIP_TIMEOUT_S} s (index too slow to reach)")
-    if r.returncode != 0 and any(w in r.stderr for w in ("NewConnectionError", "Max retries exceeded",
-                                                          "Temporary failure in name resolution")):
+    if r.returncode != 0 and any(
+        w in r.stderr for w in ("NewConnectionError", "Max retries exceeded", "Temporary failure in name resolution")
+    ):
         pytest.skip("the package index cannot be reached")
     return r
 
@@ -90,15 +108,30 @@ def resolve(wheel: Path, target: str, tmp_path: Path) -> dict[str, str]:
     env, machine, py = TARGETS[target]
     platforms = [f"manylinux_2_{v}_{machine}" for v in range(35, 16, -1)] + [f"manylinux2014_{machine}"]
     report = tmp_path / "report.json"
-    args = ["install", "--dry-run", "--ignore-installed", "--only-binary=:all:", "--python-version", py,
-            "--implementation", "cp", "--target", str(tmp_path / "t"), "--report", str(report), "-q"]
+    args = [
+        "install",
+        "--dry-run",
+        "--ignore-installed",
+        "--only-binary=:all:",
+        "--python-version",
+        py,
+        "--implementation",
+        "cp",
+        "--target",
+        str(tmp_path / "t"),
+        "--report",
+        str(report),
+        "-q",
+    ]
     for p in platforms:
         args += ["--platform", p]
     r = _pip(args + [str(wheel)], env)
     assert r.returncode == 0, f"pip could not resolve trtpipe for {target}:\n{r.stderr[-3000:]}"
     doc = json.loads(report.read_text())
-    return {i["metadata"]["name"].lower().replace("_", "-"): i["download_info"]["url"].rsplit("/", 1)[-1]
-            for i in doc["install"]}
+    return {
+        i["metadata"]["name"].lower().replace("_", "-"): i["download_info"]["url"].rsplit("/", 1)[-1]
+        for i in doc["install"]
+    }
 
 
 def test_runtime_resolves_on_jetson_aarch64_python310(wheel, tmp_path):
@@ -132,8 +165,9 @@ def test_validate_and_generate_on_a_runtime_only_install(wheel, default_artifact
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     py, cli = venv / "bin" / "python", venv / "bin" / "trtpipe"
     try:
-        r = subprocess.run([str(py), "-m", "pip", "install", "-q", str(wheel)], capture_output=True, text=True,
-                           timeout=PIP_TIMEOUT_S)
+        r = subprocess.run(
+            [str(py), "-m", "pip", "install", "-q", str(wheel)], capture_output=True, text=True, timeout=PIP_TIMEOUT_S
+        )
     except subprocess.TimeoutExpired:
         pytest.skip(f"pip did not finish in {PIP_TIMEOUT_S} s (index too slow to reach)")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -145,13 +179,23 @@ def test_validate_and_generate_on_a_runtime_only_install(wheel, default_artifact
         if f.name != "validate":
             (art / f.name).symlink_to(f)
 
-    gen = subprocess.run([str(cli), "generate", str(art), "The capital of France is", "--max-new-tokens", "8"],
-                         capture_output=True, text=True, timeout=RUNTIME_ONLY_TIMEOUT_S, cwd=tmp_path)
+    gen = subprocess.run(
+        [str(cli), "generate", str(art), "The capital of France is", "--max-new-tokens", "8"],
+        capture_output=True,
+        text=True,
+        timeout=RUNTIME_ONLY_TIMEOUT_S,
+        cwd=tmp_path,
+    )
     assert gen.returncode == 0, gen.stderr[-3000:]
     assert "Paris" in gen.stdout
     recipe = ROOT / "recipes" / "smollm2-135m-cpu.yaml"
-    val = subprocess.run([str(cli), "validate", str(recipe), "--artifact", str(art), "--scenario", "code"],
-                         capture_output=True, text=True, timeout=RUNTIME_ONLY_TIMEOUT_S, cwd=tmp_path)
+    val = subprocess.run(
+        [str(cli), "validate", str(recipe), "--artifact", str(art), "--scenario", "code"],
+        capture_output=True,
+        text=True,
+        timeout=RUNTIME_ONLY_TIMEOUT_S,
+        cwd=tmp_path,
+    )
     assert val.returncode in (0, 1), val.stderr[-3000:]  # 1: a budget missed on a loaded host; still a run
     report = json.loads((art / "validate" / "scenarios-code" / "report.json").read_text())
     assert report["gate"]["correctness_passed"] is True and report["gate"]["kv_leak_free"] is True

@@ -24,9 +24,24 @@ def test_mypy_finds_no_error_in_runtime_and_plugins(tmp_path):
         (pkg / name).symlink_to(ROOT / name, target_is_directory=True)
     env = {**os.environ, "MYPYPATH": str(tmp_path)}
     r = subprocess.run(
-        [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
-         "--cache-dir", str(ROOT / ".mypy_cache"), "-p", "trtpipe.runtime", "-p", "trtpipe.plugins"],
-        capture_output=True, text=True, timeout=MYPY_TIMEOUT_S, env=env, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--config-file",
+            str(ROOT / "pyproject.toml"),
+            "--cache-dir",
+            str(ROOT / ".mypy_cache"),
+            "-p",
+            "trtpipe.runtime",
+            "-p",
+            "trtpipe.plugins",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=MYPY_TIMEOUT_S,
+        env=env,
+        cwd=tmp_path,
     )
     assert r.returncode == 0, (r.stdout + r.stderr)[-6000:].replace(str(tmp_path) + "/", "")
     assert "Success: no issues found" in r.stdout

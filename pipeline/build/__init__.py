@@ -25,14 +25,19 @@ hash, ONNX Runtime version: :func:`inputs_hash`) is skipped unless ``force``.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from trtpipe.pipeline.build.errors import BuildError, BuildNeedsTarget
 from trtpipe.pipeline.build.identity import artifact_dir_for, inputs_hash, rebuild_command
 from trtpipe.pipeline.build.load import load_model
-from trtpipe.pipeline.build.package import (DATA_FILE, keep_previous_reports, publish_artifact,
-                                            remove_stale_temp_dirs, write_graphs_shared)
+from trtpipe.pipeline.build.package import (
+    DATA_FILE,
+    keep_previous_reports,
+    publish_artifact,
+    remove_stale_temp_dirs,
+    write_graphs_shared,
+)
 from trtpipe.pipeline.build.records import BuildResult
 from trtpipe.pipeline.golden import GOLDEN_PROMPTS, golden_for_build, reference_greedy
 from trtpipe.pipeline.recipe import Recipe
@@ -55,8 +60,14 @@ def _up_to_date(final: Path, ih: str, log: Callable[[str], None]):
     return m if m.inputs_hash == ih else None
 
 
-def build(recipe: Recipe, artifact_root: str | Path = "artifacts", *, force: bool = False,
-          log: Callable[[str], None] = print, golden: bool = True) -> BuildResult:
+def build(
+    recipe: Recipe,
+    artifact_root: str | Path = "artifacts",
+    *,
+    force: bool = False,
+    log: Callable[[str], None] = print,
+    golden: bool = True,
+) -> BuildResult:
     """Build the artifact for ``recipe`` (see the module docstring): ONNX Runtime graphs for target
     cpu (:mod:`.cpu`), a build spec and TensorRT plans for GPU targets (:mod:`.gpu`).
     Raises :class:`BuildError` (:class:`BuildNeedsTarget`: spec written, finish on the target) or
@@ -95,7 +106,25 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["DATA_FILE", "GOLDEN_PROMPTS", "TRTPIPE_VERSION", "BuildError", "BuildNeedsTarget", "BuildResult",
-           "artifact_dir_for", "build", "build_from_spec", "build_gpu_target", "golden_for_build", "inputs_hash",
-           "keep_previous_reports", "load_model", "ort_decode_graph", "publish_artifact", "rebuild_command",
-           "reference_greedy", "write_build_spec", "write_graphs_shared"]
+__all__ = [
+    "DATA_FILE",
+    "GOLDEN_PROMPTS",
+    "TRTPIPE_VERSION",
+    "BuildError",
+    "BuildNeedsTarget",
+    "BuildResult",
+    "artifact_dir_for",
+    "build",
+    "build_from_spec",
+    "build_gpu_target",
+    "golden_for_build",
+    "inputs_hash",
+    "keep_previous_reports",
+    "load_model",
+    "ort_decode_graph",
+    "publish_artifact",
+    "rebuild_command",
+    "reference_greedy",
+    "write_build_spec",
+    "write_graphs_shared",
+]

@@ -8,16 +8,22 @@ from __future__ import annotations
 
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from trtpipe.pipeline.build.export_graphs import export_graphs
 from trtpipe.pipeline.build.golden_stage import GOLDEN_FILE, write_golden
 from trtpipe.pipeline.build.identity import rebuild_command
 from trtpipe.pipeline.build.load import PreparedModel, load_model, prepare_model
 from trtpipe.pipeline.build.lower_ort import check_cpu_precisions, lower_ort
-from trtpipe.pipeline.build.package import (DATA_FILE, SharedInitializers, publish_artifact, staging_dir,
-                                            write_graphs_shared)
+from trtpipe.pipeline.build.package import (
+    DATA_FILE,
+    SharedInitializers,
+    publish_artifact,
+    staging_dir,
+    write_graphs_shared,
+)
 from trtpipe.pipeline.recipe import Recipe, build_hash, recipe_hash
 from trtpipe.plugins.versions import TRTPIPE_VERSION
 from trtpipe.runtime.manifest import FORMAT_VERSION, MANIFEST_NAME, GraphEntry, Manifest, atomic_write_text, sha256_file
@@ -33,8 +39,15 @@ def ort_decode_graph(recipe: Recipe) -> str:
     return "prefill" if sessions == "one" or (sessions == "auto" and same) else "decode"
 
 
-def build_cpu(recipe: Recipe, final: Path, inputs_hash: str, artifact_root: Path, *, golden: bool = True,
-              log: Callable[[str], None] = print) -> dict[str, Any]:
+def build_cpu(
+    recipe: Recipe,
+    final: Path,
+    inputs_hash: str,
+    artifact_root: Path,
+    *,
+    golden: bool = True,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Build the ONNX Runtime artifact of ``recipe`` and publish it at ``final``. Returns the
     timings (seconds per stage). Raises :class:`BuildError` / :class:`RecipeError`; on any error
     the previous artifact is left as it was."""
@@ -60,8 +73,17 @@ def build_cpu(recipe: Recipe, final: Path, inputs_hash: str, artifact_root: Path
     return timings
 
 
-def cpu_manifest(recipe: Recipe, model: PreparedModel, out_dir: Path, inputs_hash: str, shared: SharedInitializers,
-                 artifact_root: Path, timings: dict[str, Any], *, golden: bool) -> Manifest:
+def cpu_manifest(
+    recipe: Recipe,
+    model: PreparedModel,
+    out_dir: Path,
+    inputs_hash: str,
+    shared: SharedInitializers,
+    artifact_root: Path,
+    timings: dict[str, Any],
+    *,
+    golden: bool,
+) -> Manifest:
     """The manifest of a CPU artifact whose files are all in ``out_dir`` (hashed here)."""
     import onnxruntime
 
@@ -72,21 +94,41 @@ def cpu_manifest(recipe: Recipe, model: PreparedModel, out_dir: Path, inputs_has
     past, present = kv_names(model.config.num_layers)
     outputs = tuple(["logits"] + present)
     return Manifest(
-        format_version=FORMAT_VERSION, trtpipe_version=TRTPIPE_VERSION, recipe_name=recipe.name,
-        recipe_hash=recipe_hash(recipe), inputs_hash=inputs_hash,
+        format_version=FORMAT_VERSION,
+        trtpipe_version=TRTPIPE_VERSION,
+        recipe_name=recipe.name,
+        recipe_hash=recipe_hash(recipe),
+        inputs_hash=inputs_hash,
         backend={"name": "ort", "version": onnxruntime.__version__, "provider": "CPUExecutionProvider"},
         target={"name": "cpu", "platform": platform.machine(), "sm": None},
-        op_abi_hash=op_schema_abi_hash(), plugin_versions={"PagedAttention": "1", "Int4Gemm": "1"},
-        model=model.config, kv=model.kv,
-        graphs={"prefill": GraphEntry("prefill.onnx", recipe.precision.prefill, tuple(PREFILL_INPUTS + past), outputs),
-                "decode": GraphEntry("decode.onnx", recipe.precision.decode, tuple(DECODE_INPUTS + past), outputs)},
-        files=files, golden_file=GOLDEN_FILE if golden else None,
-        limits={"max_seq_len": recipe.max_seq_len, "max_batch_size": recipe.max_batch_size,
-                "max_num_tokens": recipe.max_num_tokens},
-        runtime_options={"shared_data_file": DATA_FILE, "shared_initializers": shared,
-                         "intra_op_num_threads": getattr(recipe.engine, "intra_op_num_threads", None),
-                         "ort_decode_graph": ort_decode_graph(recipe)},
-        build_info={"build_hash": build_hash(recipe), "rebuild_command": rebuild_command(recipe, artifact_root),
-                    "timings_s": timings, "model_source": str(recipe.resolve_source().path), "host": platform.node(),
-                    "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "weights_bytes": (out_dir / DATA_FILE).stat().st_size})
+        op_abi_hash=op_schema_abi_hash(),
+        plugin_versions={"PagedAttention": "1", "Int4Gemm": "1"},
+        model=model.config,
+        kv=model.kv,
+        graphs={
+            "prefill": GraphEntry("prefill.onnx", recipe.precision.prefill, tuple(PREFILL_INPUTS + past), outputs),
+            "decode": GraphEntry("decode.onnx", recipe.precision.decode, tuple(DECODE_INPUTS + past), outputs),
+        },
+        files=files,
+        golden_file=GOLDEN_FILE if golden else None,
+        limits={
+            "max_seq_len": recipe.max_seq_len,
+            "max_batch_size": recipe.max_batch_size,
+            "max_num_tokens": recipe.max_num_tokens,
+        },
+        runtime_options={
+            "shared_data_file": DATA_FILE,
+            "shared_initializers": shared,
+            "intra_op_num_threads": getattr(recipe.engine, "intra_op_num_threads", None),
+            "ort_decode_graph": ort_decode_graph(recipe),
+        },
+        build_info={
+            "build_hash": build_hash(recipe),
+            "rebuild_command": rebuild_command(recipe, artifact_root),
+            "timings_s": timings,
+            "model_source": str(recipe.resolve_source().path),
+            "host": platform.node(),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "weights_bytes": (out_dir / DATA_FILE).stat().st_size,
+        },
+    )

@@ -8,9 +8,10 @@ graphs are loaded into memory and their files removed: lowering works on the in-
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from trtpipe.pipeline.build.load import PreparedModel
 from trtpipe.pipeline.recipe import Recipe
@@ -33,12 +34,25 @@ def reference_for(recipe: Recipe, model: PreparedModel, weight_precision: str) -
     from trtpipe.pipeline.model import build_reference_model
 
     int4 = recipe.precision.int4
-    return build_reference_model(model.loaded, weight_precision, int4.group_size, int4.symmetric,
-                                 rope_table_len=recipe.max_seq_len, sliding_window=recipe.sliding_window)
+    return build_reference_model(
+        model.loaded,
+        weight_precision,
+        int4.group_size,
+        int4.symmetric,
+        rope_table_len=recipe.max_seq_len,
+        sliding_window=recipe.sliding_window,
+    )
 
 
-def export_graphs(recipe: Recipe, model: PreparedModel, phases: tuple[str, ...], work_dir: Path, *,
-                  weight_precision: Callable[[str], str], log: Callable[[str], None] = print) -> ExportedGraphs:
+def export_graphs(
+    recipe: Recipe,
+    model: PreparedModel,
+    phases: tuple[str, ...],
+    work_dir: Path,
+    *,
+    weight_precision: Callable[[str], str],
+    log: Callable[[str], None] = print,
+) -> ExportedGraphs:
     """Export each of ``phases`` from the reference at ``weight_precision(phase precision)``,
     writing and removing ``<phase>.raw.onnx`` (+ ``.data``) under ``work_dir``."""
     import onnx

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trtpipe.pipeline.build.errors import BuildError
+from trtpipe.pipeline.model_config_override import with_sliding_window
 from trtpipe.pipeline.recipe import Recipe, check_recipe_against_model, plan_kv_num_blocks
 from trtpipe.pipeline.weights import LoadedModel
-from trtpipe.pipeline.model_config_override import with_sliding_window
 from trtpipe.plugins.dtypes import DTYPES
 from trtpipe.runtime.manifest import KVLayout
 from trtpipe.runtime.model_config import ModelConfig
@@ -42,8 +42,10 @@ def load_model(recipe: Recipe) -> LoadedModel:
         from trtpipe.pipeline.hf_loader import load_hf_folder
 
         return load_hf_folder(src.path)
-    raise BuildError(f"recipe {recipe.name}: model.source is not set (a planning recipe); nothing to build. "
-                     "Fix: use `trtpipe estimate` for planning recipes, or set model.source.")
+    raise BuildError(
+        f"recipe {recipe.name}: model.source is not set (a planning recipe); nothing to build. "
+        "Fix: use `trtpipe estimate` for planning recipes, or set model.source."
+    )
 
 
 def prepare_model(recipe: Recipe, loaded: LoadedModel, load_s: float = 0.0) -> PreparedModel:
@@ -55,10 +57,17 @@ def prepare_model(recipe: Recipe, loaded: LoadedModel, load_s: float = 0.0) -> P
     config = with_sliding_window(config, recipe.sliding_window)
     windows = set(config.layer_sliding_window)
     if len(windows) > 1:
-        raise BuildError(f"model {config.name}: layers use different sliding windows {sorted(windows)}; "
-                         "the KV manager handles one window per pool. Fix: set sliding_window in the recipe.")
+        raise BuildError(
+            f"model {config.name}: layers use different sliding windows {sorted(windows)}; "
+            "the KV manager handles one window per pool. Fix: set sliding_window in the recipe."
+        )
     window = next(iter(windows))
-    kv = KVLayout(block_size=recipe.kv_cache.block_size, num_blocks=plan_kv_num_blocks(recipe, config),
-                  dtype=DTYPES[recipe.kv_dtype].numpy_name, layer_num_kv_heads=tuple(config.layer_num_kv_heads),
-                  head_dim=config.head_dim, sliding_window=window)
+    kv = KVLayout(
+        block_size=recipe.kv_cache.block_size,
+        num_blocks=plan_kv_num_blocks(recipe, config),
+        dtype=DTYPES[recipe.kv_dtype].numpy_name,
+        layer_num_kv_heads=tuple(config.layer_num_kv_heads),
+        head_dim=config.head_dim,
+        sliding_window=window,
+    )
     return PreparedModel(loaded, config, window, kv, load_s)

@@ -31,8 +31,10 @@ def check_cpu_precisions(recipe: Recipe) -> None:
     for phase in PHASES:
         prec = getattr(recipe.precision, phase)
         if prec not in ORT_CPU_PRECISIONS:
-            raise BuildError(f"precision.{phase} = {prec!r} is not supported on target cpu "
-                             "(ONNX Runtime CPU runs fp32 and int4 weight-only). Fix: use fp32 or int4.")
+            raise BuildError(
+                f"precision.{phase} = {prec!r} is not supported on target cpu "
+                "(ONNX Runtime CPU runs fp32 and int4 weight-only). Fix: use fp32 or int4."
+            )
 
 
 def lower_ort(recipe: Recipe, exported: ExportedGraphs) -> OrtGraphs:
@@ -45,8 +47,12 @@ def lower_ort(recipe: Recipe, exported: ExportedGraphs) -> OrtGraphs:
     for phase, raw in exported.graphs.items():
         t = time.perf_counter()
         model, fused = optimize_for_ort(raw)
-        graphs[phase] = lower_for_ort(model, accuracy_level=recipe.engine.ort_accuracy_level, decode=phase == "decode",
-                                      float_zero_points=recipe.engine.ort_float_zero_points)
+        graphs[phase] = lower_for_ort(
+            model,
+            accuracy_level=recipe.engine.ort_accuracy_level,
+            decode=phase == "decode",
+            float_zero_points=recipe.engine.ort_float_zero_points,
+        )
         timings[f"fused_{phase}"] = fused
         timings[f"lower_{phase}_s"] = time.perf_counter() - t
     return OrtGraphs(graphs, timings)

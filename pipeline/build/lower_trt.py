@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from trtpipe.pipeline.build.errors import BuildError
 from trtpipe.pipeline.build.export_graphs import ExportedGraphs
@@ -68,12 +69,26 @@ def _lower_one(recipe: Recipe, raw: Any, phase: str, variant: str, key: str) -> 
 
     plugin_free = variant == "plugin_free"
     asymmetric_int4 = recipe.engine.plugin_free_int4 if plugin_free else "refuse"
-    m = lower_for_trt(raw, dtype=recipe.activation_dtype(phase), plugin_free=plugin_free, decode=phase == "decode",
-                      kv_dtype=recipe.kv_dtype, asymmetric_int4=asymmetric_int4)
+    m = lower_for_trt(
+        raw,
+        dtype=recipe.activation_dtype(phase),
+        plugin_free=plugin_free,
+        decode=phase == "decode",
+        kv_dtype=recipe.kv_dtype,
+        asymmetric_int4=asymmetric_int4,
+    )
     ins, types = graph_io(m)
-    spec = GraphSpec(f"{key}.onnx", phase, getattr(recipe.precision, phase), recipe.activation_dtype(phase), variant,
-                     phase == "decode", tuple(n for n, _ in ins), tuple(o.name for o in m.graph.output),
-                     tuple(sorted({op for op, _ in custom_nodes(m)})))
+    spec = GraphSpec(
+        f"{key}.onnx",
+        phase,
+        getattr(recipe.precision, phase),
+        recipe.activation_dtype(phase),
+        variant,
+        phase == "decode",
+        tuple(n for n, _ in ins),
+        tuple(o.name for o in m.graph.output),
+        tuple(sorted({op for op, _ in custom_nodes(m)})),
+    )
     return LoweredGraph(m, spec, ins, types)
 
 

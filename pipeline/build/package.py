@@ -12,9 +12,10 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from trtpipe.plugins.dtypes import DTYPES
 from trtpipe.runtime.manifest import MANIFEST_NAME

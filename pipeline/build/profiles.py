@@ -45,7 +45,7 @@ class OptimizationProfile:
     phase: str  # "prefill" | "decode"
     inputs: tuple[InputRange, ...]
 
-    def add(self, name: str, min: Shape, opt: Shape, max: Shape) -> "OptimizationProfile":
+    def add(self, name: str, min: Shape, opt: Shape, max: Shape) -> OptimizationProfile:
         """A copy with ``name``'s range added (Polygraphy's ``Profile.add``, as a frozen record)."""
         return OptimizationProfile(self.phase, self.inputs + (InputRange(name, tuple(min), tuple(opt), tuple(max)),))
 
@@ -56,14 +56,14 @@ class OptimizationProfile:
         return {"phase": self.phase, "shapes": self.shapes()}
 
     @classmethod
-    def from_shapes(cls, phase: str, shapes: ShapeRanges) -> "OptimizationProfile":
+    def from_shapes(cls, phase: str, shapes: ShapeRanges) -> OptimizationProfile:
         p = cls(phase, ())
         for name, (lo, opt, hi) in shapes.items():
             p = p.add(name, lo, opt, hi)
         return p
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "OptimizationProfile":
+    def from_json(cls, d: dict[str, Any]) -> OptimizationProfile:
         return cls.from_shapes(d["phase"], d["shapes"])
 
     def to_polygraphy(self) -> Any:
@@ -88,7 +88,7 @@ class PlanSpec:
         return {"name": self.name, "graph": self.graph, "profiles": [p.to_json() for p in self.profiles]}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "PlanSpec":
+    def from_json(cls, d: dict[str, Any]) -> PlanSpec:
         return cls(d["name"], d["graph"], tuple(OptimizationProfile.from_json(p) for p in d["profiles"]))
 
 
@@ -127,29 +127,37 @@ def input_shapes(inputs: list[tuple[str, list]], dims: dict[str, tuple[int, int,
             elif (key := DIM_NAMES.get(str(d))) is not None:
                 a, b, c = dims[key]
             else:
-                raise BuildError(f"{where}: input {name} has a dynamic dimension {d!r} that no optimization profile "
-                                 f"covers (known: {sorted(DIM_NAMES)}). Fix: re-export the graphs with this trtpipe.")
+                raise BuildError(
+                    f"{where}: input {name} has a dynamic dimension {d!r} that no optimization profile "
+                    f"covers (known: {sorted(DIM_NAMES)}). Fix: re-export the graphs with this trtpipe."
+                )
             lo.append(a), opt.append(b), hi.append(c)
         out[name] = [lo, opt, hi]
     return out
 
 
-def profile_for(recipe: Recipe, num_blocks: int, phase: str, input_dims: list[tuple[str, list]], *,
-                where: str) -> OptimizationProfile:
+def profile_for(
+    recipe: Recipe, num_blocks: int, phase: str, input_dims: list[tuple[str, list]], *, where: str
+) -> OptimizationProfile:
     """The ``phase`` profile of a graph whose inputs have ``input_dims``."""
-    return OptimizationProfile.from_shapes(phase, input_shapes(input_dims, profile_dims(recipe, num_blocks, phase),
-                                                               where=where))
+    return OptimizationProfile.from_shapes(
+        phase, input_shapes(input_dims, profile_dims(recipe, num_blocks, phase), where=where)
+    )
 
 
 def _min_size_problems(recipe: Recipe) -> list[str]:
     rp = recipe.resolved_profiles()
     out = []
-    for key, value in (("profiles.prefill.tokens.min", rp.prefill.tokens.min),
-                       ("profiles.prefill.sequences.min", rp.prefill.sequences.min),
-                       ("profiles.decode.batch.min", rp.decode.batch.min)):
+    for key, value in (
+        ("profiles.prefill.tokens.min", rp.prefill.tokens.min),
+        ("profiles.prefill.sequences.min", rp.prefill.sequences.min),
+        ("profiles.decode.batch.min", rp.decode.batch.min),
+    ):
         if value != 1:
-            out.append(f"{key} = {value}: expected 1 (the scheduler sends a single token or sequence when only "
-                       f"one is ready). Fix: set {key.rsplit('.', 1)[0]}.min: 1")
+            out.append(
+                f"{key} = {value}: expected 1 (the scheduler sends a single token or sequence when only "
+                f"one is ready). Fix: set {key.rsplit('.', 1)[0]}.min: 1"
+            )
     return out
 
 
@@ -165,14 +173,18 @@ def _shape_problems(plans: list[PlanSpec]) -> tuple[list[str], dict[str, int]]:
             where = f"{plan.name} plan, {prof.phase} profile"
             for name in ("input_ids", "positions", "slot_mapping"):
                 if name in shapes and shapes[name] != shapes["input_ids"]:
-                    problems.append(f"{where}: {name} {shapes[name]} differs from input_ids {shapes['input_ids']} "
-                                    "(both are one entry per token)")
+                    problems.append(
+                        f"{where}: {name} {shapes[name]} differs from input_ids {shapes['input_ids']} "
+                        "(both are one entry per token)"
+                    )
             for name, s in shapes.items():
                 prev = pools.get(name) if name.startswith("past_") else None
                 if prev is not None and prev[1] != s:
-                    problems.append(f"{where}: KV pool input {name} has shapes {s} but {prev[0]} has {prev[1]}; "
-                                    "both engines must bind the same pool. Fix: rebuild the spec (one "
-                                    "kv_cache setting feeds both graphs).")
+                    problems.append(
+                        f"{where}: KV pool input {name} has shapes {s} but {prev[0]} has {prev[1]}; "
+                        "both engines must bind the same pool. Fix: rebuild the spec (one "
+                        "kv_cache setting feeds both graphs)."
+                    )
                 if name.startswith("past_"):
                     pools.setdefault(name, (where, s))
             if "block_tables" in shapes:
@@ -201,12 +213,16 @@ def check_profiles(plans: list[PlanSpec], graph_dtypes: dict[str, dict[str, int]
             f"the profiles disagree on the block-table width (max blocks per sequence): {desc}. Both phases read the "
             f"block tables of the same sequences, up to max_seq_len {recipe.max_seq_len} / block_size {bs} = "
             f"{cdiv(recipe.max_seq_len, bs)} blocks. Fix: set profiles.decode.context.max to {recipe.max_seq_len} "
-            "(= max_seq_len).")
+            "(= max_seq_len)."
+        )
     dts = {g: {n: t for n, t in d.items() if n.startswith("past_")} for g, d in graph_dtypes.items()}
     if len({json.dumps(d, sort_keys=True) for d in dts.values()}) > 1:
         kinds = {g: sorted(set(d.values())) for g, d in dts.items()}
-        problems.append(f"the graphs disagree on the KV pool dtype ({kinds} as ONNX type ids). "
-                        "Fix: set kv_cache.dtype to the activation dtype of both phases.")
+        problems.append(
+            f"the graphs disagree on the KV pool dtype ({kinds} as ONNX type ids). "
+            "Fix: set kv_cache.dtype to the activation dtype of both phases."
+        )
     if problems:
-        raise BuildError("optimization profiles of recipe " + recipe.name + " cannot work:\n  - "
-                         + "\n  - ".join(problems))
+        raise BuildError(
+            "optimization profiles of recipe " + recipe.name + " cannot work:\n  - " + "\n  - ".join(problems)
+        )

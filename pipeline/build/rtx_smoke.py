@@ -38,17 +38,31 @@ class SmokeResult:
     log_tail: str
 
 
-def rtx_smoke_build(graph: str | Path, profiles: list[ShapeRanges], *, sm: int = 80, opt_level: int = 3,
-                    timeout_s: float = 900) -> SmokeResult:
+def rtx_smoke_build(
+    graph: str | Path, profiles: list[ShapeRanges], *, sm: int = 80, opt_level: int = 3, timeout_s: float = 900
+) -> SmokeResult:
     """Parse and build ``graph`` ahead of time for ``sm`` with TensorRT-RTX through polygraphy,
     with ``profiles`` (one ``{input: [min, opt, max]}`` per optimization profile), in a
     subprocess. Raises :class:`BuildError` for an SM RTX cannot target."""
     if sm not in RTX_SMS:
-        raise BuildError(f"TensorRT-RTX builds ahead of time for sm {list(RTX_SMS)}, not sm_{sm} "
-                         "(no sm_87 Orin or sm_90 H200): use sm 80 for the smoke build")
+        raise BuildError(
+            f"TensorRT-RTX builds ahead of time for sm {list(RTX_SMS)}, not sm_{sm} "
+            "(no sm_87 Orin or sm_90 H200): use sm 80 for the smoke build"
+        )
     env = dict(os.environ, POLYGRAPHY_USE_TENSORRT_RTX="1")
-    cmd = [sys.executable, "-m", "trtpipe.pipeline.build.rtx_smoke", "graph", str(graph), "--sm", str(sm),
-           "--opt-level", str(opt_level), "--profiles", json.dumps(profiles)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "trtpipe.pipeline.build.rtx_smoke",
+        "graph",
+        str(graph),
+        "--sm",
+        str(sm),
+        "--opt-level",
+        str(opt_level),
+        "--profiles",
+        json.dumps(profiles),
+    ]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
     out = proc.stdout + proc.stderr
@@ -88,8 +102,10 @@ def smoke_spec(spec_path: Path, sm: int = 80) -> int:
             continue
         r = rtx_smoke_build(spec_path.parent / p.graph, [prof.shapes() for prof in p.profiles], sm=sm)
         phases = "+".join(prof.phase for prof in p.profiles)
-        print(f"{p.name} [{phases} profile(s)]: {'OK' if r.ok else 'FAILED'} in {r.seconds:.1f} s "
-              f"({r.engine_bytes / 2**20:.1f} MiB engine, discarded)")
+        print(
+            f"{p.name} [{phases} profile(s)]: {'OK' if r.ok else 'FAILED'} in {r.seconds:.1f} s "
+            f"({r.engine_bytes / 2**20:.1f} MiB engine, discarded)"
+        )
         if not r.ok:
             print(r.log_tail)
             rc = 1

@@ -46,16 +46,35 @@ class GraphSpec:
     int4_weights: str | None = None  # plugin-free INT4 mode when the weights were changed (None: as exported)
 
     def to_json(self) -> dict[str, Any]:
-        d = {"file": self.file, "phase": self.phase, "precision": self.precision, "dtype": self.dtype,
-             "lowering": self.lowering, "decode_kernel": self.decode_kernel, "inputs": list(self.inputs),
-             "outputs": list(self.outputs), "custom_nodes": list(self.custom_nodes), "sha256": self.sha256}
+        d = {
+            "file": self.file,
+            "phase": self.phase,
+            "precision": self.precision,
+            "dtype": self.dtype,
+            "lowering": self.lowering,
+            "decode_kernel": self.decode_kernel,
+            "inputs": list(self.inputs),
+            "outputs": list(self.outputs),
+            "custom_nodes": list(self.custom_nodes),
+            "sha256": self.sha256,
+        }
         return d if self.int4_weights is None else {**d, "int4_weights": self.int4_weights}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "GraphSpec":
-        return cls(d["file"], d["phase"], d["precision"], d["dtype"], d["lowering"], d["decode_kernel"],
-                   tuple(d["inputs"]), tuple(d["outputs"]), tuple(d["custom_nodes"]), d["sha256"],
-                   d.get("int4_weights"))
+    def from_json(cls, d: dict[str, Any]) -> GraphSpec:
+        return cls(
+            d["file"],
+            d["phase"],
+            d["precision"],
+            d["dtype"],
+            d["lowering"],
+            d["decode_kernel"],
+            tuple(d["inputs"]),
+            tuple(d["outputs"]),
+            tuple(d["custom_nodes"]),
+            d["sha256"],
+            d.get("int4_weights"),
+        )
 
 
 @dataclass(frozen=True)
@@ -74,21 +93,35 @@ class LoweringVariants:
     plugin_free_agreement_min: float | None = None
 
     def suffix(self, variant: str) -> str:
-        """"" for the spec's first variant, ``.<variant>`` for the other."""
+        """ "" for the spec's first variant, ``.<variant>`` for the other."""
         return "" if variant == self.variants[0] else f".{variant}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"plugin_free": self.plugin_free, "orin_trt_lt_10_7": self.orin_trt_lt_10_7,
-                "variants": list(self.variants), "variant_errors": self.variant_errors,
-                "variant_notes": self.variant_notes, "variant_agreement": self.variant_agreement,
-                "plugin_free_int4": self.plugin_free_int4, "plugin_free_agreement_min": self.plugin_free_agreement_min}
+        return {
+            "plugin_free": self.plugin_free,
+            "orin_trt_lt_10_7": self.orin_trt_lt_10_7,
+            "variants": list(self.variants),
+            "variant_errors": self.variant_errors,
+            "variant_notes": self.variant_notes,
+            "variant_agreement": self.variant_agreement,
+            "plugin_free_int4": self.plugin_free_int4,
+            "plugin_free_agreement_min": self.plugin_free_agreement_min,
+        }
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "LoweringVariants":
+    def from_json(cls, d: dict[str, Any]) -> LoweringVariants:
         """From a spec's JSON (the variant keys sit at its top level)."""
-        return cls(d["target"]["name"], d["plugin_free"], d["orin_trt_lt_10_7"], tuple(d["variants"]),
-                   dict(d["variant_errors"]), dict(d.get("variant_notes", {})), dict(d.get("variant_agreement", {})),
-                   d.get("plugin_free_int4", "refuse"), d.get("plugin_free_agreement_min"))
+        return cls(
+            d["target"]["name"],
+            d["plugin_free"],
+            d["orin_trt_lt_10_7"],
+            tuple(d["variants"]),
+            dict(d["variant_errors"]),
+            dict(d.get("variant_notes", {})),
+            dict(d.get("variant_agreement", {})),
+            d.get("plugin_free_int4", "refuse"),
+            d.get("plugin_free_agreement_min"),
+        )
 
 
 @dataclass(frozen=True)
@@ -104,7 +137,7 @@ class SpecTarget:
         return {"name": self.name, "sm": self.sm, "platform": self.platform, "description": self.description}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "SpecTarget":
+    def from_json(cls, d: dict[str, Any]) -> SpecTarget:
         return cls(d["name"], d["sm"], d["platform"], d["description"])
 
 
@@ -119,11 +152,15 @@ class BuilderSettings:
     precision_flags: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"optimization_level": self.optimization_level, "workspace_mib": self.workspace_mib,
-                "strongly_typed": self.strongly_typed, "precision_flags": list(self.precision_flags)}
+        return {
+            "optimization_level": self.optimization_level,
+            "workspace_mib": self.workspace_mib,
+            "strongly_typed": self.strongly_typed,
+            "precision_flags": list(self.precision_flags),
+        }
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "BuilderSettings":
+    def from_json(cls, d: dict[str, Any]) -> BuilderSettings:
         return cls(d["optimization_level"], d["workspace_mib"], d["strongly_typed"], tuple(d["precision_flags"]))
 
 
@@ -157,29 +194,62 @@ class BuildSpec:
 
     def to_json(self) -> dict[str, Any]:
         kv = {**self.kv.__dict__, "layer_num_kv_heads": list(self.kv.layer_num_kv_heads)}
-        return {"spec_version": SPEC_VERSION, "trtpipe_version": self.trtpipe_version, "recipe": self.recipe,
-                "inputs_hash": self.inputs_hash, "artifact_dir": self.artifact_dir,
-                "timing_cache_dir": self.timing_cache_dir, "target": self.target.to_json(), "layout": self.layout,
-                **self.lowering.to_json(), "builder": self.builder.to_json(),
-                "graphs": {k: g.to_json() for k, g in self.graphs.items()},
-                "plans": [p.to_json() for p in self.plans], "kv": kv, "model": self.model.to_dict(),
-                "limits": self.limits, "op_abi_hash": self.op_abi_hash, "plugin_abi_hash": self.plugin_abi_hash,
-                "shared_initializers": self.shared_initializers, "weights_bytes": self.weights_bytes,
-                "duplicated_weights_bytes": self.duplicated_weights_bytes, "timings_s": self.timings_s,
-                "model_source": self.model_source, "written_at": self.written_at, "host": self.host}
+        return {
+            "spec_version": SPEC_VERSION,
+            "trtpipe_version": self.trtpipe_version,
+            "recipe": self.recipe,
+            "inputs_hash": self.inputs_hash,
+            "artifact_dir": self.artifact_dir,
+            "timing_cache_dir": self.timing_cache_dir,
+            "target": self.target.to_json(),
+            "layout": self.layout,
+            **self.lowering.to_json(),
+            "builder": self.builder.to_json(),
+            "graphs": {k: g.to_json() for k, g in self.graphs.items()},
+            "plans": [p.to_json() for p in self.plans],
+            "kv": kv,
+            "model": self.model.to_dict(),
+            "limits": self.limits,
+            "op_abi_hash": self.op_abi_hash,
+            "plugin_abi_hash": self.plugin_abi_hash,
+            "shared_initializers": self.shared_initializers,
+            "weights_bytes": self.weights_bytes,
+            "duplicated_weights_bytes": self.duplicated_weights_bytes,
+            "timings_s": self.timings_s,
+            "model_source": self.model_source,
+            "written_at": self.written_at,
+            "host": self.host,
+        }
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "BuildSpec":
+    def from_json(cls, d: dict[str, Any]) -> BuildSpec:
         """Raises KeyError naming a missing key (callers turn it into a :class:`BuildError`)."""
         kv = {**d["kv"], "layer_num_kv_heads": tuple(d["kv"]["layer_num_kv_heads"])}
-        return cls(d["trtpipe_version"], d["recipe"], d["inputs_hash"], d["artifact_dir"], d["timing_cache_dir"],
-                   SpecTarget.from_json(d["target"]), d["layout"], LoweringVariants.from_json(d),
-                   BuilderSettings.from_json(d["builder"]),
-                   {k: GraphSpec.from_json(g) for k, g in d["graphs"].items()},
-                   tuple(PlanSpec.from_json(p) for p in d["plans"]), KVLayout(**kv), ModelConfig.from_dict(d["model"]),
-                   d["limits"], d["op_abi_hash"], d["plugin_abi_hash"], d["shared_initializers"], d["weights_bytes"],
-                   d.get("duplicated_weights_bytes", 0), d.get("timings_s", {}), d["model_source"], d["written_at"],
-                   d["host"])
+        return cls(
+            d["trtpipe_version"],
+            d["recipe"],
+            d["inputs_hash"],
+            d["artifact_dir"],
+            d["timing_cache_dir"],
+            SpecTarget.from_json(d["target"]),
+            d["layout"],
+            LoweringVariants.from_json(d),
+            BuilderSettings.from_json(d["builder"]),
+            {k: GraphSpec.from_json(g) for k, g in d["graphs"].items()},
+            tuple(PlanSpec.from_json(p) for p in d["plans"]),
+            KVLayout(**kv),
+            ModelConfig.from_dict(d["model"]),
+            d["limits"],
+            d["op_abi_hash"],
+            d["plugin_abi_hash"],
+            d["shared_initializers"],
+            d["weights_bytes"],
+            d.get("duplicated_weights_bytes", 0),
+            d.get("timings_s", {}),
+            d["model_source"],
+            d["written_at"],
+            d["host"],
+        )
 
 
 def spec_dir_for(final_dir: Path) -> Path:
@@ -193,11 +263,14 @@ def read_spec_json(spec_path: Path) -> dict[str, Any]:
     try:
         spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise BuildError(f"cannot read build spec {spec_path}: {e}. "
-                         "Fix: rerun `trtpipe build RECIPE` to write it.") from e
+        raise BuildError(
+            f"cannot read build spec {spec_path}: {e}. Fix: rerun `trtpipe build RECIPE` to write it."
+        ) from e
     if spec.get("spec_version") != SPEC_VERSION:
-        raise BuildError(f"build spec {spec_path} has version {spec.get('spec_version')}, this trtpipe reads "
-                         f"{SPEC_VERSION}. Fix: rewrite it with this trtpipe (`trtpipe build RECIPE --force`).")
+        raise BuildError(
+            f"build spec {spec_path} has version {spec.get('spec_version')}, this trtpipe reads "
+            f"{SPEC_VERSION}. Fix: rewrite it with this trtpipe (`trtpipe build RECIPE --force`)."
+        )
     return spec
 
 
@@ -207,8 +280,9 @@ def load_spec(spec_path: Path) -> BuildSpec:
     try:
         return BuildSpec.from_json(raw)
     except KeyError as e:
-        raise BuildError(f"build spec {spec_path} lacks {e}. Fix: rewrite it with this trtpipe "
-                         "(`trtpipe build RECIPE --force`).") from None
+        raise BuildError(
+            f"build spec {spec_path} lacks {e}. Fix: rewrite it with this trtpipe (`trtpipe build RECIPE --force`)."
+        ) from None
 
 
 def finish_command(spec_path: Path) -> str:
@@ -222,8 +296,11 @@ def variants_summary(v: LoweringVariants) -> str:
     full reason (never cut: the console is where a user reads it)."""
     lines = []
     for name in v.variants:
-        need = (f"{TRT_PLUGINS_REQUIREMENT} (Python plugins)" if name == "plugins"
-                else "any TensorRT 10.x, JetPack 6 included (no plugins)")
+        need = (
+            f"{TRT_PLUGINS_REQUIREMENT} (Python plugins)"
+            if name == "plugins"
+            else "any TensorRT 10.x, JetPack 6 included (no plugins)"
+        )
         note = v.variant_notes.get(name)
         lines.append(f"  variant {name}: in the spec; runs on {need}" + (f"; {note}" if note else ""))
     for name, reason in v.variant_errors.items():

@@ -39,8 +39,15 @@ def probe_environment() -> TrtEnvironment:
     except Exception:
         tv = None
     dev = cuda_device_info()
-    return TrtEnvironment(version, err, dev.sm if dev else None, dev.name if dev else None,
-                          dev.runtime_version if dev else None, platform.machine(), tv)
+    return TrtEnvironment(
+        version,
+        err,
+        dev.sm if dev else None,
+        dev.name if dev else None,
+        dev.runtime_version if dev else None,
+        platform.machine(),
+        tv,
+    )
 
 
 def missing_for_target(env: TrtEnvironment, target: str) -> list[str]:
@@ -48,13 +55,17 @@ def missing_for_target(env: TrtEnvironment, target: str) -> list[str]:
     t = GPU_BUILD_TARGETS[target]
     out = []
     if env.trt_version is None:
-        out.append("the TensorRT Python package `tensorrt` is not importable here"
-                   + (f" ({env.trt_error.splitlines()[0][:160]})" if env.trt_error else ""))
+        out.append(
+            "the TensorRT Python package `tensorrt` is not importable here"
+            + (f" ({env.trt_error.splitlines()[0][:160]})" if env.trt_error else "")
+        )
     if env.gpu_sm is None:
         out.append(f"no NVIDIA GPU is visible (target {target} needs an sm_{t.sm} GPU: TensorRT tunes the plans on it)")
     elif env.gpu_sm != t.sm:
-        out.append(f"the GPU here is sm_{env.gpu_sm} ({env.gpu_name}), target {target} is sm_{t.sm}; plans are not "
-                   "portable across GPU architectures")
+        out.append(
+            f"the GPU here is sm_{env.gpu_sm} ({env.gpu_name}), target {target} is sm_{t.sm}; plans are not "
+            "portable across GPU architectures"
+        )
     if env.platform != t.platform:
         out.append(f"this machine is {env.platform}, target {target} is {t.platform}")
     return out

@@ -10,7 +10,8 @@ and keeps the variant only at ``validate.correctness.plugin_free_teacher_forced_
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from trtpipe.pipeline.recipe import Recipe
 from trtpipe.plugins.versions import TRT_PLUGINS_REQUIREMENT
@@ -27,8 +28,9 @@ def plugin_free_agreement_min(recipe: Recipe) -> float | None:
     return c.plugin_free_teacher_forced_agreement_min if c is not None else None
 
 
-def gate_requantized_variant(recipe: Recipe, ref_int4: Any, golden: dict, *,
-                             log: Callable[[str], None] = print) -> tuple[dict, str | None]:
+def gate_requantized_variant(
+    recipe: Recipe, ref_int4: Any, golden: dict, *, log: Callable[[str], None] = print
+) -> tuple[dict, str | None]:
     """Measure the plugin-free variant's changed weights against the golden outputs and gate them.
     Returns (record for the spec, refusal reason or None)."""
     from trtpipe.pipeline.variant_agreement import requantized_reference, teacher_forced_agreement_dense
@@ -37,21 +39,29 @@ def gate_requantized_variant(recipe: Recipe, ref_int4: Any, golden: dict, *,
     mode = recipe.engine.plugin_free_int4
     minimum = plugin_free_agreement_min(recipe)
     t = time.perf_counter()
-    log(f"measuring the plugin-free variant's weights ({mode}): teacher-forced on {c.num_sequences} golden "
-        f"sequences x {c.num_tokens} tokens (torch reference, fp32 activations, CPU) ...")
+    log(
+        f"measuring the plugin-free variant's weights ({mode}): teacher-forced on {c.num_sequences} golden "
+        f"sequences x {c.num_tokens} tokens (torch reference, fp32 activations, CPU) ..."
+    )
     ref = requantized_reference(ref_int4, mode, weight_dtype=recipe.activation_dtype("prefill"))
     a = teacher_forced_agreement_dense(ref, golden, c.num_sequences, c.num_tokens)
-    record = {"agreement": round(a.value, 6), "agreeing_tokens": f"{a.agree}/{a.total}", "minimum": minimum,
-              "weights": PLUGIN_FREE_INT4_WEIGHTS[mode],
-              "method": "teacher-forced argmax vs the fp32 golden outputs; torch reference with the same weights, "
-                        "fp32 activations, on the build machine's CPU (not TensorRT)",
-              "seconds": round(time.perf_counter() - t, 1)}
+    record = {
+        "agreement": round(a.value, 6),
+        "agreeing_tokens": f"{a.agree}/{a.total}",
+        "minimum": minimum,
+        "weights": PLUGIN_FREE_INT4_WEIGHTS[mode],
+        "method": "teacher-forced argmax vs the fp32 golden outputs; torch reference with the same weights, "
+        "fp32 activations, on the build machine's CPU (not TensorRT)",
+        "seconds": round(time.perf_counter() - t, 1),
+    }
     log(f"  plugin-free weights ({mode}): agreement {a.value:.4f} ({a.agree}/{a.total}) vs min {minimum}")
     if minimum is not None and a.value < minimum:
         other = "dequantize_float" if mode == "requantize_symmetric" else "a higher-precision phase"
-        return record, (f"its weights ({PLUGIN_FREE_INT4_WEIGHTS[mode]}; engine.plugin_free_int4: {mode}) agree with "
-                        f"the fp32 reference on {a.agree}/{a.total} = {a.value:.4f} teacher-forced tokens, below "
-                        f"validate.correctness.plugin_free_teacher_forced_agreement_min = {minimum}. Fix: use {other}, "
-                        f"upgrade to {TRT_PLUGINS_REQUIREMENT} (JetPack 7) for the plugins, or lower the minimum if "
-                        "this agreement is acceptable.")
+        return record, (
+            f"its weights ({PLUGIN_FREE_INT4_WEIGHTS[mode]}; engine.plugin_free_int4: {mode}) agree with "
+            f"the fp32 reference on {a.agree}/{a.total} = {a.value:.4f} teacher-forced tokens, below "
+            f"validate.correctness.plugin_free_teacher_forced_agreement_min = {minimum}. Fix: use {other}, "
+            f"upgrade to {TRT_PLUGINS_REQUIREMENT} (JetPack 7) for the plugins, or lower the minimum if "
+            "this agreement is acceptable."
+        )
     return record, None

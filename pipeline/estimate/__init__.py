@@ -24,16 +24,29 @@ not fit in the target's memory or a budget is below its physical floor. Recipe e
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from trtpipe.pipeline.estimate.command import run_estimate
 from trtpipe.pipeline.estimate.estimator import estimate, roofline, windowed_config
 from trtpipe.pipeline.estimate.kv import KVEstimate
 from trtpipe.pipeline.estimate.latency import LatencyRow, Roofline, roofline_s
-from trtpipe.pipeline.estimate.memory import (BUILD_HOST_BASE_BYTES, BUILD_HOST_PEAK_FACTOR, Activations, MemoryFit,
-                                              WeightsEstimate, activation_bytes, build_host_bytes)
-from trtpipe.pipeline.estimate.model_counts import (decode_flops, kv_bytes_per_layer, kv_bytes_per_sequence,
-                                                    linear_params, prefill_flops, total_params)
+from trtpipe.pipeline.estimate.memory import (
+    BUILD_HOST_BASE_BYTES,
+    BUILD_HOST_PEAK_FACTOR,
+    Activations,
+    MemoryFit,
+    WeightsEstimate,
+    activation_bytes,
+    build_host_bytes,
+)
+from trtpipe.pipeline.estimate.model_counts import (
+    decode_flops,
+    kv_bytes_per_layer,
+    kv_bytes_per_sequence,
+    linear_params,
+    prefill_flops,
+    total_params,
+)
 from trtpipe.pipeline.estimate.model_facts import model_config_for
 from trtpipe.pipeline.estimate.notices import EstimateWarning
 from trtpipe.pipeline.estimate.render import render
@@ -41,10 +54,35 @@ from trtpipe.pipeline.estimate.result import EXIT_FAILED, EXIT_OK, Estimate
 from trtpipe.pipeline.estimate.weights import PhaseWeights, activation_dtype, engine_weight_bytes, phase_weights
 
 __all__: Sequence[str] = (
-    "Estimate", "EstimateWarning", "LatencyRow", "PhaseWeights", "estimate", "run_estimate",
-    "model_config_for", "phase_weights", "engine_weight_bytes", "kv_bytes_per_layer",
-    "kv_bytes_per_sequence", "prefill_flops", "decode_flops", "roofline_s", "linear_params",
-    "total_params", "activation_dtype", "activation_bytes", "Activations", "Roofline",
-    "KVEstimate", "MemoryFit", "WeightsEstimate", "build_host_bytes", "render",
-    "roofline", "windowed_config", "BUILD_HOST_BASE_BYTES", "BUILD_HOST_PEAK_FACTOR", "EXIT_OK", "EXIT_FAILED",
+    "Estimate",
+    "EstimateWarning",
+    "LatencyRow",
+    "PhaseWeights",
+    "estimate",
+    "run_estimate",
+    "model_config_for",
+    "phase_weights",
+    "engine_weight_bytes",
+    "kv_bytes_per_layer",
+    "kv_bytes_per_sequence",
+    "prefill_flops",
+    "decode_flops",
+    "roofline_s",
+    "linear_params",
+    "total_params",
+    "activation_dtype",
+    "activation_bytes",
+    "Activations",
+    "Roofline",
+    "KVEstimate",
+    "MemoryFit",
+    "WeightsEstimate",
+    "build_host_bytes",
+    "render",
+    "roofline",
+    "windowed_config",
+    "BUILD_HOST_BASE_BYTES",
+    "BUILD_HOST_PEAK_FACTOR",
+    "EXIT_OK",
+    "EXIT_FAILED",
 )

@@ -22,9 +22,15 @@ from trtpipe.pipeline.recipe import Recipe, check_recipe_against_model, load_rec
 from trtpipe.pipeline.targets import HostMeasurement, get_target
 
 
-def run_estimate(recipe: str | Path, target: str | None = None, as_json: bool = False, *,
-                 host: HostMeasurement | None = None, artifact_root: str | Path = "artifacts",
-                 console: Any = None) -> int:
+def run_estimate(
+    recipe: str | Path,
+    target: str | None = None,
+    as_json: bool = False,
+    *,
+    host: HostMeasurement | None = None,
+    artifact_root: str | Path = "artifacts",
+    console: Any = None,
+) -> int:
     """``trtpipe estimate``: load the recipe (path or shipped name) and its model facts (no
     weights), estimate it on ``target`` (a name of the target table; default the recipe's
     target), print a rich report (or JSON with ``as_json``).
@@ -59,8 +65,9 @@ def run_estimate(recipe: str | Path, target: str | None = None, as_json: bool = 
     return est.exit_code
 
 
-def _load_validate_report(recipe: Recipe, family: str, artifact_root: str | Path
-                          ) -> tuple[dict | None, Path, str | None]:
+def _load_validate_report(
+    recipe: Recipe, family: str, artifact_root: str | Path
+) -> tuple[dict | None, Path, str | None]:
     """(report or None, its path, a note when it exists but cannot be read)."""
     from trtpipe.runtime.errors import ArtifactError
     from trtpipe.runtime.report import load_report, validate_dir
@@ -95,11 +102,17 @@ def _chunking_notes(recipe: Recipe, family: str, artifact_root: str | Path) -> l
             why = "scheduler.policy fcfs" if recipe.scheduler.policy == "fcfs" else "no TPOT budget"
             notes.append(head + f"fcfs ({why}), up to max_num_tokens = {recipe.max_num_tokens} per step")
         elif cost is None:
-            notes.append(head + f"slo at TPOT {budget:g} ms; the chunk size comes from the engine's "
-                         f"step-cost model, not measured yet ({path} is written by the first validate run)")
+            notes.append(
+                head + f"slo at TPOT {budget:g} ms; the chunk size comes from the engine's "
+                f"step-cost model, not measured yet ({path} is written by the first validate run)"
+            )
         else:
-            notes.append(head + SloChunkPolicy(cost, budget, recipe.kv_cache.block_size,
-                                               recipe.max_num_tokens).describe(recipe.max_batch_size))
+            notes.append(
+                head
+                + SloChunkPolicy(cost, budget, recipe.kv_cache.block_size, recipe.max_num_tokens).describe(
+                    recipe.max_batch_size
+                )
+            )
     return notes
 
 

@@ -6,17 +6,23 @@ The stages: the recipe's sliding-window override -> weights per phase -> KV cach
 
 from __future__ import annotations
 
-
 from trtpipe.pipeline.estimate.kv import kv_estimate
 from trtpipe.pipeline.estimate.latency import Roofline, latencies
-from trtpipe.pipeline.estimate.memory import (activation_bytes, build_host_bytes, build_memory_notes,
-                                              does_not_fit_warning, memory_fit, scores_note, weights_estimate)
+from trtpipe.pipeline.estimate.memory import (
+    activation_bytes,
+    build_host_bytes,
+    build_memory_notes,
+    does_not_fit_warning,
+    memory_fit,
+    scores_note,
+    weights_estimate,
+)
 from trtpipe.pipeline.estimate.result import Estimate
 from trtpipe.pipeline.estimate.weights import activation_dtype, phase_weights
+from trtpipe.pipeline.model_config_override import with_sliding_window
 from trtpipe.pipeline.recipe import Recipe
 from trtpipe.pipeline.targets import TargetSpec, compute_dtype
 from trtpipe.plugins.dtypes import dtype
-from trtpipe.pipeline.model_config_override import with_sliding_window
 from trtpipe.runtime.model_config import ModelConfig
 
 
@@ -31,12 +37,28 @@ def roofline(recipe: Recipe, config: ModelConfig, target: TargetSpec) -> Rooflin
     Also what bench/peers.py takes its physical floors from."""
     fam = target.family
     int4 = recipe.precision.int4
-    pre, dec = (phase_weights(config, getattr(recipe.precision, ph), fam, group_size=int4.group_size,
-                              symmetric=int4.symmetric, cpu_float_zero_points=recipe.engine.ort_float_zero_points)
-                for ph in ("prefill", "decode"))
+    pre, dec = (
+        phase_weights(
+            config,
+            getattr(recipe.precision, ph),
+            fam,
+            group_size=int4.group_size,
+            symmetric=int4.symmetric,
+            cpu_float_zero_points=recipe.engine.ort_float_zero_points,
+        )
+        for ph in ("prefill", "decode")
+    )
     kv_dtype = recipe.kv_cache.dtype or activation_dtype(recipe.precision.decode, fam)
-    return Roofline(config, target, pre, dec, compute_dtype(recipe.precision.prefill, fam),
-                    compute_dtype(recipe.precision.decode, fam), dtype(kv_dtype).itemsize, recipe.max_num_tokens)
+    return Roofline(
+        config,
+        target,
+        pre,
+        dec,
+        compute_dtype(recipe.precision.prefill, fam),
+        compute_dtype(recipe.precision.decode, fam),
+        dtype(kv_dtype).itemsize,
+        recipe.max_num_tokens,
+    )
 
 
 def estimate(recipe: Recipe, config: ModelConfig, target: TargetSpec, report: dict | None = None) -> Estimate:
@@ -55,8 +77,15 @@ def estimate(recipe: Recipe, config: ModelConfig, target: TargetSpec, report: di
     misfit = does_not_fit_warning(fit, weights, kv, act, target, recipe.max_seq_len)
     rows, lat_warnings, lat_notes = latencies(recipe, roof, report)
     return Estimate(
-        recipe_name=recipe.name, model_name=config.name or "(unnamed model)", target=target, weights=weights,
-        kv=kv, activations=act, memory=fit, latencies=tuple(rows),
+        recipe_name=recipe.name,
+        model_name=config.name or "(unnamed model)",
+        target=target,
+        weights=weights,
+        kv=kv,
+        activations=act,
+        memory=fit,
+        latencies=tuple(rows),
         warnings=tuple(([misfit] if misfit else []) + lat_warnings),
         notes=(scores_note(act, fam), *lat_notes, *build_memory_notes(config, target)),
-        build_host_bytes=build_host_bytes(config))
+        build_host_bytes=build_host_bytes(config),
+    )

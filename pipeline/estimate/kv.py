@@ -38,11 +38,17 @@ class KVEstimate:
 
     def to_dict(self) -> dict[str, Any]:
         """The flat ``kv_*`` keys of ``trtpipe estimate --json``."""
-        return {"kv_dtype": self.dtype, "kv_bytes_per_token": self.bytes_per_token,
-                "kv_bytes_per_token_layers": list(self.bytes_per_token_layers),
-                "kv_bytes_per_sequence": self.bytes_per_sequence, "kv_block_bytes": self.block_bytes,
-                "kv_blocks_per_sequence": self.blocks_per_sequence, "kv_pool_num_blocks": self.pool_num_blocks,
-                "kv_pool_bytes": self.pool_bytes, "kv_pool_max_sequences": self.pool_max_sequences}
+        return {
+            "kv_dtype": self.dtype,
+            "kv_bytes_per_token": self.bytes_per_token,
+            "kv_bytes_per_token_layers": list(self.bytes_per_token_layers),
+            "kv_bytes_per_sequence": self.bytes_per_sequence,
+            "kv_block_bytes": self.block_bytes,
+            "kv_blocks_per_sequence": self.blocks_per_sequence,
+            "kv_pool_num_blocks": self.pool_num_blocks,
+            "kv_pool_bytes": self.pool_bytes,
+            "kv_pool_max_sequences": self.pool_max_sequences,
+        }
 
 
 def kv_estimate(recipe: Recipe, config: ModelConfig, family: str) -> KVEstimate:
@@ -55,8 +61,13 @@ def kv_estimate(recipe: Recipe, config: ModelConfig, family: str) -> KVEstimate:
     per_seq = blocks_per_sequence(recipe.max_seq_len, block_size, config.layer_sliding_window)
     num_blocks = plan_kv_num_blocks(recipe, config)
     return KVEstimate(
-        dtype=kv_dtype, bytes_per_token=config.kv_bytes_per_token(kv_b),
+        dtype=kv_dtype,
+        bytes_per_token=config.kv_bytes_per_token(kv_b),
         bytes_per_token_layers=tuple(2 * h * config.head_dim * kv_b for h in config.layer_num_kv_heads),
         bytes_per_sequence=kv_bytes_per_sequence(config, recipe.max_seq_len, kv_b),
-        block_bytes=block_bytes, blocks_per_sequence=per_seq, pool_num_blocks=num_blocks,
-        pool_bytes=num_blocks * block_bytes, pool_max_sequences=max(0, num_blocks - 1) // per_seq)
+        block_bytes=block_bytes,
+        blocks_per_sequence=per_seq,
+        pool_num_blocks=num_blocks,
+        pool_bytes=num_blocks * block_bytes,
+        pool_max_sequences=max(0, num_blocks - 1) // per_seq,
+    )

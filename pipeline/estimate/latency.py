@@ -51,8 +51,14 @@ class Roofline:
     def decode_read(self) -> DecodeReadModel:
         """Bytes one decode step reads (weights once, each sequence's KV once)."""
         c = self.config
-        return DecodeReadModel(self.decode.step_read_bytes, self.kv_dtype_bytes, c.head_dim,
-                               tuple(c.layer_num_kv_heads), tuple(c.layer_sliding_window), "estimate")
+        return DecodeReadModel(
+            self.decode.step_read_bytes,
+            self.kv_dtype_bytes,
+            c.head_dim,
+            tuple(c.layer_num_kv_heads),
+            tuple(c.layer_sliding_window),
+            "estimate",
+        )
 
     def _time(self, flops: float, nbytes: float, dtype: str, peak: bool) -> tuple[float, str]:
         tg = self.target
@@ -64,15 +70,20 @@ class Roofline:
         """Prefill of one prompt from position 0: its FLOP; the weights read once per chunk of
         ``max_num_tokens`` plus the KV written."""
         chunks = cdiv(prompt_tokens, self.max_num_tokens)
-        nbytes = (chunks * self.prefill.step_read_bytes
-                  + kv_bytes_per_sequence(self.config, prompt_tokens, self.kv_dtype_bytes))
+        nbytes = chunks * self.prefill.step_read_bytes + kv_bytes_per_sequence(
+            self.config, prompt_tokens, self.kv_dtype_bytes
+        )
         return self._time(prefill_flops(self.config, prompt_tokens), nbytes, self.prefill_compute_dtype, peak)
 
     def tpot_s(self, context_tokens: int, batch: int = 1, peak: bool = False) -> tuple[float, str]:
         """One decode step of ``batch`` sequences at ``context_tokens``: the decode weights
         read once, each sequence's KV read once."""
-        return self._time(batch * decode_flops(self.config, context_tokens),
-                          self.decode_read.step_read_bytes(context_tokens, batch), self.decode_compute_dtype, peak)
+        return self._time(
+            batch * decode_flops(self.config, context_tokens),
+            self.decode_read.step_read_bytes(context_tokens, batch),
+            self.decode_compute_dtype,
+            peak,
+        )
 
 
 @dataclass(frozen=True)
@@ -141,8 +152,16 @@ def decode_batch(s: Scenario, recipe: Recipe, roof: Roofline) -> int:
     return max(1, min(recipe.max_batch_size, round(s.arrival_rate_per_s * e2e)))
 
 
-def _row(s: Scenario, metric: str, pct: str, recipe: Recipe, roof: Roofline, batch: int,
-         budget: float | None, measured: float | None) -> tuple[LatencyRow, str]:
+def _row(
+    s: Scenario,
+    metric: str,
+    pct: str,
+    recipe: Recipe,
+    roof: Roofline,
+    batch: int,
+    budget: float | None,
+    measured: float | None,
+) -> tuple[LatencyRow, str]:
     """One latency row and what its floor assumes (for warnings)."""
     lengths = scenario_lengths(s, _pct_fraction(pct))
     assert lengths is not None
@@ -169,18 +188,23 @@ def budget_warning(row: LatencyRow, where: str, what: str, target: TargetSpec) -
             "budget_below_floor",
             f"{where} is below the physical floor {fmt_ms(row.floor_ms)} ms on {target.name} ({what}, batch 1, "
             f"at peak FLOP/s and bandwidth): no engine can meet it. Fix: raise it to >= {math.ceil(row.floor_ms)} "
-            "ms, use lower-precision weights, or a faster target", True)
+            "ms, use lower-precision weights, or a faster target",
+            True,
+        )
     if budget >= row.predicted_ms:
         return None
     return EstimateWarning(
         "budget_below_prediction",
         f"{where} is below the predicted {fmt_ms(row.predicted_ms)} ms on {target.name} ({row.bound}-bound at "
         f"{target.flops_fraction:g} of peak FLOP/s and {target.bandwidth_fraction:g} of peak bandwidth, batch "
-        f"{row.batch}): it may fail validate", False)
+        f"{row.batch}): it may fail validate",
+        False,
+    )
 
 
-def latencies(recipe: Recipe, roof: Roofline, report: dict | None
-              ) -> tuple[list[LatencyRow], list[EstimateWarning], list[str]]:
+def latencies(
+    recipe: Recipe, roof: Roofline, report: dict | None
+) -> tuple[list[LatencyRow], list[EstimateWarning], list[str]]:
     """One row per scenario, metric (TTFT, TPOT) and percentile (p50 and every budgeted one);
     a warning per budget below its floor (fails) or below the prediction (does not fail).
     ``report``: a validate report.json document whose measured percentiles join the rows."""
@@ -190,8 +214,9 @@ def latencies(recipe: Recipe, roof: Roofline, report: dict | None
     notes: list[str] = []
     for i, s in enumerate(recipe.validation.scenarios):
         if scenario_lengths(s, 0.5) is None:
-            notes.append(f"scenario {s.name}: prompts come from a file; lengths unknown before "
-                         "tokenization, no latency estimate")
+            notes.append(
+                f"scenario {s.name}: prompts come from a file; lengths unknown before tokenization, no latency estimate"
+            )
             continue
         budgets = {(m, p): v for m, p, v in s.budgets.limits()}
         batch = decode_batch(s, recipe, roof)

@@ -58,8 +58,12 @@ class Activations:
 
     def to_dict(self) -> dict[str, Any]:
         """The flat activation keys of ``trtpipe estimate --json``."""
-        return {"prefill_activation_bytes": self.prefill_bytes, "attention_scores_bytes": self.scores_bytes,
-                "decode_activation_bytes": self.decode_bytes, "activation_bytes": self.total_bytes}
+        return {
+            "prefill_activation_bytes": self.prefill_bytes,
+            "attention_scores_bytes": self.scores_bytes,
+            "decode_activation_bytes": self.decode_bytes,
+            "activation_bytes": self.total_bytes,
+        }
 
 
 def activation_bytes(recipe: Recipe, config: ModelConfig, family: str) -> Activations:
@@ -69,16 +73,18 @@ def activation_bytes(recipe: Recipe, config: ModelConfig, family: str) -> Activa
     max_seq_len`` (float32, one layer) where a kernel materializes them: ONNX Runtime's CPU
     attention and the plugin-free TensorRT lowering; the PagedAttention plugin uses an online
     softmax."""
-    act = {ph: dtype(activation_dtype(getattr(recipe.precision, ph), family)).itemsize
-           for ph in ("prefill", "decode")}
+    act = {ph: dtype(activation_dtype(getattr(recipe.precision, ph), family)).itemsize for ph in ("prefill", "decode")}
     qkv = (config.num_heads + 2 * max(config.layer_num_kv_heads)) * config.head_dim
     row = config.hidden_size + 2 * config.intermediate_size + qkv
     materialized = family == "cpu" or recipe.engine.plugin_free
     t, b, ctx = recipe.max_num_tokens, recipe.max_batch_size, recipe.max_seq_len
     scores = config.num_heads * t * ctx * SCORE_BYTES if materialized else 0
     prefill = t * row * act["prefill"] + min(b, t) * config.vocab_size * LOGIT_BYTES + scores
-    decode = (b * row * act["decode"] + b * config.vocab_size * LOGIT_BYTES
-              + (config.num_heads * b * ctx * SCORE_BYTES if materialized else 0))
+    decode = (
+        b * row * act["decode"]
+        + b * config.vocab_size * LOGIT_BYTES
+        + (config.num_heads * b * ctx * SCORE_BYTES if materialized else 0)
+    )
     return Activations(prefill, scores, decode)
 
 
@@ -95,14 +101,20 @@ class WeightsEstimate:
 
     def to_dict(self) -> dict[str, Any]:
         """The flat weight keys of ``trtpipe estimate --json`` (each phase with its totals)."""
-        phases = {ph: {**asdict(w), "total_bytes": w.total_bytes, "step_read_bytes": w.step_read_bytes}
-                  for ph, w in (("prefill", self.prefill), ("decode", self.decode))}
-        return {"layout": self.layout, **phases, "engine_weight_bytes_split": self.split_bytes,
-                "engine_weight_bytes_dual_profile": self.dual_profile_bytes, "engine_weight_bytes": self.engine_bytes}
+        phases = {
+            ph: {**asdict(w), "total_bytes": w.total_bytes, "step_read_bytes": w.step_read_bytes}
+            for ph, w in (("prefill", self.prefill), ("decode", self.decode))
+        }
+        return {
+            "layout": self.layout,
+            **phases,
+            "engine_weight_bytes_split": self.split_bytes,
+            "engine_weight_bytes_dual_profile": self.dual_profile_bytes,
+            "engine_weight_bytes": self.engine_bytes,
+        }
 
 
-def weights_estimate(prefill: PhaseWeights, decode: PhaseWeights, family: str, recipe_layout: str
-                     ) -> WeightsEstimate:
+def weights_estimate(prefill: PhaseWeights, decode: PhaseWeights, family: str, recipe_layout: str) -> WeightsEstimate:
     """Resident weights on ``family``: cpu artifacts always share one weights.data; GPU engines
     take the recipe's ``engine.layout``."""
     layout = "shared" if family == "cpu" else recipe_layout
@@ -128,9 +140,14 @@ class MemoryFit:
 
     def to_dict(self) -> dict[str, Any]:
         """The flat fit keys of ``trtpipe estimate --json``."""
-        return {"engine_bytes": self.engine_bytes, "engine_bytes_split": self.engine_bytes_split,
-                "engine_bytes_dual_profile": self.engine_bytes_dual_profile,
-                "usable_memory_bytes": self.usable_memory_bytes, "fits": self.fits, "max_sequences": self.max_sequences}
+        return {
+            "engine_bytes": self.engine_bytes,
+            "engine_bytes_split": self.engine_bytes_split,
+            "engine_bytes_dual_profile": self.engine_bytes_dual_profile,
+            "usable_memory_bytes": self.usable_memory_bytes,
+            "fits": self.fits,
+            "max_sequences": self.max_sequences,
+        }
 
 
 def memory_fit(w: WeightsEstimate, kv: KVEstimate, act: Activations, target: TargetSpec) -> MemoryFit:
@@ -141,27 +158,35 @@ def memory_fit(w: WeightsEstimate, kv: KVEstimate, act: Activations, target: Tar
     room = usable - w.engine_bytes - act.total_bytes
     max_seqs = max(0, room // kv.block_bytes - 1) // kv.blocks_per_sequence if room > 0 else 0
     dual = None if w.dual_profile_bytes is None else w.dual_profile_bytes + kv.pool_bytes + act.total_bytes
-    return MemoryFit(engine, w.split_bytes + kv.pool_bytes + act.total_bytes, dual, usable, engine <= usable,
-                     max_seqs, room)
+    return MemoryFit(
+        engine, w.split_bytes + kv.pool_bytes + act.total_bytes, dual, usable, engine <= usable, max_seqs, room
+    )
 
 
-def does_not_fit_warning(fit: MemoryFit, w: WeightsEstimate, kv: KVEstimate, act: Activations,
-                         target: TargetSpec, max_seq_len: int) -> EstimateWarning | None:
+def does_not_fit_warning(
+    fit: MemoryFit, w: WeightsEstimate, kv: KVEstimate, act: Activations, target: TargetSpec, max_seq_len: int
+) -> EstimateWarning | None:
     """The failing warning of an engine over the target's usable memory, with the fix; None if it fits."""
     if fit.fits:
         return None
     if fit.max_sequences == 0:
-        fix = (f"the weights ({fmt_bytes(w.engine_bytes)}) and activations ({fmt_bytes(act.total_bytes)}) leave "
-               "no room for one sequence: use int4 weights, lower max_num_tokens, or a target with more memory")
+        fix = (
+            f"the weights ({fmt_bytes(w.engine_bytes)}) and activations ({fmt_bytes(act.total_bytes)}) leave "
+            "no room for one sequence: use int4 weights, lower max_num_tokens, or a target with more memory"
+        )
     else:
-        fix = (f"lower kv_cache.memory_budget_mib to <= {int(fit.room_bytes // 2**20)} (room for "
-               f"{fit.max_sequences} sequences of {max_seq_len} tokens), or use int4 weights")
+        fix = (
+            f"lower kv_cache.memory_budget_mib to <= {int(fit.room_bytes // 2**20)} (room for "
+            f"{fit.max_sequences} sequences of {max_seq_len} tokens), or use int4 weights"
+        )
     return EstimateWarning(
         "does_not_fit",
         f"does not fit on {target.name}: the engine needs {fmt_bytes(fit.engine_bytes)} (weights "
         f"{fmt_bytes(w.engine_bytes)} + KV pool {fmt_bytes(kv.pool_bytes)} + activations "
         f"{fmt_bytes(act.total_bytes)}) but {fmt_bytes(fit.usable_memory_bytes)} is usable "
-        f"({fmt_bytes(target.memory_bytes)} - {fmt_bytes(target.reserved_bytes)} reserved). Fix: {fix}", True)
+        f"({fmt_bytes(target.memory_bytes)} - {fmt_bytes(target.reserved_bytes)} reserved). Fix: {fix}",
+        True,
+    )
 
 
 def scores_note(act: Activations, family: str) -> str:
@@ -176,6 +201,8 @@ def build_memory_notes(config: ModelConfig, target: TargetSpec) -> tuple[str, ..
     need = build_host_bytes(config)
     if need <= target.memory_bytes:
         return ()
-    return (f"building needs about {fmt_bytes(need)} of host memory (exporter / TensorRT builder peak), "
-            f"more than {target.name}'s {fmt_bytes(target.memory_bytes)}: export on a bigger machine "
-            "(the build spec) and finish the plans on the target",)
+    return (
+        f"building needs about {fmt_bytes(need)} of host memory (exporter / TensorRT builder peak), "
+        f"more than {target.name}'s {fmt_bytes(target.memory_bytes)}: export on a bigger machine "
+        "(the build spec) and finish the plans on the target",
+    )

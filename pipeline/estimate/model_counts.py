@@ -42,8 +42,9 @@ def total_params(config: ModelConfig) -> int:
 def kv_bytes_per_layer(config: ModelConfig, num_tokens: int, dtype_bytes: int) -> tuple[int, ...]:
     """K and V bytes of each layer for a sequence of ``num_tokens`` tokens:
     ``2 x kv_heads_l x head_dim x dtype_bytes x min(num_tokens, window_l)`` (window 0 = none)."""
-    return decode_bandwidth.kv_bytes_per_layer(config.layer_num_kv_heads, config.layer_sliding_window,
-                                               config.head_dim, num_tokens, dtype_bytes)
+    return decode_bandwidth.kv_bytes_per_layer(
+        config.layer_num_kv_heads, config.layer_sliding_window, config.head_dim, num_tokens, dtype_bytes
+    )
 
 
 def kv_bytes_per_sequence(config: ModelConfig, num_tokens: int, dtype_bytes: int) -> int:
@@ -64,13 +65,16 @@ def prefill_flops(config: ModelConfig, num_tokens: int) -> int:
     ``2 x linear_params x n`` (GEMMs) + ``4 x heads x head_dim x sum_i min(i, W)`` per layer
     (QK^T and PV, causal) + ``2 x hidden x vocab`` (logits of the last token only)."""
     gemm = 2 * linear_params(config) * num_tokens
-    attn = sum(4 * config.num_heads * config.head_dim * _attended_keys(num_tokens, w)
-               for w in config.layer_sliding_window)
+    attn = sum(
+        4 * config.num_heads * config.head_dim * _attended_keys(num_tokens, w) for w in config.layer_sliding_window
+    )
     return gemm + attn + 2 * config.hidden_size * config.vocab_size
 
 
 def decode_flops(config: ModelConfig, context_tokens: int) -> int:
     """FLOP of one decode token at ``context_tokens`` tokens of context (itself included)."""
-    attn = sum(4 * config.num_heads * config.head_dim * (min(context_tokens, w) if w > 0 else context_tokens)
-               for w in config.layer_sliding_window)
+    attn = sum(
+        4 * config.num_heads * config.head_dim * (min(context_tokens, w) if w > 0 else context_tokens)
+        for w in config.layer_sliding_window
+    )
     return 2 * linear_params(config) + attn + 2 * config.hidden_size * config.vocab_size

@@ -15,9 +15,18 @@ from trtpipe.pipeline.recipe import Recipe
 from trtpipe.pipeline.targets import compute_dtype
 from trtpipe.runtime.model_config import ModelConfig
 
-LATENCY_COLUMNS = (("scenario", "left"), ("metric", "left"), ("pct", "left"), ("prompt", "right"),
-                   ("context", "right"), ("batch", "right"), ("floor", "right"), ("predicted", "right"),
-                   ("bound", "left"), ("budget", "right"))
+LATENCY_COLUMNS = (
+    ("scenario", "left"),
+    ("metric", "left"),
+    ("pct", "left"),
+    ("prompt", "right"),
+    ("context", "right"),
+    ("batch", "right"),
+    ("floor", "right"),
+    ("predicted", "right"),
+    ("bound", "left"),
+    ("budget", "right"),
+)
 
 
 def _weights_detail(w: PhaseWeights, recipe: Recipe, family: str) -> str:
@@ -30,14 +39,15 @@ def _weights_detail(w: PhaseWeights, recipe: Recipe, family: str) -> str:
             fmt = "fp32 scale + 4-bit zero point + fp32 min"
         else:
             fmt = "fp16 scale" + ("" if g.symmetric else " + 4-bit zero point")
-        lin = (f"{codes} GEMMs {fmt_bytes(w.linear_bytes)} + {fmt_bytes(w.int4_group_bytes)} "
-               f"({fmt} per {g.group_size})")
+        lin = f"{codes} GEMMs {fmt_bytes(w.linear_bytes)} + {fmt_bytes(w.int4_group_bytes)} ({fmt} per {g.group_size})"
     else:
         lin = f"{w.precision} GEMMs {fmt_bytes(w.linear_bytes)}"
     eight_bit = "8-bit " if w.precision == "int4" and family == "cpu" else ""
     head = "lm_head tied" if w.lm_head_bytes == 0 else f"{eight_bit}lm_head {fmt_bytes(w.lm_head_bytes)}"
-    return (f"{lin}; {w.activation_dtype} embedding {fmt_bytes(w.embedding_bytes)}, {head}; "
-            f"decode-step read {fmt_bytes(w.step_read_bytes)}")
+    return (
+        f"{lin}; {w.activation_dtype} embedding {fmt_bytes(w.embedding_bytes)}, {head}; "
+        f"decode-step read {fmt_bytes(w.step_read_bytes)}"
+    )
 
 
 def _print_header(est: Estimate, recipe: Recipe, console: Any) -> None:
@@ -46,14 +56,17 @@ def _print_header(est: Estimate, recipe: Recipe, console: Any) -> None:
     tg = est.target
     cd_pre = compute_dtype(recipe.precision.prefill, tg.family)
     kind = "measured" if tg.measured else "published peak"
-    console.print(f"[bold]estimate[/bold] {escape(est.recipe_name)} ({escape(est.model_name)}) "
-                  f"on [bold]{escape(tg.name)}[/bold]: {escape(tg.description)}")
+    console.print(
+        f"[bold]estimate[/bold] {escape(est.recipe_name)} ({escape(est.model_name)}) "
+        f"on [bold]{escape(tg.name)}[/bold]: {escape(tg.description)}"
+    )
     console.print(
         f"  bandwidth {tg.bandwidth_bytes_per_s / 1e9:.1f} GB/s ({kind}) x "
         f"{tg.bandwidth_fraction:g} achievable; {cd_pre} "
         f"{fmt_flops(tg.flops_per_s(cd_pre))} ({kind}) x {tg.flops_fraction:g} "
         f"achievable; memory {fmt_bytes(tg.memory_bytes)} - "
-        f"{fmt_bytes(tg.reserved_bytes)} reserved = {fmt_bytes(tg.usable_memory_bytes)} usable")
+        f"{fmt_bytes(tg.reserved_bytes)} reserved = {fmt_bytes(tg.usable_memory_bytes)} usable"
+    )
     console.print(f"  [dim]source: {escape(tg.source)}[/dim]")
 
 
@@ -61,25 +74,41 @@ def _weight_rows(est: Estimate, recipe: Recipe) -> list[tuple[str, str, str]]:
     from rich.markup import escape
 
     fam = est.target.family
-    rows = [(f"weights, {ph} ({w.precision})", fmt_bytes(w.total_bytes), escape(_weights_detail(w, recipe, fam)))
-            for ph, w in (("prefill", est.prefill), ("decode", est.decode))]
+    rows = [
+        (f"weights, {ph} ({w.precision})", fmt_bytes(w.total_bytes), escape(_weights_detail(w, recipe, fam)))
+        for ph, w in (("prefill", est.prefill), ("decode", est.decode))
+    ]
     if fam == "cpu":
-        return rows + [("weights in the artifact", fmt_bytes(est.engine_weight_bytes),
-                        "one weights.data; identical tensors of both phases stored once")]
+        return rows + [
+            (
+                "weights in the artifact",
+                fmt_bytes(est.engine_weight_bytes),
+                "one weights.data; identical tensors of both phases stored once",
+            )
+        ]
     dual = est.engine_weight_bytes_dual_profile
     return rows + [
-        (f"weights, split{' (recipe)' if est.layout == 'split' else ''}", fmt_bytes(est.engine_weight_bytes_split),
-         "two plans, each with its own copy"),
-        (f"weights, dual_profile{' (recipe)' if est.layout == 'dual_profile' else ''}", fmt_bytes(dual),
-         "one plan, one copy" if dual is not None else "n/a: needs the same precision in both phases")]
+        (
+            f"weights, split{' (recipe)' if est.layout == 'split' else ''}",
+            fmt_bytes(est.engine_weight_bytes_split),
+            "two plans, each with its own copy",
+        ),
+        (
+            f"weights, dual_profile{' (recipe)' if est.layout == 'dual_profile' else ''}",
+            fmt_bytes(dual),
+            "one plan, one copy" if dual is not None else "n/a: needs the same precision in both phases",
+        ),
+    ]
 
 
 def _kv_rows(est: Estimate, recipe: Recipe, config: ModelConfig) -> list[tuple[str, str, str]]:
     kv, seq = est.kv, recipe.max_seq_len
     layers = kv.bytes_per_token_layers
     if len(set(layers)) == 1:
-        how = (f"2 x {config.num_layers} layers x {config.layer_num_kv_heads[0]} kv heads x "
-               f"{config.head_dim} x {kv.dtype_bytes} B")
+        how = (
+            f"2 x {config.num_layers} layers x {config.layer_num_kv_heads[0]} kv heads x "
+            f"{config.head_dim} x {kv.dtype_bytes} B"
+        )
     else:
         groups: dict[int, int] = {}
         for b in layers:
@@ -91,37 +120,75 @@ def _kv_rows(est: Estimate, recipe: Recipe, config: ModelConfig) -> list[tuple[s
     wnote = f"; windowed layers capped at {', '.join(map(str, windows))}" if windows else ""
     if len(set(per_layer)) == 1:
         rows.append((f"KV per layer, {seq} tokens", fmt_bytes(per_layer[0]), f"x {config.num_layers} layers{wnote}"))
-    rows.append((f"KV per sequence ({seq} tokens)", fmt_bytes(kv.bytes_per_sequence),
-                 f"{kv.blocks_per_sequence} blocks of {recipe.kv_cache.block_size} tokens "
-                 f"({fmt_bytes(kv.block_bytes)} each) in the pool{wnote}"))
-    rows.append(("KV pool", fmt_bytes(kv.pool_bytes),
-                 f"{kv.pool_num_blocks} blocks (null block included): {kv.pool_max_sequences} sequences of "
-                 f"{seq} tokens (max_batch_size {recipe.max_batch_size})"))
+    rows.append(
+        (
+            f"KV per sequence ({seq} tokens)",
+            fmt_bytes(kv.bytes_per_sequence),
+            f"{kv.blocks_per_sequence} blocks of {recipe.kv_cache.block_size} tokens "
+            f"({fmt_bytes(kv.block_bytes)} each) in the pool{wnote}",
+        )
+    )
+    rows.append(
+        (
+            "KV pool",
+            fmt_bytes(kv.pool_bytes),
+            f"{kv.pool_num_blocks} blocks (null block included): {kv.pool_max_sequences} sequences of "
+            f"{seq} tokens (max_batch_size {recipe.max_batch_size})",
+        )
+    )
     return rows
 
 
 def _total_rows(est: Estimate, recipe: Recipe) -> list[tuple[str, str, str]]:
     act = est.activations
     scores = f" incl. scores {fmt_bytes(act.scores_bytes)}" if act.scores_bytes else ""
-    rows = [(f"activations, prefill ({recipe.max_num_tokens} tokens)", fmt_bytes(act.prefill_bytes),
-             f"tokens x (hidden + 2 FFN + qkv) x {est.prefill.activation_dtype} + last-token logits{scores}"),
-            (f"activations, decode (batch {recipe.max_batch_size})", fmt_bytes(act.decode_bytes),
-             "batch x (hidden + 2 FFN + qkv) + logits")]
+    rows = [
+        (
+            f"activations, prefill ({recipe.max_num_tokens} tokens)",
+            fmt_bytes(act.prefill_bytes),
+            f"tokens x (hidden + 2 FFN + qkv) x {est.prefill.activation_dtype} + last-token logits{scores}",
+        ),
+        (
+            f"activations, decode (batch {recipe.max_batch_size})",
+            fmt_bytes(act.decode_bytes),
+            "batch x (hidden + 2 FFN + qkv) + logits",
+        ),
+    ]
     if est.target.family == "cpu":
-        rows.append(("[bold]engine total[/bold]", f"[bold]{fmt_bytes(est.engine_bytes)}[/bold]",
-                     "weights + KV pool + activations"))
+        rows.append(
+            (
+                "[bold]engine total[/bold]",
+                f"[bold]{fmt_bytes(est.engine_bytes)}[/bold]",
+                "weights + KV pool + activations",
+            )
+        )
     else:
         for lay, val in (("split", est.engine_bytes_split), ("dual_profile", est.engine_bytes_dual_profile)):
             tag = " (recipe)" if lay == est.layout else ""
-            rows.append((f"[bold]engine total, {lay}{tag}[/bold]", f"[bold]{fmt_bytes(val)}[/bold]",
-                         "weights + KV pool + activations"))
-    rows.append(("host memory to build", fmt_bytes(est.build_host_bytes),
-                 f"{BUILD_HOST_PEAK_FACTOR} x fp32 parameter bytes + {BUILD_HOST_BASE_BYTES // 2**20} MiB "
-                 "of libraries (export / TensorRT builder peak); trtpipe farm refuses nodes with less"))
+            rows.append(
+                (
+                    f"[bold]engine total, {lay}{tag}[/bold]",
+                    f"[bold]{fmt_bytes(val)}[/bold]",
+                    "weights + KV pool + activations",
+                )
+            )
+    rows.append(
+        (
+            "host memory to build",
+            fmt_bytes(est.build_host_bytes),
+            f"{BUILD_HOST_PEAK_FACTOR} x fp32 parameter bytes + {BUILD_HOST_BASE_BYTES // 2**20} MiB "
+            "of libraries (export / TensorRT builder peak); trtpipe farm refuses nodes with less",
+        )
+    )
     verdict = "[green]fits[/green]" if est.fits else "[red]does not fit[/red]"
-    rows.append(("usable memory", fmt_bytes(est.usable_memory_bytes),
-                 f"{verdict}; room for {est.max_sequences} sequences of {recipe.max_seq_len} "
-                 "tokens beside the weights and activations"))
+    rows.append(
+        (
+            "usable memory",
+            fmt_bytes(est.usable_memory_bytes),
+            f"{verdict}; room for {est.max_sequences} sequences of {recipe.max_seq_len} "
+            "tokens beside the weights and activations",
+        )
+    )
     return rows
 
 
@@ -139,10 +206,13 @@ def _memory_table(est: Estimate, recipe: Recipe, config: ModelConfig) -> Any:
 def _latency_table(est: Estimate, measured: bool) -> Any:
     from rich.table import Table
 
-    lat = Table(title="latency, ms", title_justify="left",
-                caption="floor: peak rates, batch 1 (no engine is faster); predicted: "
-                        "achievable rates, the scenario's decode batch, no queueing",
-                caption_justify="left")
+    lat = Table(
+        title="latency, ms",
+        title_justify="left",
+        caption="floor: peak rates, batch 1 (no engine is faster); predicted: "
+        "achievable rates, the scenario's decode batch, no queueing",
+        caption_justify="left",
+    )
     for col, just in LATENCY_COLUMNS + ((("measured", "right"), ("pred/meas", "right")) if measured else ()):
         lat.add_column(col, justify=just)  # type: ignore[arg-type]
     for r in est.latencies:
@@ -152,8 +222,18 @@ def _latency_table(est: Estimate, measured: bool) -> Any:
         elif r.budget_ms is not None and r.budget_ms < r.predicted_ms:
             budget = f"[yellow]{budget}[/yellow]"
         tpot = r.metric == "tpot_ms"
-        cells = [r.scenario, r.metric, r.percentile, str(r.prompt_tokens), str(r.context_tokens) if tpot else "–",
-                 str(r.batch) if tpot else "1", fmt_ms(r.floor_ms), fmt_ms(r.predicted_ms), r.bound, budget]
+        cells = [
+            r.scenario,
+            r.metric,
+            r.percentile,
+            str(r.prompt_tokens),
+            str(r.context_tokens) if tpot else "–",
+            str(r.batch) if tpot else "1",
+            fmt_ms(r.floor_ms),
+            fmt_ms(r.predicted_ms),
+            r.bound,
+            budget,
+        ]
         if measured:
             cells += [fmt_ms(r.measured_ms), "–" if r.ratio is None else f"{r.ratio:.2f}"]
         lat.add_row(*cells)
@@ -170,12 +250,13 @@ def render(est: Estimate, recipe: Recipe, config: ModelConfig, console: Any, rep
         measured = any(r.measured_ms is not None for r in est.latencies)
         console.print(_latency_table(est, measured))
         if measured and report_path is not None:
-            console.print(f"  [dim]measured: {escape(str(report_path))} (calibration: "
-                          "pred/meas < 1 means the model is optimistic)[/dim]")
+            console.print(
+                f"  [dim]measured: {escape(str(report_path))} (calibration: "
+                "pred/meas < 1 means the model is optimistic)[/dim]"
+            )
     for n in est.notes:
         console.print(f"  [dim]note: {escape(n)}[/dim]")
     for w in est.warnings:
         console.print(f"[yellow]warning: {escape(w.message)}[/yellow]")
     if est.exit_code:
-        console.print("[yellow]exit 1: the recipe does not fit or has a budget below the "
-                      "physical floor[/yellow]")
+        console.print("[yellow]exit 1: the recipe does not fit or has a budget below the physical floor[/yellow]")

@@ -71,9 +71,16 @@ class Estimate:
         """The ``trtpipe estimate --json`` document: one flat dict (bytes, ms), the target's row,
         each latency row with its predicted/measured ratio, and the exit code."""
         return {
-            "recipe_name": self.recipe_name, "model_name": self.model_name, **self.weights.to_dict(),
-            **self.kv.to_dict(), **self.activations.to_dict(), **self.memory.to_dict(),
-            "warnings": [asdict(w) for w in self.warnings], "notes": list(self.notes),
-            "build_host_bytes": self.build_host_bytes, "target": self.target.to_dict(),
-            "latencies": [{**asdict(r), "ratio": r.ratio} for r in self.latencies], "exit_code": self.exit_code,
+            "recipe_name": self.recipe_name,
+            "model_name": self.model_name,
+            **self.weights.to_dict(),
+            **self.kv.to_dict(),
+            **self.activations.to_dict(),
+            **self.memory.to_dict(),
+            "warnings": [asdict(w) for w in self.warnings],
+            "notes": list(self.notes),
+            "build_host_bytes": self.build_host_bytes,
+            "target": self.target.to_dict(),
+            "latencies": [{**asdict(r), "ratio": r.ratio} for r in self.latencies],
+            "exit_code": self.exit_code,
         }

@@ -70,13 +70,23 @@ def _int4_cpu_bytes(config: ModelConfig, group_size: int, form: str) -> tuple[in
     if form not in INT4_GROUP_BYTES_CPU:
         raise ValueError(f"cpu_float_zero_points {form!r}: expected exact or int8")
     n_lin = linear_params(config)
-    head = (int(config.vocab_size * config.hidden_size * CPU_INT8_HEAD_BYTES_PER_WEIGHT)
-            if config.tie_word_embeddings else None)
+    head = (
+        int(config.vocab_size * config.hidden_size * CPU_INT8_HEAD_BYTES_PER_WEIGHT)
+        if config.tie_word_embeddings
+        else None
+    )
     return int(n_lin * CPU_CODE_BYTES[form]), int(n_lin // group_size * INT4_GROUP_BYTES_CPU[form]), head
 
 
-def phase_weights(config: ModelConfig, precision: str, family: str, *, group_size: int = 32,
-                  symmetric: bool = False, cpu_float_zero_points: str = "exact") -> PhaseWeights:
+def phase_weights(
+    config: ModelConfig,
+    precision: str,
+    family: str,
+    *,
+    group_size: int = 32,
+    symmetric: bool = False,
+    cpu_float_zero_points: str = "exact",
+) -> PhaseWeights:
     """Weight bytes of a phase at ``precision`` on a target family (``cpu`` or a GPU).
 
     cpu INT4 assumes the shipped source, a GGUF with Q4_1 GEMM weights and a tied Q8_0
@@ -98,8 +108,9 @@ def phase_weights(config: ModelConfig, precision: str, family: str, *, group_siz
         group_bytes = int(n_lin // group_size * per_group)
     else:
         linear, group_bytes = n_lin * dtype(precision).itemsize, 0
-    return PhaseWeights(precision, act, linear, group_bytes, emb, lm_head,
-                        (norm_params(config) + bias_params(config)) * act_b)
+    return PhaseWeights(
+        precision, act, linear, group_bytes, emb, lm_head, (norm_params(config) + bias_params(config)) * act_b
+    )
 
 
 def engine_weight_bytes(prefill: PhaseWeights, decode: PhaseWeights, layout: str) -> int | None:

@@ -30,8 +30,9 @@ def _need_farm_extra() -> None:
 
     missing = [m for m in ("ray", "fsspec") if importlib.util.find_spec(m) is None]
     if missing:
-        _fail(TrtpipeError(f"the farm needs {', '.join(missing)}, not installed here. Fix: "
-                           "pip install 'trtpipe[farm]'"))
+        _fail(
+            TrtpipeError(f"the farm needs {', '.join(missing)}, not installed here. Fix: pip install 'trtpipe[farm]'")
+        )
 
 
 def _targets(value: str | None) -> tuple[str, ...]:
@@ -40,8 +41,10 @@ def _targets(value: str | None) -> tuple[str, ...]:
     out = tuple(t.strip() for t in value.split(",") if t.strip())
     bad = [t for t in out if t not in TARGETS]
     if bad:
-        raise click.BadParameter(f"unknown target(s) {', '.join(bad)}; expected a comma-separated subset of "
-                                 f"{','.join(TARGETS)}", param_hint="--targets")
+        raise click.BadParameter(
+            f"unknown target(s) {', '.join(bad)}; expected a comma-separated subset of {','.join(TARGETS)}",
+            param_hint="--targets",
+        )
     return out
 
 
@@ -59,26 +62,67 @@ def farm_group() -> None:
 
 @farm_group.command("build")
 @click.argument("recipes", nargs=-1, required=True)
-@click.option("--targets", default=None, help="Comma-separated targets to build (cpu,orin,a100,h200); "
-              "recipes for other targets are left out. Default: every recipe's own target.")
-@click.option("--address", default=None, help="Ray cluster: 'auto', HOST:PORT or ray://HOST:10001. Default: a "
-              "local Ray instance on 127.0.0.1 that advertises the cpu target.")
-@click.option("--store", "store_url", envvar="TRTPIPE_STORE", required=True,
-              help="Artifact store: a folder or an fsspec URL (env TRTPIPE_STORE).")
-@click.option("--validate", is_flag=True, help="Run `trtpipe validate` on the node after the build; publish only on PASS.")
+@click.option(
+    "--targets",
+    default=None,
+    help="Comma-separated targets to build (cpu,orin,a100,h200); "
+    "recipes for other targets are left out. Default: every recipe's own target.",
+)
+@click.option(
+    "--address",
+    default=None,
+    help="Ray cluster: 'auto', HOST:PORT or ray://HOST:10001. Default: a "
+    "local Ray instance on 127.0.0.1 that advertises the cpu target.",
+)
+@click.option(
+    "--store",
+    "store_url",
+    envvar="TRTPIPE_STORE",
+    required=True,
+    help="Artifact store: a folder or an fsspec URL (env TRTPIPE_STORE).",
+)
+@click.option(
+    "--validate", is_flag=True, help="Run `trtpipe validate` on the node after the build; publish only on PASS."
+)
 @click.option("--scenario", "scenarios", multiple=True, help="With --validate: only this scenario (repeatable).")
-@click.option("--work-dir", default="~/.cache/trtpipe/farm", show_default=True, envvar="TRTPIPE_FARM_WORK_DIR",
-              help="Artifacts root on each node (trtpipe build --artifacts there); env TRTPIPE_FARM_WORK_DIR.")
-@click.option("--report", "report_dir", default="farm-report", show_default=True,
-              help="Folder for matrix.md and matrix.json.")
+@click.option(
+    "--work-dir",
+    default="~/.cache/trtpipe/farm",
+    show_default=True,
+    envvar="TRTPIPE_FARM_WORK_DIR",
+    help="Artifacts root on each node (trtpipe build --artifacts there); env TRTPIPE_FARM_WORK_DIR.",
+)
+@click.option(
+    "--report", "report_dir", default="farm-report", show_default=True, help="Folder for matrix.md and matrix.json."
+)
 @click.option("--force", is_flag=True, help="Rebuild and republish cells already in the store.")
-@click.option("--max-retries", default=1, show_default=True, type=click.IntRange(0, 10),
-              help="Re-runs of a cell whose node died (on another node with the resource).")
-@click.option("--timeout-s", default=4 * 3600, show_default=True, type=click.FloatRange(min=1),
-              help="Cancel cells still running after this many seconds.")
-def farm_build_cmd(recipes: tuple[str, ...], targets: str | None, address: str | None, store_url: str, validate: bool,
-                   scenarios: tuple[str, ...], work_dir: str, report_dir: str, force: bool, max_retries: int,
-                   timeout_s: float) -> None:
+@click.option(
+    "--max-retries",
+    default=1,
+    show_default=True,
+    type=click.IntRange(0, 10),
+    help="Re-runs of a cell whose node died (on another node with the resource).",
+)
+@click.option(
+    "--timeout-s",
+    default=4 * 3600,
+    show_default=True,
+    type=click.FloatRange(min=1),
+    help="Cancel cells still running after this many seconds.",
+)
+def farm_build_cmd(
+    recipes: tuple[str, ...],
+    targets: str | None,
+    address: str | None,
+    store_url: str,
+    validate: bool,
+    scenarios: tuple[str, ...],
+    work_dir: str,
+    report_dir: str,
+    force: bool,
+    max_retries: int,
+    timeout_s: float,
+) -> None:
     """Build (and validate) each RECIPE on a node that advertises its target, and publish the
     artifacts to the store: one Ray task per (recipe, target).
 
@@ -96,9 +140,17 @@ def farm_build_cmd(recipes: tuple[str, ...], targets: str | None, address: str |
     from trtpipe.pipeline.farm.matrix import exit_code, to_markdown, write_matrix
     from trtpipe.pipeline.farm.run import FarmOptions, farm_build
 
-    opts = FarmOptions(store_url=store_url, address=address, targets=_targets(targets), validate=validate,
-                       scenarios=scenarios, work_dir=work_dir, force=force, max_retries=max_retries,
-                       timeout_s=timeout_s)
+    opts = FarmOptions(
+        store_url=store_url,
+        address=address,
+        targets=_targets(targets),
+        validate=validate,
+        scenarios=scenarios,
+        work_dir=work_dir,
+        force=force,
+        max_retries=max_retries,
+        timeout_s=timeout_s,
+    )
     t0 = time.perf_counter()
     try:
         results, interrupted = farm_build(recipes, opts, log=lambda s: click.echo(f"farm: {s}", err=True))
@@ -134,13 +186,17 @@ def farm_node_cmd(target: str, address: str | None, num_cpus: int | None, run_it
         click.echo(json.dumps({"probe": probe.to_dict(), "target": target, "refused": why}, indent=1))
     else:
         gpus = ", ".join(f"{g.name} sm_{g.sm}" for g in probe.gpus) or "none"
-        click.echo(f"node {probe.hostname}: {probe.platform}, {probe.num_cpus} CPUs, "
-                   f"{probe.memory_bytes / 2**30:.1f} GiB memory ({probe.memory_available_bytes / 2**30:.1f} GiB "
-                   f"available), GPUs: {gpus}, Jetson: {probe.jetson or 'no'}, TensorRT: "
-                   f"{probe.tensorrt_version or 'not importable'}", err=True)
+        click.echo(
+            f"node {probe.hostname}: {probe.platform}, {probe.num_cpus} CPUs, "
+            f"{probe.memory_bytes / 2**30:.1f} GiB memory ({probe.memory_available_bytes / 2**30:.1f} GiB "
+            f"available), GPUs: {gpus}, Jetson: {probe.jetson or 'no'}, TensorRT: "
+            f"{probe.tensorrt_version or 'not importable'}",
+            err=True,
+        )
     if why is not None:
-        click.echo(click.style("refused: ", fg="red", bold=True) + f"this node cannot build target {target}: {why}.",
-                   err=True)
+        click.echo(
+            click.style("refused: ", fg="red", bold=True) + f"this node cannot build target {target}: {why}.", err=True
+        )
         sys.exit(1)
     cmd = ray_start_command(target, address, num_cpus)
     if not run_it:
@@ -155,13 +211,19 @@ def farm_node_cmd(target: str, address: str | None, num_cpus: int | None, run_it
 @click.command("pull")
 @click.argument("recipe")
 @click.option("--target", required=True, type=click.Choice(TARGETS), help="Which target's artifact.")
-@click.option("--store", "store_url", envvar="TRTPIPE_STORE", required=True,
-              help="Artifact store: a folder or an fsspec URL (env TRTPIPE_STORE).")
+@click.option(
+    "--store",
+    "store_url",
+    envvar="TRTPIPE_STORE",
+    required=True,
+    help="Artifact store: a folder or an fsspec URL (env TRTPIPE_STORE).",
+)
 @click.option("--dest", default=None, help="Where to put it (default: <artifacts>/<recipe>/<target>).")
 @artifacts_option
 @click.option("--build-hash", default=None, help="A specific build instead of `latest`.")
-def pull_cmd(recipe: str, target: str, store_url: str, dest: str | None, artifact_root: str,
-             build_hash: str | None) -> None:
+def pull_cmd(
+    recipe: str, target: str, store_url: str, dest: str | None, artifact_root: str, build_hash: str | None
+) -> None:
     """Fetch the latest published artifact of RECIPE for TARGET from the store and verify it on
     this device (every file's sha256 against the store record, then the runtime's manifest
     checks: hashes, format, backend version, op ABI, platform) before it replaces anything.

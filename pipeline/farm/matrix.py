@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
 
 from trtpipe.pipeline.farm.tasks import STATUS_FAILED, CellResult
 from trtpipe.pipeline.targets import TARGET_FAMILIES
@@ -82,18 +82,28 @@ def to_markdown(results: Sequence[CellResult], *, store_url: str, wall_s: float)
     by = {(r.recipe, r.target): r for r in results}
     code = exit_code(results)
     verdict = {EXIT_OK: "PASS", EXIT_FAILED: "FAIL", EXIT_SPEC_WRITTEN: "INCOMPLETE (finish GPU builds on the targets)"}
-    lines = [f"# trtpipe farm matrix: {verdict[code]} (exit {code})", "",
-             f"store `{store_url}`, {len(results)} cells, {wall_s:.1f} s wall", "",
-             "| recipe | " + " | ".join(targets) + " |", "|---|" + "---|" * len(targets)]
+    lines = [
+        f"# trtpipe farm matrix: {verdict[code]} (exit {code})",
+        "",
+        f"store `{store_url}`, {len(results)} cells, {wall_s:.1f} s wall",
+        "",
+        "| recipe | " + " | ".join(targets) + " |",
+        "|---|" + "---|" * len(targets),
+    ]
     for rc in recipes:
         cells = [_cell_word(by[(rc, t)]) if (rc, t) in by else "" for t in targets]
         lines.append(f"| {rc} | " + " | ".join(cells) + " |")
-    lines += ["", "| recipe | target | status | node | build s | validate s | publish s | build hash | manifest sha256 |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| recipe | target | status | node | build s | validate s | publish s | build hash | manifest sha256 |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
-        lines.append(f"| {r.recipe} | {r.target} | {r.status} | {r.node or '-'} | {_fmt_s(r.build_s)} | "
-                     f"{_fmt_s(r.validate_s)} | {_fmt_s(r.publish_s)} | {r.build_hash[:12] or '-'} | "
-                     f"{(r.manifest_sha256 or '-')[:12]} |")
+        lines.append(
+            f"| {r.recipe} | {r.target} | {r.status} | {r.node or '-'} | {_fmt_s(r.build_s)} | "
+            f"{_fmt_s(r.validate_s)} | {_fmt_s(r.publish_s)} | {r.build_hash[:12] or '-'} | "
+            f"{(r.manifest_sha256 or '-')[:12]} |"
+        )
     lines += ["", "## Details", ""]
     for r in results:
         lines.append(f"- **{r.recipe} x {r.target}: {r.status}**: " + " ".join((r.detail or "").split()))
@@ -103,8 +113,9 @@ def to_markdown(results: Sequence[CellResult], *, store_url: str, wall_s: float)
     return "\n".join(lines) + "\n"
 
 
-def write_matrix(results: Sequence[CellResult], out_dir: str | Path, *, store_url: str, address: str | None,
-                 wall_s: float) -> MatrixPaths:
+def write_matrix(
+    results: Sequence[CellResult], out_dir: str | Path, *, store_url: str, address: str | None, wall_s: float
+) -> MatrixPaths:
     """Write ``matrix.md`` and ``matrix.json`` into ``out_dir`` (created)."""
     from trtpipe.runtime.manifest import atomic_write_text
 
@@ -112,6 +123,7 @@ def write_matrix(results: Sequence[CellResult], out_dir: str | Path, *, store_ur
     out.mkdir(parents=True, exist_ok=True)
     paths = MatrixPaths(out / "matrix.md", out / "matrix.json")
     atomic_write_text(paths.markdown, to_markdown(results, store_url=store_url, wall_s=wall_s))
-    atomic_write_text(paths.json, json.dumps(to_json(results, store_url=store_url, address=address, wall_s=wall_s),
-                                             indent=1))
+    atomic_write_text(
+        paths.json, json.dumps(to_json(results, store_url=store_url, address=address, wall_s=wall_s), indent=1)
+    )
     return paths

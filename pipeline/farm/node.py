@@ -81,8 +81,13 @@ def _nvidia_smi_gpus() -> tuple[GpuInfo, ...]:
     if exe is None:
         return ()
     try:
-        out = subprocess.run([exe, "--query-gpu=name,compute_cap,memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20, check=True).stdout
+        out = subprocess.run(
+            [exe, "--query-gpu=name,compute_cap,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return ()
     gpus = []
@@ -121,8 +126,17 @@ def probe_node() -> NodeProbe:
     tegra = Path("/etc/nv_tegra_release")
     jetson = tegra.read_text(errors="replace").splitlines()[0].strip() if tegra.is_file() else None
     trt_version, trt_error = _tensorrt()
-    return NodeProbe(socket.gethostname(), platform.machine(), os.cpu_count() or 1, total, avail,
-                     _nvidia_smi_gpus(), jetson, trt_version, trt_error)
+    return NodeProbe(
+        socket.gethostname(),
+        platform.machine(),
+        os.cpu_count() or 1,
+        total,
+        avail,
+        _nvidia_smi_gpus(),
+        jetson,
+        trt_version,
+        trt_error,
+    )
 
 
 def refusal(probe: NodeProbe, target: str) -> str | None:
@@ -145,13 +159,15 @@ def refusal(probe: NodeProbe, target: str) -> str | None:
         seen = ", ".join(f"{g.name} (sm_{g.sm})" for g in probe.gpus) or "no NVIDIA GPU (nvidia-smi absent or empty)"
         reasons.append(f"target {target} needs an sm_{sm} GPU, this machine has {seen}")
     if probe.tensorrt_version is None:
-        reasons.append(f"TensorRT is not importable here ({probe.tensorrt_error}); without it a build stops at "
-                       "its build spec")
+        reasons.append(
+            f"TensorRT is not importable here ({probe.tensorrt_error}); without it a build stops at its build spec"
+        )
     return "; ".join(reasons) or None
 
 
-def ray_start_command(target: str, address: str | None, num_cpus: int | None = None,
-                      memory_bytes: int | None = None) -> list[str]:
+def ray_start_command(
+    target: str, address: str | None, num_cpus: int | None = None, memory_bytes: int | None = None
+) -> list[str]:
     """The ``ray start`` argv that joins ``address`` (or starts a head when None) advertising
     ``trtpipe_target_<target>``; ``memory_bytes`` caps the logical memory Ray schedules against."""
     cmd = ["ray", "start"]

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from trtpipe.pipeline.farm.store import ArtifactStore, StoredArtifact, StoreError
 from trtpipe.plugins.errors import TrtpipeError
@@ -35,8 +35,15 @@ def _swap_in(tmp: Path, dest: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def pull(store_url: str, recipe: str, target: str, dest: str | Path, *, build_hash: str | None = None,
-         log: Callable[[str], None] = print) -> PullResult:
+def pull(
+    store_url: str,
+    recipe: str,
+    target: str,
+    dest: str | Path,
+    *,
+    build_hash: str | None = None,
+    log: Callable[[str], None] = print,
+) -> PullResult:
     """Fetch ``recipe``/``target`` (``latest`` unless ``build_hash``) from the store into ``dest``.
 
     Raises :class:`StoreError` (nothing published, unreadable or corrupted store copy) or the
@@ -50,24 +57,30 @@ def pull(store_url: str, recipe: str, target: str, dest: str | Path, *, build_ha
     if stored is None:
         have = ", ".join(f"{r}/{t}" for r, t in store.published()) or "nothing"
         what = f"build {build_hash[:12]} of {recipe}/{target}" if build_hash else f"{recipe}/{target}"
-        raise StoreError(f"store {store_url} has no published {what} (it has: {have}). Fix: publish it with "
-                         f"`trtpipe farm build {recipe} --store {store_url}`.")
+        raise StoreError(
+            f"store {store_url} has no published {what} (it has: {have}). Fix: publish it with "
+            f"`trtpipe farm build {recipe} --store {store_url}`."
+        )
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.pull-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        log(f"pulling {stored.url} ({len(stored.files)} files, built on {stored.node or 'unknown node'}, "
-            f"published {stored.published_at})")
+        log(
+            f"pulling {stored.url} ({len(stored.files)} files, built on {stored.node or 'unknown node'}, "
+            f"published {stored.published_at})"
+        )
         store.fetch(stored, tmp)
         m = load_manifest(tmp, verify_hashes=True)  # the runtime's checks, before anything uses it
         got = (m.recipe_name, m.target.get("name"), (m.build_info or {}).get("build_hash"))
         want = (recipe, target, stored.build_hash)
         if got != want:
-            raise StoreError(f"{stored.url}: the manifest says recipe {got[0]!r}, target {got[1]!r}, build "
-                             f"{str(got[2])[:12]}, the store filed it as {want[0]!r}, {want[1]!r}, "
-                             f"{want[2][:12]}. Fix: delete that folder and publish again.")
+            raise StoreError(
+                f"{stored.url}: the manifest says recipe {got[0]!r}, target {got[1]!r}, build "
+                f"{str(got[2])[:12]}, the store filed it as {want[0]!r}, {want[1]!r}, "
+                f"{want[2][:12]}. Fix: delete that folder and publish again."
+            )
         _swap_in(tmp, dest)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)

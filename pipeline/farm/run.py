@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from trtpipe.pipeline.farm.node import resource_name
 from trtpipe.pipeline.farm.tasks import CellResult, CellSpec, run_cell
@@ -61,18 +61,46 @@ def plan_cells(recipe_args: Sequence[str], opts: FarmOptions) -> tuple[list[Cell
             continue
         bh = build_hash(r)
         if not r.model.has_weights:
-            done.append(CellResult(r.name, r.target, "planning", build_hash=bh, detail=(
-                "planning recipe: no model.source, nothing to build (trtpipe estimate reads it)")))
+            done.append(
+                CellResult(
+                    r.name,
+                    r.target,
+                    "planning",
+                    build_hash=bh,
+                    detail=("planning recipe: no model.source, nothing to build (trtpipe estimate reads it)"),
+                )
+            )
             continue
         if not opts.force and (found := store.lookup(r.name, r.target, bh)) is not None:
-            done.append(CellResult(r.name, r.target, "skipped", build_hash=bh, store_url=found.url,
-                                   validate=found.validate, node=found.node, total_s=0.0,
-                                   detail=f"build {bh[:12]} is already in the store (published {found.published_at})"))
+            done.append(
+                CellResult(
+                    r.name,
+                    r.target,
+                    "skipped",
+                    build_hash=bh,
+                    store_url=found.url,
+                    validate=found.validate,
+                    node=found.node,
+                    total_s=0.0,
+                    detail=f"build {bh[:12]} is already in the store (published {found.published_at})",
+                )
+            )
             continue
-        todo.append(CellSpec(recipe=r.name, target=r.target, recipe_path=str(path),
-                             recipe_text=path.read_text(encoding="utf-8"), build_hash=bh, store_url=opts.store_url,
-                             work_dir=opts.work_dir, validate=opts.validate, scenarios=opts.scenarios,
-                             build_host_bytes=build_host_bytes(model_config_for(r)), force=opts.force))
+        todo.append(
+            CellSpec(
+                recipe=r.name,
+                target=r.target,
+                recipe_path=str(path),
+                recipe_text=path.read_text(encoding="utf-8"),
+                build_hash=bh,
+                store_url=opts.store_url,
+                work_dir=opts.work_dir,
+                validate=opts.validate,
+                scenarios=opts.scenarios,
+                build_host_bytes=build_host_bytes(model_config_for(r)),
+                force=opts.force,
+            )
+        )
     return todo, done
 
 
@@ -93,9 +121,14 @@ def connect(opts: FarmOptions) -> None:
             common["_node_ip_address"] = "127.0.0.1"
         ray.init(address=opts.address, **common)
     else:
-        ray.init(address="local", num_cpus=opts.local_num_cpus or min(2, os.cpu_count() or 1),
-                 resources={resource_name("cpu"): 1}, object_store_memory=LOCAL_OBJECT_STORE_BYTES,
-                 _node_ip_address="127.0.0.1", **common)
+        ray.init(
+            address="local",
+            num_cpus=opts.local_num_cpus or min(2, os.cpu_count() or 1),
+            resources={resource_name("cpu"): 1},
+            object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+            _node_ip_address="127.0.0.1",
+            **common,
+        )
 
 
 def _alive_nodes() -> list[dict]:
@@ -112,17 +145,34 @@ def capacity_problem(cell: CellSpec, nodes: Sequence[dict], address: str | None)
     join = f"--address {address}" if address else "--address <head>:6379"
     if not have:
         seen = sorted({k for n in nodes for k in n.get("Resources", {}) if k.startswith("trtpipe_target_")})
-        return CellResult(cell.recipe, cell.target, "no_node", build_hash=cell.build_hash, detail=(
-            f"no node in the cluster advertises the resource {res} (advertised: {', '.join(seen) or 'none'}). "
-            f"Fix: on each {cell.target} machine run `trtpipe farm node --target {cell.target} {join} --run`."))
+        return CellResult(
+            cell.recipe,
+            cell.target,
+            "no_node",
+            build_hash=cell.build_hash,
+            detail=(
+                f"no node in the cluster advertises the resource {res} (advertised: {', '.join(seen) or 'none'}). "
+                f"Fix: on each {cell.target} machine run `trtpipe farm node --target {cell.target} {join} --run`."
+            ),
+        )
     fits = [n for n in have if n.get("Resources", {}).get("memory", float("inf")) >= cell.build_host_bytes]
     if not fits:
-        mem = ", ".join(f"{n.get('NodeManagerHostname', '?')}/{n.get('NodeID', '')[:8]} "
-                        f"{n['Resources'].get('memory', 0) / 2**30:.1f} GiB" for n in have)
-        return CellResult(cell.recipe, cell.target, "refused_memory", build_hash=cell.build_hash, detail=(
-            f"the build of {cell.recipe} needs about {cell.build_host_bytes / 2**30:.1f} GiB of host memory "
-            f"(trtpipe estimate: exporter / TensorRT builder peak), the nodes with {res} have {mem} (Ray memory "
-            f"resource). Fix: add a node with more memory (trtpipe farm node --target {cell.target})."))
+        mem = ", ".join(
+            f"{n.get('NodeManagerHostname', '?')}/{n.get('NodeID', '')[:8]} "
+            f"{n['Resources'].get('memory', 0) / 2**30:.1f} GiB"
+            for n in have
+        )
+        return CellResult(
+            cell.recipe,
+            cell.target,
+            "refused_memory",
+            build_hash=cell.build_hash,
+            detail=(
+                f"the build of {cell.recipe} needs about {cell.build_host_bytes / 2**30:.1f} GiB of host memory "
+                f"(trtpipe estimate: exporter / TensorRT builder peak), the nodes with {res} have {mem} (Ray memory "
+                f"resource). Fix: add a node with more memory (trtpipe farm node --target {cell.target})."
+            ),
+        )
     return None
 
 
@@ -130,15 +180,27 @@ def _submit(cell: CellSpec, opts: FarmOptions):
     import ray
 
     task = ray.remote(run_cell).options(
-        resources={resource_name(cell.target): 1}, num_cpus=1, memory=cell.build_host_bytes or None,
-        max_retries=opts.max_retries, retry_exceptions=False, name=f"trtpipe-{cell.recipe}-{cell.target}")
+        resources={resource_name(cell.target): 1},
+        num_cpus=1,
+        memory=cell.build_host_bytes or None,
+        max_retries=opts.max_retries,
+        retry_exceptions=False,
+        name=f"trtpipe-{cell.recipe}-{cell.target}",
+    )
     return task.remote(cell)
 
 
 def _lost(cell: CellSpec, why: str) -> CellResult:
-    return CellResult(cell.recipe, cell.target, "node_lost", build_hash=cell.build_hash, detail=(
-        f"{why}; nothing was published (the store holds complete artifacts only). Fix: rerun "
-        "`trtpipe farm build` (cells already in the store are skipped)."))
+    return CellResult(
+        cell.recipe,
+        cell.target,
+        "node_lost",
+        build_hash=cell.build_hash,
+        detail=(
+            f"{why}; nothing was published (the store holds complete artifacts only). Fix: rerun "
+            "`trtpipe farm build` (cells already in the store are skipped)."
+        ),
+    )
 
 
 def _collect(pending: dict, opts: FarmOptions, log: Callable[[str], None], out: list[CellResult]) -> None:
@@ -157,11 +219,17 @@ def _collect(pending: dict, opts: FarmOptions, log: Callable[[str], None], out: 
             except ray.exceptions.TaskCancelledError:
                 res = _lost(cell, "the task was cancelled")
             except ray.exceptions.RayTaskError as e:  # an exception in run_cell: a bug, report it
-                res = CellResult(cell.recipe, cell.target, "error", build_hash=cell.build_hash,
-                                 detail=f"the farm task raised {str(e).strip().splitlines()[-1][:400]}")
+                res = CellResult(
+                    cell.recipe,
+                    cell.target,
+                    "error",
+                    build_hash=cell.build_hash,
+                    detail=f"the farm task raised {str(e).strip().splitlines()[-1][:400]}",
+                )
             except ray.exceptions.RayError as e:  # worker or node died, retries used up
-                res = _lost(cell, f"the node running it died and {opts.max_retries} retries are used up "
-                                  f"({type(e).__name__})")
+                res = _lost(
+                    cell, f"the node running it died and {opts.max_retries} retries are used up ({type(e).__name__})"
+                )
             log(f"{res.recipe} x {res.target}: {res.status}")
             out.append(res)
         nodes = _alive_nodes() if pending else []
@@ -173,14 +241,26 @@ def _collect(pending: dict, opts: FarmOptions, log: Callable[[str], None], out: 
             if now - absent_since.setdefault(ref, now) >= LOST_GRACE_S:
                 ray.cancel(ref, force=True)
                 pending.pop(ref)
-                out.append(_lost(cell, f"the node running it left the cluster and no other node advertises "
-                                       f"{resource_name(cell.target)}"))
+                out.append(
+                    _lost(
+                        cell,
+                        f"the node running it left the cluster and no other node advertises "
+                        f"{resource_name(cell.target)}",
+                    )
+                )
                 log(f"{cell.recipe} x {cell.target}: node_lost")
         if now > t_end and pending:
             for ref, cell in pending.items():
                 ray.cancel(ref, force=True)
-                out.append(CellResult(cell.recipe, cell.target, "error", build_hash=cell.build_hash,
-                                      detail=f"timed out after {opts.timeout_s:.0f} s (--timeout-s); cancelled"))
+                out.append(
+                    CellResult(
+                        cell.recipe,
+                        cell.target,
+                        "error",
+                        build_hash=cell.build_hash,
+                        detail=f"timed out after {opts.timeout_s:.0f} s (--timeout-s); cancelled",
+                    )
+                )
             pending.clear()
 
 
@@ -192,12 +272,21 @@ def _cancel_all(pending: dict, log: Callable[[str], None]) -> list[CellResult]:
     for ref in pending:
         ray.cancel(ref, force=False)
     ray.wait(list(pending), num_returns=len(pending), timeout=CANCEL_WAIT_S)
-    return [CellResult(c.recipe, c.target, "cancelled", build_hash=c.build_hash,
-                       detail="cancelled by Ctrl-C; nothing was published for this cell") for c in pending.values()]
+    return [
+        CellResult(
+            c.recipe,
+            c.target,
+            "cancelled",
+            build_hash=c.build_hash,
+            detail="cancelled by Ctrl-C; nothing was published for this cell",
+        )
+        for c in pending.values()
+    ]
 
 
-def farm_build(recipe_args: Sequence[str], opts: FarmOptions, *, log: Callable[[str], None] = print
-               ) -> tuple[list[CellResult], bool]:
+def farm_build(
+    recipe_args: Sequence[str], opts: FarmOptions, *, log: Callable[[str], None] = print
+) -> tuple[list[CellResult], bool]:
     """Run the farm; returns (results in recipe order, interrupted by Ctrl-C)."""
     import ray
 

@@ -23,9 +23,10 @@ import json
 import posixpath
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from trtpipe.plugins.errors import TrtpipeError
 from trtpipe.runtime.manifest import sha256_file
@@ -75,8 +76,10 @@ class ArtifactStore:
         try:
             self.fs, self.root = fsspec.core.url_to_fs(self.url)
         except (ImportError, ValueError) as e:
-            raise StoreError(f"store {self.url!r}: {e}. Fix: a local folder, memory://..., or an fsspec URL whose "
-                             "backend is installed (e.g. s3fs for s3://).") from e
+            raise StoreError(
+                f"store {self.url!r}: {e}. Fix: a local folder, memory://..., or an fsspec URL whose "
+                "backend is installed (e.g. s3fs for s3://)."
+            ) from e
         self.root = self.root.rstrip("/") or "/"
 
     # ---------------------------------------------------------------------------------- paths
@@ -99,15 +102,26 @@ class ArtifactStore:
                 return None
             doc = json.loads(self.fs.cat_file(rec).decode("utf-8"))
         except (OSError, ValueError) as e:
-            raise StoreError(f"store record {self._url(rec)} is unreadable ({e}). Fix: delete that build-hash "
-                             "folder and publish again.") from e
+            raise StoreError(
+                f"store record {self._url(rec)} is unreadable ({e}). Fix: delete that build-hash "
+                "folder and publish again."
+            ) from e
         if doc.get("record_version") != RECORD_VERSION or doc.get("build_hash") != build_hash:
-            raise StoreError(f"store record {self._url(rec)} is not a version-{RECORD_VERSION} record of build "
-                             f"{build_hash[:12]}. Fix: delete that folder and publish again.")
-        return StoredArtifact(recipe=doc["recipe"], target=doc["target"], build_hash=build_hash,
-                              url=self._url(self.cell_path(recipe, target, build_hash)), files=dict(doc["files"]),
-                              published_at=doc["published_at"], node=doc.get("node"),
-                              validate=doc.get("validate"), extra=dict(doc.get("extra") or {}))
+            raise StoreError(
+                f"store record {self._url(rec)} is not a version-{RECORD_VERSION} record of build "
+                f"{build_hash[:12]}. Fix: delete that folder and publish again."
+            )
+        return StoredArtifact(
+            recipe=doc["recipe"],
+            target=doc["target"],
+            build_hash=build_hash,
+            url=self._url(self.cell_path(recipe, target, build_hash)),
+            files=dict(doc["files"]),
+            published_at=doc["published_at"],
+            node=doc.get("node"),
+            validate=doc.get("validate"),
+            extra=dict(doc.get("extra") or {}),
+        )
 
     def latest(self, recipe: str, target: str) -> StoredArtifact | None:
         """The artifact ``latest`` points at, or None when nothing was published for the cell."""
@@ -120,8 +134,10 @@ class ArtifactStore:
             raise StoreError(f"store pointer {self._url(ptr)} is unreadable ({e}).") from e
         found = self.lookup(recipe, target, build_hash)
         if found is None:
-            raise StoreError(f"store pointer {self._url(ptr)} names build {build_hash[:12]}, which has no "
-                             f"{RECORD_NAME}. Fix: publish that recipe again (trtpipe farm build).")
+            raise StoreError(
+                f"store pointer {self._url(ptr)} names build {build_hash[:12]}, which has no "
+                f"{RECORD_NAME}. Fix: publish that recipe again (trtpipe farm build)."
+            )
         return found
 
     def published(self) -> list[tuple[str, str]]:
@@ -141,9 +157,18 @@ class ArtifactStore:
         self.fs.pipe_file(tmp, data)
         self.fs.mv(tmp, path)
 
-    def publish(self, artifact_dir: str | Path, *, recipe: str, target: str, build_hash: str,
-                node: str | None = None, validate: str | None = None, extra: dict[str, Any] | None = None,
-                log: Callable[[str], None] = lambda s: None) -> tuple[StoredArtifact, bool]:
+    def publish(
+        self,
+        artifact_dir: str | Path,
+        *,
+        recipe: str,
+        target: str,
+        build_hash: str,
+        node: str | None = None,
+        validate: str | None = None,
+        extra: dict[str, Any] | None = None,
+        log: Callable[[str], None] = lambda s: None,
+    ) -> tuple[StoredArtifact, bool]:
         """Upload ``artifact_dir`` as ``<recipe>/<target>/<build_hash>`` and point ``latest`` at it.
 
         Returns (the stored artifact, True) or, when that build hash is already published,
@@ -172,9 +197,17 @@ class ArtifactStore:
                     return self.lookup(recipe, target, build_hash), False  # type: ignore[return-value]
                 self.fs.rm(cell, recursive=True)
             self.fs.mv(tmp, cell, recursive=True)
-            record = {"record_version": RECORD_VERSION, "recipe": recipe, "target": target, "build_hash": build_hash,
-                      "files": files, "published_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                      "node": node, "validate": validate, "extra": extra or {}}
+            record = {
+                "record_version": RECORD_VERSION,
+                "recipe": recipe,
+                "target": target,
+                "build_hash": build_hash,
+                "files": files,
+                "published_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "node": node,
+                "validate": validate,
+                "extra": extra or {},
+            }
             self._write_small(posixpath.join(cell, RECORD_NAME), json.dumps(record, indent=1).encode())
             self._write_small(posixpath.join(self._target_dir(recipe, target), LATEST_NAME), f"{build_hash}\n".encode())
         except BaseException:
@@ -203,9 +236,11 @@ class ArtifactStore:
                 raise StoreError(f"{stored.url}/{rel}: cannot download ({e}). Fix: publish the artifact again.") from e
             got = sha256_file(local)
             if got != digest:
-                raise StoreError(f"{stored.url}/{rel}: sha256 {got[:12]}... differs from the store record "
-                                 f"({digest[:12]}...): the stored copy is corrupted. Fix: delete {stored.url} and "
-                                 "publish again (trtpipe farm build).")
+                raise StoreError(
+                    f"{stored.url}/{rel}: sha256 {got[:12]}... differs from the store record "
+                    f"({digest[:12]}...): the stored copy is corrupted. Fix: delete {stored.url} and "
+                    "publish again (trtpipe farm build)."
+                )
 
 
 def record_dict(stored: StoredArtifact) -> dict[str, Any]:

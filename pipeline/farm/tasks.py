@@ -110,8 +110,7 @@ def _run_cli(args: list[str], log_path: Path) -> tuple[int, str]:
     with open(log_path, "a", encoding="utf-8") as log:
         log.write(f"$ trtpipe {' '.join(args)}\n")
         log.flush()
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env,
-                             preexec_fn=_die_with_parent)
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env, preexec_fn=_die_with_parent)
         try:
             out, _ = p.communicate()
         except BaseException:  # Ray cancel (KeyboardInterrupt) or worker shutdown: stop the build
@@ -129,7 +128,7 @@ def _error_text(log_path: Path) -> str:
     """The CLI's ``error: ...`` message (to the end of the log), else the log's last lines."""
     text = log_path.read_text(encoding="utf-8", errors="replace")
     i = text.rfind("error: ")
-    tail = text[i + len("error: "):] if i >= 0 else "\n".join(text.strip().splitlines()[-6:])
+    tail = text[i + len("error: ") :] if i >= 0 else "\n".join(text.strip().splitlines()[-6:])
     return tail.strip()[:2000]
 
 
@@ -151,15 +150,16 @@ def _failing_budgets(report_json: Path) -> tuple[str, ...]:
     for s in doc.get("scenarios", []):
         for b in s.get("budgets", []):
             if not b.get("passed"):
-                out.append(f"{s['name']}: {b.get('metric')} {b.get('percentile') or ''} measured "
-                           f"{b.get('measured')} > limit {b.get('limit')} {b.get('unit') or ''}".replace("  ", " "))
+                out.append(
+                    f"{s['name']}: {b.get('metric')} {b.get('percentile') or ''} measured "
+                    f"{b.get('measured')} > limit {b.get('limit')} {b.get('unit') or ''}".replace("  ", " ")
+                )
     if doc.get("gate", {}).get("correctness_passed") is False:
         out.append("correctness: agreement with the golden outputs below the recipe's minimum")
     return tuple(out)
 
 
-def _validate(spec: CellSpec, recipe_arg: str, work: Path, log_path: Path, base: CellResult
-              ) -> tuple[int, CellResult]:
+def _validate(spec: CellSpec, recipe_arg: str, work: Path, log_path: Path, base: CellResult) -> tuple[int, CellResult]:
     """``trtpipe validate`` on the node's artifact -> (exit code, base with validate_s and the
     failing budgets of the newest report)."""
     t = time.perf_counter()
@@ -184,9 +184,15 @@ def run_cell(spec: CellSpec) -> CellResult:
     base = CellResult(spec.recipe, spec.target, "error", node=node, build_hash=spec.build_hash)
     store = ArtifactStore(spec.store_url)
     if not spec.force and (found := store.lookup(spec.recipe, spec.target, spec.build_hash)) is not None:
-        return replace(base, status="skipped", detail=f"build {spec.build_hash[:12]} is already in the store "
-                       f"(published {found.published_at} from {found.node})", store_url=found.url,
-                       validate=found.validate, total_s=time.perf_counter() - t0)
+        return replace(
+            base,
+            status="skipped",
+            detail=f"build {spec.build_hash[:12]} is already in the store "
+            f"(published {found.published_at} from {found.node})",
+            store_url=found.url,
+            validate=found.validate,
+            total_s=time.perf_counter() - t0,
+        )
     work = Path(spec.work_dir).expanduser().resolve()
     (work / LOG_DIR).mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
@@ -202,31 +208,62 @@ def run_cell(spec: CellSpec) -> CellResult:
     if rc != 0:
         msg = _error_text(log_path)
         if rc == EXIT_SPEC_WRITTEN or (rc == 2 and "cannot be built on this machine" in msg):
-            return replace(base, status="needs_target", total_s=time.perf_counter() - t0,
-                           detail=f"build spec written on node {node}; TensorRT plans not built there: {msg}")
-        return replace(base, status="build_failed", detail=f"trtpipe build exited {rc}: {msg}",
-                       total_s=time.perf_counter() - t0)
+            return replace(
+                base,
+                status="needs_target",
+                total_s=time.perf_counter() - t0,
+                detail=f"build spec written on node {node}; TensorRT plans not built there: {msg}",
+            )
+        return replace(
+            base, status="build_failed", detail=f"trtpipe build exited {rc}: {msg}", total_s=time.perf_counter() - t0
+        )
     art = work / spec.recipe / spec.target
     m = load_manifest(art, verify_hashes=True)
     if (m.build_info or {}).get("build_hash") != spec.build_hash:
-        return replace(base, status="error", detail=f"{art} records build {str(m.build_info.get('build_hash'))[:12]}, "
-                       f"the driver computed {spec.build_hash[:12]}: the node runs another trtpipe version.")
+        return replace(
+            base,
+            status="error",
+            detail=f"{art} records build {str(m.build_info.get('build_hash'))[:12]}, "
+            f"the driver computed {spec.build_hash[:12]}: the node runs another trtpipe version.",
+        )
     base = replace(base, manifest_sha256=sha256_file(art / "manifest.json"))
 
     verdict = None
     if spec.validate:
         rc, base = _validate(spec, recipe_arg, work, log_path, base)
         if rc == 1:
-            return replace(base, status="validate_failed", validate="FAIL", total_s=time.perf_counter() - t0,
-                           detail="validate failed; not published")
+            return replace(
+                base,
+                status="validate_failed",
+                validate="FAIL",
+                total_s=time.perf_counter() - t0,
+                detail="validate failed; not published",
+            )
         if rc != 0:
-            return replace(base, status="error", detail=f"trtpipe validate exited {rc}: {_error_text(log_path)}",
-                           total_s=time.perf_counter() - t0)
+            return replace(
+                base,
+                status="error",
+                detail=f"trtpipe validate exited {rc}: {_error_text(log_path)}",
+                total_s=time.perf_counter() - t0,
+            )
         verdict = "PASS"
 
     t = time.perf_counter()
-    stored, new = store.publish(art, recipe=spec.recipe, target=spec.target, build_hash=spec.build_hash, node=node,
-                                validate=verdict, extra={"build_s": round(build_s, 2)})
-    return replace(base, status="published" if new else "skipped", validate=verdict, store_url=stored.url,
-                   publish_s=time.perf_counter() - t, total_s=time.perf_counter() - t0,
-                   detail=f"published {stored.url}" if new else f"already in the store: {stored.url}")
+    stored, new = store.publish(
+        art,
+        recipe=spec.recipe,
+        target=spec.target,
+        build_hash=spec.build_hash,
+        node=node,
+        validate=verdict,
+        extra={"build_s": round(build_s, 2)},
+    )
+    return replace(
+        base,
+        status="published" if new else "skipped",
+        validate=verdict,
+        store_url=stored.url,
+        publish_s=time.perf_counter() - t,
+        total_s=time.perf_counter() - t0,
+        detail=f"published {stored.url}" if new else f"already in the store: {stored.url}",
+    )

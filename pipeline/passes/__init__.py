@@ -30,8 +30,18 @@ from trtpipe.pipeline.passes.rms_norm import fuse_rms_norm
 from trtpipe.pipeline.passes.rotary import fuse_rotary, merge_rotary_qk
 from trtpipe.pipeline.passes.silu import fuse_silu
 
-__all__ = ["MS", "PassGraph", "rebuild", "toposort", "fuse_rms_norm", "fuse_rotary", "fuse_int4_siblings",
-           "merge_rotary_qk", "fuse_silu", "optimize_for_ort"]
+__all__ = [
+    "MS",
+    "PassGraph",
+    "rebuild",
+    "toposort",
+    "fuse_rms_norm",
+    "fuse_rotary",
+    "fuse_int4_siblings",
+    "merge_rotary_qk",
+    "fuse_silu",
+    "optimize_for_ort",
+]
 
 
 def optimize_for_ort(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:

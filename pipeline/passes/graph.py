@@ -77,8 +77,13 @@ def toposort(nodes: list[onnx.NodeProto], graph: onnx.GraphProto) -> list[onnx.N
     return order
 
 
-def rebuild(model: onnx.ModelProto, remove: set[int], add_after: dict[int, list[onnx.NodeProto]],
-            new_inits: list[onnx.TensorProto], prepend: list[onnx.NodeProto] = ()) -> onnx.ModelProto:
+def rebuild(
+    model: onnx.ModelProto,
+    remove: set[int],
+    add_after: dict[int, list[onnx.NodeProto]],
+    new_inits: list[onnx.TensorProto],
+    prepend: list[onnx.NodeProto] = (),
+) -> onnx.ModelProto:
     """A copy of ``model`` without the nodes whose ``id()`` is in ``remove``, with
     ``add_after[id(n)]`` inserted after node n, ``prepend`` first and ``new_inits`` appended,
     topologically re-sorted, importing the ``com.microsoft`` opset."""

@@ -45,9 +45,15 @@ def fuse_rms_norm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         chain = [pw, mean, add, sqrt, n, mul1]
         if not all(G.single_use(c.output[0]) for c in chain[:-1]):
             continue
-        fused = helper.make_node("SimplifiedLayerNormalization", [x, w[0]], [mul2.output[0]],
-                                 name=(mul2.name or "rms") + "/SimplifiedLayerNorm", axis=-1,
-                                 epsilon=float(np.asarray(eps).reshape(-1)[0]), stash_type=1)
+        fused = helper.make_node(
+            "SimplifiedLayerNormalization",
+            [x, w[0]],
+            [mul2.output[0]],
+            name=(mul2.name or "rms") + "/SimplifiedLayerNorm",
+            axis=-1,
+            epsilon=float(np.asarray(eps).reshape(-1)[0]),
+            stash_type=1,
+        )
         for c in chain + [mul2]:
             remove.add(id(c))
         add_after[id(mul2)] = [fused]

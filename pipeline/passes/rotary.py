@@ -91,8 +91,9 @@ def fuse_rotary(model: onnx.ModelProto, positions: str = "positions") -> tuple[o
         for t in (match.cos_table, match.sin_table):
             if t not in caches:
                 caches[t] = f"{t}/rotary_half"
-                new_inits.append(numpy_helper.from_array(
-                    np.ascontiguousarray(G.const(t)[:, : match.head_dim // 2]), caches[t]))
+                new_inits.append(
+                    numpy_helper.from_array(np.ascontiguousarray(G.const(t)[:, : match.head_dim // 2]), caches[t])
+                )
         if not pre:
             new_inits.append(numpy_helper.from_array(np.array([0], np.int64), _AXES0))
             pre.append(helper.make_node("Unsqueeze", [positions, _AXES0], [_POS_2D], name="/model/rotary/Unsqueeze"))
@@ -119,8 +120,15 @@ def _rotary_nodes(match: _RotateHalf, caches: dict[str, str]) -> list[onnx.NodeP
     y3 = f"{base}/rotary_out"
     return [
         helper.make_node("Unsqueeze", [match.view.input[0], _AXES0], [x3], name=f"{base}/Unsqueeze"),
-        helper.make_node("RotaryEmbedding", [x3, _POS_2D, caches[match.cos_table], caches[match.sin_table]], [y3],
-                         name=f"{base}/RotaryEmbedding", domain=MS, interleaved=0, num_heads=match.num_heads),
+        helper.make_node(
+            "RotaryEmbedding",
+            [x3, _POS_2D, caches[match.cos_table], caches[match.sin_table]],
+            [y3],
+            name=f"{base}/RotaryEmbedding",
+            domain=MS,
+            interleaved=0,
+            num_heads=match.num_heads,
+        ),
         helper.make_node("Squeeze", [y3, _AXES0], [final.output[0]], name=f"{base}/Squeeze"),
     ]
 
@@ -164,7 +172,8 @@ def merge_rotary_qk(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
             continue
         aq, ak = node_attributes(rq), node_attributes(rk)
         if aq.get("interleaved", 0) != ak.get("interleaved", 0) or any(
-                k in aq or k in ak for k in ("rotary_embedding_dim", "is_packed_batching", "scale")):
+            k in aq or k in ak for k in ("rotary_embedding_dim", "is_packed_batching", "scale")
+        ):
             continue
         add_after[id(sp)] = _merged_qk_nodes(sp, cq, ck, [int(x) for x in sizes], aq, ak, new_inits)
         remove.update(id(c) for c in (sp, *cq, *ck))
@@ -174,16 +183,19 @@ def merge_rotary_qk(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     return rebuild(model, remove, add_after, new_inits), count
 
 
-def _merged_qk_nodes(sp: onnx.NodeProto, cq: tuple, ck: tuple, sizes: list[int], aq: dict, ak: dict,
-                     new_inits: list[onnx.TensorProto]) -> list[onnx.NodeProto]:
+def _merged_qk_nodes(
+    sp: onnx.NodeProto, cq: tuple, ck: tuple, sizes: list[int], aq: dict, ak: dict, new_inits: list[onnx.TensorProto]
+) -> list[onnx.NodeProto]:
     """Split(q||k, rest) -> one RotaryEmbedding over Hq + Hk heads -> Split(q, k), writing the
     outputs of the two replaced Squeeze nodes (split sizes appended to ``new_inits``)."""
     nq, nk = sizes[0], sizes[1]
     rq = cq[1]
     base = (sp.name or "qkv") + "/rotary_qk"
     s1, s2 = f"{base}/split_outer", f"{base}/split_qk"
-    new_inits += [numpy_helper.from_array(np.array([nq + nk] + sizes[2:], np.int64), s1),
-                  numpy_helper.from_array(np.array([nq, nk], np.int64), s2)]
+    new_inits += [
+        numpy_helper.from_array(np.array([nq + nk] + sizes[2:], np.int64), s1),
+        numpy_helper.from_array(np.array([nq, nk], np.int64), s2),
+    ]
     qk, qk3, qk3r, qkr = (f"{base}/{t}" for t in ("qk", "qk3", "qk3_rot", "qk_rot"))
     axes = cq[0].input[1]
     attrs = dict(aq)
@@ -191,8 +203,9 @@ def _merged_qk_nodes(sp: onnx.NodeProto, cq: tuple, ck: tuple, sizes: list[int],
     return [
         helper.make_node("Split", [sp.input[0], s1], [qk] + list(sp.output[2:]), name=f"{base}/Split", axis=-1),
         helper.make_node("Unsqueeze", [qk, axes], [qk3], name=f"{base}/Unsqueeze"),
-        helper.make_node("RotaryEmbedding", [qk3] + list(rq.input[1:]), [qk3r], name=f"{base}/RotaryEmbedding",
-                         domain=MS, **attrs),
+        helper.make_node(
+            "RotaryEmbedding", [qk3] + list(rq.input[1:]), [qk3r], name=f"{base}/RotaryEmbedding", domain=MS, **attrs
+        ),
         helper.make_node("Squeeze", [qk3r, axes], [qkr], name=f"{base}/Squeeze"),
         helper.make_node("Split", [qkr, s2], [cq[2].output[0], ck[2].output[0]], name=f"{base}/Split_qk", axis=-1),
     ]

@@ -24,8 +24,11 @@ def fuse_silu(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
             sig = G.prod(s, "Sigmoid")
             if sig is not None and sig.input[0] == x and G.single_use(s):
                 remove.update((id(sig), id(n)))
-                add_after[id(n)] = [helper.make_node("QuickGelu", [x], [n.output[0]],
-                                                     name=(n.name or "silu") + "/QuickGelu", domain=MS, alpha=1.0)]
+                add_after[id(n)] = [
+                    helper.make_node(
+                        "QuickGelu", [x], [n.output[0]], name=(n.name or "silu") + "/QuickGelu", domain=MS, alpha=1.0
+                    )
+                ]
                 count += 1
                 break
     if not count:

@@ -32,28 +32,86 @@ Units are in the names: ``*_ms`` milliseconds, ``*_mib`` MiB (2**20 bytes), ``*_
 ``*_tokens`` / ``max_seq_len`` / ``max_num_tokens`` tokens.
 """
 
-from trtpipe.pipeline.recipe.errors import MISSING, NO_VALUE, RecipeError, RecipeProblem
 from trtpipe.pipeline.recipe.base import KVDtype, Phase, Precision, Target
-from trtpipe.pipeline.recipe.schema_build import (ArchitectureSpec, DecodeProfile, EngineSpec, Int4Spec,
-                                                  KVCacheSpec, ModelSpec, PrecisionSpec, PrefillProfile,
-                                                  ProfilesSpec, Range, SchedulerSpec)
-from trtpipe.pipeline.recipe.schema_validate import (Budgets, CorrectnessSpec, OutputTokens, Percentile,
-                                                     PercentileBudget, PromptTokens, Scenario, UniformTokens,
-                                                     ValidateSpec)
-from trtpipe.pipeline.recipe.schema import Recipe
-from trtpipe.pipeline.recipe.kv_plan import kv_block_bytes, plan_kv_num_blocks
 from trtpipe.pipeline.recipe.checks import check_recipe_against_model
-from trtpipe.pipeline.recipe.loading import (DEFAULT_RECIPE_NAME, RECIPES_DIR, load_recipe, parse_recipe,
-                                             resolve_recipe_path, shipped_recipe_names)
+from trtpipe.pipeline.recipe.errors import MISSING, NO_VALUE, RecipeError, RecipeProblem
 from trtpipe.pipeline.recipe.hashing import build_hash, recipe_hash
+from trtpipe.pipeline.recipe.kv_plan import kv_block_bytes, plan_kv_num_blocks
+from trtpipe.pipeline.recipe.loading import (
+    DEFAULT_RECIPE_NAME,
+    RECIPES_DIR,
+    load_recipe,
+    parse_recipe,
+    resolve_recipe_path,
+    shipped_recipe_names,
+)
+from trtpipe.pipeline.recipe.schema import Recipe
+from trtpipe.pipeline.recipe.schema_build import (
+    ArchitectureSpec,
+    DecodeProfile,
+    EngineSpec,
+    Int4Spec,
+    KVCacheSpec,
+    ModelSpec,
+    PrecisionSpec,
+    PrefillProfile,
+    ProfilesSpec,
+    Range,
+    SchedulerSpec,
+)
+from trtpipe.pipeline.recipe.schema_validate import (
+    Budgets,
+    CorrectnessSpec,
+    OutputTokens,
+    Percentile,
+    PercentileBudget,
+    PromptTokens,
+    Scenario,
+    UniformTokens,
+    ValidateSpec,
+)
 from trtpipe.pipeline.recipe.workload import scenario_workload_spec
 
 __all__ = [
-    "ArchitectureSpec", "Budgets", "CorrectnessSpec", "DEFAULT_RECIPE_NAME", "DecodeProfile",
-    "EngineSpec", "Int4Spec", "KVCacheSpec", "KVDtype", "MISSING", "ModelSpec", "NO_VALUE", "OutputTokens",
-    "Percentile", "PercentileBudget", "Phase", "Precision", "PrecisionSpec", "PrefillProfile", "ProfilesSpec",
-    "PromptTokens", "RECIPES_DIR", "Range", "Recipe", "RecipeError", "RecipeProblem", "Scenario",
-    "SchedulerSpec", "Target", "UniformTokens", "ValidateSpec", "build_hash", "check_recipe_against_model",
-    "kv_block_bytes", "load_recipe", "parse_recipe", "plan_kv_num_blocks", "recipe_hash", "resolve_recipe_path",
-    "scenario_workload_spec", "shipped_recipe_names",
+    "ArchitectureSpec",
+    "Budgets",
+    "CorrectnessSpec",
+    "DEFAULT_RECIPE_NAME",
+    "DecodeProfile",
+    "EngineSpec",
+    "Int4Spec",
+    "KVCacheSpec",
+    "KVDtype",
+    "MISSING",
+    "ModelSpec",
+    "NO_VALUE",
+    "OutputTokens",
+    "Percentile",
+    "PercentileBudget",
+    "Phase",
+    "Precision",
+    "PrecisionSpec",
+    "PrefillProfile",
+    "ProfilesSpec",
+    "PromptTokens",
+    "RECIPES_DIR",
+    "Range",
+    "Recipe",
+    "RecipeError",
+    "RecipeProblem",
+    "Scenario",
+    "SchedulerSpec",
+    "Target",
+    "UniformTokens",
+    "ValidateSpec",
+    "build_hash",
+    "check_recipe_against_model",
+    "kv_block_bytes",
+    "load_recipe",
+    "parse_recipe",
+    "plan_kv_num_blocks",
+    "recipe_hash",
+    "resolve_recipe_path",
+    "scenario_workload_spec",
+    "shipped_recipe_names",
 ]

@@ -36,12 +36,16 @@ def check_name(v: str) -> str:
     """A recipe or scenario name (it becomes a folder name); raises :func:`fail` otherwise."""
     ok = bool(v) and (v[0].isalnum() and all(c.isalnum() or c in "._-" for c in v))
     if not ok:
-        raise fail(Issue((), v, "a non-empty name of letters, digits, '.', '_' or '-' "
-                                  "(it becomes a folder name)",
-                           "e.g. `smollm2-135m-cpu`"))
+        raise fail(
+            Issue(
+                (),
+                v,
+                "a non-empty name of letters, digits, '.', '_' or '-' (it becomes a folder name)",
+                "e.g. `smollm2-135m-cpu`",
+            )
+        )
     return v
 
 
 # A recipe or scenario name, checked by :func:`check_name` wherever a schema declares one.
 Name = Annotated[str, AfterValidator(check_name)]
-

@@ -8,7 +8,8 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from trtpipe.pipeline.recipe.errors import Issue, RecipeError, issue_to_problem
 from trtpipe.pipeline.recipe.kv_plan import kv_block_bytes
@@ -30,22 +31,35 @@ def _kv_issues(r: Recipe) -> list[Issue]:
     out: list[Issue] = []
     kv = r.kv_cache
     if r.sliding_window is not None and r.sliding_window > r.max_seq_len:
-        out.append(Issue(("sliding_window",), r.sliding_window,
-                          f"at most max_seq_len ({r.max_seq_len}); a wider window never "
-                          "drops a key",
-                          f"lower sliding_window to {r.max_seq_len} or less, or remove it to "
-                          "keep the model's window"))
+        out.append(
+            Issue(
+                ("sliding_window",),
+                r.sliding_window,
+                f"at most max_seq_len ({r.max_seq_len}); a wider window never drops a key",
+                f"lower sliding_window to {r.max_seq_len} or less, or remove it to keep the model's window",
+            )
+        )
     if kv.num_blocks is not None and kv.memory_budget_mib is not None:
-        out.append(Issue(("kv_cache", "num_blocks"), kv.num_blocks,
-                          "either kv_cache.num_blocks or kv_cache.memory_budget_mib, not both",
-                          "remove one of them"))
+        out.append(
+            Issue(
+                ("kv_cache", "num_blocks"),
+                kv.num_blocks,
+                "either kv_cache.num_blocks or kv_cache.memory_budget_mib, not both",
+                "remove one of them",
+            )
+        )
     elif kv.num_blocks is not None:
         need = r.max_blocks_per_seq + 1
         if kv.num_blocks < need:
-            out.append(Issue(("kv_cache", "num_blocks"), kv.num_blocks,
-                              f"at least {need} (one max_seq_len={r.max_seq_len} sequence in "
-                              f"blocks of {kv.block_size}, plus the null block 0)",
-                              f"raise num_blocks to >= {need} or lower max_seq_len"))
+            out.append(
+                Issue(
+                    ("kv_cache", "num_blocks"),
+                    kv.num_blocks,
+                    f"at least {need} (one max_seq_len={r.max_seq_len} sequence in "
+                    f"blocks of {kv.block_size}, plus the null block 0)",
+                    f"raise num_blocks to >= {need} or lower max_seq_len",
+                )
+            )
     return out
 
 
@@ -55,29 +69,45 @@ def _cpu_target_issues(r: Recipe) -> list[Issue]:
     kv = r.kv_cache
     for phase in ("prefill", "decode"):
         if getattr(r.precision, phase) == "bf16":
-            out.append(Issue(("precision", phase), "bf16",
-                              "fp32, fp16 or int4 on the cpu target (ONNX Runtime's CPU "
-                              "provider has no bf16 MatMul kernels)",
-                              f"use `{phase}: fp32` or `{phase}: int4`"))
+            out.append(
+                Issue(
+                    ("precision", phase),
+                    "bf16",
+                    "fp32, fp16 or int4 on the cpu target (ONNX Runtime's CPU provider has no bf16 MatMul kernels)",
+                    f"use `{phase}: fp32` or `{phase}: int4`",
+                )
+            )
     if kv.dtype == "bf16":
-        out.append(Issue(("kv_cache", "dtype"), "bf16", "fp32 or fp16 on the cpu target",
-                          "use `dtype: fp32`"))
+        out.append(Issue(("kv_cache", "dtype"), "bf16", "fp32 or fp16 on the cpu target", "use `dtype: fp32`"))
     if r.engine.ort_sessions == "one" and r.precision.prefill != r.precision.decode:
-        out.append(Issue(("engine", "ort_sessions"), "one",
-                          "the same precision in both phases (decode runs through the prefill "
-                          f"graph), got prefill={r.precision.prefill} and decode={r.precision.decode}",
-                          "use `ort_sessions: two` (or auto), or set both phases to one precision"))
+        out.append(
+            Issue(
+                ("engine", "ort_sessions"),
+                "one",
+                "the same precision in both phases (decode runs through the prefill "
+                f"graph), got prefill={r.precision.prefill} and decode={r.precision.decode}",
+                "use `ort_sessions: two` (or auto), or set both phases to one precision",
+            )
+        )
     if r.profiles is not None:
-        out.append(Issue(("profiles",), r.profiles.model_dump(exclude_none=True),
-                          "no optimization profiles on the cpu target (ONNX Runtime "
-                          "graphs take any shape)",
-                          "remove profiles, or pick a GPU target (orin, a100, h200)"))
+        out.append(
+            Issue(
+                ("profiles",),
+                r.profiles.model_dump(exclude_none=True),
+                "no optimization profiles on the cpu target (ONNX Runtime graphs take any shape)",
+                "remove profiles, or pick a GPU target (orin, a100, h200)",
+            )
+        )
     for key in TRT_ONLY_ENGINE_KEYS:
         if key in r.engine.model_fields_set:
-            out.append(Issue(("engine", key), getattr(r.engine, key),
-                              "no TensorRT settings on the cpu target (it builds ONNX "
-                              "Runtime graphs)",
-                              f"remove engine.{key}, or pick a GPU target"))
+            out.append(
+                Issue(
+                    ("engine", key),
+                    getattr(r.engine, key),
+                    "no TensorRT settings on the cpu target (it builds ONNX Runtime graphs)",
+                    f"remove engine.{key}, or pick a GPU target",
+                )
+            )
     return out
 
 
@@ -85,25 +115,45 @@ def _gpu_target_issues(r: Recipe) -> list[Issue]:
     """No ONNX Runtime settings on GPU targets; the orin-only key; plugin-free INT4; layout; profiles."""
     out: list[Issue] = []
     if r.engine.intra_op_num_threads is not None:
-        out.append(Issue(("engine", "intra_op_num_threads"), r.engine.intra_op_num_threads,
-                          "no ONNX Runtime thread count on GPU targets",
-                          "remove engine.intra_op_num_threads, or use target: cpu"))
+        out.append(
+            Issue(
+                ("engine", "intra_op_num_threads"),
+                r.engine.intra_op_num_threads,
+                "no ONNX Runtime thread count on GPU targets",
+                "remove engine.intra_op_num_threads, or use target: cpu",
+            )
+        )
     for key in ("ort_accuracy_level", "ort_float_zero_points", "ort_sessions"):
         if key in r.engine.model_fields_set:
-            out.append(Issue(("engine", key), getattr(r.engine, key),
-                              "no ONNX Runtime settings on GPU targets (they build TensorRT plans)",
-                              f"remove engine.{key}, or use target: cpu"))
+            out.append(
+                Issue(
+                    ("engine", key),
+                    getattr(r.engine, key),
+                    "no ONNX Runtime settings on GPU targets (they build TensorRT plans)",
+                    f"remove engine.{key}, or use target: cpu",
+                )
+            )
     if r.target != "orin" and "orin_trt_lt_10_7" in r.engine.model_fields_set:
-        out.append(Issue(("engine", "orin_trt_lt_10_7"), r.engine.orin_trt_lt_10_7,
-                          f"this key only on target orin (this recipe targets {r.target})",
-                          "remove engine.orin_trt_lt_10_7"))
+        out.append(
+            Issue(
+                ("engine", "orin_trt_lt_10_7"),
+                r.engine.orin_trt_lt_10_7,
+                f"this key only on target orin (this recipe targets {r.target})",
+                "remove engine.orin_trt_lt_10_7",
+            )
+        )
     out += _plugin_free_int4_issues(r)
     if r.engine.layout == "dual_profile" and r.precision.prefill != r.precision.decode:
-        out.append(Issue(("engine", "layout"), "dual_profile",
-                          "the same precision for prefill and decode (one plan, one copy of "
-                          f"the weights), got prefill={r.precision.prefill} and "
-                          f"decode={r.precision.decode}",
-                          "use `layout: split`, or set both phases to one precision"))
+        out.append(
+            Issue(
+                ("engine", "layout"),
+                "dual_profile",
+                "the same precision for prefill and decode (one plan, one copy of "
+                f"the weights), got prefill={r.precision.prefill} and "
+                f"decode={r.precision.decode}",
+                "use `layout: split`, or set both phases to one precision",
+            )
+        )
     out += _profile_issues(r)
     return out
 
@@ -114,10 +164,15 @@ def _scenario_issues(r: Recipe) -> list[Issue]:
     for i, s in enumerate(r.validation.scenarios):
         longest = s.prompt_tokens.max_tokens
         if longest is not None and longest + s.output_tokens.max_tokens > r.max_seq_len:
-            out.append(Issue(("validate", "scenarios", i, "prompt_tokens"), longest,
-                              f"longest prompt + longest output ({longest} + "
-                              f"{s.output_tokens.max_tokens}) <= max_seq_len ({r.max_seq_len})",
-                              "shorten the prompts or outputs, or raise max_seq_len"))
+            out.append(
+                Issue(
+                    ("validate", "scenarios", i, "prompt_tokens"),
+                    longest,
+                    f"longest prompt + longest output ({longest} + "
+                    f"{s.output_tokens.max_tokens}) <= max_seq_len ({r.max_seq_len})",
+                    "shorten the prompts or outputs, or raise max_seq_len",
+                )
+            )
     return out
 
 
@@ -132,25 +187,45 @@ def _plugin_free_int4_issues(r: Recipe) -> list[Issue]:
     if e.plugin_free_int4 != "refuse":
         has_variant = e.plugin_free or (r.target == "orin" and e.orin_trt_lt_10_7 == "plugin_free")
         if not has_variant:
-            out.append(Issue(("engine", "plugin_free_int4"), e.plugin_free_int4,
-                              "a recipe with a plugin-free variant (engine.plugin_free: true, or on orin "
-                              "engine.orin_trt_lt_10_7: plugin_free)",
-                              "remove engine.plugin_free_int4, or add a plugin-free variant"))
+            out.append(
+                Issue(
+                    ("engine", "plugin_free_int4"),
+                    e.plugin_free_int4,
+                    "a recipe with a plugin-free variant (engine.plugin_free: true, or on orin "
+                    "engine.orin_trt_lt_10_7: plugin_free)",
+                    "remove engine.plugin_free_int4, or add a plugin-free variant",
+                )
+            )
         elif "int4" not in (r.precision.prefill, r.precision.decode):
-            out.append(Issue(("engine", "plugin_free_int4"), e.plugin_free_int4,
-                              "an INT4 phase (there are no INT4 weights to re-quantize)",
-                              "remove engine.plugin_free_int4"))
+            out.append(
+                Issue(
+                    ("engine", "plugin_free_int4"),
+                    e.plugin_free_int4,
+                    "an INT4 phase (there are no INT4 weights to re-quantize)",
+                    "remove engine.plugin_free_int4",
+                )
+            )
         elif gate is None:
-            out.append(Issue(gate_key, None,
-                              f"a minimum teacher-forced agreement (0..1] for the plugin-free variant "
-                              f"({e.plugin_free_int4}): it changes the weights, so the build measures it and "
-                              "keeps the variant only above this gate",
-                              "set validate.correctness.plugin_free_teacher_forced_agreement_min, e.g. 0.9"))
+            out.append(
+                Issue(
+                    gate_key,
+                    None,
+                    f"a minimum teacher-forced agreement (0..1] for the plugin-free variant "
+                    f"({e.plugin_free_int4}): it changes the weights, so the build measures it and "
+                    "keeps the variant only above this gate",
+                    "set validate.correctness.plugin_free_teacher_forced_agreement_min, e.g. 0.9",
+                )
+            )
     elif gate is not None:
-        out.append(Issue(gate_key, gate,
-                          "this key only with engine.plugin_free_int4: requantize_symmetric or "
-                          "dequantize_float (it gates the plugin-free variant whose weights they change)",
-                          "remove it, or set engine.plugin_free_int4: dequantize_float"))
+        out.append(
+            Issue(
+                gate_key,
+                gate,
+                "this key only with engine.plugin_free_int4: requantize_symmetric or "
+                "dequantize_float (it gates the plugin-free variant whose weights they change)",
+                "remove it, or set engine.plugin_free_int4: dequantize_float",
+            )
+        )
     return out
 
 
@@ -163,19 +238,20 @@ def _profile_issues(r: Recipe) -> list[Issue]:
     # it; checked here so the user never meets a TensorRT shape error at run time.
     checks: list[tuple[Any, tuple[str, ...], int, str]] = []
     if p.prefill is not None:
-        checks.append((p.prefill.tokens.max, ("prefill", "tokens", "max"), r.max_num_tokens,
-                       "max_num_tokens"))
+        checks.append((p.prefill.tokens.max, ("prefill", "tokens", "max"), r.max_num_tokens, "max_num_tokens"))
     if p.decode is not None:
-        checks.append((p.decode.batch.max, ("decode", "batch", "max"), r.max_batch_size,
-                       "max_batch_size"))
-        checks.append((p.decode.context.max, ("decode", "context", "max"), r.max_seq_len,
-                       "max_seq_len"))
+        checks.append((p.decode.batch.max, ("decode", "batch", "max"), r.max_batch_size, "max_batch_size"))
+        checks.append((p.decode.context.max, ("decode", "context", "max"), r.max_seq_len, "max_seq_len"))
     for value, path, limit, limit_name in checks:
         if value < limit:
-            out.append(Issue(("profiles",) + path, value,
-                              f"at least {limit_name} ({limit}): the scheduler may send that "
-                              "many",
-                              f"raise profiles.{'.'.join(path)} to {limit} or lower {limit_name}"))
+            out.append(
+                Issue(
+                    ("profiles",) + path,
+                    value,
+                    f"at least {limit_name} ({limit}): the scheduler may send that many",
+                    f"raise profiles.{'.'.join(path)} to {limit} or lower {limit_name}",
+                )
+            )
     return out
 
 
@@ -189,36 +265,55 @@ def model_issues(r: Recipe, config: ModelConfig, facts: str) -> list[Issue]:
     out: list[Issue] = []
     ctx = config.max_position_embeddings
     if r.max_seq_len > ctx:
-        out.append(Issue(("max_seq_len",), r.max_seq_len,
-                          f"at most the model's context length {ctx} "
-                          f"(max_position_embeddings, from {facts})",
-                          f"lower max_seq_len to {ctx} or less"))
+        out.append(
+            Issue(
+                ("max_seq_len",),
+                r.max_seq_len,
+                f"at most the model's context length {ctx} (max_position_embeddings, from {facts})",
+                f"lower max_seq_len to {ctx} or less",
+            )
+        )
     if r.uses_int4:
         g = r.precision.int4.group_size
         # K of every quantized GEMM: q/k/v/gate/up (hidden), o_proj (heads*head_dim), down (ffn).
-        dims = {"hidden_size": config.hidden_size,
-                "num_heads*head_dim": config.num_heads * config.head_dim,
-                "intermediate_size": config.intermediate_size}
+        dims = {
+            "hidden_size": config.hidden_size,
+            "num_heads*head_dim": config.num_heads * config.head_dim,
+            "intermediate_size": config.intermediate_size,
+        }
         bad = {k: v for k, v in dims.items() if v % g}
         if bad:
             cands = _int4_group_candidates(list(dims.values()))
-            fix = (f"use group_size {' or '.join(map(str, cands))}" if cands else
-                   "this model's sizes admit no power-of-two group >= 16; use fp16 or fp32")
+            fix = (
+                f"use group_size {' or '.join(map(str, cands))}"
+                if cands
+                else "this model's sizes admit no power-of-two group >= 16; use fp16 or fp32"
+            )
             which = ", ".join(f"{k}={v}" for k, v in bad.items())
-            out.append(Issue(("precision", "int4", "group_size"), g,
-                              f"a divisor of every INT4 GEMM's K; {which} (from {facts}) is not "
-                              f"a multiple of {g}", fix))
+            out.append(
+                Issue(
+                    ("precision", "int4", "group_size"),
+                    g,
+                    f"a divisor of every INT4 GEMM's K; {which} (from {facts}) is not a multiple of {g}",
+                    fix,
+                )
+            )
     if r.kv_cache.memory_budget_mib is not None:
         need = r.max_blocks_per_seq + 1
         per_block = kv_block_bytes(r, config)
         have = int(r.kv_cache.memory_budget_mib * 2**20 // per_block)
         if have < need:
             need_mib = math.ceil(need * per_block / 2**20)
-            out.append(Issue(("kv_cache", "memory_budget_mib"), r.kv_cache.memory_budget_mib,
-                              f"room for one max_seq_len={r.max_seq_len} sequence plus the null "
-                              f"block ({need} blocks of {per_block} bytes = {need_mib} MiB); it "
-                              f"holds {have}", f"raise memory_budget_mib to >= {need_mib} or "
-                                               "lower max_seq_len"))
+            out.append(
+                Issue(
+                    ("kv_cache", "memory_budget_mib"),
+                    r.kv_cache.memory_budget_mib,
+                    f"room for one max_seq_len={r.max_seq_len} sequence plus the null "
+                    f"block ({need} blocks of {per_block} bytes = {need_mib} MiB); it "
+                    f"holds {have}",
+                    f"raise memory_budget_mib to >= {need_mib} or lower max_seq_len",
+                )
+            )
     return out
 
 

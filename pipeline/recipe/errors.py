@@ -13,8 +13,9 @@ can raise these errors without an import circle.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 from pydantic_core import PydanticCustomError
 
@@ -76,8 +77,9 @@ def fail(*issues: Issue) -> PydanticCustomError:
     """The pydantic error a validator raises for ``issues`` (all reported, each at its own key)."""
     # The issues ride in the error context; problems_from_validation_error unpacks them so a
     # cross-field check can point at the exact key (pydantic would point at the whole model).
-    return PydanticCustomError("recipe", "{summary}", {
-        "summary": "; ".join(i.expected for i in issues), "issues": list(issues)})
+    return PydanticCustomError(
+        "recipe", "{summary}", {"summary": "; ".join(i.expected for i in issues), "issues": list(issues)}
+    )
 
 
 def format_path(loc: Sequence[str | int]) -> str:

@@ -22,8 +22,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one)."""
 
 
-def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode,
-                              deep: bool = False) -> dict:
+def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
@@ -33,26 +32,27 @@ def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode,
             continue
         if first is not None:
             raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (first set at line {first + 1})",
-                key_node.start_mark)
+                None, None, f"duplicate key {key!r} (first set at line {first + 1})", key_node.start_mark
+            )
         seen[key] = key_node.start_mark.line
     return loader.construct_mapping(node, deep=deep)
 
 
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-                                 _construct_unique_mapping)
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> RecipeProblem:
     mark = getattr(exc, "problem_mark", None)
     where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
     what = getattr(exc, "problem", None) or str(exc)
-    return RecipeProblem(where, NO_VALUE, f"valid YAML ({what})",
-                         "fix the YAML there (indent with spaces, `key: value`, each key once)")
+    return RecipeProblem(
+        where, NO_VALUE, f"valid YAML ({what})", "fix the YAML there (indent with spaces, `key: value`, each key once)"
+    )
 
 
-def parse_recipe(data: Any, *, origin: str = "<recipe>", base_dir: Path | None = None,
-                 check_files: bool = False) -> Recipe:
+def parse_recipe(
+    data: Any, *, origin: str = "<recipe>", base_dir: Path | None = None, check_files: bool = False
+) -> Recipe:
     """Validate already-parsed YAML data (a dict) into a :class:`Recipe`.
 
     ``origin`` names the recipe in errors; ``base_dir`` is where relative paths are resolved.
@@ -60,9 +60,17 @@ def parse_recipe(data: Any, *, origin: str = "<recipe>", base_dir: Path | None =
     :class:`RecipeError` listing every problem.
     """
     if not isinstance(data, dict):
-        raise RecipeError(origin, [RecipeProblem("", data, "a mapping of keys at the top level "
-                                                 "(name, model, target, precision, ...)",
-                                                 f"start from recipes/{DEFAULT_RECIPE_NAME}.yaml")])
+        raise RecipeError(
+            origin,
+            [
+                RecipeProblem(
+                    "",
+                    data,
+                    "a mapping of keys at the top level (name, model, target, precision, ...)",
+                    f"start from recipes/{DEFAULT_RECIPE_NAME}.yaml",
+                )
+            ],
+        )
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as err:
@@ -83,9 +91,14 @@ def _check_files(recipe: Recipe) -> None:
     for i, s in enumerate(recipe.validation.scenarios):
         f = s.prompt_tokens.file
         if f is not None and not recipe.resolve_path(f).is_file():
-            problems.append(RecipeProblem(f"validate.scenarios[{i}].prompt_tokens.file", f,
-                                          f"an existing prompt file ({recipe.resolve_path(f)})",
-                                          "fix the path (relative to the recipe's folder)"))
+            problems.append(
+                RecipeProblem(
+                    f"validate.scenarios[{i}].prompt_tokens.file",
+                    f,
+                    f"an existing prompt file ({recipe.resolve_path(f)})",
+                    "fix the path (relative to the recipe's folder)",
+                )
+            )
     if problems:
         raise RecipeError(recipe.origin, problems)
 
@@ -101,20 +114,34 @@ def load_recipe(path: str | Path, *, check_files: bool = True) -> Recipe:
     path = Path(path)
     origin = str(path)
     if not path.is_file():
-        raise RecipeError(origin, [RecipeProblem(
-            "", NO_VALUE, "an existing recipe file",
-            f"check the path; shipped recipes are in {RECIPES_DIR} "
-            f"(e.g. {DEFAULT_RECIPE_NAME}.yaml)")])
+        raise RecipeError(
+            origin,
+            [
+                RecipeProblem(
+                    "",
+                    NO_VALUE,
+                    "an existing recipe file",
+                    f"check the path; shipped recipes are in {RECIPES_DIR} (e.g. {DEFAULT_RECIPE_NAME}.yaml)",
+                )
+            ],
+        )
     try:
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         raise RecipeError(origin, [_yaml_problem(exc)]) from None
     except UnicodeDecodeError as exc:
-        raise RecipeError(origin, [RecipeProblem(
-            "", NO_VALUE, f"a UTF-8 text (YAML) file; byte {exc.start} is not valid UTF-8",
-            "pass the recipe's .yaml file, saved as UTF-8")]) from None
-    return parse_recipe(data, origin=origin, base_dir=path.parent.resolve(),
-                        check_files=check_files)
+        raise RecipeError(
+            origin,
+            [
+                RecipeProblem(
+                    "",
+                    NO_VALUE,
+                    f"a UTF-8 text (YAML) file; byte {exc.start} is not valid UTF-8",
+                    "pass the recipe's .yaml file, saved as UTF-8",
+                )
+            ],
+        ) from None
+    return parse_recipe(data, origin=origin, base_dir=path.parent.resolve(), check_files=check_files)
 
 
 def shipped_recipe_names() -> list[str]:
@@ -134,5 +161,6 @@ def resolve_recipe_path(name_or_path: str | Path) -> Path:
     names = shipped_recipe_names()
     close = difflib.get_close_matches(str(name_or_path), names, n=1)
     fix = f"did you mean '{close[0]}'?" if close else f"use a path or one of {names}"
-    raise RecipeError(str(name_or_path), [RecipeProblem("", NO_VALUE, "a recipe file or the "
-                                                        "name of a shipped recipe", fix)])
+    raise RecipeError(
+        str(name_or_path), [RecipeProblem("", NO_VALUE, "a recipe file or the name of a shipped recipe", fix)]
+    )

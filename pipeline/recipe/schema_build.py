@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from trtpipe.pipeline.recipe.base import Precision, KVDtype, Spec, is_pow2, nearest_pow2
+from trtpipe.pipeline.recipe.base import KVDtype, Precision, Spec, is_pow2, nearest_pow2
 from trtpipe.pipeline.recipe.errors import MISSING, Issue, fail
 from trtpipe.runtime.model_config import ModelConfig
 
@@ -29,9 +29,14 @@ class Int4Spec(Spec):
     def _group_size(cls, v: int) -> int:
         if v < 16 or not is_pow2(v):
             lo, hi = nearest_pow2(max(v, 16))
-            raise fail(Issue((), v, "a power of two >= 16 (INT4 packs two codes per byte "
-                                      "and the kernels tile groups by 16)",
-                               f"use {max(lo, 16)} or {max(hi, 32)}"))
+            raise fail(
+                Issue(
+                    (),
+                    v,
+                    "a power of two >= 16 (INT4 packs two codes per byte and the kernels tile groups by 16)",
+                    f"use {max(lo, 16)} or {max(hi, 32)}",
+                )
+            )
         return v
 
 
@@ -68,8 +73,14 @@ class KVCacheSpec(Spec):
     def _block_size(cls, v: int) -> int:
         if not is_pow2(v):
             lo, hi = nearest_pow2(v)
-            raise fail(Issue((), v, "a power of two (slots are block_id * block_size + "
-                                      "position % block_size)", f"use {lo} or {hi}"))
+            raise fail(
+                Issue(
+                    (),
+                    v,
+                    "a power of two (slots are block_id * block_size + position % block_size)",
+                    f"use {lo} or {hi}",
+                )
+            )
         return v
 
 
@@ -97,13 +108,13 @@ class Range(Spec):
     max: int = Field(ge=1)
 
     @model_validator(mode="after")
-    def _ordered(self) -> "Range":
+    def _ordered(self) -> Range:
         if self.min > self.opt:
-            raise fail(Issue(("min",), self.min, f"min <= opt ({self.opt})",
-                               f"lower min to {self.opt} or less"))
+            raise fail(Issue(("min",), self.min, f"min <= opt ({self.opt})", f"lower min to {self.opt} or less"))
         if self.opt > self.max:
-            raise fail(Issue(("opt",), self.opt, f"opt <= max ({self.max})",
-                               f"lower opt to {self.max} or less, or raise max"))
+            raise fail(
+                Issue(("opt",), self.opt, f"opt <= max ({self.max})", f"lower opt to {self.max} or less, or raise max")
+            )
         return self
 
 
@@ -114,12 +125,17 @@ class PrefillProfile(Spec):
     sequences: Range
 
     @model_validator(mode="after")
-    def _seqs_fit(self) -> "PrefillProfile":
+    def _seqs_fit(self) -> PrefillProfile:
         if self.sequences.max > self.tokens.max:
-            raise fail(Issue(("sequences", "max"), self.sequences.max,
-                               f"at most tokens.max ({self.tokens.max}): every sequence in a "
-                               "prefill batch brings at least one token",
-                               f"lower sequences.max to {self.tokens.max}"))
+            raise fail(
+                Issue(
+                    ("sequences", "max"),
+                    self.sequences.max,
+                    f"at most tokens.max ({self.tokens.max}): every sequence in a "
+                    "prefill batch brings at least one token",
+                    f"lower sequences.max to {self.tokens.max}",
+                )
+            )
         return self
 
 
@@ -189,8 +205,14 @@ class EngineSpec(Spec):
     ort_sessions: Literal["auto", "one", "two"] = "auto"
 
 
-TRT_ONLY_ENGINE_KEYS = ("layout", "plugin_free", "orin_trt_lt_10_7", "plugin_free_int4",
-                         "builder_optimization_level", "workspace_mib")
+TRT_ONLY_ENGINE_KEYS = (
+    "layout",
+    "plugin_free",
+    "orin_trt_lt_10_7",
+    "plugin_free_int4",
+    "builder_optimization_level",
+    "workspace_mib",
+)
 
 
 class ArchitectureSpec(Spec):
@@ -215,25 +237,38 @@ class ArchitectureSpec(Spec):
     sliding_window: int = Field(0, ge=0)
 
     @model_validator(mode="after")
-    def _gqa(self) -> "ArchitectureSpec":
+    def _gqa(self) -> ArchitectureSpec:
         if self.num_heads % self.num_kv_heads:
-            raise fail(Issue(("num_kv_heads",), self.num_kv_heads,
-                               f"a divisor of num_heads ({self.num_heads}) (grouped-query "
-                               "attention shares each KV head among num_heads/num_kv_heads heads)",
-                               "copy num_key_value_heads from the model's config.json"))
+            raise fail(
+                Issue(
+                    ("num_kv_heads",),
+                    self.num_kv_heads,
+                    f"a divisor of num_heads ({self.num_heads}) (grouped-query "
+                    "attention shares each KV head among num_heads/num_kv_heads heads)",
+                    "copy num_key_value_heads from the model's config.json",
+                )
+            )
         return self
 
     def to_model_config(self) -> ModelConfig:
         """The facts as a :class:`ModelConfig` (no tokenizer facts: planning only)."""
         return ModelConfig(
-            architecture=self.architecture, num_layers=self.num_layers,
-            hidden_size=self.hidden_size, num_heads=self.num_heads,
-            num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
-            intermediate_size=self.intermediate_size, vocab_size=self.vocab_size,
-            max_position_embeddings=self.max_position_embeddings, rope_theta=self.rope_theta,
-            rms_norm_eps=self.rms_norm_eps, tie_word_embeddings=self.tie_word_embeddings,
+            architecture=self.architecture,
+            num_layers=self.num_layers,
+            hidden_size=self.hidden_size,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            intermediate_size=self.intermediate_size,
+            vocab_size=self.vocab_size,
+            max_position_embeddings=self.max_position_embeddings,
+            rope_theta=self.rope_theta,
+            rms_norm_eps=self.rms_norm_eps,
+            tie_word_embeddings=self.tie_word_embeddings,
             attention_bias=self.attention_bias,
-            layer_sliding_window=(self.sliding_window,) * self.num_layers, name=self.name)
+            layer_sliding_window=(self.sliding_window,) * self.num_layers,
+            name=self.name,
+        )
 
 
 class ModelSpec(Spec):
@@ -250,16 +285,25 @@ class ModelSpec(Spec):
         return self.source is not None and self.source.strip().lower() != "none"
 
     @model_validator(mode="after")
-    def _one_source(self) -> "ModelSpec":
+    def _one_source(self) -> ModelSpec:
         if not self.has_weights and self.architecture is None:
-            raise fail(Issue(("source",), self.source if self.source else MISSING,
-                               "a model: a shipped name, a .gguf file or a Hugging Face folder "
-                               "(or model.architecture facts for a planning recipe)",
-                               "add `source: smollm2-135m` (or a path) under model:"))
+            raise fail(
+                Issue(
+                    ("source",),
+                    self.source if self.source else MISSING,
+                    "a model: a shipped name, a .gguf file or a Hugging Face folder "
+                    "(or model.architecture facts for a planning recipe)",
+                    "add `source: smollm2-135m` (or a path) under model:",
+                )
+            )
         if self.has_weights and self.architecture is not None:
-            raise fail(Issue(("architecture",), self.architecture.model_dump(),
-                               "no inline facts when model.source names a model (the facts come "
-                               "from the model file; two sources of truth could disagree)",
-                               "remove model.architecture, or set `source: none` for a "
-                               "planning-only recipe"))
+            raise fail(
+                Issue(
+                    ("architecture",),
+                    self.architecture.model_dump(),
+                    "no inline facts when model.source names a model (the facts come "
+                    "from the model file; two sources of truth could disagree)",
+                    "remove model.architecture, or set `source: none` for a planning-only recipe",
+                )
+            )
         return self

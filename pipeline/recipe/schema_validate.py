@@ -21,10 +21,9 @@ class UniformTokens(Spec):
     max: int = Field(ge=1, examples=[128])
 
     @model_validator(mode="after")
-    def _ordered(self) -> "UniformTokens":
+    def _ordered(self) -> UniformTokens:
         if self.min > self.max:
-            raise fail(Issue(("min",), self.min, f"min <= max ({self.max})",
-                               "swap min and max"))
+            raise fail(Issue(("min",), self.min, f"min <= max ({self.max})", "swap min and max"))
         return self
 
 
@@ -47,12 +46,13 @@ class _Lengths(Spec):
         return _int_shorthand(value)
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> "_Lengths":
+    def _exactly_one(self) -> _Lengths:
         given = [k for k in self.FORMS if getattr(self, k) is not None]
         if len(given) != 1:
             forms = ", ".join(self.FORMS[:-1]) + " or " + self.FORMS[-1]
-            raise fail(Issue((), {k: getattr(self, k) for k in given} or MISSING, f"exactly one of {forms}",
-                             self.EXAMPLE))
+            raise fail(
+                Issue((), {k: getattr(self, k) for k in given} or MISSING, f"exactly one of {forms}", self.EXAMPLE)
+            )
         return self
 
 
@@ -108,10 +108,11 @@ class PercentileBudget(Spec):
     p99: float | None = Field(None, gt=0, examples=[100])
 
     @model_validator(mode="after")
-    def _at_least_one(self) -> "PercentileBudget":
+    def _at_least_one(self) -> PercentileBudget:
         if all(getattr(self, p) is None for p in get_args(Percentile)):
-            raise fail(Issue((), MISSING, "at least one of p50, p90, p95, p99",
-                               "add e.g. `p95: 500`, or remove this metric"))
+            raise fail(
+                Issue((), MISSING, "at least one of p50, p90, p95, p99", "add e.g. `p95: 500`, or remove this metric")
+            )
         return self
 
     def items(self) -> list[tuple[str, float]]:
@@ -147,8 +148,11 @@ class Budgets(Spec):
         ``Budget("output_tokens_per_s", None, "min", x)`` for the throughput floor (tokens/s)."""
         out = [Budget(metric=m, percentile=p, kind="max", limit=float(v)) for m, p, v in self.limits()]
         if self.min_output_tokens_per_s is not None:
-            out.append(Budget(metric="output_tokens_per_s", percentile=None, kind="min",
-                              limit=float(self.min_output_tokens_per_s)))
+            out.append(
+                Budget(
+                    metric="output_tokens_per_s", percentile=None, kind="min", limit=float(self.min_output_tokens_per_s)
+                )
+            )
         return tuple(out)
 
 
@@ -176,13 +180,17 @@ class Scenario(Spec):
     budgets: Budgets = Field(default_factory=Budgets)
 
     @model_validator(mode="after")
-    def _arrivals(self) -> "Scenario":
+    def _arrivals(self) -> Scenario:
         if (self.concurrency is None) == (self.arrival_rate_per_s is None):
             both = self.concurrency is not None
-            raise fail(Issue(("concurrency",), self.concurrency if both else MISSING,
-                               "exactly one of concurrency (closed loop) or arrival_rate_per_s "
-                               "(Poisson arrivals)",
-                               "remove one of them" if both else "add e.g. `concurrency: 4`"))
+            raise fail(
+                Issue(
+                    ("concurrency",),
+                    self.concurrency if both else MISSING,
+                    "exactly one of concurrency (closed loop) or arrival_rate_per_s (Poisson arrivals)",
+                    "remove one of them" if both else "add e.g. `concurrency: 4`",
+                )
+            )
         return self
 
 
@@ -208,12 +216,18 @@ class ValidateSpec(Spec):
     correctness: CorrectnessSpec | None = None
 
     @model_validator(mode="after")
-    def _unique(self) -> "ValidateSpec":
+    def _unique(self) -> ValidateSpec:
         seen: set[str] = set()
         for i, s in enumerate(self.scenarios):
             if s.name in seen:
-                raise fail(Issue(("scenarios", i, "name"), s.name, "a name not used by an "
-                                   "earlier scenario", "rename this scenario"))
+                raise fail(
+                    Issue(
+                        ("scenarios", i, "name"),
+                        s.name,
+                        "a name not used by an earlier scenario",
+                        "rename this scenario",
+                    )
+                )
             seen.add(s.name)
         return self
 
@@ -225,6 +239,5 @@ class ValidateSpec(Spec):
         names = [s.name for s in self.scenarios]
         close = difflib.get_close_matches(name, names, n=1)
         hint = f"did you mean '{close[0]}'?" if close else f"use one of {names}"
-        problem = RecipeProblem("validate.scenarios", name,
-                                "the name of a scenario of this recipe", hint)
+        problem = RecipeProblem("validate.scenarios", name, "the name of a scenario of this recipe", hint)
         raise RecipeError("<recipe>", [problem])

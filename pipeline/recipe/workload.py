@@ -28,8 +28,9 @@ def _read_prompts(recipe: Recipe, scenario: Scenario, file: str) -> tuple[str, .
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise WorkloadError(f"{where}: cannot read {path} as UTF-8 text ({e}). Fix: a UTF-8 file, one "
-                            "prompt per line.") from None
+        raise WorkloadError(
+            f"{where}: cannot read {path} as UTF-8 text ({e}). Fix: a UTF-8 file, one prompt per line."
+        ) from None
     prompts = tuple(line for line in text.splitlines() if line.strip())
     if not prompts:
         raise WorkloadError(f"{where}: {path} has no non-empty line. Fix: write one prompt per line.")

@@ -40,7 +40,7 @@ def _check_tokenizer_model(fields: Any) -> None:
         )
 
 
-def tokenizer_from_gguf_fields(reader_or_fields: Any) -> "tokenizers.Tokenizer":
+def tokenizer_from_gguf_fields(reader_or_fields: Any) -> tokenizers.Tokenizer:
     """Byte-level BPE ``tokenizers.Tokenizer`` equivalent to the GGUF's tokenizer.
 
     ``reader_or_fields``: a ``gguf.GGUFReader``, its ``.fields``, or a plain mapping from

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     import tokenizers
 
 
-def tokenizer_from_hf_folder(path: str | os.PathLike[str]) -> "tokenizers.Tokenizer":
+def tokenizer_from_hf_folder(path: str | os.PathLike[str]) -> tokenizers.Tokenizer:
     """``tokenizer.json`` of a Hugging Face model folder (or the file itself), loaded as is.
 
     Raises :class:`GGUFTokenizerError` (a TrtpipeError) naming the path when the file is missing
@@ -34,4 +34,3 @@ def tokenizer_from_hf_folder(path: str | os.PathLike[str]) -> "tokenizers.Tokeni
             f"tokenizer file {file!r} could not be loaded ({exc}); expected a tokenizers JSON "
             "serialization. Fix: re-save it with a current transformers/tokenizers."
         ) from exc
-

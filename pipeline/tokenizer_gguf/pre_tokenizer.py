@@ -79,32 +79,36 @@ _LLAMA3 = PreTokenizerSpec((_LLAMA3_SPLIT,), ignore_merges=True, default_add_bos
 # tokenizer.ggml.pre value -> spec; the groups follow llama.cpp's `case` labels.
 PRE_TOKENIZER_SPECS: dict[str, PreTokenizerSpec] = {
     **dict.fromkeys(
-        ["gpt-2", "phi-2", "mpt", "olmo", "jais", "trillion", "exaone4", "gigachat", "a.x-4.0",
-         "mellum", "granite-docling"],
+        [
+            "gpt-2",
+            "phi-2",
+            "mpt",
+            "olmo",
+            "jais",
+            "trillion",
+            "exaone4",
+            "gigachat",
+            "a.x-4.0",
+            "mellum",
+            "granite-docling",
+        ],
         _GPT2,
     ),
     **dict.fromkeys(
-        ["smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b",
-         "mellum2"],
-        _STARCODER,
+        ["smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b", "mellum2"], _STARCODER
     ),
     **dict.fromkeys(
-        ["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"],
-        _LLAMA3,
+        ["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"], _LLAMA3
     ),
     **dict.fromkeys(["dbrx", "smaug-bpe"], PreTokenizerSpec((_LLAMA3_SPLIT,))),
     **dict.fromkeys(
-        ["qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan",
-         "solar-open"],
+        ["qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan", "solar-open"],
         PreTokenizerSpec((_QWEN2_SPLIT,)),
     ),
     "qwen35": PreTokenizerSpec((_QWEN35_SPLIT,)),
-    **dict.fromkeys(
-        ["gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"], PreTokenizerSpec((_GPT4O_SPLIT,))
-    ),
+    **dict.fromkeys(["gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"], PreTokenizerSpec((_GPT4O_SPLIT,))),
     "tekken": PreTokenizerSpec((_TEKKEN_SPLIT,), ignore_merges=True, default_add_bos=True),
 }
-
 
 
 def pre_tokenizer_spec(pre: str | None) -> PreTokenizerSpec:

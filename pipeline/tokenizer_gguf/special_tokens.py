@@ -28,10 +28,14 @@ def add_gguf_added_tokens(tok: Any, tokens: list[str], token_types: list[int]) -
     token missing from the model vocabulary would get a new id past the embedding table)."""
     from tokenizers import AddedToken
 
-    control = [AddedToken(t, normalized=False, special=True)
-               for t, tt in zip(tokens, token_types) if tt == TOKEN_TYPE_CONTROL]
-    user_defined = [AddedToken(t, normalized=False, special=False)
-                    for t, tt in zip(tokens, token_types) if tt == TOKEN_TYPE_USER_DEFINED]
+    control = [
+        AddedToken(t, normalized=False, special=True) for t, tt in zip(tokens, token_types) if tt == TOKEN_TYPE_CONTROL
+    ]
+    user_defined = [
+        AddedToken(t, normalized=False, special=False)
+        for t, tt in zip(tokens, token_types)
+        if tt == TOKEN_TYPE_USER_DEFINED
+    ]
     if control:
         tok.add_special_tokens(control)
     if user_defined:
@@ -76,6 +80,4 @@ def post_processor(meta: dict[str, Any]) -> Any:
         eos = [f"{ends['eos']}:{type_id}"] if "eos" in ends else []
         return [*bos, f"${seq}:{type_id}", *eos]
 
-    return processors.TemplateProcessing(
-        single=part("A", 0), pair=part("A", 0) + part("B", 1), special_tokens=special
-    )
+    return processors.TemplateProcessing(single=part("A", 0), pair=part("A", 0) + part("B", 1), special_tokens=special)

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -28,8 +29,14 @@ from trtpipe.runtime.errors import RequestError, TrtpipeError
 from trtpipe.runtime.request import prompt_length_error
 from trtpipe.runtime.serve.engine_loop import Delta, EngineBusy, EngineLoop, Final
 from trtpipe.runtime.serve.prometheus import ServeMetrics
-from trtpipe.runtime.serve.protocol import (GenerationRequest, ServeError, bad_field, parse_chat,
-                                            parse_completion, parse_json_body)
+from trtpipe.runtime.serve.protocol import (
+    GenerationRequest,
+    ServeError,
+    bad_field,
+    parse_chat,
+    parse_completion,
+    parse_json_body,
+)
 from trtpipe.runtime.serve.responses import DONE, ResponseBuilder, error_chunk
 
 RETRY_AFTER_S = 1  # what a 503 tells the client to wait before retrying
@@ -84,21 +91,36 @@ class _Guards:
         state = self.state
         eng = state.engine
         if state.draining:
-            raise self.reject("shutting_down", ServeError(503, "the server is shutting down; retry on another "
-                              "replica", type_="service_unavailable", headers={"Retry-After": str(RETRY_AFTER_S)}))
+            raise self.reject(
+                "shutting_down",
+                ServeError(
+                    503,
+                    "the server is shutting down; retry on another replica",
+                    type_="service_unavailable",
+                    headers={"Retry-After": str(RETRY_AFTER_S)},
+                ),
+            )
         if eng is None or not eng.alive:
             why = state.load_error or ("the model is still loading" if eng is None else "the engine loop stopped")
-            raise ServeError(503, f"not ready: {why}", type_="service_unavailable",
-                             headers={"Retry-After": str(RETRY_AFTER_S)})
+            raise ServeError(
+                503, f"not ready: {why}", type_="service_unavailable", headers={"Retry-After": str(RETRY_AFTER_S)}
+            )
         return eng
 
     def check_auth(self, request: Request) -> None:
         if self.state.api_key is None:
             return
         if request.headers.get("authorization", "") != f"Bearer {self.state.api_key}":
-            raise self.reject("unauthorized", ServeError(401, "invalid or missing API key: expected the header "
-                              "'Authorization: Bearer <key>' with the key given to `trtpipe serve --api-key`",
-                              type_="authentication_error", code="invalid_api_key"))
+            raise self.reject(
+                "unauthorized",
+                ServeError(
+                    401,
+                    "invalid or missing API key: expected the header "
+                    "'Authorization: Bearer <key>' with the key given to `trtpipe serve --api-key`",
+                    type_="authentication_error",
+                    code="invalid_api_key",
+                ),
+            )
 
 
 def _add_probe_routes(app: FastAPI, state: ServeState, guards: _Guards) -> None:
@@ -109,10 +131,8 @@ def _add_probe_routes(app: FastAPI, state: ServeState, guards: _Guards) -> None:
         eng = state.engine
         if eng is not None and eng.alive and not state.draining:
             return JSONResponse({"status": "ok"})
-        status = ("shutting_down" if state.draining else "loading" if eng is None and not state.load_error
-                  else "dead")
-        return JSONResponse({"status": status, "error": state.load_error or (eng and repr(eng.error))},
-                            status_code=503)
+        status = "shutting_down" if state.draining else "loading" if eng is None and not state.load_error else "dead"
+        return JSONResponse({"status": status, "error": state.load_error or (eng and repr(eng.error))}, status_code=503)
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -124,9 +144,20 @@ def _add_probe_routes(app: FastAPI, state: ServeState, guards: _Guards) -> None:
         guards.check_auth(request)
         eng = state.engine
         max_len = eng.llm.manifest.limits["max_seq_len"] if eng is not None else None
-        return JSONResponse({"object": "list", "data": [{"id": state.model_name, "object": "model",
-                                                         "created": state.created, "owned_by": "trtpipe",
-                                                         "max_model_len": max_len}]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": state.model_name,
+                        "object": "model",
+                        "created": state.created,
+                        "owned_by": "trtpipe",
+                        "max_model_len": max_len,
+                    }
+                ],
+            }
+        )
 
 
 def _add_token_routes(app: FastAPI, state: ServeState, guards: _Guards) -> None:
@@ -144,8 +175,7 @@ def _add_token_routes(app: FastAPI, state: ServeState, guards: _Guards) -> None:
             if not isinstance(prompt, str):
                 raise bad_field("prompt", prompt, "a string", 'send {"prompt": "text"}')
             ids = eng.llm.tokenizer.encode(prompt, add_special_tokens=bool(doc.get("add_special_tokens", True)))
-        return JSONResponse({"tokens": ids, "count": len(ids),
-                             "max_model_len": eng.llm.manifest.limits["max_seq_len"]})
+        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": eng.llm.manifest.limits["max_seq_len"]})
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> JSONResponse:
@@ -154,8 +184,9 @@ def _add_token_routes(app: FastAPI, state: ServeState, guards: _Guards) -> None:
         doc = parse_json_body(await request.body())
         ids = doc.get("tokens")
         vocab = eng.llm.tokenizer.vocab_size
-        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool)
-                                                and 0 <= t < vocab for t in ids):
+        if not isinstance(ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids
+        ):
             raise bad_field("tokens", ids, f"a list of token ids in [0, {vocab})", 'send {"tokens": [1, 2]}')
         return JSONResponse({"prompt": eng.llm.tokenizer.backend.decode(ids, skip_special_tokens=False)})
 
@@ -189,13 +220,23 @@ def _add_generation_routes(app: FastAPI, state: ServeState, guards: _Guards) -> 
         try:
             rid = eng.submit(ids, params, sink, cache_salt=req.cache_salt)
         except EngineBusy as e:
-            raise guards.reject(e.reason, ServeError(503, f"overloaded: {e}; retry after {RETRY_AFTER_S} s",
-                                                     type_="service_unavailable", code=e.reason,
-                                                     headers={"Retry-After": str(RETRY_AFTER_S)})) from e
+            raise guards.reject(
+                e.reason,
+                ServeError(
+                    503,
+                    f"overloaded: {e}; retry after {RETRY_AFTER_S} s",
+                    type_="service_unavailable",
+                    code=e.reason,
+                    headers={"Retry-After": str(RETRY_AFTER_S)},
+                ),
+            ) from e
         builder = ResponseBuilder(req, tuple(ids))
         if req.stream:
-            return StreamingResponse(_stream(eng, rid, events, builder), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            return StreamingResponse(
+                _stream(eng, rid, events, builder),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
         return await _collect(request, eng, rid, events, builder)
 
     @app.post("/v1/completions")
@@ -214,7 +255,9 @@ def _encode_prompt(eng: EngineLoop, req: GenerationRequest) -> list[int]:
     if isinstance(req.prompt, tuple):
         vocab = eng.llm.tokenizer.vocab_size
         if max(req.prompt) >= vocab:
-            raise bad_field("prompt", list(req.prompt), f"token ids in [0, {vocab})", "send ids of this model's vocabulary")
+            raise bad_field(
+                "prompt", list(req.prompt), f"token ids in [0, {vocab})", "send ids of this model's vocabulary"
+            )
         return list(req.prompt)
     return eng.llm.encode_prompt(req.prompt)
 
@@ -224,8 +267,12 @@ def _encode_chat(eng: EngineLoop, req: GenerationRequest) -> list[int]:
     does for ``chat=True`` (so a chat request equals ``LLM.generate(..., chat=True)``)."""
     tpl = eng.llm.manifest.model.chat_template
     if not tpl:
-        raise ServeError(400, "messages: this model has no chat template in its metadata; expected a "
-                              "model with one. Fix: use /v1/completions with a plain prompt.", param="messages")
+        raise ServeError(
+            400,
+            "messages: this model has no chat template in its metadata; expected a "
+            "model with one. Fix: use /v1/completions with a plain prompt.",
+            param="messages",
+        )
     try:
         text = render_chat(tpl, [dict(m) for m in req.messages or ()])
     except TrtpipeError as e:
@@ -283,8 +330,7 @@ async def _wait_disconnect(request: Request) -> None:
         pass
 
 
-async def _collect(request: Request, eng: EngineLoop, rid: str, events: asyncio.Queue,
-                   b: ResponseBuilder) -> Response:
+async def _collect(request: Request, eng: EngineLoop, rid: str, events: asyncio.Queue, b: ResponseBuilder) -> Response:
     """Gather the whole output, or abort the request if the client disconnects first."""
 
     async def result() -> Final:

@@ -24,8 +24,9 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from trtpipe.runtime.llm import LLM, RequestOutput
 from trtpipe.runtime.request import SamplingParams
@@ -80,8 +81,14 @@ class EngineLoop:
             (Prometheus metrics).
     """
 
-    def __init__(self, llm: LLM, *, max_queued_requests: int, request_timeout_s: float | None = None,
-                 on_finished: Callable[[RequestOutput], None] | None = None) -> None:
+    def __init__(
+        self,
+        llm: LLM,
+        *,
+        max_queued_requests: int,
+        request_timeout_s: float | None = None,
+        on_finished: Callable[[RequestOutput], None] | None = None,
+    ) -> None:
         self.llm = llm
         self.max_queued_requests = max_queued_requests
         self.request_timeout_s = request_timeout_s
@@ -111,8 +118,14 @@ class EngineLoop:
         self._thread.start()
         return self
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Callable[[Any], None],
-               arrival_s: float | None = None, cache_salt: str | None = None) -> str:
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        sink: Callable[[Any], None],
+        arrival_s: float | None = None,
+        cache_salt: str | None = None,
+    ) -> str:
         """Queue a request; returns its id. ``cache_salt``: see ``LLM.add_request``. Events (:class:`Delta`, then one :class:`Final`) go to
         ``sink`` from the engine thread. Raises :class:`EngineBusy` when it cannot be admitted."""
         if not self._admitting:
@@ -120,8 +133,10 @@ class EngineLoop:
         if not self.alive:
             raise EngineBusy("engine_dead", f"the engine loop stopped ({self.error!r}); restart the server")
         if self.num_waiting >= self.max_queued_requests:
-            raise EngineBusy("queue_full", f"{self.num_waiting} requests are already waiting "
-                                           f"(--max-queued-requests {self.max_queued_requests})")
+            raise EngineBusy(
+                "queue_full",
+                f"{self.num_waiting} requests are already waiting (--max-queued-requests {self.max_queued_requests})",
+            )
         self._ids += 1
         rid = f"req-{self._ids}"
         arrival = time.monotonic() if arrival_s is None else arrival_s
@@ -195,17 +210,18 @@ class EngineLoop:
             pass
         return cmds
 
-    def _add(self, rid: str, ids: list[int], params: SamplingParams, sink: Callable, arrival: float,
-             cache_salt: str | None) -> None:
+    def _add(
+        self, rid: str, ids: list[int], params: SamplingParams, sink: Callable, arrival: float, cache_salt: str | None
+    ) -> None:
         self._num_taken += 1
         timeout = self.request_timeout_s
         served = _Served(rid, sink, None if timeout is None else arrival + timeout)
         try:
-            self.llm.add_request(ids, params, request_id=rid, arrival_s=arrival, on_text=served.pieces.append,
-                                 cache_salt=cache_salt)
+            self.llm.add_request(
+                ids, params, request_id=rid, arrival_s=arrival, on_text=served.pieces.append, cache_salt=cache_salt
+            )
         except Exception as e:  # validated upstream; a refusal here still answers the client
-            sink(Final(RequestOutput(rid, tuple(ids), finished=True, finish_reason="error",
-                                     error_message=str(e))))
+            sink(Final(RequestOutput(rid, tuple(ids), finished=True, finish_reason="error", error_message=str(e))))
             return
         self._served[rid] = served
 
@@ -239,7 +255,7 @@ class EngineLoop:
                 self._finish(served, out)
 
     def _send_new(self, served: _Served, out: RequestOutput) -> None:
-        ids = tuple(out.output_token_ids[served.num_ids_sent:])
+        ids = tuple(out.output_token_ids[served.num_ids_sent :])
         # a character cut by max_tokens / abort never reaches here as U+FFFD: the detokenizer's
         # flush drops its incomplete bytes (the ids still carry them)
         text = "".join(served.pieces)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import httpx
 
@@ -44,23 +44,35 @@ class HttpTokenizer:
         self._url, self._headers = url.rstrip("/"), headers
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        r = httpx.post(self._url + "/tokenize", json={"prompt": text, "add_special_tokens": add_special_tokens},
-                       headers=self._headers, timeout=60)
+        r = httpx.post(
+            self._url + "/tokenize",
+            json={"prompt": text, "add_special_tokens": add_special_tokens},
+            headers=self._headers,
+            timeout=60,
+        )
         if r.status_code != 200:
             raise HttpWorkloadError(f"POST {self._url}/tokenize: HTTP {r.status_code} {r.text[:200]}")
         return list(r.json()["tokens"])
 
 
 async def _one(h: httpx.AsyncClient, url: str, model: str, it: WorkItem, arrival: float, rid: str) -> RequestMetrics:
-    body = {"model": model, "prompt": list(it.prompt_ids), "max_tokens": it.max_new_tokens, "temperature": 0,
-            "ignore_eos": True, "stream": True, "return_token_ids": True}
+    body = {
+        "model": model,
+        "prompt": list(it.prompt_ids),
+        "max_tokens": it.max_new_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "return_token_ids": True,
+    }
     timer = RequestTimer(rid, prompt_tokens=len(it.prompt_ids), arrival_s=arrival)
     pending = 0  # token ids received whose text was not shown yet
     reason = None
     async with h.stream("POST", url + "/v1/completions", json=body) as r:
         if r.status_code != 200:
-            raise HttpWorkloadError(f"POST {url}/v1/completions: HTTP {r.status_code} "
-                                    f"{(await r.aread()).decode('utf-8', 'replace')[:300]}")
+            raise HttpWorkloadError(
+                f"POST {url}/v1/completions: HTTP {r.status_code} {(await r.aread()).decode('utf-8', 'replace')[:300]}"
+            )
         async for line in r.aiter_lines():
             if not line.startswith("data: {"):
                 continue
@@ -79,8 +91,14 @@ async def _one(h: httpx.AsyncClient, url: str, model: str, it: WorkItem, arrival
     return timer.metrics()
 
 
-async def _run(url: str, model: str, items: Sequence[WorkItem], concurrency: int | None, headers: dict[str, str],
-               on_request_done: Callable[[int, int], None] | None) -> tuple[list[RequestMetrics], float]:
+async def _run(
+    url: str,
+    model: str,
+    items: Sequence[WorkItem],
+    concurrency: int | None,
+    headers: dict[str, str],
+    on_request_done: Callable[[int, int], None] | None,
+) -> tuple[list[RequestMetrics], float]:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=30), headers=headers, limits=limits) as h:
         warm = [it for it in items if it.warmup]
@@ -128,10 +146,15 @@ def kv_blocks_in_use(url: str, headers: dict[str, str], settle_s: float = 2.0) -
         time.sleep(0.05)
 
 
-def run_workload_http(url: str, model: str, items: Sequence[WorkItem], concurrency: int | None = None, *,
-                      api_key: str | None = None,
-                      on_request_done: Callable[[int, int], None] | None = None,
-                      ) -> tuple[list[RequestMetrics], float, StepStats]:
+def run_workload_http(
+    url: str,
+    model: str,
+    items: Sequence[WorkItem],
+    concurrency: int | None = None,
+    *,
+    api_key: str | None = None,
+    on_request_done: Callable[[int, int], None] | None = None,
+) -> tuple[list[RequestMetrics], float, StepStats]:
     """The HTTP twin of :func:`~trtpipe.runtime.workload.run_workload`: same items, same
     open/closed loop rules, same return shape (measured requests' metrics in item order, wall
     seconds, step stats holding only the KV leak check read from ``/metrics``)."""

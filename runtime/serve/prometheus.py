@@ -27,7 +27,7 @@ usable KV blocks in use, 0..1, as vLLM), ``kv_blocks_in_use``.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
@@ -36,12 +36,74 @@ from trtpipe.runtime.llm import RequestOutput
 PREFIX = "trtpipe:"
 
 # vLLM v1 bucket lists (seconds).
-TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-                  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                 20.0, 40.0, 80.0)
-REQUEST_LATENCY_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
-                             60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS_S = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS_S = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+REQUEST_LATENCY_BUCKETS_S = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 
 
 class ServeMetrics:
@@ -57,35 +119,49 @@ class ServeMetrics:
             return Histogram(PREFIX + name, doc, labels, registry=reg, buckets=buckets).labels(model_name)
 
         self.ttft = hist("time_to_first_token_seconds", "TTFT: first token - arrival (s).", TTFT_BUCKETS_S)
-        self.itl = hist("inter_token_latency_seconds", "Gap between consecutive output tokens (s).",
-                        ITL_BUCKETS_S)
-        self.tpot = hist("request_time_per_output_token_seconds",
-                         "TPOT per request: (last - first token) / (output tokens - 1) (s).", ITL_BUCKETS_S)
-        self.e2e = hist("e2e_request_latency_seconds", "E2E: last token - arrival (s).",
-                        REQUEST_LATENCY_BUCKETS_S)
-        self.queue = hist("request_queue_time_seconds", "First prefill start - arrival (s).",
-                          REQUEST_LATENCY_BUCKETS_S)
-        self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prefilled prompt tokens.", labels,
-                                     registry=reg).labels(model_name)
-        self.generation_tokens = Counter(PREFIX + "generation_tokens", "Generated tokens.", labels,
-                                         registry=reg).labels(model_name)
-        self._success = Counter(PREFIX + "request_success", "Finished requests by finish reason.",
-                                (*labels, "finished_reason"), registry=reg)
-        self._preemptions = Counter(PREFIX + "num_preemptions", "Preemptions (KV freed, recomputed).",
-                                    labels, registry=reg).labels(model_name)
-        self._rejected = Counter(PREFIX + "requests_rejected", "Requests refused before admission.",
-                                 (*labels, "reason"), registry=reg)
-        self._prefix = {name: Counter(PREFIX + name, doc, labels, registry=reg).labels(model_name) for name, doc in (
-            ("prefix_cache_queries", "Prefix cache queries, in prompt tokens looked up."),
-            ("prefix_cache_hits", "Prefix cache hits, in prompt tokens found in the cache."),
-        )}
+        self.itl = hist("inter_token_latency_seconds", "Gap between consecutive output tokens (s).", ITL_BUCKETS_S)
+        self.tpot = hist(
+            "request_time_per_output_token_seconds",
+            "TPOT per request: (last - first token) / (output tokens - 1) (s).",
+            ITL_BUCKETS_S,
+        )
+        self.e2e = hist("e2e_request_latency_seconds", "E2E: last token - arrival (s).", REQUEST_LATENCY_BUCKETS_S)
+        self.queue = hist("request_queue_time_seconds", "First prefill start - arrival (s).", REQUEST_LATENCY_BUCKETS_S)
+        self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prefilled prompt tokens.", labels, registry=reg).labels(
+            model_name
+        )
+        self.generation_tokens = Counter(
+            PREFIX + "generation_tokens", "Generated tokens.", labels, registry=reg
+        ).labels(model_name)
+        self._success = Counter(
+            PREFIX + "request_success",
+            "Finished requests by finish reason.",
+            (*labels, "finished_reason"),
+            registry=reg,
+        )
+        self._preemptions = Counter(
+            PREFIX + "num_preemptions", "Preemptions (KV freed, recomputed).", labels, registry=reg
+        ).labels(model_name)
+        self._rejected = Counter(
+            PREFIX + "requests_rejected", "Requests refused before admission.", (*labels, "reason"), registry=reg
+        )
+        self._prefix = {
+            name: Counter(PREFIX + name, doc, labels, registry=reg).labels(model_name)
+            for name, doc in (
+                ("prefix_cache_queries", "Prefix cache queries, in prompt tokens looked up."),
+                ("prefix_cache_hits", "Prefix cache hits, in prompt tokens found in the cache."),
+            )
+        }
         self._prefix_seen = {name: 0 for name in self._prefix}
-        self._gauges = {name: Gauge(PREFIX + name, doc, labels, registry=reg).labels(model_name) for name, doc in (
-            ("num_requests_running", "Requests in the running batch."),
-            ("num_requests_waiting", "Requests waiting for admission."),
-            ("kv_cache_usage_perc", "Fraction of usable KV blocks in use (0..1)."),
-            ("kv_blocks_in_use", "KV blocks owned by requests."),
-        )}
+        self._gauges = {
+            name: Gauge(PREFIX + name, doc, labels, registry=reg).labels(model_name)
+            for name, doc in (
+                ("num_requests_running", "Requests in the running batch."),
+                ("num_requests_waiting", "Requests waiting for admission."),
+                ("kv_cache_usage_perc", "Fraction of usable KV blocks in use (0..1)."),
+                ("kv_blocks_in_use", "KV blocks owned by requests."),
+            )
+        }
         self.model_name = model_name
         self._num_preemptions_seen = 0
 

@@ -21,8 +21,9 @@ from __future__ import annotations
 import json
 import math
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from trtpipe.runtime.request import SamplingParams
 
@@ -30,9 +31,16 @@ from trtpipe.runtime.request import SamplingParams
 class ServeError(Exception):
     """An HTTP error with an OpenAI-style body (``status`` 400, 401, 404, 503, 500...)."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None,
-                 type_: str = "invalid_request_error", code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -42,8 +50,7 @@ class ServeError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 def bad_field(param: str, value: Any, expected: str, fix: str) -> ServeError:
@@ -78,9 +85,15 @@ class GenerationRequest:
     cache_salt: str | None = None  # vLLM's field: only requests with the same salt share prefix-cache blocks
 
     def sampling_params(self, max_new_tokens: int) -> SamplingParams:
-        return SamplingParams(max_new_tokens=max_new_tokens, temperature=self.temperature, top_k=self.top_k,
-                              top_p=self.top_p, seed=self.seed, stop=self.stop,
-                              ignore_eos=self.ignore_eos).validate()
+        return SamplingParams(
+            max_new_tokens=max_new_tokens,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            seed=self.seed,
+            stop=self.stop,
+            ignore_eos=self.ignore_eos,
+        ).validate()
 
 
 def parse_json_body(raw: bytes) -> dict:
@@ -88,19 +101,28 @@ def parse_json_body(raw: bytes) -> dict:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ServeError(400, f"body: byte {e.start} ({raw[e.start:e.start + 1]!r}) is not valid UTF-8; "
-                              "expected a UTF-8 JSON object. Fix: encode the request body as UTF-8.",
-                         param="body") from None
+        raise ServeError(
+            400,
+            f"body: byte {e.start} ({raw[e.start : e.start + 1]!r}) is not valid UTF-8; "
+            "expected a UTF-8 JSON object. Fix: encode the request body as UTF-8.",
+            param="body",
+        ) from None
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ServeError(400, f"body: invalid JSON ({e.msg} at line {e.lineno} column {e.colno}); expected "
-                              "a JSON object. Fix: send valid JSON with Content-Type: application/json.",
-                         param="body") from None
+        raise ServeError(
+            400,
+            f"body: invalid JSON ({e.msg} at line {e.lineno} column {e.colno}); expected "
+            "a JSON object. Fix: send valid JSON with Content-Type: application/json.",
+            param="body",
+        ) from None
     except RecursionError:  # json's C scanner recurses once per level: "[[[[..." exhausts the stack
-        raise ServeError(400, "body: JSON nested too deeply to parse; expected a JSON object of OpenAI "
-                              "request fields. Fix: send the request body, not a deeply nested value.",
-                         param="body") from None
+        raise ServeError(
+            400,
+            "body: JSON nested too deeply to parse; expected a JSON object of OpenAI "
+            "request fields. Fix: send the request body, not a deeply nested value.",
+            param="body",
+        ) from None
     if not isinstance(doc, dict):
         raise bad_field("body", doc, "a JSON object", 'send e.g. {"model": ..., "prompt": ...}')
     return doc
@@ -127,8 +149,12 @@ def _refuse_unsupported(doc: dict) -> None:
     """400 for OpenAI fields this server does not implement (n > 1, best_of, logprobs, tools...)."""
     n = doc.get("n")
     if n is not None and n != 1:
-        raise bad_field("n", n, "1 (one choice per request; this server does not sample n > 1)",
-                        "drop n, or send n separate requests")
+        raise bad_field(
+            "n",
+            n,
+            "1 (one choice per request; this server does not sample n > 1)",
+            "drop n, or send n separate requests",
+        )
     best_of = doc.get("best_of")
     if best_of is not None and best_of != 1:
         raise bad_field("best_of", best_of, "1 (not supported)", "drop best_of")
@@ -149,8 +175,9 @@ def _parse_stop(doc: dict) -> tuple[str, ...]:
         return (stop,)
     if isinstance(stop, list) and all(isinstance(s, str) and s for s in stop):
         return tuple(stop)
-    raise bad_field("stop", stop, "a non-empty string or a list of non-empty strings",
-                    'send e.g. "stop": ["\\n\\n"] or drop it')
+    raise bad_field(
+        "stop", stop, "a non-empty string or a list of non-empty strings", 'send e.g. "stop": ["\\n\\n"] or drop it'
+    )
 
 
 def _parse_stream(doc: dict) -> tuple[bool, dict | None]:
@@ -160,8 +187,12 @@ def _parse_stream(doc: dict) -> tuple[bool, dict | None]:
     if opts is not None and (not isinstance(opts, dict) or not isinstance(opts.get("include_usage", False), bool)):
         raise bad_field("stream_options", opts, '{"include_usage": true|false}', "send that object or drop it")
     if opts and not stream:
-        raise bad_field("stream_options", opts, "null when stream is false (OpenAI's rule)",
-                        "set stream: true or drop stream_options")
+        raise bad_field(
+            "stream_options",
+            opts,
+            "null when stream is false (OpenAI's rule)",
+            "set stream: true or drop stream_options",
+        )
     return stream, opts
 
 
@@ -169,40 +200,68 @@ def _common(doc: dict, served_models: tuple[str, ...]) -> dict:
     """Fields shared by completions and chat (model, sampling, stream, refusals)."""
     model = doc.get("model")
     if not isinstance(model, str) or model not in served_models:
-        raise ServeError(400, f"model = {model!r}: expected one of the served models "
-                              f"{list(served_models)}. Fix: pass model={served_models[0]!r} "
-                              "(GET /v1/models lists them).", param="model", code="model_not_found")
+        raise ServeError(
+            400,
+            f"model = {model!r}: expected one of the served models "
+            f"{list(served_models)}. Fix: pass model={served_models[0]!r} "
+            "(GET /v1/models lists them).",
+            param="model",
+            code="model_not_found",
+        )
     _refuse_unsupported(doc)
     stop = _parse_stop(doc)
     stream, opts = _parse_stream(doc)
-    top_k = _get(doc, "top_k", 0, lambda v: _is_int(v) and v >= -1, "an int >= 0 (0 or -1 = off)",
-                 "send e.g. 50, or drop it")
+    top_k = _get(
+        doc, "top_k", 0, lambda v: _is_int(v) and v >= -1, "an int >= 0 (0 or -1 = off)", "send e.g. 50, or drop it"
+    )
     for alias in ("max_completion_tokens", "max_tokens"):
         if doc.get(alias) is not None:
-            max_tokens = _get(doc, alias, None, lambda v: _is_int(v) and v > 0, "an int > 0",
-                              f"send e.g. {alias}: 64")
+            max_tokens = _get(doc, alias, None, lambda v: _is_int(v) and v > 0, "an int > 0", f"send e.g. {alias}: 64")
             break
     else:
         max_tokens = None
     return dict(
         model=model,
         max_tokens=max_tokens,
-        temperature=float(_get(doc, "temperature", 1.0, lambda v: _is_num(v) and v >= 0,
-                               "a finite number >= 0 (0 = greedy)", "send e.g. 0 (greedy) or 0.7")),
-        top_p=float(_get(doc, "top_p", 1.0, lambda v: _is_num(v) and 0 < v <= 1, "a number in (0, 1]",
-                         "send e.g. 0.9, or 1 (off)")),
+        temperature=float(
+            _get(
+                doc,
+                "temperature",
+                1.0,
+                lambda v: _is_num(v) and v >= 0,
+                "a finite number >= 0 (0 = greedy)",
+                "send e.g. 0 (greedy) or 0.7",
+            )
+        ),
+        top_p=float(
+            _get(
+                doc,
+                "top_p",
+                1.0,
+                lambda v: _is_num(v) and 0 < v <= 1,
+                "a number in (0, 1]",
+                "send e.g. 0.9, or 1 (off)",
+            )
+        ),
         top_k=max(0, int(top_k)),
         seed=_get(doc, "seed", None, lambda v: _is_int(v) and v >= 0, "null or an int >= 0", "send e.g. 0"),
         stop=stop,
-        ignore_eos=_get(doc, "ignore_eos", False, lambda v: isinstance(v, bool), "true or false",
-                        "send a JSON boolean"),
+        ignore_eos=_get(
+            doc, "ignore_eos", False, lambda v: isinstance(v, bool), "true or false", "send a JSON boolean"
+        ),
         stream=stream,
         include_usage=bool(opts and opts.get("include_usage")),
-        return_token_ids=_get(doc, "return_token_ids", False, lambda v: isinstance(v, bool),
-                              "true or false", "send a JSON boolean"),
-        cache_salt=_get(doc, "cache_salt", None, lambda v: isinstance(v, str) and v != "",
-                        "null or a non-empty string (vLLM's cache_salt)",
-                        'send e.g. "cache_salt": "tenant-42", or drop it (the shared prefix cache)'),
+        return_token_ids=_get(
+            doc, "return_token_ids", False, lambda v: isinstance(v, bool), "true or false", "send a JSON boolean"
+        ),
+        cache_salt=_get(
+            doc,
+            "cache_salt",
+            None,
+            lambda v: isinstance(v, str) and v != "",
+            "null or a non-empty string (vLLM's cache_salt)",
+            'send e.g. "cache_salt": "tenant-42", or drop it (the shared prefix cache)',
+        ),
     )
 
 
@@ -219,8 +278,12 @@ def parse_completion(doc: dict, served_models: tuple[str, ...]) -> GenerationReq
     elif isinstance(prompt, list) and prompt and all(_is_int(t) and t >= 0 for t in prompt):
         prompt = tuple(int(t) for t in prompt)
     else:
-        raise bad_field("prompt", prompt, "a non-empty string or a non-empty list of token ids (one prompt)",
-                        "send one prompt per request")
+        raise bad_field(
+            "prompt",
+            prompt,
+            "a non-empty string or a non-empty list of token ids (one prompt)",
+            "send one prompt per request",
+        )
     if common["max_tokens"] is None:
         common["max_tokens"] = 16  # OpenAI's documented default for completions
     return GenerationRequest(kind="completion", prompt=prompt, messages=None, **common)
@@ -232,26 +295,35 @@ def parse_chat(doc: dict, served_models: tuple[str, ...]) -> GenerationRequest:
     common = _common(doc, served_models)
     messages = doc.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise bad_field("messages", messages, "a non-empty list of {\"role\": ..., \"content\": ...}",
-                        'send e.g. [{"role": "user", "content": "Hi"}]')
+        raise bad_field(
+            "messages",
+            messages,
+            'a non-empty list of {"role": ..., "content": ...}',
+            'send e.g. [{"role": "user", "content": "Hi"}]',
+        )
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise bad_field(f"messages[{i}]", m, 'an object with a string "role"',
-                            'send {"role": "user", "content": "..."}')
+            raise bad_field(
+                f"messages[{i}]", m, 'an object with a string "role"', 'send {"role": "user", "content": "..."}'
+            )
         content = m.get("content")
         if isinstance(content, list):
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
-                raise bad_field(f"messages[{i}].content", content, 'text parts {"type": "text", "text": ...} '
-                                "(this model reads text only)", "send the content as a string")
+            if not all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+            ):
+                raise bad_field(
+                    f"messages[{i}].content",
+                    content,
+                    'text parts {"type": "text", "text": ...} (this model reads text only)',
+                    "send the content as a string",
+                )
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise bad_field(f"messages[{i}].content", content, "a string", "send the message text as a string")
         out.append({"role": m["role"], "content": content})
     if not any(m["content"].strip() for m in out):
-        raise bad_field("messages", messages, "at least one message with non-empty content",
-                        "send the user's question")
+        raise bad_field("messages", messages, "at least one message with non-empty content", "send the user's question")
     return GenerationRequest(kind="chat", prompt="", messages=tuple(out), **common)
 
 

@@ -19,7 +19,7 @@ from trtpipe.runtime.serve.protocol import GenerationRequest
 def sse(doc: dict | str) -> bytes:
     """One SSE event: ``data: <json>\\n\\n`` (UTF-8, non-ASCII kept as is)."""
     data = doc if isinstance(doc, str) else json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
-    return f"data: {data}\n\n".encode("utf-8")
+    return f"data: {data}\n\n".encode()
 
 
 DONE = sse("[DONE]")
@@ -42,15 +42,18 @@ class ResponseBuilder:
         if self._chat:
             obj = "chat.completion.chunk" if chunk else "chat.completion"
             return {"id": f"chatcmpl-{self.id}", "object": obj, "created": self.created, "model": self.req.model}
-        return {"id": f"cmpl-{self.id}", "object": "text_completion", "created": self.created,
-                "model": self.req.model}
+        return {"id": f"cmpl-{self.id}", "object": "text_completion", "created": self.created, "model": self.req.model}
 
     def usage(self, num_output_tokens: int, cached_tokens: int = 0) -> dict:
         """OpenAI's usage object; ``prompt_tokens_details.cached_tokens``: prompt tokens whose KV
         came from the prefix cache (a multiple of the KV block size; 0 on a miss)."""
         n = len(self.prompt_token_ids)
-        return {"prompt_tokens": n, "completion_tokens": num_output_tokens, "total_tokens": n + num_output_tokens,
-                "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+        return {
+            "prompt_tokens": n,
+            "completion_tokens": num_output_tokens,
+            "total_tokens": n + num_output_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens},
+        }
 
     def full(self, text: str, token_ids: list[int], finish_reason: str | None, cached_tokens: int = 0) -> dict:
         """The non-streaming response."""
@@ -66,8 +69,9 @@ class ResponseBuilder:
             doc["prompt_token_ids"] = list(self.prompt_token_ids)
         return doc
 
-    def chunk(self, text: str, token_ids: tuple[int, ...] = (), finish_reason: str | None = None,
-              first: bool = False) -> bytes:
+    def chunk(
+        self, text: str, token_ids: tuple[int, ...] = (), finish_reason: str | None = None, first: bool = False
+    ) -> bytes:
         """One streamed chunk: a text delta (chat: ``delta.content``; the first chat chunk also
         carries ``role``), its token ids when asked, and the finish reason on the last one."""
         choice: dict = {"index": 0, "finish_reason": finish_reason, "logprobs": None}

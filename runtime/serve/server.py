@@ -19,9 +19,10 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import uvicorn
 
@@ -95,15 +96,18 @@ def bound_url(server: uvicorn.Server, url: str) -> str:
     return url
 
 
-def _load(cfg: ServeConfig, state: ServeState, url: str, echo: Callable[[str], None],
-          server: uvicorn.Server) -> None:
+def _load(cfg: ServeConfig, state: ServeState, url: str, echo: Callable[[str], None], server: uvicorn.Server) -> None:
     """Load the model and start the engine (a thread, so /health answers meanwhile)."""
     from trtpipe.runtime.llm import LLM
 
     t = time.perf_counter()
     try:
-        llm = LLM(cfg.artifact_dir, num_threads=cfg.num_threads, prefix_caching=cfg.prefix_caching,
-                  scheduler_policy=cfg.scheduler_policy)
+        llm = LLM(
+            cfg.artifact_dir,
+            num_threads=cfg.num_threads,
+            prefix_caching=cfg.prefix_caching,
+            scheduler_policy=cfg.scheduler_policy,
+        )
         chunking = llm.set_tpot_budget(cfg.tpot_budget_ms)  # slo + budget: step-cost model (step_cost.json)
     except Exception as e:  # noqa: BLE001 - reported on /health and stderr, server keeps answering 503
         state.load_error = f"loading {cfg.artifact_dir} failed: {e}"
@@ -113,19 +117,27 @@ def _load(cfg: ServeConfig, state: ServeState, url: str, echo: Callable[[str], N
     # request on (an out-of-memory shows at start, not hours later when the pool fills).
     for array in llm.pool.keys + llm.pool.values:
         array.fill(0)
-    echo(f"trtpipe serve: prefix caching {'on' if cfg.prefix_caching else 'off'}; scheduler "
-         f"{cfg.scheduler_policy}; prefill chunks: {chunking}")
+    echo(
+        f"trtpipe serve: prefix caching {'on' if cfg.prefix_caching else 'off'}; scheduler "
+        f"{cfg.scheduler_policy}; prefill chunks: {chunking}"
+    )
     metrics = ServeMetrics(cfg.model_name)
-    engine = EngineLoop(llm, max_queued_requests=cfg.max_queued_requests,
-                        request_timeout_s=cfg.request_timeout_s, on_finished=metrics.on_finished)
+    engine = EngineLoop(
+        llm,
+        max_queued_requests=cfg.max_queued_requests,
+        request_timeout_s=cfg.request_timeout_s,
+        on_finished=metrics.on_finished,
+    )
     metrics.bind(engine_readings(llm, engine))
     state.metrics = metrics
     state.engine = engine.start()
     while not server.started and not server.should_exit:  # the ready line means "connect now"
         time.sleep(0.05)
     url = bound_url(server, url)
-    echo(f"trtpipe serve: ready at {url} (model {cfg.model_name!r}, loaded in "
-         f"{time.perf_counter() - t:.1f} s; OpenAI base_url {url}/v1)")
+    echo(
+        f"trtpipe serve: ready at {url} (model {cfg.model_name!r}, loaded in "
+        f"{time.perf_counter() - t:.1f} s; OpenAI base_url {url}/v1)"
+    )
 
 
 def serve(cfg: ServeConfig, echo: Callable[[str], None] | None = None) -> int:
@@ -135,8 +147,11 @@ def serve(cfg: ServeConfig, echo: Callable[[str], None] | None = None) -> int:
     # Metrics exist (empty) while loading, so /metrics never 404s.
     state.metrics = ServeMetrics(cfg.model_name)
     app = create_app(state)
-    server = _Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
-                                    timeout_graceful_shutdown=5, access_log=False))
+    server = _Server(
+        uvicorn.Config(
+            app, host=cfg.host, port=cfg.port, log_level="warning", timeout_graceful_shutdown=5, access_log=False
+        )
+    )
     url = f"http://{cfg.host}:{cfg.port}"
 
     def drain() -> None:
@@ -156,14 +171,18 @@ def serve(cfg: ServeConfig, echo: Callable[[str], None] | None = None) -> int:
         if server.started:
             raise
     if not server.started:
-        echo(f"trtpipe serve: error: --host {cfg.host} --port {cfg.port}: could not listen there (uvicorn's "
-             "line above says why: address in use, unknown host). Fix: pass a free --port (0: any free "
-             "port) or a local --host.")
+        echo(
+            f"trtpipe serve: error: --host {cfg.host} --port {cfg.port}: could not listen there (uvicorn's "
+            "line above says why: address in use, unknown host). Fix: pass a free --port (0: any free "
+            "port) or a local --host."
+        )
         return EXIT_USAGE
     if state.engine is not None:
         llm = state.engine.llm
-        echo(f"trtpipe serve: stopped ({llm.block_pool.num_used} KV blocks in use, "
-             f"{llm.scheduler.num_running + llm.scheduler.num_waiting} requests left)")
+        echo(
+            f"trtpipe serve: stopped ({llm.block_pool.num_used} KV blocks in use, "
+            f"{llm.scheduler.num_running + llm.scheduler.num_waiting} requests left)"
+        )
     else:
         echo("trtpipe serve: stopped")
     return 0

@@ -20,31 +20,81 @@ import peers_report  # noqa: E402
 
 
 def _run(ttft, tpot, tps, **extra):
-    return {"engine": "x", "load_s": 1.5, "ttft_s": dict(zip(("16", "128", "512"), ttft)),
-            "tpot_s": dict(zip(("16", "128", "512"), tpot)), "first_output_ids": {"16": [1], "128": [1, 2], "512": [3]},
-            "concurrent": {"num_requests": 8, "wall_s": 2.0, "output_tokens_per_s": tps},
-            "foreign_load_cores": 0.1, "peak_rss_bytes": 400 * 2**20, "cpu_share": 0.95,
-            "versions": {"engine": "1.0"}, "extra": extra, "round": 0, "worker_wall_s": 30.0}
+    return {
+        "engine": "x",
+        "load_s": 1.5,
+        "ttft_s": dict(zip(("16", "128", "512"), ttft)),
+        "tpot_s": dict(zip(("16", "128", "512"), tpot)),
+        "first_output_ids": {"16": [1], "128": [1, 2], "512": [3]},
+        "concurrent": {"num_requests": 8, "wall_s": 2.0, "output_tokens_per_s": tps},
+        "foreign_load_cores": 0.1,
+        "peak_rss_bytes": 400 * 2**20,
+        "cpu_share": 0.95,
+        "versions": {"engine": "1.0"},
+        "extra": extra,
+        "round": 0,
+        "worker_wall_s": 30.0,
+    }
 
 
-FLOORS = peers_floors.Floors("smollm2-135m-cpu", 30e9, 179e9, 114_160_896, {16: 0.0193, 128: 0.155, 512: 0.658},
-                             {16: 0.00388, 128: 0.00405, 512: 0.00464}, 250.5)
+FLOORS = peers_floors.Floors(
+    "smollm2-135m-cpu",
+    30e9,
+    179e9,
+    114_160_896,
+    {16: 0.0193, 128: 0.155, 512: 0.658},
+    {16: 0.00388, 128: 0.00405, 512: 0.00464},
+    250.5,
+)
 
 RAW = {
-    "meta": {"date": "2026-12-01 08:00 UTC", "repeats": 1, "rounds": 1, "max_foreign_load": 0.3, "threads": 2,
-             "wall_s": 120.0, "floors": FLOORS.to_dict(),
-             "machine": {"cpu": "AMD EPYC", "cpus": "2", "platform": "Linux", "python": "3.11", "mem_gib": 23.5,
-                         "loadavg_start": [0.5, 0.4, 0.3], "loadavg_end": [0.6, 0.5, 0.4]}},
+    "meta": {
+        "date": "2026-12-01 08:00 UTC",
+        "repeats": 1,
+        "rounds": 1,
+        "max_foreign_load": 0.3,
+        "threads": 2,
+        "wall_s": 120.0,
+        "floors": FLOORS.to_dict(),
+        "machine": {
+            "cpu": "AMD EPYC",
+            "cpus": "2",
+            "platform": "Linux",
+            "python": "3.11",
+            "mem_gib": 23.5,
+            "loadavg_start": [0.5, 0.4, 0.3],
+            "loadavg_end": [0.6, 0.5, 0.4],
+        },
+    },
     "runs": {
-        "trtpipe": [_run((0.03, 0.2, 0.9), (0.008, 0.0085, 0.01), 300.0, weights_bytes=231_337_984,
-                         kv_pool_bytes=378_224_640, concurrent_ttft_s=[0.5, 0.6], concurrent_tpot_s=[0.02, 0.03])],
-        "llama.cpp": [_run((0.04, 0.25, 1.1), (0.009, 0.0095, 0.011), 110.0),
-                      {**_run((0.05, 0.3, 1.2), (0.01, 0.01, 0.012), 100.0), "foreign_load_cores": 0.9}],
+        "trtpipe": [
+            _run(
+                (0.03, 0.2, 0.9),
+                (0.008, 0.0085, 0.01),
+                300.0,
+                weights_bytes=231_337_984,
+                kv_pool_bytes=378_224_640,
+                concurrent_ttft_s=[0.5, 0.6],
+                concurrent_tpot_s=[0.02, 0.03],
+            )
+        ],
+        "llama.cpp": [
+            _run((0.04, 0.25, 1.1), (0.009, 0.0095, 0.011), 110.0),
+            {**_run((0.05, 0.3, 1.2), (0.01, 0.01, 0.012), 100.0), "foreign_load_cores": 0.9},
+        ],
         "ortgenai-int4": [{"error": "setup step 'onnxruntime-genai' failed: exit 1"}],
     },
-    "profile": {"num_steps": 64, "prompt_tokens": 128, "threads": 2, "ort_run_s": 0.007, "engine_wrapper_s": 0.0004,
-                "overhead_s": 0.0006, "step_s": 0.008, "overhead_fraction": 0.075,
-                "overhead_incl_wrapper_fraction": 0.125},
+    "profile": {
+        "num_steps": 64,
+        "prompt_tokens": 128,
+        "threads": 2,
+        "ort_run_s": 0.007,
+        "engine_wrapper_s": 0.0004,
+        "overhead_s": 0.0006,
+        "step_s": 0.008,
+        "overhead_fraction": 0.075,
+        "overhead_incl_wrapper_fraction": 0.125,
+    },
     "setup": {"llama.cpp": {"ok": True, "seconds": 300.0, "when": "2026-12-01T07:00:00Z"}},
 }
 
@@ -59,8 +109,18 @@ def test_help_lists_the_flags():
 def test_names_other_scripts_import():
     assert peers.RESULT_MARK == "@@peers-result@@ "
     assert peers.DEFAULT_ARTIFACT.parts[-3:] == ("artifacts", "smollm2-135m-cpu", "cpu")
-    for name in ("prompt_token_ids", "gguf_path", "wait_quiet", "machine_info", "read_requirement_groups", "TEXT",
-                 "REPO", "MAIN_VENV", "BENCH_VENV", "GGUF_NAME"):
+    for name in (
+        "prompt_token_ids",
+        "gguf_path",
+        "wait_quiet",
+        "machine_info",
+        "read_requirement_groups",
+        "TEXT",
+        "REPO",
+        "MAIN_VENV",
+        "BENCH_VENV",
+        "GGUF_NAME",
+    ):
         assert hasattr(peers, name), name
 
 

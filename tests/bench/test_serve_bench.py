@@ -29,26 +29,50 @@ def test_pick_rates_spans_the_slower_and_the_faster_server():
 
 
 def _metrics(ttft_p50, ttft_p95, itl_p90, tok_s, goodput, errors=0):
-    return {"time_to_first_token": {"p50": ttft_p50, "p95": ttft_p95, "p99": ttft_p95},
-            "inter_token_latency": {"p50": itl_p90, "p90": itl_p90, "p95": itl_p90, "p99": itl_p90},
-            "output_token_throughput": {"avg": tok_s}, "request_throughput": {"avg": 1.0},
-            "completed_request_count": {"avg": 8 - errors},
-            "goodput": {"avg": goodput},
-            "error_summary": [{"error_details": {"code": 503}, "count": errors}] if errors else []}
+    return {
+        "time_to_first_token": {"p50": ttft_p50, "p95": ttft_p95, "p99": ttft_p95},
+        "inter_token_latency": {"p50": itl_p90, "p90": itl_p90, "p95": itl_p90, "p99": itl_p90},
+        "output_token_throughput": {"avg": tok_s},
+        "request_throughput": {"avg": 1.0},
+        "completed_request_count": {"avg": 8 - errors},
+        "goodput": {"avg": goodput},
+        "error_summary": [{"error_details": {"code": 503}, "count": errors}] if errors else [],
+    }
 
 
 def _raw():
     slo = {"ttft_p95_ms": 200.0, "tpot_p90_ms": 50.0}
     runs = [
-        {"engine": "trtpipe", "load": {"rate": 1.0}, "metrics": _metrics(100, 180, 20, 60.0, 0.9),
-         "foreign_load_cores": 0.1, "server_cmd": ["trtpipe", "serve"]},
-        {"engine": "llama.cpp", "load": {"rate": 1.0}, "metrics": _metrics(400, 500, 10, 30.0, 0.0, errors=2),
-         "foreign_load_cores": 0.9, "server_cmd": ["python", "-m", "llama_cpp.server"]},
+        {
+            "engine": "trtpipe",
+            "load": {"rate": 1.0},
+            "metrics": _metrics(100, 180, 20, 60.0, 0.9),
+            "foreign_load_cores": 0.1,
+            "server_cmd": ["trtpipe", "serve"],
+        },
+        {
+            "engine": "llama.cpp",
+            "load": {"rate": 1.0},
+            "metrics": _metrics(400, 500, 10, 30.0, 0.0, errors=2),
+            "foreign_load_cores": 0.9,
+            "server_cmd": ["python", "-m", "llama_cpp.server"],
+        },
     ]
-    meta = {"engines": ["trtpipe", "llama.cpp"], "slo": slo, "requests_per_rate": 8, "warmup_requests": 2,
-            "command": "python bench/serve.py", "date": "d", "threads": 2, "wall_s": 60.0, "max_foreign_load": 0.3,
-            "workload": {"num_requests": 10, "seed": 11, "prompt_tokens_mean": 80.0, "output_tokens_mean": 32.0},
-            "versions": {}, "machine": {"loadavg_start": [1, 1, 1], "loadavg_end": [1, 1, 1]}, "setup": {}}
+    meta = {
+        "engines": ["trtpipe", "llama.cpp"],
+        "slo": slo,
+        "requests_per_rate": 8,
+        "warmup_requests": 2,
+        "command": "python bench/serve.py",
+        "date": "d",
+        "threads": 2,
+        "wall_s": 60.0,
+        "max_foreign_load": 0.3,
+        "workload": {"num_requests": 10, "seed": 11, "prompt_tokens_mean": 80.0, "output_tokens_mean": 32.0},
+        "versions": {},
+        "machine": {"loadavg_start": [1, 1, 1], "loadavg_end": [1, 1, 1]},
+        "setup": {},
+    }
     return {"meta": meta, "plan": {"rates": [1.0], "probe": {}}, "runs": runs}
 
 
@@ -74,8 +98,10 @@ def test_analysis_section_is_kept(tmp_path):
 
 def test_kill_group_stops_the_server_and_its_children(tmp_path):
     # A "server" that forks a child and ignores SIGTERM: the group must still be gone.
-    script = "import os, signal, subprocess, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); " \
-             "subprocess.Popen(['sleep', '300']); time.sleep(300)"
+    script = (
+        "import os, signal, subprocess, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "subprocess.Popen(['sleep', '300']); time.sleep(300)"
+    )
     p = serve_proc.spawn([sys.executable, "-c", script], dict(os.environ), tmp_path / "log")
     time.sleep(0.5)
     t0 = time.monotonic()
@@ -91,7 +117,8 @@ def test_kill_group_stops_the_server_and_its_children(tmp_path):
 
 
 def test_wait_ready_reports_a_server_that_exits(tmp_path):
-    with serve_proc.ServerProcess([sys.executable, "-c", "print('bad model'); raise SystemExit(3)"],
-                                  dict(os.environ), tmp_path / "log") as srv:
+    with serve_proc.ServerProcess(
+        [sys.executable, "-c", "print('bad model'); raise SystemExit(3)"], dict(os.environ), tmp_path / "log"
+    ) as srv:
         with pytest.raises(RuntimeError, match="exited with 3.*bad model"):
             srv.wait_ready(serve_proc.free_port(), "/health", timeout_s=30)

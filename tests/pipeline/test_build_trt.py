@@ -22,7 +22,8 @@ import pytest
 
 import trtpipe.pipeline.build.gpu as GPU
 from trtpipe.pipeline.build import BuildError, BuildNeedsTarget
-from trtpipe.pipeline.build.compile_trt import build_from_spec, choose_lowering as _choose_lowering
+from trtpipe.pipeline.build.compile_trt import build_from_spec
+from trtpipe.pipeline.build.compile_trt import choose_lowering as _choose_lowering
 from trtpipe.pipeline.build.lower_trt import duplicated_weight_bytes
 from trtpipe.pipeline.build.profiles import OptimizationProfile, PlanSpec, check_profiles, input_shapes, profile_dims
 from trtpipe.pipeline.build.rtx_smoke import rtx_smoke_build
@@ -53,11 +54,18 @@ def _a100():
 
 
 def _recipe(**over):
-    data = dict(name="t-trt", model={"source": "smollm2-135m"}, target="a100",
-                precision={"prefill": "fp16", "decode": "fp16"},
-                kv_cache={"block_size": 16, "num_blocks": 64, "dtype": "fp16"}, max_seq_len=512, max_batch_size=8,
-                max_num_tokens=256, engine={"layout": "split", "plugin_free": True},
-                validate={"correctness": {"num_tokens": 2}})
+    data = dict(
+        name="t-trt",
+        model={"source": "smollm2-135m"},
+        target="a100",
+        precision={"prefill": "fp16", "decode": "fp16"},
+        kv_cache={"block_size": 16, "num_blocks": 64, "dtype": "fp16"},
+        max_seq_len=512,
+        max_batch_size=8,
+        max_num_tokens=256,
+        engine={"layout": "split", "plugin_free": True},
+        validate={"correctness": {"num_tokens": 2}},
+    )
     for k, v in over.items():
         data[k] = {**data[k], **v} if isinstance(v, dict) and isinstance(data.get(k), dict) else v
     return parse_recipe(data, origin="test-recipe", base_dir=RECIPES_DIR)
@@ -71,29 +79,62 @@ def _recipe(**over):
 def test_profile_dims_of_the_a100_recipe():
     r = _a100()
     assert profile_dims(r, 23301, "prefill") == {
-        "T": (1, 2048, 8192), "S": (1, 4, 64), "S+1": (2, 5, 65), "MB": (1, 128, 512), "NB": (23301,) * 3}
+        "T": (1, 2048, 8192),
+        "S": (1, 4, 64),
+        "S+1": (2, 5, 65),
+        "MB": (1, 128, 512),
+        "NB": (23301,) * 3,
+    }
     assert profile_dims(r, 23301, "decode") == {
-        "T": (1, 64, 128), "S": (1, 64, 128), "S+1": (2, 65, 129), "MB": (1, 128, 512), "NB": (23301,) * 3}
+        "T": (1, 64, 128),
+        "S": (1, 64, 128),
+        "S+1": (2, 65, 129),
+        "MB": (1, 128, 512),
+        "NB": (23301,) * 3,
+    }
 
 
 def test_input_shapes_from_graph_dims():
     dims = profile_dims(_a100(), 100, "decode")
-    shapes = input_shapes([("input_ids", ["num_seqs"]), ("block_tables", ["num_seqs", "max_blocks"]),
-                              ("past_key.0", ["num_blocks", 16, 3, 64])], dims, where="decode")
-    assert shapes == {"input_ids": [[1], [64], [128]], "block_tables": [[1, 1], [64, 128], [128, 512]],
-                      "past_key.0": [[100, 16, 3, 64]] * 3}
+    shapes = input_shapes(
+        [
+            ("input_ids", ["num_seqs"]),
+            ("block_tables", ["num_seqs", "max_blocks"]),
+            ("past_key.0", ["num_blocks", 16, 3, 64]),
+        ],
+        dims,
+        where="decode",
+    )
+    assert shapes == {
+        "input_ids": [[1], [64], [128]],
+        "block_tables": [[1, 1], [64, 128], [128, 512]],
+        "past_key.0": [[100, 16, 3, 64]] * 3,
+    }
     with pytest.raises(BuildError, match="'mystery'.*no optimization profile"):
         input_shapes([("x", ["mystery"])], dims, where="decode")
 
 
 def _plans(r, nb=64):
-    ins = {"prefill": [("input_ids", ["num_tokens"]), ("block_tables", ["num_seqs", "max_blocks"]),
-                       ("past_key.0", ["num_blocks", 16, 3, 64])],
-           "decode": [("input_ids", ["num_seqs"]), ("block_tables", ["num_seqs", "max_blocks"]),
-                      ("past_key.0", ["num_blocks", 16, 3, 64])]}
-    return [PlanSpec(ph, f"{ph}.onnx",
-                     (OptimizationProfile.from_shapes(ph, input_shapes(ins[ph], profile_dims(r, nb, ph), where=ph)),))
-            for ph in ("prefill", "decode")]
+    ins = {
+        "prefill": [
+            ("input_ids", ["num_tokens"]),
+            ("block_tables", ["num_seqs", "max_blocks"]),
+            ("past_key.0", ["num_blocks", 16, 3, 64]),
+        ],
+        "decode": [
+            ("input_ids", ["num_seqs"]),
+            ("block_tables", ["num_seqs", "max_blocks"]),
+            ("past_key.0", ["num_blocks", 16, 3, 64]),
+        ],
+    }
+    return [
+        PlanSpec(
+            ph,
+            f"{ph}.onnx",
+            (OptimizationProfile.from_shapes(ph, input_shapes(ins[ph], profile_dims(r, nb, ph), where=ph)),),
+        )
+        for ph in ("prefill", "decode")
+    ]
 
 
 def test_consistent_profiles_pass():
@@ -102,8 +143,9 @@ def test_consistent_profiles_pass():
 
 
 def test_block_table_width_disagreement_is_explained():
-    r = _recipe(profiles={"decode": {"batch": {"min": 1, "opt": 4, "max": 8},
-                                     "context": {"min": 1, "opt": 256, "max": 1024}}})
+    r = _recipe(
+        profiles={"decode": {"batch": {"min": 1, "opt": 4, "max": 8}, "context": {"min": 1, "opt": 256, "max": 1024}}}
+    )
     with pytest.raises(BuildError) as e:
         check_profiles(_plans(r), {}, r)
     msg = str(e.value)
@@ -112,8 +154,11 @@ def test_block_table_width_disagreement_is_explained():
 
 
 def test_minimum_sizes_the_scheduler_sends_and_pool_dtypes():
-    r = _recipe(profiles={"prefill": {"tokens": {"min": 16, "opt": 64, "max": 256},
-                                      "sequences": {"min": 1, "opt": 1, "max": 8}}})
+    r = _recipe(
+        profiles={
+            "prefill": {"tokens": {"min": 16, "opt": 64, "max": 256}, "sequences": {"min": 1, "opt": 1, "max": 8}}
+        }
+    )
     with pytest.raises(BuildError) as e:
         check_profiles(_plans(r), {"prefill": {"past_key.0": 10}, "decode": {"past_key.0": 1}}, r)
     msg = str(e.value)
@@ -122,8 +167,8 @@ def test_minimum_sizes_the_scheduler_sends_and_pool_dtypes():
 
 
 def test_duplicated_weights_are_counted():
-    from onnx import helper, numpy_helper
     import numpy as np
+    from onnx import helper, numpy_helper
 
     def model(arrs):
         g = helper.make_graph([], "g", [], [], initializer=[numpy_helper.from_array(a, n) for n, a in arrs.items()])
@@ -141,8 +186,13 @@ def test_duplicated_weights_are_counted():
 
 
 def _spec(**kw):
-    s = {"plugin_free": False, "variants": ["plugins"], "variant_errors": {}, "target": {"name": "a100"},
-         "orin_trt_lt_10_7": None}
+    s = {
+        "plugin_free": False,
+        "variants": ["plugins"],
+        "variant_errors": {},
+        "target": {"name": "a100"},
+        "orin_trt_lt_10_7": None,
+    }
     s.update(kw)
     return s
 
@@ -164,9 +214,11 @@ def test_choose_lowering_by_tensorrt_version():
 
 
 def test_console_summary_gives_every_variant_its_full_reason():
-    reason = ("prefill: Int4Gemm /model/layers.0/mlp/down_proj (output x, K=1536, N=576, group_size=32) has "
-              "asymmetric INT4 weights (1234 of 27648 blocks have a zero point other than 8), and TensorRT's "
-              "INT4 DequantizeLinear is symmetric only. Fix: ...the very end of the reason")
+    reason = (
+        "prefill: Int4Gemm /model/layers.0/mlp/down_proj (output x, K=1536, N=576, group_size=32) has "
+        "asymmetric INT4 weights (1234 of 27648 blocks have a zero point other than 8), and TensorRT's "
+        "INT4 DequantizeLinear is symmetric only. Fix: ...the very end of the reason"
+    )
     spec = _spec(target={"name": "orin"}, variants=["plugins"], variant_errors={"plugin_free": reason})
     text = variants_summary(spec)
     assert text.splitlines()[1] == "  variant plugins: in the spec; runs on TensorRT >= 10.7 (Python plugins)"
@@ -179,8 +231,15 @@ def test_console_summary_gives_every_variant_its_full_reason():
 
 
 def _env(**kw):
-    base = dict(trt_version="10.13.0.35", trt_error=None, gpu_sm=80, gpu_name="NVIDIA A100", cuda_runtime="12.9",
-                platform="x86_64", triton_version="3.9.0")
+    base = dict(
+        trt_version="10.13.0.35",
+        trt_error=None,
+        gpu_sm=80,
+        gpu_name="NVIDIA A100",
+        cuda_runtime="12.9",
+        platform="x86_64",
+        triton_version="3.9.0",
+    )
     base.update(kw)
     return TrtEnvironment(**base)
 
@@ -229,8 +288,12 @@ def smollm2_2layer(gguf_path):
 
     m = load_gguf(gguf_path)
     L = 2
-    c = dataclasses.replace(m.config, num_layers=L, layer_num_kv_heads=m.config.layer_num_kv_heads[:L],
-                            layer_sliding_window=m.config.layer_sliding_window[:L])
+    c = dataclasses.replace(
+        m.config,
+        num_layers=L,
+        layer_num_kv_heads=m.config.layer_num_kv_heads[:L],
+        layer_sliding_window=m.config.layer_sliding_window[:L],
+    )
     w = {k: v for k, v in m.weights.items() if not k.startswith("model.layers.") or int(k.split(".")[2]) < L}
     return LoadedModel(c, w, m.source_path, m.source_kind, m.tokenizer_json)
 
@@ -260,9 +323,15 @@ def test_build_stops_with_the_finish_on_target_message(split_spec):
     assert f"trtpipe build {spec_dir / 'recipe.yaml'} --from-spec {spec_dir / 'build_spec.json'}" in msg
     assert not final.exists()  # no artifact, and never a fake plan
     assert not list(spec_dir.glob("*.plan"))
-    assert sorted(p.name for p in spec_dir.iterdir()) == ["build_spec.json", "decode.onnx", "golden.json",
-                                                         "prefill.onnx", "recipe.yaml", "tokenizer.json",
-                                                         "weights.data"]
+    assert sorted(p.name for p in spec_dir.iterdir()) == [
+        "build_spec.json",
+        "decode.onnx",
+        "golden.json",
+        "prefill.onnx",
+        "recipe.yaml",
+        "tokenizer.json",
+        "weights.data",
+    ]
     assert any("held twice" in line for line in logs)
 
 
@@ -276,8 +345,12 @@ def test_build_spec_is_complete(split_spec):
     spec = json.loads((sdir / "build_spec.json").read_text())
     assert spec["target"] == {"name": "a100", "sm": 80, "platform": "x86_64", "description": "A100 (sm_80)"}
     assert spec["layout"] == "split" and spec["variants"] == ["plugin_free"]
-    assert spec["builder"] == {"optimization_level": 3, "workspace_mib": 8192, "strongly_typed": True,
-                               "precision_flags": []}
+    assert spec["builder"] == {
+        "optimization_level": 3,
+        "workspace_mib": 8192,
+        "strongly_typed": True,
+        "precision_flags": [],
+    }
     assert spec["op_abi_hash"] == op_schema_abi_hash() and len(spec["plugin_abi_hash"]) == 64
     assert spec["inputs_hash"] == "hash-1" and spec["artifact_dir"] == "../a100"
     assert spec["kv"]["num_blocks"] == 64 and spec["kv"]["dtype"] == "float16"
@@ -308,8 +381,11 @@ def test_spec_is_reused_when_inputs_are_unchanged(split_spec, monkeypatch):
 def test_orin_dual_profile_int4_records_why_plugin_free_fails(smollm2_2layer, tmp_path, monkeypatch):
     monkeypatch.setattr(GPU, "load_model", lambda recipe: smollm2_2layer)
     monkeypatch.setattr(GPU, "probe_environment", lambda: _env(trt_version=None, gpu_sm=None, platform="x86_64"))
-    r = _recipe(target="orin", precision={"prefill": "int4", "decode": "int4", "int4": {"group_size": 32}},
-                engine={"layout": "dual_profile", "plugin_free": False, "orin_trt_lt_10_7": "plugin_free"})
+    r = _recipe(
+        target="orin",
+        precision={"prefill": "int4", "decode": "int4", "int4": {"group_size": 32}},
+        engine={"layout": "dual_profile", "plugin_free": False, "orin_trt_lt_10_7": "plugin_free"},
+    )
     logs: list[str] = []
     with pytest.raises(BuildNeedsTarget) as e:
         GPU.build_gpu_target(r, tmp_path / "t-trt" / "orin", "h", log=logs.append)
@@ -331,11 +407,19 @@ def test_orin_dual_profile_int4_records_why_plugin_free_fails(smollm2_2layer, tm
 
 
 def _orin_jetpack6_recipe(gate: float, mode: str = "requantize_symmetric"):
-    return _recipe(target="orin", precision={"prefill": "int4", "decode": "int4", "int4": {"group_size": 32}},
-                   engine={"layout": "dual_profile", "plugin_free": False, "orin_trt_lt_10_7": "plugin_free",
-                           "plugin_free_int4": mode},
-                   validate={"correctness": {"num_sequences": 4, "num_tokens": 8,
-                                             "plugin_free_teacher_forced_agreement_min": gate}})
+    return _recipe(
+        target="orin",
+        precision={"prefill": "int4", "decode": "int4", "int4": {"group_size": 32}},
+        engine={
+            "layout": "dual_profile",
+            "plugin_free": False,
+            "orin_trt_lt_10_7": "plugin_free",
+            "plugin_free_int4": mode,
+        },
+        validate={
+            "correctness": {"num_sequences": 4, "num_tokens": 8, "plugin_free_teacher_forced_agreement_min": gate}
+        },
+    )
 
 
 @pytest.fixture(scope="module", params=["requantize_symmetric", "dequantize_float"])
@@ -446,8 +530,10 @@ def test_rtx_cannot_target_orin_or_h200():
 
 @pytest.mark.rtx
 @pytest.mark.slow
-@pytest.mark.skipif(not HAS_RTX or os.environ.get("TRTPIPE_RTX_FULL") != "1",
-                    reason="full 30-layer RTX smoke build: set TRTPIPE_RTX_FULL=1 (~3 min)")
+@pytest.mark.skipif(
+    not HAS_RTX or os.environ.get("TRTPIPE_RTX_FULL") != "1",
+    reason="full 30-layer RTX smoke build: set TRTPIPE_RTX_FULL=1 (~3 min)",
+)
 def test_rtx_smoke_full_smollm2(tmp_path, monkeypatch):
     monkeypatch.setattr(GPU, "probe_environment", lambda: _env(trt_version=None, gpu_sm=None))
     with pytest.raises(BuildNeedsTarget):

@@ -19,8 +19,7 @@ class FakeLLM:
     """One token per character of every message's content; answers "ok" + the turn number."""
 
     def __init__(self, max_seq_len: int):
-        self.manifest = SimpleNamespace(limits={"max_seq_len": max_seq_len}, recipe_name="fake",
-                                        target={"name": "cpu"})
+        self.manifest = SimpleNamespace(limits={"max_seq_len": max_seq_len}, recipe_name="fake", target={"name": "cpu"})
         self.prompts: list[list[dict]] = []
         self.turns = 0
 
@@ -31,24 +30,36 @@ class FakeLLM:
     def stream(self, ids, params):
         self.turns += 1
         text = f"ok{self.turns}"
-        self.last_output = SimpleNamespace(text=text, finish_reason="stop",
-                                           metrics=SimpleNamespace(ttft_s=0.01, output_tokens=1))
+        self.last_output = SimpleNamespace(
+            text=text, finish_reason="stop", metrics=SimpleNamespace(ttft_s=0.01, output_tokens=1)
+        )
         yield text
 
 
 def chat(llm, lines: str, system=None, max_new_tokens=10):
     out, notes = [], []
-    code = run_chat(llm, SamplingParams(max_new_tokens=max_new_tokens), system=system,
-                    stdin=io.BytesIO(lines.encode() if isinstance(lines, str) else lines),
-                    out=out.append, note=notes.append, interactive=False)
+    code = run_chat(
+        llm,
+        SamplingParams(max_new_tokens=max_new_tokens),
+        system=system,
+        stdin=io.BytesIO(lines.encode() if isinstance(lines, str) else lines),
+        out=out.append,
+        note=notes.append,
+        interactive=False,
+    )
     return code, "".join(out), notes
 
 
 def test_fit_prompt_drops_the_oldest_turns_first():
-    conv = Conversation(system="S" * 10, turns=[{"role": "user", "content": "a" * 30},
-                                                {"role": "assistant", "content": "b" * 30},
-                                                {"role": "user", "content": "c" * 20},
-                                                {"role": "assistant", "content": "d" * 20}])
+    conv = Conversation(
+        system="S" * 10,
+        turns=[
+            {"role": "user", "content": "a" * 30},
+            {"role": "assistant", "content": "b" * 30},
+            {"role": "user", "content": "c" * 20},
+            {"role": "assistant", "content": "d" * 20},
+        ],
+    )
     llm = FakeLLM(max_seq_len=100)
     ids, dropped = fit_prompt(llm, conv, "q" * 15, reserve_tokens=10)
     # 10 + 60 + 40 + 15 = 125 > 90 -> drop the first pair: 10 + 40 + 15 = 65 <= 90
@@ -87,10 +98,14 @@ def test_loop_reports_a_bad_line_and_goes_on_and_ends_at_eof():
 def test_chat_through_the_real_artifact(default_artifact):
     """Piped stdin: the first answer is generate's; the second turn's prompt carries the first
     (more prompt tokens); after /reset the same question gets the same greedy answer."""
-    gen = CliRunner().invoke(main, ["generate", str(default_artifact), FRANCE_PROMPT, "--chat",
-                                    "--max-new-tokens", "24"])
-    res = CliRunner().invoke(main, ["chat", str(default_artifact), "--max-new-tokens", "24"],
-                             input=f"{FRANCE_PROMPT}\nAnd of Italy?\n/reset\n{FRANCE_PROMPT}\n/exit\n")
+    gen = CliRunner().invoke(
+        main, ["generate", str(default_artifact), FRANCE_PROMPT, "--chat", "--max-new-tokens", "24"]
+    )
+    res = CliRunner().invoke(
+        main,
+        ["chat", str(default_artifact), "--max-new-tokens", "24"],
+        input=f"{FRANCE_PROMPT}\nAnd of Italy?\n/reset\n{FRANCE_PROMPT}\n/exit\n",
+    )
     assert res.exit_code == 0, res.output
     answers = res.stdout.splitlines()
     assert len(answers) == 3
@@ -106,8 +121,12 @@ class FailingLLM(FakeLLM):
 
     def stream(self, ids, params):
         if self.prompts[-1][-1]["content"].startswith("boom"):
-            self.last_output = SimpleNamespace(text="", finish_reason="error", error_message="engine exploded",
-                                               metrics=SimpleNamespace(ttft_s=None, output_tokens=0))
+            self.last_output = SimpleNamespace(
+                text="",
+                finish_reason="error",
+                error_message="engine exploded",
+                metrics=SimpleNamespace(ttft_s=None, output_tokens=0),
+            )
             return
         yield from super().stream(ids, params)
 
@@ -145,6 +164,7 @@ def test_chat_command_exits_nonzero_on_an_engine_error(monkeypatch):
 def test_help_texts_of_system_and_api_key():
     """chat's --system is described as the conversation's system message (generate's implies --chat);
     validate --api-key names TRTPIPE_API_KEY."""
+
     def help_of(cmd: str) -> str:  # one line: the terminal width wraps the help anywhere
         return " ".join(CliRunner().invoke(main, [cmd, "--help"]).output.split())
 

@@ -35,9 +35,18 @@ NAME = "smollm2-135m-cpu"
 MISMATCH = "was built from recipe"  # the words of check_artifact_matches_recipe's message
 TINY_VALIDATE = {
     "correctness": {"int4_teacher_forced_agreement_min": 0.5, "num_sequences": 2, "num_tokens": 64},
-    "scenarios": [{"name": "ok", "num_requests": 2, "num_warmup_requests": 0, "prompt_tokens": 8,
-                   "output_tokens": 2, "concurrency": 1, "seed": 0,
-                   "budgets": {"ttft_ms": {"p50": 60000}}}],
+    "scenarios": [
+        {
+            "name": "ok",
+            "num_requests": 2,
+            "num_warmup_requests": 0,
+            "prompt_tokens": 8,
+            "output_tokens": 2,
+            "concurrency": 1,
+            "seed": 0,
+            "budgets": {"ttft_ms": {"p50": 60000}},
+        }
+    ],
 }
 
 
@@ -80,8 +89,7 @@ def arts(default_artifact, tmp_path_factory) -> Path:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("command", [["generate", "{r}", "hi"], ["info", "{r}"], ["validate", "{r}"],
-                                     ["chat", "{r}"]])
+@pytest.mark.parametrize("command", [["generate", "{r}", "hi"], ["info", "{r}"], ["validate", "{r}"], ["chat", "{r}"]])
 def test_every_command_refuses_an_artifact_of_another_recipe(command, arts, tmp_path):
     recipe = recipe_copy(tmp_path, decode="fp32")  # same name, other build settings
     res = invoke(*[a.format(r=recipe) for a in command], "--artifacts", arts, input="hi\n")
@@ -180,8 +188,9 @@ def test_publish_keeps_the_previous_validate_reports(tmp_path):
     (final / "validate" / "previous-000000000000" / "report.json").write_text("oldest")
     (final / "validate" / "report.json").write_text("old")
     (final / "validate" / "scenarios-chat" / "report.json").write_text("old chat")
-    (final / "manifest.json").write_text(json.dumps({"recipe": {"name": NAME, "hash": "r" * 64},
-                                                     "build_info": {"build_hash": "abcdef0123456789" * 4}}))
+    (final / "manifest.json").write_text(
+        json.dumps({"recipe": {"name": NAME, "hash": "r" * 64}, "build_info": {"build_hash": "abcdef0123456789" * 4}})
+    )
     tmp.mkdir()
     (tmp / "manifest.json").write_text("{}")
     said = []
@@ -206,8 +215,12 @@ def test_publish_keeps_the_previous_validate_reports(tmp_path):
 
 def test_exit_codes_in_help():
     res = invoke("--help")
-    for line in ("0  built / passed", "1  a budget or correctness check failed", "2  usage, recipe or artifact error",
-                 "3  GPU target: build spec written, finish on the target"):
+    for line in (
+        "0  built / passed",
+        "1  a budget or correctness check failed",
+        "2  usage, recipe or artifact error",
+        "3  GPU target: build spec written, finish on the target",
+    ):
         assert line in res.output
 
 
@@ -216,8 +229,10 @@ def test_gpu_build_that_stops_at_its_spec_exits_3(monkeypatch, tmp_path, gguf_pa
     from trtpipe.pipeline.build import BuildNeedsTarget
 
     def stop_at_spec(recipe, root, **kw):
-        raise BuildNeedsTarget(f"TensorRT plans for target {recipe.target} cannot be built on this machine: "
-                               "no GPU.", tmp_path / "build_spec.json")
+        raise BuildNeedsTarget(
+            f"TensorRT plans for target {recipe.target} cannot be built on this machine: no GPU.",
+            tmp_path / "build_spec.json",
+        )
 
     monkeypatch.setattr(B, "build", stop_at_spec)
     res = invoke("build", RECIPES_DIR / "smollm2-135m-a100.yaml", "--artifacts", tmp_path)
@@ -260,9 +275,14 @@ def test_read_prompt_sources_and_bad_bytes(tmp_path):
 def test_generate_errors_name_the_flags(tmp_path):
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"\x80abc")
-    for args, flag in ((["--temperature", "-1"], "--temperature -1"), (["--temperature", "nan"], "--temperature nan"),
-                       (["--max-new-tokens", "0"], "--max-new-tokens 0"), (["--top-p", "2"], "--top-p 2"),
-                       (["--top-k", "-3"], "--top-k -3"), (["--prompt-file", bad], "--prompt-file")):
+    for args, flag in (
+        (["--temperature", "-1"], "--temperature -1"),
+        (["--temperature", "nan"], "--temperature nan"),
+        (["--max-new-tokens", "0"], "--max-new-tokens 0"),
+        (["--top-p", "2"], "--top-p 2"),
+        (["--top-k", "-3"], "--top-k -3"),
+        (["--prompt-file", bad], "--prompt-file"),
+    ):
         prompt = [] if "--prompt-file" in args else ["hi"]
         res = invoke("generate", NAME, *prompt, *args)
         assert res.exit_code == 2, (args, res.output)
@@ -307,8 +327,10 @@ def test_generate_reads_stdin_and_notes_the_cap(default_artifact, tmp_path):
     small = linked_root(tmp_path, default_artifact, max_seq_len=42)
     res = invoke("generate", NAME, FRANCE_PROMPT, "--chat", "--max-new-tokens", "100", "--artifacts", small)
     assert res.exit_code == 0, res.output
-    assert ("note: --max-new-tokens 100 capped to 5: the artifact's max_seq_len is 42 tokens (prompt + output) "
-            "and the prompt has 37.") in res.stderr
+    assert (
+        "note: --max-new-tokens 100 capped to 5: the artifact's max_seq_len is 42 tokens (prompt + output) "
+        "and the prompt has 37."
+    ) in res.stderr
     assert "[length] 5 tokens" in res.stderr
 
 
@@ -317,8 +339,9 @@ def test_system_message_reaches_the_template(default_artifact):
     from trtpipe.runtime.llm import LLM
 
     llm = LLM(default_artifact)
-    ids = llm.encode_chat([{"role": "system", "content": "You answer in one word."},
-                           {"role": "user", "content": FRANCE_PROMPT}])
+    ids = llm.encode_chat(
+        [{"role": "system", "content": "You answer in one word."}, {"role": "user", "content": FRANCE_PROMPT}]
+    )
     text = llm.tokenizer.backend.decode(ids, skip_special_tokens=False)
     assert text.startswith("<|im_start|>system\nYou answer in one word.<|im_end|>\n<|im_start|>user\n")
     assert "SmolLM" not in text  # the template's default system message is replaced
@@ -347,8 +370,14 @@ BLOCKED_RUN = textwrap.dedent("""
 
 
 def run_blocked(*args, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", BLOCKED_RUN, *map(str, args)], capture_output=True, text=True,
-                          timeout=300, cwd=cwd, env={**os.environ, "TRTPIPE_ARTIFACTS": ""})
+    return subprocess.run(
+        [sys.executable, "-c", BLOCKED_RUN, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+        env={**os.environ, "TRTPIPE_ARTIFACTS": ""},
+    )
 
 
 def test_block_hides_the_model_package(tmp_path):
@@ -368,7 +397,8 @@ def test_deploy_commands_run_without_the_model_package(arts, tmp_path):
     r = run_blocked("validate", recipe_copy(tmp_path, validate=TINY_VALIDATE), "--artifacts", arts)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "gate: PASS" in r.stdout
-    r = run_blocked("validate", recipe_copy(tmp_path, validate=TINY_VALIDATE), "--artifact", arts / NAME / "cpu",
-                    "--json")
+    r = run_blocked(
+        "validate", recipe_copy(tmp_path, validate=TINY_VALIDATE), "--artifact", arts / NAME / "cpu", "--json"
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout)["gate"]["correctness_passed"] is True

@@ -35,8 +35,9 @@ def test_settings_from_recipe_and_artifact_defaults(tmp_path, default_artifact):
     from trtpipe.pipeline.cli_serve import serve_settings
 
     root = default_artifact.parent.parent
-    art, settings, source = serve_settings(str(_recipe(tmp_path, prefix_caching=False, policy="fcfs",
-                                                       tpot_budget_ms=40)), str(root))
+    art, settings, source = serve_settings(
+        str(_recipe(tmp_path, prefix_caching=False, policy="fcfs", tpot_budget_ms=40)), str(root)
+    )
     assert art == default_artifact and source == "recipe 'smollm2-135m-cpu' (kv_cache, scheduler)"
     assert settings == {"prefix_caching": False, "scheduler_policy": "fcfs", "tpot_budget_ms": 40}
     art, settings, source = serve_settings(str(default_artifact), "unused")
@@ -47,17 +48,33 @@ def test_settings_from_recipe_and_artifact_defaults(tmp_path, default_artifact):
 def test_serve_recipe_without_prefix_caching_and_slo_override(tmp_path, default_artifact):
     recipe = _recipe(tmp_path, prefix_caching=False, policy="fcfs")
     system = "You answer questions about French geography in one short sentence. " * 6
-    with ServerProcess(recipe, "--artifacts", str(default_artifact.parent.parent), "--scheduler-policy", "slo",
-                       "--tpot-budget-ms", "50") as s:
+    with ServerProcess(
+        recipe,
+        "--artifacts",
+        str(default_artifact.parent.parent),
+        "--scheduler-policy",
+        "slo",
+        "--tpot-budget-ms",
+        "50",
+    ) as s:
         text = "".join(s.lines)
-        assert ("runtime settings from recipe 'smollm2-135m-cpu' (kv_cache, scheduler); overridden: "
-                "scheduler_policy=slo, tpot_budget_ms=50.0") in text
+        assert (
+            "runtime settings from recipe 'smollm2-135m-cpu' (kv_cache, scheduler); overridden: "
+            "scheduler_policy=slo, tpot_budget_ms=50.0"
+        ) in text
         assert "prefix caching off; scheduler slo; prefill chunks: slo: TPOT budget 50 ms" in text
         cached = []
         for q in ("Where is Lyon?", "Where is Lille?"):
-            r = httpx.post(s.url + "/v1/chat/completions", timeout=120, json={
-                "model": "smollm2-135m-cpu", "max_tokens": 4, "temperature": 0,
-                "messages": [{"role": "system", "content": system}, {"role": "user", "content": q}]})
+            r = httpx.post(
+                s.url + "/v1/chat/completions",
+                timeout=120,
+                json={
+                    "model": "smollm2-135m-cpu",
+                    "max_tokens": 4,
+                    "temperature": 0,
+                    "messages": [{"role": "system", "content": system}, {"role": "user", "content": q}],
+                },
+            )
             assert r.status_code == 200, r.text
             cached.append(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
         assert cached == [0, 0]

@@ -16,24 +16,58 @@ from click.testing import CliRunner
 from trtpipe.pipeline import estimate as est_mod
 from trtpipe.pipeline import targets
 from trtpipe.pipeline.cli import main
-from trtpipe.pipeline.estimate import (decode_flops, engine_weight_bytes, estimate,
-                                       kv_bytes_per_layer, kv_bytes_per_sequence, linear_params,
-                                       phase_weights, prefill_flops, roofline_s, run_estimate,
-                                       total_params)
+from trtpipe.pipeline.estimate import (
+    decode_flops,
+    engine_weight_bytes,
+    estimate,
+    kv_bytes_per_layer,
+    kv_bytes_per_sequence,
+    linear_params,
+    phase_weights,
+    prefill_flops,
+    roofline_s,
+    run_estimate,
+    total_params,
+)
 from trtpipe.pipeline.recipe import RECIPES_DIR, parse_recipe
 from trtpipe.pipeline.targets import GiB, HostMeasurement, get_target
 from trtpipe.runtime.model_config import ModelConfig
 
-HOST = HostMeasurement(bandwidth_bytes_per_s=30e9, fp32_flops_per_s=179e9,
-                       memory_total_bytes=24 * GiB, memory_available_bytes=20 * GiB, num_cpus=2)
+HOST = HostMeasurement(
+    bandwidth_bytes_per_s=30e9,
+    fp32_flops_per_s=179e9,
+    memory_total_bytes=24 * GiB,
+    memory_available_bytes=20 * GiB,
+    num_cpus=2,
+)
 
-LLAMA2_7B = dict(architecture="llama", name="Llama-2-7B", num_layers=32, hidden_size=4096,
-                 num_heads=32, num_kv_heads=32, head_dim=128, intermediate_size=11008,
-                 vocab_size=32000, max_position_embeddings=4096, tie_word_embeddings=False)
-SMOLLM2 = dict(architecture="llama", name="SmolLM2-135M", num_layers=30, hidden_size=576,
-               num_heads=9, num_kv_heads=3, head_dim=64, intermediate_size=1536,
-               vocab_size=49152, max_position_embeddings=8192, rope_theta=100000.0,
-               tie_word_embeddings=True)
+LLAMA2_7B = dict(
+    architecture="llama",
+    name="Llama-2-7B",
+    num_layers=32,
+    hidden_size=4096,
+    num_heads=32,
+    num_kv_heads=32,
+    head_dim=128,
+    intermediate_size=11008,
+    vocab_size=32000,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+)
+SMOLLM2 = dict(
+    architecture="llama",
+    name="SmolLM2-135M",
+    num_layers=30,
+    hidden_size=576,
+    num_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+    intermediate_size=1536,
+    vocab_size=49152,
+    max_position_embeddings=8192,
+    rope_theta=100000.0,
+    tie_word_embeddings=True,
+)
 
 
 def config(facts: dict, **over) -> ModelConfig:
@@ -52,9 +86,16 @@ def smollm2_planning_recipe(**over) -> dict:
     d["model"] = {"source": "none", "architecture": dict(SMOLLM2)}
     # the hand figures below are for fp32 prefill + INT4 decode (two weight copies)
     d["precision"] = {"prefill": "fp32", "decode": "int4", "int4": {"group_size": 32, "symmetric": False}}
-    d["validate"]["scenarios"] = [{
-        "name": "hand", "num_requests": 1, "prompt_tokens": 511, "output_tokens": 2,
-        "concurrency": 1, "budgets": {"ttft_ms": {"p50": 5000}, "tpot_ms": {"p50": 100}}}]
+    d["validate"]["scenarios"] = [
+        {
+            "name": "hand",
+            "num_requests": 1,
+            "prompt_tokens": 511,
+            "output_tokens": 2,
+            "concurrency": 1,
+            "budgets": {"ttft_ms": {"p50": 5000}, "tpot_ms": {"p50": 100}},
+        }
+    ]
     d.update(over)
     return d
 
@@ -62,6 +103,7 @@ def smollm2_planning_recipe(**over) -> dict:
 # --------------------------------------------------------------------------------------------
 # KV
 # --------------------------------------------------------------------------------------------
+
 
 def test_llama2_7b_kv_by_hand():
     c = config(LLAMA2_7B)
@@ -86,12 +128,17 @@ def test_sliding_window_caps_the_windowed_layers_only():
 # Weights
 # --------------------------------------------------------------------------------------------
 
+
 def test_smollm2_fp32_weights_exact():
     c = config(SMOLLM2)
-    per_layer = (576 * 576 + 2 * 576 * 192 + 576 * 576   # q, k, v, o
-                 + 3 * 576 * 1536                        # gate, up, down
-                 + 2 * 576)                              # two RMSNorms
-    params = 49152 * 576 + 30 * per_layer + 576          # tied embedding, layers, final norm
+    per_layer = (
+        576 * 576
+        + 2 * 576 * 192
+        + 576 * 576  # q, k, v, o
+        + 3 * 576 * 1536  # gate, up, down
+        + 2 * 576
+    )  # two RMSNorms
+    params = 49152 * 576 + 30 * per_layer + 576  # tied embedding, layers, final norm
     assert params == total_params(c) == 134_515_008
     w = phase_weights(c, "fp32", "cpu")
     assert w.total_bytes == 4 * params == 538_060_032
@@ -146,6 +193,7 @@ def test_llama2_7b_int4_gpu_weights():
 # Rooflines (TOOLCHAIN.md's physical floors for SmolLM2 on this machine)
 # --------------------------------------------------------------------------------------------
 
+
 def test_toolchain_decode_floor_96_6_mb_at_30_gb_s():
     c = config(SMOLLM2)
     # the Q4_1 GGUF's 96.6 MB of weights, read once per token: memory-bound
@@ -177,14 +225,14 @@ def test_estimate_cpu_smollm2_by_hand():
     # decode at 512 tokens of context, batch 1: (114.2 MB read per step: 4-bit GEMMs + groups +
     # the 8-bit head + norms; + 512 x 46,080 B of KV) / 30 GB/s
     assert tpot.metric == "tpot_ms" and tpot.bound == "memory"
-    assert tpot.floor_ms == pytest.approx((114_160_896 + 512 * 46_080) / 30e9 * 1e3) \
-        == pytest.approx(4.5918, abs=1e-4)
+    assert tpot.floor_ms == pytest.approx((114_160_896 + 512 * 46_080) / 30e9 * 1e3) == pytest.approx(4.5918, abs=1e-4)
     assert e.fits and e.exit_code == 0 and not e.warnings
 
 
 # --------------------------------------------------------------------------------------------
 # Warnings and exit codes
 # --------------------------------------------------------------------------------------------
+
 
 def test_7b_fp32_with_a_huge_kv_does_not_fit_on_orin():
     d = shipped("llama2-7b-orin")
@@ -201,8 +249,7 @@ def test_7b_fp32_with_a_huge_kv_does_not_fit_on_orin():
     room = e.usable_memory_bytes - e.engine_weight_bytes - e.activation_bytes
     assert e.max_sequences == (room // (16 * 524_288) - 1) // 256
     # the 32 GB module cannot even hold the weights of both phases and a sequence
-    assert estimate(r, r.model.architecture.to_model_config(),
-                    get_target("orin-32gb")).max_sequences < e.max_sequences
+    assert estimate(r, r.model.architecture.to_model_config(), get_target("orin-32gb")).max_sequences < e.max_sequences
 
 
 def test_budget_below_the_physical_floor_fails_below_the_prediction_warns():
@@ -230,6 +277,7 @@ def test_budget_below_the_physical_floor_fails_below_the_prediction_warns():
 # --------------------------------------------------------------------------------------------
 # CLI
 # --------------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def no_measure(monkeypatch):
@@ -272,8 +320,12 @@ def test_calibration_prints_predicted_next_to_measured(tmp_path, capsys):
     r = parse_recipe(smollm2_planning_recipe())
     vdir = tmp_path / "artifacts" / r.name / "cpu" / "validate"
     vdir.mkdir(parents=True)
-    report = {"schema_version": 1, "recipe": r.name, "target": "cpu", "scenarios": [
-        {"name": "hand", "summary": {"ttft_ms": {"p50": 1316.8}, "tpot_ms": {"p50": 14.44}}}]}
+    report = {
+        "schema_version": 1,
+        "recipe": r.name,
+        "target": "cpu",
+        "scenarios": [{"name": "hand", "summary": {"ttft_ms": {"p50": 1316.8}, "tpot_ms": {"p50": 14.44}}}],
+    }
     (vdir / "report.json").write_text(json.dumps(report))
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(smollm2_planning_recipe()))
@@ -308,15 +360,51 @@ def test_json_document_keeps_its_flat_keys():
     e = estimate(r, r.model.architecture.to_model_config(), get_target("cpu", host=HOST))
     d = e.to_dict()
     assert list(d) == [
-        "recipe_name", "model_name", "layout", "prefill", "decode", "engine_weight_bytes_split",
-        "engine_weight_bytes_dual_profile", "engine_weight_bytes", "kv_dtype", "kv_bytes_per_token",
-        "kv_bytes_per_token_layers", "kv_bytes_per_sequence", "kv_block_bytes", "kv_blocks_per_sequence",
-        "kv_pool_num_blocks", "kv_pool_bytes", "kv_pool_max_sequences", "prefill_activation_bytes",
-        "attention_scores_bytes", "decode_activation_bytes", "activation_bytes", "engine_bytes", "engine_bytes_split",
-        "engine_bytes_dual_profile", "usable_memory_bytes", "fits", "max_sequences", "warnings", "notes",
-        "build_host_bytes", "target", "latencies", "exit_code"]
-    assert list(d["decode"]) == ["precision", "activation_dtype", "linear_bytes", "int4_group_bytes",
-                                 "embedding_bytes", "lm_head_bytes", "other_bytes", "total_bytes", "step_read_bytes"]
+        "recipe_name",
+        "model_name",
+        "layout",
+        "prefill",
+        "decode",
+        "engine_weight_bytes_split",
+        "engine_weight_bytes_dual_profile",
+        "engine_weight_bytes",
+        "kv_dtype",
+        "kv_bytes_per_token",
+        "kv_bytes_per_token_layers",
+        "kv_bytes_per_sequence",
+        "kv_block_bytes",
+        "kv_blocks_per_sequence",
+        "kv_pool_num_blocks",
+        "kv_pool_bytes",
+        "kv_pool_max_sequences",
+        "prefill_activation_bytes",
+        "attention_scores_bytes",
+        "decode_activation_bytes",
+        "activation_bytes",
+        "engine_bytes",
+        "engine_bytes_split",
+        "engine_bytes_dual_profile",
+        "usable_memory_bytes",
+        "fits",
+        "max_sequences",
+        "warnings",
+        "notes",
+        "build_host_bytes",
+        "target",
+        "latencies",
+        "exit_code",
+    ]
+    assert list(d["decode"]) == [
+        "precision",
+        "activation_dtype",
+        "linear_bytes",
+        "int4_group_bytes",
+        "embedding_bytes",
+        "lm_head_bytes",
+        "other_bytes",
+        "total_bytes",
+        "step_read_bytes",
+    ]
     # the flat names read the small records: 513 blocks x 16 tokens x 46,080 B, 4 sequences of 2048 tokens
     assert d["kv_pool_bytes"] == e.kv.pool_bytes == 513 * 16 * 46_080
     assert d["kv_pool_max_sequences"] == e.kv.pool_max_sequences == 4

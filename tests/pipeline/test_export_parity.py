@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import FRANCE_ANSWER_IDS, FRANCE_PROMPT
 
 pytestmark = pytest.mark.slow
@@ -48,8 +47,9 @@ def forced_logits(llm, prompt_ids, target_ids):
     n = len(prompt_ids)
     assert kv.allocate_slots(sid, n, 0)
     try:
-        rec = ScheduledPrefill(sid, tuple(prompt_ids), 0, tuple(kv.block_table(sid)),
-                               tuple(kv.slot_mapping(sid, 0, n)), True)
+        rec = ScheduledPrefill(
+            sid, tuple(prompt_ids), 0, tuple(kv.block_table(sid)), tuple(kv.slot_mapping(sid, 0, n)), True
+        )
         rows = [llm.engine.prefill(PrefillBatch.from_scheduled([rec]))[0]]
         for i, tok in enumerate(target_ids[:-1]):
             p = n + i
@@ -96,7 +96,7 @@ def test_fp32_greedy_matches_transformers(fp32_llm, hf_smollm2, france_ids):
     for out in outs:
         with torch.no_grad():
             want = hf.generate(torch.tensor([list(out.prompt_token_ids)]), max_new_tokens=32, do_sample=False)
-        want = want[0, len(out.prompt_token_ids):].tolist()
+        want = want[0, len(out.prompt_token_ids) :].tolist()
         assert out.output_token_ids == want[: len(out.output_token_ids)], out.text
 
 

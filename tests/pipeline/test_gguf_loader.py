@@ -84,8 +84,12 @@ def test_one_eos_list_for_model_config_and_tokenizer(tmp_path, ids, expected):
 @pytest.mark.parametrize(
     ("metadata", "check"),
     [
-        ({"rope_scaling_type": gguf.RopeScalingType.LINEAR, "rope_scaling_factor": 4.0},
-         lambda c: c.rope_scaling is not None and (c.rope_scaling.rope_type, c.rope_scaling.factor) == ("linear", 4.0)),
+        (
+            {"rope_scaling_type": gguf.RopeScalingType.LINEAR, "rope_scaling_factor": 4.0},
+            lambda c: (
+                c.rope_scaling is not None and (c.rope_scaling.rope_type, c.rope_scaling.factor) == ("linear", 4.0)
+            ),
+        ),
         ({"rope_scaling_type": gguf.RopeScalingType.NONE}, lambda c: c.rope_scaling is None),
         ({"sliding_window": 8}, lambda c: c.layer_sliding_window == (8,)),
         ({}, lambda c: c.layer_sliding_window == (0,) and c.rope_scaling is None),

@@ -16,14 +16,27 @@ from trtpipe.pipeline import golden as G
 
 
 def _key(**over) -> G.GoldenKey:
-    base = dict(model_sha256="m" * 64, model_config_sha256="c" * 64, precision="fp32", prompts=("a", "b"),
-                layer_sliding_window=(0, 0), reference_code_sha256="r" * 64)
+    base = dict(
+        model_sha256="m" * 64,
+        model_config_sha256="c" * 64,
+        precision="fp32",
+        prompts=("a", "b"),
+        layer_sliding_window=(0, 0),
+        reference_code_sha256="r" * 64,
+    )
     return G.GoldenKey(**{**base, **over})
 
 
 def _fake_recording(n: int) -> dict:
-    seqs = [{"prompt": p, "prompt_ids": [1, 2], "output_ids": list(range(10 * i, 10 * i + n)),
-             "top5": [[[10 * i + t, float(t)]] for t in range(n)]} for i, p in enumerate("ab")]
+    seqs = [
+        {
+            "prompt": p,
+            "prompt_ids": [1, 2],
+            "output_ids": list(range(10 * i, 10 * i + n)),
+            "top5": [[[10 * i + t, float(t)]] for t in range(n)],
+        }
+        for i, p in enumerate("ab")
+    ]
     return {"reference": G.REFERENCE_DESCRIPTION, "num_tokens": n, "sequences": seqs}
 
 
@@ -39,8 +52,14 @@ class _Recorder:
 def test_key_changes_with_every_input_it_names():
     k = _key()
     assert len(k.digest()) == 64 and k.digest() == _key().digest()
-    for field, value in (("model_sha256", "x" * 64), ("model_config_sha256", "y" * 64), ("precision", "int4"),
-                         ("prompts", ("a",)), ("layer_sliding_window", (0, 64)), ("reference_code_sha256", "z")):
+    for field, value in (
+        ("model_sha256", "x" * 64),
+        ("model_config_sha256", "y" * 64),
+        ("precision", "int4"),
+        ("prompts", ("a",)),
+        ("layer_sliding_window", (0, 64)),
+        ("reference_code_sha256", "z"),
+    ):
         assert _key(**{field: value}).digest() != k.digest(), field
 
 
@@ -107,8 +126,12 @@ def ref_2layer(gguf_path):
     from trtpipe.pipeline.weights import LoadedModel
 
     m = load_gguf(gguf_path)
-    c = dataclasses.replace(m.config, num_layers=2, layer_num_kv_heads=m.config.layer_num_kv_heads[:2],
-                            layer_sliding_window=m.config.layer_sliding_window[:2])
+    c = dataclasses.replace(
+        m.config,
+        num_layers=2,
+        layer_num_kv_heads=m.config.layer_num_kv_heads[:2],
+        layer_sliding_window=m.config.layer_sliding_window[:2],
+    )
     w = {k: v for k, v in m.weights.items() if not k.startswith("model.layers.") or int(k.split(".")[2]) < 2}
     loaded = LoadedModel(c, w, m.source_path, m.source_kind, m.tokenizer_json)
     return loaded, build_reference_model(loaded, "fp32", rope_table_len=256)
@@ -117,8 +140,15 @@ def ref_2layer(gguf_path):
 @pytest.mark.slow
 def test_n_tokens_of_a_longer_recording_are_bit_exact(ref_2layer):
     loaded, ref = ref_2layer
-    rec = lambda n: G.record_golden(ref, loaded.tokenizer_json, loaded.config.chat_template, n,  # noqa: E731
-                                    prompts=G.GOLDEN_PROMPTS[:2])
+    rec = (
+        lambda n: G.record_golden(
+            ref,
+            loaded.tokenizer_json,
+            loaded.config.chat_template,
+            n,  # noqa: E731
+            prompts=G.GOLDEN_PROMPTS[:2],
+        )
+    )
     short, long = rec(5), rec(12)
     assert G.truncate_golden(long, 5) == short  # ids and top-5 logits, float for float
     assert len(long["sequences"][0]["output_ids"]) > 5
@@ -128,8 +158,15 @@ def test_n_tokens_of_a_longer_recording_are_bit_exact(ref_2layer):
 def test_recording_logs_each_prompt_and_token_progress(ref_2layer):
     loaded, ref = ref_2layer
     logs: list[str] = []
-    G.record_golden(ref, loaded.tokenizer_json, loaded.config.chat_template, 4, prompts=G.GOLDEN_PROMPTS[:2],
-                    log=logs.append, progress_every_s=0)
+    G.record_golden(
+        ref,
+        loaded.tokenizer_json,
+        loaded.config.chat_template,
+        4,
+        prompts=G.GOLDEN_PROMPTS[:2],
+        log=logs.append,
+        progress_every_s=0,
+    )
     assert logs[0].startswith("golden prompt 1/2 (") and "up to 4 new" in logs[0]
     assert any(line.startswith("  golden prompt 1/2: 1/4 tokens,") and "tokens/s" in line for line in logs)
     assert any(line.startswith("  golden prompt 2/2: 3/4 tokens,") for line in logs)

@@ -10,10 +10,22 @@ from trtpipe.runtime.model_config import ModelConfig
 
 # A Qwen2-style model: window 8 on layer 1 only, different kv heads per layer.
 CONFIG = ModelConfig(
-    architecture="qwen2", num_layers=3, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
-    intermediate_size=96, vocab_size=128, max_position_embeddings=256, rope_theta=10000.0,
-    rms_norm_eps=1e-6, tie_word_embeddings=False, layer_num_kv_heads=(2, 1, 2),
-    layer_sliding_window=(0, 8, 0), eos_token_ids=(2, 5), name="tiny",
+    architecture="qwen2",
+    num_layers=3,
+    hidden_size=64,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    intermediate_size=96,
+    vocab_size=128,
+    max_position_embeddings=256,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    layer_num_kv_heads=(2, 1, 2),
+    layer_sliding_window=(0, 8, 0),
+    eos_token_ids=(2, 5),
+    name="tiny",
 )
 
 

@@ -15,9 +15,15 @@ from trtpipe.pipeline.hf_loader import load_hf_folder  # noqa: E402
 from trtpipe.pipeline.model import build_reference_model  # noqa: E402
 
 BASE = dict(
-    vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-    rms_norm_eps=1e-5, tie_word_embeddings=False,
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
 )
 
 
@@ -55,11 +61,19 @@ def test_llama_tied_embeddings(tmp_path):
     assert diff <= 1e-4, diff
 
 
-@pytest.mark.parametrize("scaling", [
-    {"rope_type": "linear", "factor": 4.0},
-    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-     "original_max_position_embeddings": 64},
-])
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        {"rope_type": "linear", "factor": 4.0},
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    ],
+)
 def test_llama_rope_scaling(tmp_path, scaling):
     m = _make("LlamaForCausalLM", "LlamaConfig", rope_scaling=dict(scaling), rope_theta=10000.0)
     diff, loaded = _compare(tmp_path, m, prompt_len=120)
@@ -97,8 +111,7 @@ def test_recipe_window_override_matches_transformers_windowed_model(tmp_path):
 
 
 def test_qwen2_bias_and_window(tmp_path):
-    m = _make("Qwen2ForCausalLM", "Qwen2Config", use_sliding_window=True, sliding_window=8,
-              max_window_layers=1)
+    m = _make("Qwen2ForCausalLM", "Qwen2Config", use_sliding_window=True, sliding_window=8, max_window_layers=1)
     diff, loaded = _compare(tmp_path, m, prompt_len=40)
     assert loaded.config.attention_bias
     assert loaded.config.layer_sliding_window == (0, 8)

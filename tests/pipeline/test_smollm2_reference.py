@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 import torch
-
 from conftest import FRANCE_ANSWER_IDS
 
 pytestmark = pytest.mark.slow
@@ -49,6 +48,8 @@ def test_greedy_32_matches_transformers(ref_fp32, hf_smollm2, france_ids):
     _, hf = hf_smollm2
     ours = _greedy(lambda ids: ref_fp32.forward_dense(torch.tensor([ids]))[0, -1].numpy(), france_ids, 32)
     with torch.no_grad():
-        theirs = hf.generate(torch.tensor([france_ids]), max_new_tokens=32, do_sample=False)[0, len(france_ids):].tolist()
+        theirs = hf.generate(torch.tensor([france_ids]), max_new_tokens=32, do_sample=False)[
+            0, len(france_ids) :
+        ].tolist()
     assert ours[: len(FRANCE_ANSWER_IDS)] == FRANCE_ANSWER_IDS
     assert ours == theirs[: len(ours)]

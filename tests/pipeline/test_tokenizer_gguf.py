@@ -85,9 +85,45 @@ DIGIT_AFTER_WHITESPACE = {
 
 QUESTION = "What is the capital of France?"
 # transformers apply_chat_template + encode (TOOLCHAIN.md: 37 ids, same in llama.cpp).
-PROMPT_IDS = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018,
-              411, 407, 19712, 8182, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2,
-              198, 1, 520, 9531, 198]
+PROMPT_IDS = [
+    1,
+    9690,
+    198,
+    2683,
+    359,
+    253,
+    5356,
+    5646,
+    11173,
+    3365,
+    3511,
+    308,
+    34519,
+    28,
+    7018,
+    411,
+    407,
+    19712,
+    8182,
+    2,
+    198,
+    1,
+    4093,
+    198,
+    1780,
+    314,
+    260,
+    3575,
+    282,
+    4649,
+    47,
+    2,
+    198,
+    1,
+    520,
+    9531,
+    198,
+]
 ANSWER_IDS = [504, 3575, 282, 4649, 314, 7042, 30, 2]  # greedy answer (TOOLCHAIN.md)
 
 
@@ -133,8 +169,9 @@ def test_tiny_vocab_specials_merges_and_sizes():
 
 
 def test_tiny_vocab_add_bos_and_eos():
-    tok = tokenizer_from_gguf_fields(_tiny_fields(**{"tokenizer.ggml.add_bos_token": True,
-                                                     "tokenizer.ggml.add_eos_token": True}))
+    tok = tokenizer_from_gguf_fields(
+        _tiny_fields(**{"tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": True})
+    )
     hi = tok.token_to_id("hi")
     assert tok.encode("hi").ids == [1, hi, 0]
     assert tok.encode("hi", add_special_tokens=False).ids == [hi]
@@ -196,9 +233,10 @@ def test_every_pre_tokenizer_regex_compiles_and_splits():
 def test_gpt2_split_regex_equals_bytelevel_builtin_regex():
     """llama.cpp's GPT-2 regex lacks the trailing `|\\s+`; with isolated splitting the pieces are
     still those of tokenizers' ByteLevel(use_regex=True)."""
-    ours = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(s), "isolated") for s in PRE_TOKENIZER_SPECS["gpt-2"].splits
-    ] + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    ours = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(s), "isolated") for s in PRE_TOKENIZER_SPECS["gpt-2"].splits]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
     builtin = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     for text in TEXTS + _fuzz_texts(300, seed=1) + list(DIGIT_AFTER_WHITESPACE):
         assert ours.pre_tokenize_str(text) == builtin.pre_tokenize_str(text), repr(text)
@@ -206,10 +244,56 @@ def test_gpt2_split_regex_equals_bytelevel_builtin_regex():
 
 def _fuzz_texts(count: int, seed: int) -> list[str]:
     rng = random.Random(seed)
-    pool = ["a", "Hello", " the", "'s", "'LL", "x", " ", "  ", "   ", "\t", "\n", "\n\n", "\r\n", "0",
-            "7", "42", "2024", "²", "٣", ".", ",", "!?", "()", "{}", "->", "#", "_", "é", "ß", "你好",
-            "世界", "カタ", "ひら", "한", "😀", "👍🏽", "‍", "мир", "Ж", "<|im_start|>", "<|im_end|>",
-            "<|endoftext|>", "<repo_name>", "\x00", "\u00a0", "\u3000", "ﬁ", "…"]
+    pool = [
+        "a",
+        "Hello",
+        " the",
+        "'s",
+        "'LL",
+        "x",
+        " ",
+        "  ",
+        "   ",
+        "\t",
+        "\n",
+        "\n\n",
+        "\r\n",
+        "0",
+        "7",
+        "42",
+        "2024",
+        "²",
+        "٣",
+        ".",
+        ",",
+        "!?",
+        "()",
+        "{}",
+        "->",
+        "#",
+        "_",
+        "é",
+        "ß",
+        "你好",
+        "世界",
+        "カタ",
+        "ひら",
+        "한",
+        "😀",
+        "👍🏽",
+        "‍",
+        "мир",
+        "Ж",
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|endoftext|>",
+        "<repo_name>",
+        "\x00",
+        "\u00a0",
+        "\u3000",
+        "ﬁ",
+        "…",
+    ]
     return ["".join(rng.choice(pool) for _ in range(rng.randint(1, 12))) for _ in range(count)]
 
 
@@ -266,10 +350,12 @@ def hf_digits(hf) -> Tokenizer:
     """transformers' GGUF tokenizer with SmolLM2's own tokenizer.json pre-tokenizer
     (Digits(individual_digits=True) then ByteLevel), i.e. what llama.cpp's "smollm" split does."""
     tok = Tokenizer.from_str(hf.backend_tokenizer.to_str())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+        ]
+    )
     return tok
 
 
@@ -283,8 +369,10 @@ def runtime_tok(ours, meta, tmp_path_factory) -> RuntimeTokenizer:
 @needs_model
 def test_build_time_is_reported(ours, build_times, capsys):
     with capsys.disabled():
-        print(f"\n[tokenizer_gguf] GGUFReader open {build_times['gguf_open_s']:.2f} s, "
-              f"tokenizer build {build_times['tokenizer_build_s']:.2f} s")
+        print(
+            f"\n[tokenizer_gguf] GGUFReader open {build_times['gguf_open_s']:.2f} s, "
+            f"tokenizer build {build_times['tokenizer_build_s']:.2f} s"
+        )
     assert ours.get_vocab_size(with_added_tokens=True) == 49152
 
 
@@ -358,8 +446,13 @@ def test_fuzz_ids_equal_smollm2_pre_tokenizer(ours, hf_digits):
 @needs_model
 def test_chat_prompt_renders_and_tokenizes_like_transformers(ours, hf, meta):
     messages = default_chat_messages(QUESTION)
-    prompt = render_chat(meta["chat_template"], messages, add_generation_prompt=True,
-                         bos_token=meta["bos_token"], eos_token=meta["eos_token"])
+    prompt = render_chat(
+        meta["chat_template"],
+        messages,
+        add_generation_prompt=True,
+        bos_token=meta["bos_token"],
+        eos_token=meta["eos_token"],
+    )
     assert prompt == hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert prompt == (
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -392,10 +485,10 @@ def test_runtime_tokenizer_rejects_invalid_utf8(runtime_tok):
     with pytest.raises(RequestError, match=r"invalid UTF-8 at byte offset 0"):
         runtime_tok.encode(b"\xff\xfe")
     with pytest.raises(RequestError, match="invalid UTF-8"):
-        runtime_tok.encode("你".encode("utf-8")[:2])  # truncated multi-byte character
+        runtime_tok.encode("你".encode()[:2])  # truncated multi-byte character
     with pytest.raises(RequestError, match="UTF-8 cannot encode"):
         runtime_tok.encode("a\udcff")  # lone surrogate (surrogateescape residue)
-    assert runtime_tok.encode("café".encode("utf-8")) == runtime_tok.encode("café")
+    assert runtime_tok.encode("café".encode()) == runtime_tok.encode("café")
 
 
 @needs_model

@@ -35,21 +35,37 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TINY_VALIDATE = {
     "correctness": {"int4_teacher_forced_agreement_min": 0.5, "num_sequences": 4, "num_tokens": 64},
     "scenarios": [
-        {"name": "ok", "num_requests": 3, "num_warmup_requests": 1,
-         "prompt_tokens": {"uniform": {"min": 8, "max": 24}}, "output_tokens": 4,
-         "concurrency": 2, "seed": 0,
-         "budgets": {"ttft_ms": {"p50": 60000}, "tpot_ms": {"p90": 20000},
-                     "itl_ms": {"p99": 20000}, "e2e_ms": {"p95": 120000},
-                     "min_output_tokens_per_s": 0.01}},
-        {"name": "tight", "num_requests": 2, "num_warmup_requests": 0, "prompt_tokens": 8,
-         "output_tokens": 2, "arrival_rate_per_s": 50.0, "seed": 1,
-         "budgets": {"ttft_ms": {"p50": 0.001}}},
+        {
+            "name": "ok",
+            "num_requests": 3,
+            "num_warmup_requests": 1,
+            "prompt_tokens": {"uniform": {"min": 8, "max": 24}},
+            "output_tokens": 4,
+            "concurrency": 2,
+            "seed": 0,
+            "budgets": {
+                "ttft_ms": {"p50": 60000},
+                "tpot_ms": {"p90": 20000},
+                "itl_ms": {"p99": 20000},
+                "e2e_ms": {"p95": 120000},
+                "min_output_tokens_per_s": 0.01,
+            },
+        },
+        {
+            "name": "tight",
+            "num_requests": 2,
+            "num_warmup_requests": 0,
+            "prompt_tokens": 8,
+            "output_tokens": 2,
+            "arrival_rate_per_s": 50.0,
+            "seed": 1,
+            "budgets": {"ttft_ms": {"p50": 0.001}},
+        },
     ],
 }
 
 
-def write_recipe(tmp_path: Path, validate: dict | None = None, name: str = "validate-test",
-                 **changes) -> Path:
+def write_recipe(tmp_path: Path, validate: dict | None = None, name: str = "validate-test", **changes) -> Path:
     data = yaml.safe_load(CPU_RECIPE.read_text())
     data["name"] = name
     data["validate"] = copy.deepcopy(TINY_VALIDATE if validate is None else validate)
@@ -87,8 +103,7 @@ def test_build_hash_ignores_validate_and_description(tmp_path):
     for d in ("a", "b", "c"):
         (tmp_path / d).mkdir()
     a = load_recipe(write_recipe(tmp_path / "a", name="r"))
-    b = load_recipe(write_recipe(tmp_path / "b", validate={"scenarios": []}, name="r",
-                                 description="other words"))
+    b = load_recipe(write_recipe(tmp_path / "b", validate={"scenarios": []}, name="r", description="other words"))
     assert recipe_hash(a) != recipe_hash(b)
     assert build_hash(a) == build_hash(b)
     c = load_recipe(write_recipe(tmp_path / "c", name="r", max_num_tokens=256))
@@ -104,7 +119,9 @@ def test_rebuild_command_names_the_recipe_file_and_artifacts_root(tmp_path, monk
     monkeypatch.chdir(tmp_path)
     own = load_recipe(write_recipe(tmp_path, name="own"))
     cmd = rebuild_command(own, tmp_path / "arts")
-    assert cmd == f"trtpipe build {(tmp_path / 'own.yaml').resolve()} --artifacts {(tmp_path / 'arts').resolve()} --force"
+    assert (
+        cmd == f"trtpipe build {(tmp_path / 'own.yaml').resolve()} --artifacts {(tmp_path / 'arts').resolve()} --force"
+    )
     shipped = load_recipe(RECIPES_DIR / "smollm2-135m-cpu.yaml")
     assert rebuild_command(shipped, "artifacts") == "trtpipe build smollm2-135m-cpu --force"
     fields = {f: None for f in Manifest.__dataclass_fields__}
@@ -140,18 +157,42 @@ def test_select_scenarios_order_and_unknown_names(tmp_path):
 
 def test_scenario_workload_spec_conversion(tmp_path):
     (tmp_path / "prompts.txt").write_text("first prompt\n\n  \nsecond prompt\n")
-    validate = {"scenarios": [
-        {"name": "u", "num_requests": 5, "prompt_tokens": {"uniform": {"min": 3, "max": 9}},
-         "output_tokens": {"uniform": {"min": 2, "max": 4}}, "arrival_rate_per_s": 2.5, "seed": 4},
-        {"name": "f", "num_requests": 2, "num_warmup_requests": 0,
-         "prompt_tokens": {"file": "prompts.txt"}, "output_tokens": 7, "concurrency": 3},
-    ]}
+    validate = {
+        "scenarios": [
+            {
+                "name": "u",
+                "num_requests": 5,
+                "prompt_tokens": {"uniform": {"min": 3, "max": 9}},
+                "output_tokens": {"uniform": {"min": 2, "max": 4}},
+                "arrival_rate_per_s": 2.5,
+                "seed": 4,
+            },
+            {
+                "name": "f",
+                "num_requests": 2,
+                "num_warmup_requests": 0,
+                "prompt_tokens": {"file": "prompts.txt"},
+                "output_tokens": 7,
+                "concurrency": 3,
+            },
+        ]
+    }
     recipe = load_recipe(write_recipe(tmp_path, validate=validate))
     u, f = (scenario_workload_spec(recipe, s) for s in recipe.validation.scenarios)
-    assert (u.prompt_tokens, u.output_tokens, u.arrival_rate_per_s, u.concurrency, u.seed,
-            u.num_warmup_requests) == ((3, 9), (2, 4), 2.5, None, 4, 2)
+    assert (u.prompt_tokens, u.output_tokens, u.arrival_rate_per_s, u.concurrency, u.seed, u.num_warmup_requests) == (
+        (3, 9),
+        (2, 4),
+        2.5,
+        None,
+        4,
+        2,
+    )
     assert (f.prompt_tokens, f.prompts, f.output_tokens, f.concurrency) == (
-        None, ("first prompt", "second prompt"), (7, 7), 3)
+        None,
+        ("first prompt", "second prompt"),
+        (7, 7),
+        3,
+    )
 
 
 def test_cli_unknown_scenario_is_usage_error():
@@ -206,8 +247,13 @@ def test_validate_passes_and_writes_report(tiny):
     out = art / "validate" / "scenarios-ok"
     doc = json.loads((out / "report.json").read_text())
     assert doc["schema_version"] == 1 and doc["recipe"] == "validate-test"
-    assert doc["gate"] == {"passed": True, "exit_code": 0, "budgets_passed": True,
-                           "correctness_passed": True, "kv_leak_free": True}
+    assert doc["gate"] == {
+        "passed": True,
+        "exit_code": 0,
+        "budgets_passed": True,
+        "correctness_passed": True,
+        "kv_leak_free": True,
+    }
     assert "linear" in doc["percentile_method"]
     [scen] = doc["scenarios"]
     assert scen["name"] == "ok" and len(scen["requests"]) == 3  # warm-up excluded
@@ -217,8 +263,7 @@ def test_validate_passes_and_writes_report(tiny):
     assert 1 <= sm["peak_decode_batch_size"] <= 2  # concurrency 2
     assert sm["peak_rss_bytes"] > 0 and sm["output_tokens_per_s"] > 0
     assert all(r["ttft_ms"] >= r["prefill_ms"] for r in scen["requests"])  # TTFT includes queue
-    assert [b["metric"] for b in scen["budgets"]] == [
-        "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "output_tokens_per_s"]
+    assert [b["metric"] for b in scen["budgets"]] == ["ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "output_tokens_per_s"]
     c = doc["correctness"]
     assert c["method"] == "teacher-forced argmax agreement" and c["passed"]
     # the default artifact (exact Q4_1, int8 activations) over the 4 golden sequences (181
@@ -248,13 +293,13 @@ def test_plugin_free_variant_artifact_is_gated_by_its_own_minimum(monkeypatch):
     """An Orin artifact of the plugin-free variant (asymmetric INT4 changed for TensorRT) is held to
     validate.correctness.plugin_free_teacher_forced_agreement_min; the plugin variant to the INT4 one."""
     import trtpipe.runtime.teacher_forcing as TF
+    from trtpipe.pipeline.recipe import parse_recipe
     from trtpipe.pipeline.validate import check_correctness
 
-    from trtpipe.pipeline.recipe import parse_recipe
-
     data = yaml.safe_load((RECIPES_DIR / "smollm2-135m-orin.yaml").read_text())
-    data["validate"]["correctness"].update(int4_teacher_forced_agreement_min=0.95,
-                                           plugin_free_teacher_forced_agreement_min=0.9)
+    data["validate"]["correctness"].update(
+        int4_teacher_forced_agreement_min=0.95, plugin_free_teacher_forced_agreement_min=0.9
+    )
     r = parse_recipe(data, origin="orin-test.yaml", base_dir=RECIPES_DIR)
     gate = r.validation.correctness.plugin_free_teacher_forced_agreement_min
     import math
@@ -264,8 +309,10 @@ def test_plugin_free_variant_artifact_is_gated_by_its_own_minimum(monkeypatch):
     k = math.ceil(gate * 100)  # agreeing tokens: at the plugin-free minimum, below the INT4 one
     assert k < 95
     monkeypatch.setattr(TF, "teacher_forced_agreement", lambda llm, p, w: (k / 100, w[:k] + [0] * (100 - k)))
-    for weights, key, passed in (("dequantize_float", "plugin_free_teacher_forced_agreement_min", True),
-                                 ("as_exported", "int4_teacher_forced_agreement_min", False)):
+    for weights, key, passed in (
+        ("dequantize_float", "plugin_free_teacher_forced_agreement_min", True),
+        ("as_exported", "int4_teacher_forced_agreement_min", False),
+    ):
         llm = SimpleNamespace(manifest=SimpleNamespace(backend={"name": "trt", "int4_weights": weights}))
         c = check_correctness(llm, r, golden)
         assert c.agreement.threshold_key == key and c.passed is passed, c
@@ -309,8 +356,9 @@ def test_gate_is_computed_once_and_matches_report_json(tmp_path, capsys):
         results = evaluate_budgets(summary, [{"metric": "ttft_ms", "percentile": "p50", "max": limit_ms}])
         reports = [ScenarioReport("s", summary, tuple(results), tuple(reqs))]
         correctness = {} if correct is None else {"passed": correct}
-        paths = write_report(tmp_path, recipe_name="r", target="cpu", scenarios=reports,
-                             correctness=correctness, env={}, plots=False)
+        paths = write_report(
+            tmp_path, recipe_name="r", target="cpu", scenarios=reports, correctness=correctness, env={}, plots=False
+        )
         written = json.loads(paths.report_json.read_text())["gate"]
         gate = gate_of_reports(reports, correct)
         assert gate.to_dict() == written
@@ -322,25 +370,53 @@ def test_gate_is_computed_once_and_matches_report_json(tmp_path, capsys):
 
 def test_correctness_result_dict_keeps_report_keys():
     """The typed result writes the same correctness object as the free dict it replaced."""
-    from trtpipe.pipeline.validate_correctness import (Agreement, AgreementSequence, CorrectnessResult,
-                                                       ExactSequence)
+    from trtpipe.pipeline.validate_correctness import Agreement, AgreementSequence, CorrectnessResult, ExactSequence
 
     common = dict(reference="golden.json", precision="prefill int4, decode int4", settings_from="recipe")
     rows = (AgreementSequence("p", 10, 0.9, 1.5), AgreementSequence("q", 10, 1.0, None))
-    c = CorrectnessResult(method="teacher-forced argmax agreement", passed=True, num_tokens=20, sequences=rows,
-                          agreement=Agreement(19 / 20, 19, 0.9, "int4_teacher_forced_agreement_min", 20),
-                          seconds=1.5, **common)
+    c = CorrectnessResult(
+        method="teacher-forced argmax agreement",
+        passed=True,
+        num_tokens=20,
+        sequences=rows,
+        agreement=Agreement(19 / 20, 19, 0.9, "int4_teacher_forced_agreement_min", 20),
+        seconds=1.5,
+        **common,
+    )
     d = c.to_dict()
-    assert list(d) == ["reference", "precision", "settings_from", "num_sequences", "method", "agreement",
-                       "agreeing_tokens", "threshold", "threshold_key", "passed", "margin", "in_reference_top5",
-                       "num_tokens", "sequences", "seconds"]
+    assert list(d) == [
+        "reference",
+        "precision",
+        "settings_from",
+        "num_sequences",
+        "method",
+        "agreement",
+        "agreeing_tokens",
+        "threshold",
+        "threshold_key",
+        "passed",
+        "margin",
+        "in_reference_top5",
+        "num_tokens",
+        "sequences",
+        "seconds",
+    ]
     assert (d["agreement"], d["agreeing_tokens"], d["margin"], d["in_reference_top5"]) == (0.95, "19/20", 0.05, "20/20")
-    assert d["sequences"][1] == {"prompt": "q", "tokens": 10, "agreement": 1.0,
-                                 "max_reference_top1_gap_at_mismatch": None}
+    assert d["sequences"][1] == {
+        "prompt": "q",
+        "tokens": 10,
+        "agreement": 1.0,
+        "max_reference_top1_gap_at_mismatch": None,
+    }
     assert "margin +0.0500" in c.line() and "PASS" in c.line()
-    e = CorrectnessResult(method="exact greedy token ids (fp32 prefill and decode)", passed=False, num_tokens=8,
-                          sequences=(ExactSequence("p", 4, True, None), ExactSequence("q", 4, False, 2)),
-                          notes="n", **common)
+    e = CorrectnessResult(
+        method="exact greedy token ids (fp32 prefill and decode)",
+        passed=False,
+        num_tokens=8,
+        sequences=(ExactSequence("p", 4, True, None), ExactSequence("q", 4, False, 2)),
+        notes="n",
+        **common,
+    )
     d = e.to_dict()
     assert (d["sequences_exact"], d["passed"], d["notes"], d["num_sequences"]) == ("1/2", False, "n", 2)
     assert d["sequences"][1] == {"prompt": "q", "tokens": 4, "exact": False, "first_mismatch": 2}
@@ -355,8 +431,15 @@ def test_kv_leak_after_the_correctness_check_fails_it_instead_of_crashing(monkey
     import trtpipe.pipeline.validate as V
     from trtpipe.pipeline.validate_correctness import CorrectnessResult, ExactSequence
 
-    ok = CorrectnessResult(reference="golden.json", precision="prefill fp32, decode fp32", settings_from="recipe",
-                           method="exact", passed=True, num_tokens=4, sequences=(ExactSequence("p", 4, True, None),))
+    ok = CorrectnessResult(
+        reference="golden.json",
+        precision="prefill fp32, decode fp32",
+        settings_from="recipe",
+        method="exact",
+        passed=True,
+        num_tokens=4,
+        sequences=(ExactSequence("p", 4, True, None),),
+    )
     monkeypatch.setattr(V, "check_correctness", lambda llm, r, golden: ok)
     console = Console(file=open(tmp_path / "out.txt", "w"), highlight=False)
     recipe = load_recipe(CPU_RECIPE, check_files=False)

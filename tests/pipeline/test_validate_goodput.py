@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from test_validate import PNG_MAGIC, fake_artifact, invoke, write_recipe
 
 pytestmark = pytest.mark.slow
@@ -15,11 +14,26 @@ pytestmark = pytest.mark.slow
 VALIDATE = {
     "correctness": {"int4_teacher_forced_agreement_min": 0.5, "num_sequences": 4, "num_tokens": 64},
     "scenarios": [
-        {"name": "loose", "num_requests": 2, "num_warmup_requests": 0, "prompt_tokens": 8,
-         "output_tokens": 2, "arrival_rate_per_s": 4.0, "seed": 0,
-         "budgets": {"ttft_ms": {"p50": 600000}}},
-        {"name": "closed", "num_requests": 1, "num_warmup_requests": 0, "prompt_tokens": 8,
-         "output_tokens": 2, "concurrency": 1, "seed": 0, "budgets": {"ttft_ms": {"p50": 600000}}},
+        {
+            "name": "loose",
+            "num_requests": 2,
+            "num_warmup_requests": 0,
+            "prompt_tokens": 8,
+            "output_tokens": 2,
+            "arrival_rate_per_s": 4.0,
+            "seed": 0,
+            "budgets": {"ttft_ms": {"p50": 600000}},
+        },
+        {
+            "name": "closed",
+            "num_requests": 1,
+            "num_warmup_requests": 0,
+            "prompt_tokens": 8,
+            "output_tokens": 2,
+            "concurrency": 1,
+            "seed": 0,
+            "budgets": {"ttft_ms": {"p50": 600000}},
+        },
     ],
 }
 

@@ -23,9 +23,18 @@ def _recipe(tmp_path: Path, ttft_p50_ms: float) -> Path:
     from trtpipe.pipeline.recipe import resolve_recipe_path
 
     data = yaml.safe_load(Path(resolve_recipe_path("smollm2-135m-cpu")).read_text())
-    data["validate"]["scenarios"] = [{
-        "name": "tiny", "num_requests": 4, "num_warmup_requests": 1, "prompt_tokens": {"uniform": {"min": 16, "max": 32}},
-        "output_tokens": 6, "concurrency": 2, "seed": 5, "budgets": {"ttft_ms": {"p50": ttft_p50_ms}}}]
+    data["validate"]["scenarios"] = [
+        {
+            "name": "tiny",
+            "num_requests": 4,
+            "num_warmup_requests": 1,
+            "prompt_tokens": {"uniform": {"min": 16, "max": 32}},
+            "output_tokens": 6,
+            "concurrency": 2,
+            "seed": 5,
+            "budgets": {"ttft_ms": {"p50": ttft_p50_ms}},
+        }
+    ]
     path = tmp_path / f"smollm2-135m-cpu-{ttft_p50_ms:g}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -54,8 +63,17 @@ def test_validate_url_measures_at_the_client(server, tmp_path):
 
 def test_validate_url_gate_fails_and_wrong_server_is_usage_error(server, tmp_path):
     """A budget no HTTP request can meet: exit 1 through the CLI; a server of another model: exit 2."""
-    cmd = [sys.executable, "-m", "trtpipe.pipeline.cli", "validate", str(_recipe(tmp_path, 0.001)), "--url", server.url,
-           "--artifact", str(tmp_path / "art")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "trtpipe.pipeline.cli",
+        "validate",
+        str(_recipe(tmp_path, 0.001)),
+        "--url",
+        server.url,
+        "--artifact",
+        str(tmp_path / "art"),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 1, r.stderr[-2000:]
     assert "FAIL" in r.stdout
@@ -78,8 +96,20 @@ def test_goodput_over_http(server, tmp_path):
     scen.update(arrival_rate_per_s=2.0, num_requests=3, output_tokens=4)
     path = tmp_path / "poisson.yaml"
     path.write_text(yaml.safe_dump(data))
-    cmd = [sys.executable, "-m", "trtpipe.pipeline.cli", "validate", str(path), "--url", server.url,
-           "--artifact", str(tmp_path / "art"), "--goodput", "--goodput-time-s", "20"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "trtpipe.pipeline.cli",
+        "validate",
+        str(path),
+        "--url",
+        server.url,
+        "--artifact",
+        str(tmp_path / "art"),
+        "--goodput",
+        "--goodput-time-s",
+        "20",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "goodput over HTTP: the server's own scheduler settings apply" in r.stderr

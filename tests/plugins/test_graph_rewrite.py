@@ -8,8 +8,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from trtpipe.plugins import OP_DOMAIN
-from trtpipe.plugins.graph_rewrite import (GraphRewrite, NodeBuilder, finish_lowering, node_attributes,
-                                           rewrite_custom_nodes)
+from trtpipe.plugins.graph_rewrite import (
+    GraphRewrite,
+    NodeBuilder,
+    finish_lowering,
+    node_attributes,
+    rewrite_custom_nodes,
+)
 from trtpipe.plugins.paged_attention_onnx import lower_paged_attention
 
 IDX = ["slot_mapping", "block_tables", "context_lens", "query_start_loc"]
@@ -18,12 +23,18 @@ IDX = ["slot_mapping", "block_tables", "context_lens", "query_start_loc"]
 def _chain_model() -> onnx.ModelProto:
     """x -> Relu -> trtpipe::Foo(alpha=2) -> Neg -> y, plus an initializer nobody will read."""
     f = TensorProto.FLOAT
-    nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu"),
-             helper.make_node("Foo", ["a"], ["b"], name="foo", domain=OP_DOMAIN, alpha=2),
-             helper.make_node("Neg", ["b"], ["y"], name="neg")]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", f, [2])],
-                          [helper.make_tensor_value_info("y", f, [2])],
-                          initializer=[numpy_helper.from_array(np.zeros(3, np.float32), "unused")])
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="relu"),
+        helper.make_node("Foo", ["a"], ["b"], name="foo", domain=OP_DOMAIN, alpha=2),
+        helper.make_node("Neg", ["b"], ["y"], name="neg"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", f, [2])],
+        [helper.make_tensor_value_info("y", f, [2])],
+        initializer=[numpy_helper.from_array(np.zeros(3, np.float32), "unused")],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(OP_DOMAIN, 1)])
     m.functions.append(onnx.FunctionProto(name="Foo", domain=OP_DOMAIN))
     return m
@@ -69,12 +80,22 @@ def _two_layer_attention() -> onnx.ModelProto:
     ins = [helper.make_tensor_value_info(n, f, None) for n in ("q", "k", "v", "kc0", "vc0", "kc1", "vc1")]
     ins += [helper.make_tensor_value_info(n, TensorProto.INT64, None) for n in IDX]
     attrs = dict(num_heads=4, num_kv_heads=2, head_size=8, scale=0.0, block_size=4, sliding_window=0)
-    nodes = [helper.make_node("PagedAttention", ["q", "k", "v", f"kc{i}", f"vc{i}", *IDX],
-                              [f"o{i}", f"kco{i}", f"vco{i}"], name=f"/model/layers.{i}/attn", domain=OP_DOMAIN,
-                              **attrs) for i in range(2)]
+    nodes = [
+        helper.make_node(
+            "PagedAttention",
+            ["q", "k", "v", f"kc{i}", f"vc{i}", *IDX],
+            [f"o{i}", f"kco{i}", f"vco{i}"],
+            name=f"/model/layers.{i}/attn",
+            domain=OP_DOMAIN,
+            **attrs,
+        )
+        for i in range(2)
+    ]
     outs = [helper.make_tensor_value_info(n, f, None) for n in ("o0", "o1")]
-    return helper.make_model(helper.make_graph(nodes, "pa", ins, outs),
-                             opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(OP_DOMAIN, 1)])
+    return helper.make_model(
+        helper.make_graph(nodes, "pa", ins, outs),
+        opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(OP_DOMAIN, 1)],
+    )
 
 
 @pytest.mark.parametrize("decode", [False, True])

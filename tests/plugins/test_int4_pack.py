@@ -114,7 +114,7 @@ def test_quantize_rtn_error_bound(symmetric, N):
 
 def test_quantize_rtn_uses_zero_point_extremes():
     w = np.zeros((2, 32), np.float32)
-    w[0] = np.linspace(0.0, 1.0, 32)   # min = 0 -> zp 0
+    w[0] = np.linspace(0.0, 1.0, 32)  # min = 0 -> zp 0
     w[1] = np.linspace(-1.0, 0.0, 32)  # max = 0 -> zp 15
     _, scales, zp = P.quantize_rtn(w, 32, symmetric=False)
     np.testing.assert_array_equal(P.unpack_zero_points_uint8(zp, 2, 1), [[0], [15]])
@@ -217,21 +217,25 @@ def test_gguf_size_errors():
 
 
 def _matmulnbits_session(K, N, G, bits, zp_type, zp_shape=None):
-    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
     from onnx import TensorProto as TP
     from onnx import helper
 
-    inputs = [helper.make_tensor_value_info("A", TP.FLOAT, ["M", K]),
-              helper.make_tensor_value_info("B", TP.UINT8, [N, K // G, G * bits // 8]),
-              helper.make_tensor_value_info("scales", TP.FLOAT, [N, K // G])]
+    inputs = [
+        helper.make_tensor_value_info("A", TP.FLOAT, ["M", K]),
+        helper.make_tensor_value_info("B", TP.UINT8, [N, K // G, G * bits // 8]),
+        helper.make_tensor_value_info("scales", TP.FLOAT, [N, K // G]),
+    ]
     if zp_type is not None:
         inputs.append(helper.make_tensor_value_info("zero_points", zp_type, list(zp_shape)))
-    node = helper.make_node("MatMulNBits", [i.name for i in inputs], ["Y"], domain="com.microsoft",
-                            K=K, N=N, bits=bits, block_size=G)
+    node = helper.make_node(
+        "MatMulNBits", [i.name for i in inputs], ["Y"], domain="com.microsoft", K=K, N=N, bits=bits, block_size=G
+    )
     graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("Y", TP.FLOAT, ["M", N])])
-    model = helper.make_model(graph, ir_version=10, opset_imports=[
-        helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    model = helper.make_model(
+        graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    )
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     assert sess.get_providers() == ["CPUExecutionProvider"]
     return sess
@@ -253,7 +257,8 @@ def test_ort_matmulnbits_matches_reference(N):
     packed, scales, zp = P.quantize_rtn(w, G, symmetric=False)
     ref = R.int4_gemm(a, packed, scales, zp, K=K, N=N, group_size=G)
     y = _matmulnbits_session(K, N, G, 4, TP.UINT8, zp.shape).run(
-        None, {"A": a, "B": packed, "scales": scales, "zero_points": zp})[0]
+        None, {"A": a, "B": packed, "scales": scales, "zero_points": zp}
+    )[0]
     assert _rel(y, ref) < 1e-4
     # no zero points (symmetric)
     packed, scales, _ = P.quantize_rtn(w, G, symmetric=True)
@@ -265,7 +270,8 @@ def test_ort_matmulnbits_matches_reference(N):
     packed, scales, zpf = P.repack_gguf_q4_1(raw, N, K)
     ref = R.int4_gemm(a, packed, scales, zpf, K=K, N=N, group_size=G)
     y = _matmulnbits_session(K, N, G, 4, TP.FLOAT, zpf.shape).run(
-        None, {"A": a, "B": packed, "scales": scales, "zero_points": zpf})[0]
+        None, {"A": a, "B": packed, "scales": scales, "zero_points": zpf}
+    )[0]
     assert _rel(y, ref) < 1e-4
     assert _rel(y, a @ gguf.quants.dequantize(raw, QT.Q4_1).T) < 1e-4
 
@@ -346,4 +352,4 @@ def test_requantize_symmetric_of_gguf_q4_1_blocks_stays_close():
     absmax = np.abs(w).max(-1, keepdims=True)
     # within a (new) code step of absmax/6 everywhere: the widest candidate step, clipping included
     assert np.all(np.abs(deq - w) <= absmax / 6 + 1e-6)
-    assert np.sqrt(np.mean((deq - w) ** 2)) < 0.35 * np.sqrt(np.mean(w ** 2))
+    assert np.sqrt(np.mean((deq - w) ** 2)) < 0.35 * np.sqrt(np.mean(w**2))

@@ -12,8 +12,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-
 from test_reference import _Batch
+
 from trtpipe.plugins import int4_pack
 from trtpipe.plugins import reference as R
 from trtpipe.plugins.errors import OpError
@@ -26,13 +26,24 @@ def _pa_model(b: _Batch) -> onnx.ModelProto:
     f = TensorProto.FLOAT
     ins = [helper.make_tensor_value_info(n, f, None) for n in ("query", "key", "value", "key_cache", "value_cache")]
     ins += [helper.make_tensor_value_info(n, TensorProto.INT64, None) for n in IDX]
-    node = helper.make_node("PagedAttention", [i.name for i in ins], ["out", "key_cache_out", "value_cache_out"],
-                            domain="trtpipe", name="/model/layers.0/attn/PagedAttention",
-                            num_heads=b.H, num_kv_heads=b.KVH, head_size=b.D, scale=0.0, block_size=b.BS,
-                            sliding_window=b.W)
+    node = helper.make_node(
+        "PagedAttention",
+        [i.name for i in ins],
+        ["out", "key_cache_out", "value_cache_out"],
+        domain="trtpipe",
+        name="/model/layers.0/attn/PagedAttention",
+        num_heads=b.H,
+        num_kv_heads=b.KVH,
+        head_size=b.D,
+        scale=0.0,
+        block_size=b.BS,
+        sliding_window=b.W,
+    )
     outs = [helper.make_tensor_value_info(n, f, None) for n in ("out", "key_cache_out", "value_cache_out")]
-    m = helper.make_model(helper.make_graph([node], "pa", ins, outs),
-                          opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("trtpipe", 1)])
+    m = helper.make_model(
+        helper.make_graph([node], "pa", ins, outs),
+        opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("trtpipe", 1)],
+    )
     m.ir_version = 10
     return m
 
@@ -45,8 +56,10 @@ def _run_lowered_in_place(b: _Batch, decode: bool = False):
     kv, vv = ort.OrtValue.ortvalue_from_numpy(kc), ort.OrtValue.ortvalue_from_numpy(vc)
     bind = sess.io_binding()
     bind.bind_output("out")
-    for name, arr in zip(["query", "key", "value"] + IDX, [b.query, b.key, b.value, b.slot_mapping,
-                                                           b.block_tables, b.context_lens, b.qsl]):
+    for name, arr in zip(
+        ["query", "key", "value"] + IDX,
+        [b.query, b.key, b.value, b.slot_mapping, b.block_tables, b.context_lens, b.qsl],
+    ):
         bind.bind_cpu_input(name, arr)
     bind.bind_ortvalue_input("key_cache", kv)
     bind.bind_ortvalue_output("key_cache_out", kv)
@@ -120,16 +133,23 @@ def test_torch_op_matches_naive(W, BS, chunks):
 # Int4Gemm
 # ---------------------------------------------------------------------------------------------
 
+
 def _gemm_model(K, N, G, packed, scales, zp):
     inits = [numpy_helper.from_array(packed, "B"), numpy_helper.from_array(scales, "S")]
     ins = ["A", "B", "S"]
     if zp is not None:
         inits.append(numpy_helper.from_array(zp, "Z"))
         ins.append("Z")
-    node = helper.make_node("Int4Gemm", ins, ["Y"], domain="trtpipe", name="/model/lin/Int4Gemm",
-                            K=K, N=N, group_size=G, bits=4)
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
-                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", N])], inits)
+    node = helper.make_node(
+        "Int4Gemm", ins, ["Y"], domain="trtpipe", name="/model/lin/Int4Gemm", K=K, N=N, group_size=G, bits=4
+    )
+    g = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", N])],
+        inits,
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("trtpipe", 1)])
     m.ir_version = 10
     return m
@@ -190,8 +210,10 @@ def test_q4_1_int8_requant_lowering_within_hand_bound(N):
 
 def test_unknown_float_zero_points_mode_is_refused():
     with pytest.raises(OpError, match="float_zero_points"):
-        lower_for_ort(_gemm_model(32, 1, 32, np.zeros((1, 1, 16), np.uint8), np.ones((1, 1), np.float32), None),
-                      float_zero_points="int3")
+        lower_for_ort(
+            _gemm_model(32, 1, 32, np.zeros((1, 1, 16), np.uint8), np.ones((1, 1), np.float32), None),
+            float_zero_points="int3",
+        )
 
 
 def test_zero_points_0_and_15_survive_packing():
@@ -228,6 +250,13 @@ def test_torch_int4_gemm_op_unpacks_nibbles_like_the_reference(zp_kind):
     packed, scales, zp = int4_pack.quantize_rtn(w, G, symmetric=zp_kind == "none")
     a = rng.standard_normal((3, K)).astype(np.float32)
     ref = R.int4_gemm(a, packed, scales, zp, K=K, N=N, group_size=G)
-    got = torch.ops.trtpipe.int4_gemm(torch.from_numpy(a), torch.from_numpy(packed), torch.from_numpy(scales),
-                                      None if zp is None else torch.from_numpy(zp), K, N, G)
+    got = torch.ops.trtpipe.int4_gemm(
+        torch.from_numpy(a),
+        torch.from_numpy(packed),
+        torch.from_numpy(scales),
+        None if zp is None else torch.from_numpy(zp),
+        K,
+        N,
+        G,
+    )
     np.testing.assert_allclose(got.numpy(), ref, rtol=1e-5, atol=1e-5)

@@ -77,12 +77,20 @@ class _Batch:
         self.slot_mapping = np.array(slots, dtype=np.int64)
 
     def args(self):
-        return (self.query, self.key, self.value, self.key_cache, self.value_cache,
-                self.slot_mapping, self.block_tables, self.context_lens, self.qsl)
+        return (
+            self.query,
+            self.key,
+            self.value,
+            self.key_cache,
+            self.value_cache,
+            self.slot_mapping,
+            self.block_tables,
+            self.context_lens,
+            self.qsl,
+        )
 
     def kwargs(self, **over):
-        kw = dict(num_heads=self.H, num_kv_heads=self.KVH, head_size=self.D, block_size=self.BS,
-                  sliding_window=self.W)
+        kw = dict(num_heads=self.H, num_kv_heads=self.KVH, head_size=self.D, block_size=self.BS, sliding_window=self.W)
         kw.update(over)
         return kw
 
@@ -95,8 +103,18 @@ class _Batch:
         for s in range(len(self.k_hist)):
             a, b = self.qsl[s], self.qsl[s + 1]
             q = self.query[a:b].astype(np.float64).reshape(-1, self.H, self.D)
-            outs.append(_naive_attention(q, self.k_hist[s].astype(np.float64), self.v_hist[s].astype(np.float64),
-                                         self.positions[s], self.H, self.KVH, scale, self.W))
+            outs.append(
+                _naive_attention(
+                    q,
+                    self.k_hist[s].astype(np.float64),
+                    self.v_hist[s].astype(np.float64),
+                    self.positions[s],
+                    self.H,
+                    self.KVH,
+                    scale,
+                    self.W,
+                )
+            )
         return np.concatenate(outs).reshape(-1, self.H * self.D)
 
 
@@ -109,8 +127,7 @@ class _Batch:
 def test_paged_attention_matches_naive_ragged_gqa(W):
     rng = np.random.default_rng(W)
     # prefill from 0, chunked prefill starting mid-block, decode, an empty sequence, one at a block edge
-    b = _Batch(rng, H=4, KVH=2, D=8, BS=4, NB=24, MB=6,
-               chunks=[(0, 7), (5, 6), (10, 1), (3, 0), (8, 1)], W=W)
+    b = _Batch(rng, H=4, KVH=2, D=8, BS=4, NB=24, MB=6, chunks=[(0, 7), (5, 6), (10, 1), (3, 0), (8, 1)], W=W)
     out, kc, vc = b.run()
     assert out.dtype == np.float32 and out.shape == (b.query.shape[0], 4 * 8)
     np.testing.assert_allclose(out, b.expected(), rtol=1e-5, atol=1e-5)
@@ -163,9 +180,21 @@ def test_sliding_window_visibility_exact(W):
     for j in range(first):
         vc[slots[j] // BS, slots[j] % BS] = v_all[j]
     out, _, _ = R.paged_attention(
-        q, k_all[first:].reshape(n, D), v_all[first:].reshape(n, D), kc, vc, slots[first:], bt,
-        np.array([ctx]), np.array([0, n]), num_heads=1, num_kv_heads=1, head_size=D, block_size=BS,
-        sliding_window=W)
+        q,
+        k_all[first:].reshape(n, D),
+        v_all[first:].reshape(n, D),
+        kc,
+        vc,
+        slots[first:],
+        bt,
+        np.array([ctx]),
+        np.array([0, n]),
+        num_heads=1,
+        num_kv_heads=1,
+        head_size=D,
+        block_size=BS,
+        sliding_window=W,
+    )
     for i in range(n):
         p = first + i
         visible = [j for j in range(ctx) if j <= p and (W == 0 or j > p - W)]
@@ -325,8 +354,13 @@ def test_rope_default_layout_by_hand():
     assert c64.dtype == np.float64
 
 
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 8192}
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 
 @pytest.mark.parametrize("scaling", [None, {"rope_type": "linear", "factor": 4.0}, LLAMA3])
@@ -339,8 +373,9 @@ def test_rope_matches_transformers(scaling):
     rope = {"rope_type": "default", "rope_theta": theta}
     if scaling:
         rope.update(scaling)
-    cfg = transformers.LlamaConfig(hidden_size=128, num_attention_heads=2, head_dim=head_dim,
-                                   max_position_embeddings=16384, rope_parameters=rope)
+    cfg = transformers.LlamaConfig(
+        hidden_size=128, num_attention_heads=2, head_dim=head_dim, max_position_embeddings=16384, rope_parameters=rope
+    )
     emb = LlamaRotaryEmbedding(cfg)
     ours = R.rope_inv_freq(head_dim, theta, scaling)
     np.testing.assert_allclose(ours, emb.inv_freq.double().numpy(), rtol=1e-6)  # HF is float32

@@ -36,20 +36,41 @@ def _paged_attention_model(elem=TP.FLOAT, cache_elem=None, q_dim=4 * 8, attrs=No
     a.update(attrs or {})
     node = helper.make_node(
         "PagedAttention",
-        ["query", "key", "value", "key_cache", "value_cache", "slot_mapping", "block_tables",
-         "context_lens", "query_start_loc"],
-        ["attn", "key_cache_out", "value_cache_out"], domain="trtpipe", name="/model/layers.0/attn/PagedAttention", **a)
+        [
+            "query",
+            "key",
+            "value",
+            "key_cache",
+            "value_cache",
+            "slot_mapping",
+            "block_tables",
+            "context_lens",
+            "query_start_loc",
+        ],
+        ["attn", "key_cache_out", "value_cache_out"],
+        domain="trtpipe",
+        name="/model/layers.0/attn/PagedAttention",
+        **a,
+    )
     # a downstream node, so that 'attn' is an intermediate whose value_info must be inferred
     add = helper.make_node("Add", ["attn", "attn"], ["out"])
     inputs = [
-        _vi("query", elem, ["T", q_dim]), _vi("key", elem, ["T", 16]), _vi("value", elem, ["T", 16]),
-        _vi("key_cache", cache_elem, ["NB", 16, 2, 8]), _vi("value_cache", cache_elem, ["NB", 16, 2, 8]),
-        _vi("slot_mapping", TP.INT64, ["T"]), _vi("block_tables", TP.INT64, ["S", "MB"]),
-        _vi("context_lens", TP.INT64, ["S"]), _vi("query_start_loc", TP.INT64, ["S1"]),
+        _vi("query", elem, ["T", q_dim]),
+        _vi("key", elem, ["T", 16]),
+        _vi("value", elem, ["T", 16]),
+        _vi("key_cache", cache_elem, ["NB", 16, 2, 8]),
+        _vi("value_cache", cache_elem, ["NB", 16, 2, 8]),
+        _vi("slot_mapping", TP.INT64, ["T"]),
+        _vi("block_tables", TP.INT64, ["S", "MB"]),
+        _vi("context_lens", TP.INT64, ["S"]),
+        _vi("query_start_loc", TP.INT64, ["S1"]),
     ]
     # declared types with unknown dims: inference must fill them in
-    outputs = [_vi("out", elem, [None, None]), _vi("key_cache_out", cache_elem, [None] * 4),
-               _vi("value_cache_out", cache_elem, [None] * 4)]
+    outputs = [
+        _vi("out", elem, [None, None]),
+        _vi("key_cache_out", cache_elem, [None] * 4),
+        _vi("value_cache_out", cache_elem, [None] * 4),
+    ]
     return _model([node, add], inputs, outputs)
 
 
@@ -90,8 +111,7 @@ def test_paged_attention_shape_conflict_and_bad_types_rejected():
 
 def _int4_gemm_model(zp=None, a_shape=("B", "S", 64), K=64, N=48, G=32, elem=TP.FLOAT):
     names = ["A", "B", "scales"]
-    inputs = [_vi("A", elem, list(a_shape)), _vi("B", TP.UINT8, [N, K // G, G // 2]),
-              _vi("scales", elem, [N, K // G])]
+    inputs = [_vi("A", elem, list(a_shape)), _vi("B", TP.UINT8, [N, K // G, G // 2]), _vi("scales", elem, [N, K // G])]
     if zp is not None:
         names.append("zero_points")
         inputs.append(_vi("zero_points", zp[0], list(zp[1])))
@@ -120,8 +140,16 @@ def test_register_is_idempotent_and_schema_matches_contract():
     schema.register_schemas()
     s = onnx.defs.get_schema("PagedAttention", 1, "trtpipe")
     assert [i.name for i in s.inputs] == [
-        "query", "key", "value", "key_cache", "value_cache", "slot_mapping", "block_tables",
-        "context_lens", "query_start_loc"]
+        "query",
+        "key",
+        "value",
+        "key_cache",
+        "value_cache",
+        "slot_mapping",
+        "block_tables",
+        "context_lens",
+        "query_start_loc",
+    ]
     assert [o.name for o in s.outputs] == ["output", "key_cache_out", "value_cache_out"]
     assert s.attributes["num_heads"].required and not s.attributes["sliding_window"].required
     assert s.attributes["scale"].default_value.f == 0.0

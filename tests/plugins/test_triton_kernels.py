@@ -107,8 +107,9 @@ TOL = {np.float32: dict(rtol=1e-5, atol=1e-5), np.float16: dict(rtol=2e-3, atol=
 def interp_decode_matches_reference(W, dtype):
     rng = np.random.default_rng(W)
     # GQA group 3 (padded to 4), head 24 (padded to 32), contexts at and across block edges
-    args, kw = _batch(rng, H=6, KVH=2, D=24, BS=4, NB=24, MB=5,
-                      chunks=[(0, 1), (3, 1), (4, 1), (11, 1), (19, 1)], dtype=dtype, W=W)
+    args, kw = _batch(
+        rng, H=6, KVH=2, D=24, BS=4, NB=24, MB=5, chunks=[(0, 1), (3, 1), (4, 1), (11, 1), (19, 1)], dtype=dtype, W=W
+    )
     out, ref = _run_both(args, kw, max_query_len=1)
     assert np.isfinite(out).all()
     np.testing.assert_allclose(out.astype(np.float32), ref.astype(np.float32), **TOL[dtype])
@@ -120,8 +121,9 @@ def interp_decode_small_key_tiles():
     ref, _, _ = R.paged_attention(*args, **kw)
     targs = [_t(a) for a in args]
     TL.write_kv_cache(targs[1], targs[2], targs[3], targs[4], targs[5])
-    out = TL.paged_attention_decode(targs[0], targs[3], targs[4], targs[6], targs[7], block_n=16,
-                                    **{k: v for k, v in kw.items()})
+    out = TL.paged_attention_decode(
+        targs[0], targs[3], targs[4], targs[6], targs[7], block_n=16, **{k: v for k, v in kw.items()}
+    )
     np.testing.assert_allclose(out.numpy(), ref, **TOL[np.float32])
 
 
@@ -138,8 +140,9 @@ def interp_prefill_ragged_matches_reference(W, dtype):
     # block_q=8 x group 2 = 16 rows: several tiles per sequence, tiles not aligned to qsl
     targs = [_t(a) for a in args]
     TL.write_kv_cache(targs[1], targs[2], targs[3], targs[4], targs[5])
-    out = TL.paged_attention_prefill(targs[0], targs[3], targs[4], targs[6], targs[7], targs[8],
-                                     block_q=8, block_n=16, **kw).numpy()
+    out = TL.paged_attention_prefill(
+        targs[0], targs[3], targs[4], targs[6], targs[7], targs[8], block_q=8, block_n=16, **kw
+    ).numpy()
     np.testing.assert_allclose(out.astype(np.float32), ref.astype(np.float32), **TOL[dtype])
 
 
@@ -149,13 +152,13 @@ def interp_prefill_tilings_mha_and_group8(block_q, block_n):
     for H, KVH in ((2, 2), (8, 1)):
         if block_q * TK.next_pow2(H // KVH) < 16:
             continue
-        args, kw = _batch(rng, H=H, KVH=KVH, D=16, BS=8, NB=16, MB=4,
-                          chunks=[(0, 19), (13, 5), (2, 3)], W=4)
+        args, kw = _batch(rng, H=H, KVH=KVH, D=16, BS=8, NB=16, MB=4, chunks=[(0, 19), (13, 5), (2, 3)], W=4)
         ref, _, _ = R.paged_attention(*args, **kw)
         targs = [_t(a) for a in args]
         TL.write_kv_cache(targs[1], targs[2], targs[3], targs[4], targs[5])
-        out = TL.paged_attention_prefill(targs[0], targs[3], targs[4], targs[6], targs[7], targs[8],
-                                         block_q=block_q, block_n=block_n, **kw)
+        out = TL.paged_attention_prefill(
+            targs[0], targs[3], targs[4], targs[6], targs[7], targs[8], block_q=block_q, block_n=block_n, **kw
+        )
         np.testing.assert_allclose(out.numpy(), ref, **TOL[np.float32])
 
 
@@ -181,8 +184,14 @@ def interp_launcher_errors():
     with pytest.raises(OpError, match="key_cache"):
         TL.paged_attention_decode(q, kc, kc, bt, cl, num_heads=2, num_kv_heads=1, head_size=4, block_size=4)
     with pytest.raises(OpError, match="K=48 is not a multiple"):
-        TL.int4_gemm(torch.zeros((1, 48)), torch.zeros((1, 1, 16), dtype=torch.uint8), torch.ones((1, 1)),
-                     K=48, N=1, group_size=32)
+        TL.int4_gemm(
+            torch.zeros((1, 48)),
+            torch.zeros((1, 1, 16), dtype=torch.uint8),
+            torch.ones((1, 1)),
+            K=48,
+            N=1,
+            group_size=32,
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -206,8 +215,7 @@ def interp_int4_gemm_matches_reference(zp_kind, dtype):
         scales = scales.astype(dtype)
         a = rng.standard_normal((*M_shape, K)).astype(dtype)
         ref = R.int4_gemm(a, packed, scales, zp, K=K, N=N, group_size=G)
-        y = TL.int4_gemm(_t(a), _t(packed), _t(scales), None if zp is None else _t(zp), K=K, N=N,
-                         group_size=G)
+        y = TL.int4_gemm(_t(a), _t(packed), _t(scales), None if zp is None else _t(zp), K=K, N=N, group_size=G)
         assert y.shape == (*M_shape, N) and y.numpy().dtype == dtype
         scale = np.abs(ref.astype(np.float32)).max()
         err = np.abs(y.numpy().astype(np.float32) - ref.astype(np.float32)).max() / scale
@@ -233,8 +241,18 @@ def test_aot_compile_cubin_and_ptx(name, cc):
 def test_aot_compile_fp32_and_float_zero_points():
     k = TK.aot_compile("int4_gemm", cc=87, dtype="fp32", ZP_MODE=2, INPUT_PRECISION="ieee")
     assert len(k.asm["cubin"]) > 1000
-    k = TK.aot_compile("paged_attention_prefill", cc=80, dtype="fp32", INPUT_PRECISION="ieee",
-                       NUM_KV_HEADS=8, GROUP=4, GROUP_PAD=4, HEAD_SIZE=128, D_PAD=128, BLOCK_Q=16)
+    k = TK.aot_compile(
+        "paged_attention_prefill",
+        cc=80,
+        dtype="fp32",
+        INPUT_PRECISION="ieee",
+        NUM_KV_HEADS=8,
+        GROUP=4,
+        GROUP_PAD=4,
+        HEAD_SIZE=128,
+        D_PAD=128,
+        BLOCK_Q=16,
+    )
     assert len(k.asm["cubin"]) > 1000
     with pytest.raises(OpError, match="unknown kernel"):
         TK.aot_compile("nope", cc=80)

@@ -18,8 +18,14 @@ from trtpipe.plugins import OP_DOMAIN  # noqa: E402
 from trtpipe.plugins import int4_pack as P  # noqa: E402
 from trtpipe.plugins import reference as R  # noqa: E402
 from trtpipe.plugins.errors import OpError  # noqa: E402
-from trtpipe.plugins.trt_lowering import (PLUGIN_ATTRIBUTES, cast_float_graph, custom_nodes,  # noqa: E402
-                                          lower_for_trt, lower_plugin_free, lower_with_plugins)
+from trtpipe.plugins.trt_lowering import (  # noqa: E402
+    PLUGIN_ATTRIBUTES,
+    cast_float_graph,
+    custom_nodes,
+    lower_for_trt,
+    lower_plugin_free,
+    lower_with_plugins,
+)
 
 H, KVH, D, BS, NB = 6, 2, 16, 4, 10
 
@@ -27,24 +33,39 @@ H, KVH, D, BS, NB = 6, 2, 16, 4, 10
 def _attention_model(window: int = 0, dtype=TensorProto.FLOAT) -> onnx.ModelProto:
     """One trtpipe::PagedAttention node with every input a graph input."""
     f, i64 = dtype, TensorProto.INT64
-    ins = [helper.make_tensor_value_info("query", f, ["T", H * D]),
-           helper.make_tensor_value_info("key", f, ["T", KVH * D]),
-           helper.make_tensor_value_info("value", f, ["T", KVH * D]),
-           helper.make_tensor_value_info("past_key.0", f, ["NB", BS, KVH, D]),
-           helper.make_tensor_value_info("past_value.0", f, ["NB", BS, KVH, D]),
-           helper.make_tensor_value_info("slot_mapping", i64, ["T"]),
-           helper.make_tensor_value_info("block_tables", i64, ["S", "MB"]),
-           helper.make_tensor_value_info("context_lens", i64, ["S"]),
-           helper.make_tensor_value_info("query_start_loc", i64, ["S1"])]
-    outs = [helper.make_tensor_value_info("out", f, ["T", H * D]),
-            helper.make_tensor_value_info("present_key.0", f, ["NB", BS, KVH, D]),
-            helper.make_tensor_value_info("present_value.0", f, ["NB", BS, KVH, D])]
-    node = helper.make_node("PagedAttention", [i.name for i in ins], [o.name for o in outs], name="attn",
-                            domain=OP_DOMAIN, num_heads=H, num_kv_heads=KVH, head_size=D, scale=0.0,
-                            block_size=BS, sliding_window=window)
+    ins = [
+        helper.make_tensor_value_info("query", f, ["T", H * D]),
+        helper.make_tensor_value_info("key", f, ["T", KVH * D]),
+        helper.make_tensor_value_info("value", f, ["T", KVH * D]),
+        helper.make_tensor_value_info("past_key.0", f, ["NB", BS, KVH, D]),
+        helper.make_tensor_value_info("past_value.0", f, ["NB", BS, KVH, D]),
+        helper.make_tensor_value_info("slot_mapping", i64, ["T"]),
+        helper.make_tensor_value_info("block_tables", i64, ["S", "MB"]),
+        helper.make_tensor_value_info("context_lens", i64, ["S"]),
+        helper.make_tensor_value_info("query_start_loc", i64, ["S1"]),
+    ]
+    outs = [
+        helper.make_tensor_value_info("out", f, ["T", H * D]),
+        helper.make_tensor_value_info("present_key.0", f, ["NB", BS, KVH, D]),
+        helper.make_tensor_value_info("present_value.0", f, ["NB", BS, KVH, D]),
+    ]
+    node = helper.make_node(
+        "PagedAttention",
+        [i.name for i in ins],
+        [o.name for o in outs],
+        name="attn",
+        domain=OP_DOMAIN,
+        num_heads=H,
+        num_kv_heads=KVH,
+        head_size=D,
+        scale=0.0,
+        block_size=BS,
+        sliding_window=window,
+    )
     g = helper.make_graph([node], "attn", ins, outs)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(OP_DOMAIN, 1)],
-                             ir_version=10)
+    return helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(OP_DOMAIN, 1)], ir_version=10
+    )
 
 
 def _attention_step(rng):
@@ -54,13 +75,21 @@ def _attention_step(rng):
     bt = np.array([[3, 7, 0], [5, 0, 0]], np.int64)
     cl = np.array([8, 2], np.int64)
     qsl = np.array([0, 3, 5], np.int64)
-    slots = [int(bt[0, p // BS] * BS + p % BS) for p in range(5, 8)] + [int(bt[1, p // BS] * BS + p % BS) for p in range(2)]
+    slots = [int(bt[0, p // BS] * BS + p % BS) for p in range(5, 8)] + [
+        int(bt[1, p // BS] * BS + p % BS) for p in range(2)
+    ]
     T = 5
-    feeds = {"query": rng.standard_normal((T, H * D)).astype(np.float32),
-             "key": rng.standard_normal((T, KVH * D)).astype(np.float32),
-             "value": rng.standard_normal((T, KVH * D)).astype(np.float32),
-             "past_key.0": kc, "past_value.0": vc, "slot_mapping": np.array(slots, np.int64),
-             "block_tables": bt, "context_lens": cl, "query_start_loc": qsl}
+    feeds = {
+        "query": rng.standard_normal((T, H * D)).astype(np.float32),
+        "key": rng.standard_normal((T, KVH * D)).astype(np.float32),
+        "value": rng.standard_normal((T, KVH * D)).astype(np.float32),
+        "past_key.0": kc,
+        "past_value.0": vc,
+        "slot_mapping": np.array(slots, np.int64),
+        "block_tables": bt,
+        "context_lens": cl,
+        "query_start_loc": qsl,
+    }
     return feeds
 
 
@@ -83,8 +112,9 @@ def test_plugin_free_attention_matches_reference(window):
     assert custom_nodes(lowered) == []
     assert all(o.domain != OP_DOMAIN for o in lowered.opset_import)
     out, k_out, v_out = _run(lowered, feeds)
-    ref = R.paged_attention(*feeds.values(), num_heads=H, num_kv_heads=KVH, head_size=D, block_size=BS,
-                            sliding_window=window)
+    ref = R.paged_attention(
+        *feeds.values(), num_heads=H, num_kv_heads=KVH, head_size=D, block_size=BS, sliding_window=window
+    )
     np.testing.assert_allclose(out, ref[0], rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(k_out, ref[1])
     np.testing.assert_array_equal(v_out, ref[2])
@@ -95,15 +125,21 @@ def test_plugin_free_decode_attention_matches_reference(window):
     rng = np.random.default_rng(11)
     feeds = _attention_step(rng)
     # decode step: one new token per sequence at positions 8 and 2
-    feeds.update(query=feeds["query"][:2], key=feeds["key"][:2], value=feeds["value"][:2],
-                 slot_mapping=np.array([8 * BS + 0, 5 * BS + 2], np.int64), context_lens=np.array([9, 3], np.int64),
-                 block_tables=np.array([[3, 7, 8], [5, 0, 0]], np.int64),
-                 query_start_loc=np.array([0, 1, 2], np.int64))
+    feeds.update(
+        query=feeds["query"][:2],
+        key=feeds["key"][:2],
+        value=feeds["value"][:2],
+        slot_mapping=np.array([8 * BS + 0, 5 * BS + 2], np.int64),
+        context_lens=np.array([9, 3], np.int64),
+        block_tables=np.array([[3, 7, 8], [5, 0, 0]], np.int64),
+        query_start_loc=np.array([0, 1, 2], np.int64),
+    )
     lowered = lower_plugin_free(_attention_model(window), decode=True)
     assert custom_nodes(lowered) == []
     out, k_out, _ = _run(lowered, feeds)
-    ref = R.paged_attention(*feeds.values(), num_heads=H, num_kv_heads=KVH, head_size=D, block_size=BS,
-                            sliding_window=window)
+    ref = R.paged_attention(
+        *feeds.values(), num_heads=H, num_kv_heads=KVH, head_size=D, block_size=BS, sliding_window=window
+    )
     np.testing.assert_allclose(out, ref[0], rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(k_out, ref[1])
 
@@ -128,10 +164,16 @@ def _int4_model(K: int, N: int, G: int, packed, scales, zp) -> onnx.ModelProto:
         inits.append(numpy_helper.from_array(zp, "zp"))
         inputs.append("zp")
     node = helper.make_node("Int4Gemm", inputs, ["Y"], name="gemm", domain=OP_DOMAIN, K=K, N=N, group_size=G, bits=4)
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
-                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", N])], initializer=inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(OP_DOMAIN, 1)],
-                             ir_version=10)
+    g = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", N])],
+        initializer=inits,
+    )
+    return helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(OP_DOMAIN, 1)], ir_version=10
+    )
 
 
 def test_plugin_free_int4_symmetric_is_dequantize_matmul():
@@ -170,8 +212,14 @@ def test_plugins_split_attention_into_write_and_attention():
     write, attn = nodes
     assert list(write.input) == ["key", "value", "past_key.0", "past_value.0", "slot_mapping"]
     assert list(write.output) == ["present_key.0", "present_value.0"]
-    assert list(attn.input) == ["query", "present_key.0", "present_value.0", "block_tables", "context_lens",
-                                "query_start_loc"]
+    assert list(attn.input) == [
+        "query",
+        "present_key.0",
+        "present_value.0",
+        "block_tables",
+        "context_lens",
+        "query_start_loc",
+    ]
     for n in nodes:
         attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
         assert attrs.pop("plugin_namespace") == b"trtpipe" and attrs.pop("plugin_version") == b"1"
@@ -201,21 +249,30 @@ def test_plugins_int4_zero_points_become_float():
 def _norm_model() -> onnx.ModelProto:
     """y = (x * rsqrt(mean(x^2) + eps) * w) @ W -> logits; the exporter's RMSNorm pattern."""
     rng = np.random.default_rng(6)
-    inits = [numpy_helper.from_array(np.array(2.0, np.float32), "two"),
-             numpy_helper.from_array(np.array([-1], np.int64), "axes"),
-             numpy_helper.from_array(np.array(1e-5, np.float32), "eps"),
-             numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "w"),
-             numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "W")]
-    nodes = [helper.make_node("Pow", ["x", "two"], ["sq"]),
-             helper.make_node("ReduceMean", ["sq", "axes"], ["mean"], keepdims=1),
-             helper.make_node("Add", ["mean", "eps"], ["var"]),
-             helper.make_node("Sqrt", ["var"], ["std"]),
-             helper.make_node("Reciprocal", ["std"], ["rstd"]),
-             helper.make_node("Mul", ["x", "rstd"], ["xn"]),
-             helper.make_node("Mul", ["xn", "w"], ["xw"]),
-             helper.make_node("MatMul", ["xw", "W"], ["logits"])]
-    g = helper.make_graph(nodes, "norm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", 8])],
-                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["M", 4])], initializer=inits)
+    inits = [
+        numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+        numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+        numpy_helper.from_array(np.array(1e-5, np.float32), "eps"),
+        numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "w"),
+        numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "W"),
+    ]
+    nodes = [
+        helper.make_node("Pow", ["x", "two"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq", "axes"], ["mean"], keepdims=1),
+        helper.make_node("Add", ["mean", "eps"], ["var"]),
+        helper.make_node("Sqrt", ["var"], ["std"]),
+        helper.make_node("Reciprocal", ["std"], ["rstd"]),
+        helper.make_node("Mul", ["x", "rstd"], ["xn"]),
+        helper.make_node("Mul", ["xn", "w"], ["xw"]),
+        helper.make_node("MatMul", ["xw", "W"], ["logits"]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "norm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["M", 4])],
+        initializer=inits,
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
 
 
@@ -248,8 +305,12 @@ def test_cast_refuses_kv_dtype_other_than_activations():
 
 def test_unknown_custom_op_is_refused():
     node = helper.make_node("Mystery", ["x"], ["y"], domain=OP_DOMAIN)
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    g = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(OP_DOMAIN, 1)])
     with pytest.raises(OpError, match="Mystery"):
         lower_plugin_free(m)
@@ -263,14 +324,24 @@ def test_eight_bit_lm_head_becomes_a_float_matmul_in_both_lowerings():
     codes = rng.integers(0, 256, (N, K // G, G), dtype=np.uint8)  # bits=8 layout: [N, K/G, G] bytes
     scales = (rng.random((N, K // G)) * 0.02).astype(np.float32)
     zp = np.full((N, K // G), 128.0, np.float32)
-    inits = [numpy_helper.from_array(codes, "B"), numpy_helper.from_array(scales, "scales"),
-             numpy_helper.from_array(zp, "zp")]
-    node = helper.make_node("Int4Gemm", ["A", "B", "scales", "zp"], ["Y"], name="lm_head", domain=OP_DOMAIN, K=K, N=N,
-                            group_size=G, bits=8)
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
-                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", N])], initializer=inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(OP_DOMAIN, 1)],
-                          ir_version=10)
+    inits = [
+        numpy_helper.from_array(codes, "B"),
+        numpy_helper.from_array(scales, "scales"),
+        numpy_helper.from_array(zp, "zp"),
+    ]
+    node = helper.make_node(
+        "Int4Gemm", ["A", "B", "scales", "zp"], ["Y"], name="lm_head", domain=OP_DOMAIN, K=K, N=N, group_size=G, bits=8
+    )
+    g = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", N])],
+        initializer=inits,
+    )
+    m = helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(OP_DOMAIN, 1)], ir_version=10
+    )
     a = rng.standard_normal((3, K)).astype(np.float32)
     w = ((codes.astype(np.float32) - 128.0) * scales[:, :, None]).reshape(N, K)
     for lowered in (lower_plugin_free(m), lower_with_plugins(m)):
@@ -293,8 +364,9 @@ def test_plugin_free_int4_asymmetric_can_be_requantized_symmetrically():
     (y,) = _run(lowered, {"A": a})
     sym_packed, sym_scales = P.requantize_symmetric(packed, scales, zp_float, K, N, G)
     # exactly the weights requantize_symmetric gives (what the build measures on the CPU) ...
-    np.testing.assert_allclose(y, R.int4_gemm(a, sym_packed, sym_scales, None, K=K, N=N, group_size=G),
-                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        y, R.int4_gemm(a, sym_packed, sym_scales, None, K=K, N=N, group_size=G), rtol=1e-4, atol=1e-4
+    )
     # ... and close to the asymmetric original (4-bit noise: relative RMS ~0.1 on Gaussian weights)
     y_asym = R.int4_gemm(a, packed, scales, zp_float, K=K, N=N, group_size=G)
     rms = lambda x: float(np.sqrt(np.mean(np.square(x))))  # noqa: E731
@@ -306,8 +378,12 @@ def test_plugin_free_int4_asymmetric_can_be_dequantized_to_a_float_matmul():
     K, N, G = 64, 16, 32
     packed, scales, zp = P.quantize_rtn(rng.standard_normal((N, K)).astype(np.float32) + 0.5, G, symmetric=False)
     zp_float = R.unpack_zero_points_uint8(zp, N, K // G).astype(np.float32)
-    lowered = lower_for_trt(_int4_model(K, N, G, packed, scales, zp_float), dtype="fp16", plugin_free=True,
-                            asymmetric_int4="dequantize_float")
+    lowered = lower_for_trt(
+        _int4_model(K, N, G, packed, scales, zp_float),
+        dtype="fp16",
+        plugin_free=True,
+        asymmetric_int4="dequantize_float",
+    )
     assert [n.op_type for n in lowered.graph.node if n.op_type in ("MatMul", "DequantizeLinear")] == ["MatMul"]
     w = next(t for t in lowered.graph.initializer if "/w_dequantized_" in t.name)
     assert w.data_type == TensorProto.FLOAT16 and list(w.dims) == [K, N]

@@ -44,12 +44,16 @@ CASES = [
     ("Int4Gemm", dict(K=1536, N=576, group_size=32, bits=4), 4),
 ]
 # TensorRT's launch order: inputs, extra scalar args, outputs
-ABI = {"PagedKVWrite": (5, 0, 2), "PagedAttention.decode": (6, 1, 1), "PagedAttention.prefill": (6, 2, 1),
-       "Int4Gemm": (4, 1, 1)}
+ABI = {
+    "PagedKVWrite": (5, 0, 2),
+    "PagedAttention.decode": (6, 1, 1),
+    "PagedAttention.prefill": (6, 2, 1),
+    "Int4Gemm": (4, 1, 1),
+}
 
 
 def _entry_params(ptx: str, name: str) -> list[str]:
-    head = ptx[ptx.index(f".entry {name}("):]
+    head = ptx[ptx.index(f".entry {name}(") :]
     head = head[: head.index(")")]
     return re.findall(r"\.param \.(\w+)(?: \.ptr)?[^,]*?(\w+_param_\d+)", head)
 
@@ -67,12 +71,14 @@ def test_plugin_kernels_compile_with_tensorrt_abi(cc, plugin, attrs, tactic):
     assert k.metadata.num_warps in (4, 8)
     # extras are 32-bit scalars (TensorRT passes SymInt32), pointers are 64-bit
     kinds = [p[0] for p in params]
-    assert kinds[n_in:n_in + n_extra] == ["u32"] * n_extra or kinds[n_in:n_in + n_extra] == ["s32"] * n_extra, kinds
+    assert kinds[n_in : n_in + n_extra] == ["u32"] * n_extra or kinds[n_in : n_in + n_extra] == ["s32"] * n_extra, kinds
 
 
 def test_strip_unused_params_checks_the_body():
-    ptx = (".visible .entry k(\n\t.param .u64 k_param_0,\n\t.param .u64 k_param_1,\n\t.param .u64 k_param_2\n)\n"
-           "{\n\tld.param.b64 %rd1, [k_param_0];\n}\n")
+    ptx = (
+        ".visible .entry k(\n\t.param .u64 k_param_0,\n\t.param .u64 k_param_1,\n\t.param .u64 k_param_2\n)\n"
+        "{\n\tld.param.b64 %rd1, [k_param_0];\n}\n"
+    )
     out = TP.strip_unused_params(ptx, "k", 1)
     assert "k_param_1" not in out and "k_param_2" not in out and "[k_param_0]" in out
     with pytest.raises(OpError, match="hidden parameter 0"):
@@ -143,8 +149,9 @@ def _write_then_attend(args, window, decode):
     tk, tv = _t(kc), _t(vc)
     fn, _, c, _ = TP.kernel_config("PagedKVWrite", dict(num_kv_heads=KVH, head_size=D, block_size=BS), "fp32")
     fn[(T,)](_t(k), _t(v), tk, tv, _t(sm), tk, tv, **c)  # outputs alias the inputs
-    attrs = dict(num_heads=H, num_kv_heads=KVH, head_size=D, scale=0.0, block_size=BS, sliding_window=window,
-                 decode=int(decode))
+    attrs = dict(
+        num_heads=H, num_kv_heads=KVH, head_size=D, scale=0.0, block_size=BS, sliding_window=window, decode=int(decode)
+    )
     fn, _, c, _ = TP.kernel_config("PagedAttention", attrs, "fp32", tactic=1)
     out = torch.zeros(T, H * D)
     if decode:
@@ -288,8 +295,16 @@ def test_output_descriptors_alias_and_dtypes(registered):
     o = descs["trtpipe::PagedAttention"](q, kc, kc, bt, sm, sm, 9, 3, 64, 0.0, 16, 0, 0)
     assert o.dtype == f16 and len(o.shape_expr) == 2 and o.get_aliased() is None
     a = _desc(trt, trtp, (2, 5, 576), f16)
-    (y,) = descs["trtpipe::Int4Gemm"](a, _desc(trt, trtp, (1536, 9, 32), trt.uint8), _desc(trt, trtp, (1536, 9), f16),
-                                      _desc(trt, trtp, (1536, 9), f16), 576, 1536, 64, 4)
+    (y,) = descs["trtpipe::Int4Gemm"](
+        a,
+        _desc(trt, trtp, (1536, 9, 32), trt.uint8),
+        _desc(trt, trtp, (1536, 9), f16),
+        _desc(trt, trtp, (1536, 9), f16),
+        576,
+        1536,
+        64,
+        4,
+    )
     assert y.dtype == f16 and len(y.shape_expr) == 3
 
 
@@ -301,14 +316,28 @@ def test_aot_impl_returns_ptx_for_the_target(registered):
     a = _desc(trt, trtp, (5, 576), f16)
     y = _desc(trt, trtp, (5, 1536), f16)
     name, ptx, launch, extras = reg["trtpipe::Int4Gemm"].aot_impl_func(
-        a, _desc(trt, trtp, (1536, 9, 32), trt.uint8), _desc(trt, trtp, (1536, 9), f16),
-        _desc(trt, trtp, (1536, 9), f16), 576, 1536, 64, 4, (y,), 3)
+        a,
+        _desc(trt, trtp, (1536, 9, 32), trt.uint8),
+        _desc(trt, trtp, (1536, 9), f16),
+        _desc(trt, trtp, (1536, 9), f16),
+        576,
+        1536,
+        64,
+        4,
+        (y,),
+        3,
+    )
     assert name == "int4_gemm_plugin_kernel" and ".target sm_80" in ptx and len(extras) == 1
     assert isinstance(launch, trtp.KernelLaunchParams)
-    q, kc, bt, cl = (_desc(trt, trtp, (5, 576), f16), _desc(trt, trtp, (8, 16, 3, 64), f16),
-                     _desc(trt, trtp, (2, 3), i64), _desc(trt, trtp, (2,), i64))
+    q, kc, bt, cl = (
+        _desc(trt, trtp, (5, 576), f16),
+        _desc(trt, trtp, (8, 16, 3, 64), f16),
+        _desc(trt, trtp, (2, 3), i64),
+        _desc(trt, trtp, (2,), i64),
+    )
     name, ptx, _, extras = reg["trtpipe::PagedAttention"].aot_impl_func(
-        q, kc, kc, bt, cl, _desc(trt, trtp, (3,), i64), 9, 3, 64, 0.0, 16, 0, 1, (q,), 1)
+        q, kc, kc, bt, cl, _desc(trt, trtp, (3,), i64), 9, 3, 64, 0.0, 16, 0, 1, (q,), 1
+    )
     assert name == "attention_decode_plugin_kernel" and len(extras) == 1
     combos = reg["trtpipe::Int4Gemm"].autotune_func(a, None, None, None, (y,))
     assert len(combos) == 1

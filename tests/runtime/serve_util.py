@@ -31,8 +31,16 @@ class ServerProcess:
     def __init__(self, artifact: Path, *args: str, ready_timeout_s: float = 180.0) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.args = [sys.executable, "-m", "trtpipe.pipeline.cli", "serve", str(artifact),
-                     "--port", str(self.port), *args]
+        self.args = [
+            sys.executable,
+            "-m",
+            "trtpipe.pipeline.cli",
+            "serve",
+            str(artifact),
+            "--port",
+            str(self.port),
+            *args,
+        ]
         self.ready_timeout_s = ready_timeout_s
         self.lines: list[str] = []
         self.proc: subprocess.Popen | None = None
@@ -40,8 +48,7 @@ class ServerProcess:
 
     def __enter__(self) -> ServerProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                     env=env)
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         threading.Thread(target=self._read, daemon=True).start()
         deadline = time.monotonic() + self.ready_timeout_s
         while not any("ready at" in line for line in self.lines):
@@ -85,7 +92,7 @@ class ServerProcess:
         return read_metrics(httpx.get(self.url + "/metrics", timeout=10).text)
 
 
-_SAMPLE = re.compile(r'^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)$')
+_SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)$")
 
 
 def read_metrics(text: str) -> dict[str, float]:

@@ -4,13 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from trtpipe.runtime.budgets import (
-    BudgetError,
-    BudgetResult,
-    evaluate_budgets,
-    gate_exit_code,
-    parse_budget,
-)
+from trtpipe.runtime.budgets import BudgetError, BudgetResult, evaluate_budgets, gate_exit_code, parse_budget
 from trtpipe.runtime.metrics import RequestTimer, summarize
 
 
@@ -25,11 +19,7 @@ def _req(request_id, arrival, token_times):
 def summary():
     # TTFT [0.5, 0.3, 0.2] -> p50 300 ms, p95 480 ms; TPOT [0.2, 0.4] -> p50 300 ms;
     # ITL [0.1, 0.2, 0.3, 0.4] -> p99 397 ms; 7 tokens / 2 s = 3.5 tokens/s
-    reqs = [
-        _req("a", 0.0, [0.5, 0.6, 0.8, 1.1]),
-        _req("b", 0.0, [0.3]),
-        _req("c", 1.0, [1.2, 1.6]),
-    ]
+    reqs = [_req("a", 0.0, [0.5, 0.6, 0.8, 1.1]), _req("b", 0.0, [0.3]), _req("c", 1.0, [1.2, 1.6])]
     return summarize(reqs, wall_s=2.0)
 
 
@@ -66,11 +56,7 @@ def test_tpot_and_itl_budgets(summary):
 
 def test_min_throughput_budget(summary):
     ok, bad = evaluate_budgets(
-        summary,
-        [
-            {"metric": "output_tokens_per_s", "min": 3.0},
-            {"metric": "output_tokens_per_s", "min": 4.0},
-        ],
+        summary, [{"metric": "output_tokens_per_s", "min": 3.0}, {"metric": "output_tokens_per_s", "min": 4.0}]
     )
     assert ok.passed and ok.margin == pytest.approx((3.5 - 3.0) / 3.0)
     assert not bad.passed and bad.margin == pytest.approx(-0.125)
@@ -138,8 +124,13 @@ def test_gate_record():
     bad = BudgetResult("ttft_ms", "p50", "max", 250.0, 300.0, -0.2, False)
     g = Gate.of([ok], None, None)
     assert (g.passed, g.exit_code, g.budgets_passed) == (True, 0, True)
-    assert g.to_dict() == {"passed": True, "exit_code": 0, "budgets_passed": True,
-                           "correctness_passed": None, "kv_leak_free": None}
+    assert g.to_dict() == {
+        "passed": True,
+        "exit_code": 0,
+        "budgets_passed": True,
+        "correctness_passed": None,
+        "kv_leak_free": None,
+    }
     assert Gate.of([ok, bad], True, True).exit_code == 1 and not Gate.of([ok, bad], True, True).budgets_passed
     assert Gate.of([ok], False, True).exit_code == 1
     assert Gate.of([ok], True, False).exit_code == 1

@@ -99,8 +99,11 @@ def test_same_string_as_transformers(template, add_generation_prompt, tools):
     for messages in (CONVERSATION, CONVERSATION[1:], default_chat_messages("x")):
         kwargs = {"bos_token": "<s>", "eos_token": "</s>"}
         (expected,), _ = chat_utils.render_jinja_template(
-            conversations=[messages], tools=tools, chat_template=template,
-            add_generation_prompt=add_generation_prompt, **kwargs,
+            conversations=[messages],
+            tools=tools,
+            chat_template=template,
+            add_generation_prompt=add_generation_prompt,
+            **kwargs,
         )
         extra = {"tools": tools} if tools is not None else {}
         assert render_chat(template, messages, add_generation_prompt, **kwargs, **extra) == expected

@@ -46,8 +46,10 @@ def test_smollm2_int4_cpu_initializers_separate_8bit_head():
 
 
 def test_tied_fp32_table_is_read_whole():
-    inits = {"ref.embed_tokens": ["float32", [49152, 576], 0, SMOL_EMB_FP32],
-             "ref.norm.weight": ["float32", [576], 0, 2304]}
+    inits = {
+        "ref.embed_tokens": ["float32", [49152, 576], 0, SMOL_EMB_FP32],
+        "ref.norm.weight": ["float32", [576], 0, 2304],
+    }
     assert decode_read_model(SMOL, "float32", 500_000_000, "fp32", inits).weight_read_bytes == 500_000_000
 
 
@@ -76,8 +78,13 @@ def test_decode_bandwidth_needs_a_tpot():
 
 def test_scenario_bandwidth_from_a_report_summary():
     m = decode_read_model(SMOL, "float32", 118_091_776, "fp32", {})  # {}: no table, tied -> read whole
-    summary = {"num_requests": 4, "total_prompt_tokens": 400, "total_output_tokens": 200,
-               "mean_decode_batch_size": 2.5, "tpot_ms": {"p50": 10.0}}
+    summary = {
+        "num_requests": 4,
+        "total_prompt_tokens": 400,
+        "total_output_tokens": 200,
+        "mean_decode_batch_size": 2.5,
+        "tpot_ms": {"p50": 10.0},
+    }
     bw = scenario_decode_bandwidth(m, summary)
     # context = (400 + 200 / 2) / 4 = 125 tokens; KV 2.5 x 125 x 46,080 = 14,400,000 B
     assert bw.step_read_bytes == 118_091_776 + 14_400_000
@@ -86,9 +93,14 @@ def test_scenario_bandwidth_from_a_report_summary():
 
 
 def test_read_model_from_manifest_needs_weights_bytes():
-    manifest = SimpleNamespace(build_info={}, graphs={"decode": SimpleNamespace(precision="int4")},
-                               target={"name": "cpu"}, model=SMOL, kv=SimpleNamespace(dtype="float32"),
-                               runtime_options={})
+    manifest = SimpleNamespace(
+        build_info={},
+        graphs={"decode": SimpleNamespace(precision="int4")},
+        target={"name": "cpu"},
+        model=SMOL,
+        kv=SimpleNamespace(dtype="float32"),
+        runtime_options={},
+    )
     assert read_model_from_manifest(manifest) is None
     manifest.build_info["weights_bytes"] = 231_337_984
     assert read_model_from_manifest(manifest).weight_read_bytes == 231_337_984  # tied, no table
@@ -119,16 +131,25 @@ def test_validate_report_carries_the_bandwidth_next_to_tokens_per_s():
     reqs = [req("a", 0.0, [0.5, 0.6, 0.8, 1.1]), req("b", 0.0, [0.3]), req("c", 1.0, [1.2, 1.6])]
     scen = ScenarioReport("chat", summarize(reqs, wall_s=2.0), (), tuple(reqs))
     model = decode_read_model(SMOL, "float32", 118_091_776, "fp32")  # tied, no table: read whole
-    doc = build_report(recipe_name="r", target="orin", scenarios=[scen], correctness={}, env={},
-                       decode_read=model, target_bandwidth_bytes_per_s=204.8e9)
+    doc = build_report(
+        recipe_name="r",
+        target="orin",
+        scenarios=[scen],
+        correctness={},
+        env={},
+        decode_read=model,
+        target_bandwidth_bytes_per_s=204.8e9,
+    )
     bw = doc["scenarios"][0]["decode_bandwidth"]
     # context round((24 + 7 / 2) / 3) = 9 tokens, batch 1: KV 9 x 46,080 = 414,720 B
     assert bw["step_read_bytes"] == 118_091_776 + 414_720
     assert bw["bytes_per_s"] == pytest.approx(118_506_496 / 0.3)
     assert bw["fraction_of_peak"] == pytest.approx(118_506_496 / 0.3 / 204.8e9)
     md = render_markdown(doc)
-    assert ("- output tokens/s: 3.50; decode bandwidth 0.4 GB/s (118.5 MB per step / 300 ms TPOT; 0% of "
-            "204.8 GB/s) at TPOT p50") in md
+    assert (
+        "- output tokens/s: 3.50; decode bandwidth 0.4 GB/s (118.5 MB per step / 300 ms TPOT; 0% of "
+        "204.8 GB/s) at TPOT p50"
+    ) in md
     plain = build_report(recipe_name="r", target="cpu", scenarios=[scen], correctness={}, env={})
     assert plain["scenarios"][0]["decode_bandwidth"] is None
     assert "decode bandwidth" not in render_markdown(plain)
@@ -142,11 +163,15 @@ def test_generate_prints_tokens_per_s_and_bandwidth(default_artifact):
 
     from trtpipe.pipeline.cli import main
 
-    res = CliRunner().invoke(main, ["generate", str(default_artifact), "Hello", "--max-new-tokens", "4",
-                                    "--no-stream", "--temperature", "0"])
+    res = CliRunner().invoke(
+        main, ["generate", str(default_artifact), "Hello", "--max-new-tokens", "4", "--no-stream", "--temperature", "0"]
+    )
     assert res.exit_code == 0, res.output
-    m = re.search(r"TPOT ([\d.]+) ms; decode ([\d.]+) tokens/s, decode bandwidth ([\d.]+) GB/s "
-                  r"\(([\d.]+) MB per step", res.stderr)
+    m = re.search(
+        r"TPOT ([\d.]+) ms; decode ([\d.]+) tokens/s, decode bandwidth ([\d.]+) GB/s "
+        r"\(([\d.]+) MB per step",
+        res.stderr,
+    )
     assert m, res.stderr
     tpot_ms, rate, gb_s, mb = map(float, m.groups())
     assert rate == pytest.approx(1e3 / tpot_ms, rel=0.01)

@@ -62,8 +62,7 @@ def test_goodput_of_a_fake_engine_through_run_workload():
     def probe(rate):
         llm = FakeServer(service_s=0.1)
         spec = WorkloadSpec("q", 200, 0, (1, 1), prompt_tokens=(4, 4), arrival_rate_per_s=rate, seed=5)
-        metrics, wall_s, stats = run_workload(llm, make_workload(spec, Tok()), None, clock=llm.clock,
-                                              sleep=llm.sleep)
+        metrics, wall_s, stats = run_workload(llm, make_workload(spec, Tok()), None, clock=llm.clock, sleep=llm.sleep)
         s = summarize(metrics, wall_s, stats)
         return ProbeResult(rate, s.latency_ms("ttft", "p95") <= 500.0, s.output_tokens_per_s)
 
@@ -96,8 +95,11 @@ class FakeServer:
 
         self.n += 1
         rid = f"r{self.n}"
-        self.queue.append(RequestTimer(rid, prompt_tokens=len(ids), arrival_s=self.t if arrival_s is None else arrival_s,
-                                       clock=self.clock))
+        self.queue.append(
+            RequestTimer(
+                rid, prompt_tokens=len(ids), arrival_s=self.t if arrival_s is None else arrival_s, clock=self.clock
+            )
+        )
         return rid
 
     def has_unfinished(self):

@@ -11,7 +11,6 @@ import sys
 import textwrap
 
 import pytest
-
 from conftest import FRANCE_PROMPT
 
 pytestmark = pytest.mark.slow
@@ -91,8 +90,15 @@ def test_decode_through_prefill_graph_equals_decode_graph(int4_artifact, tmp_pat
     assert one.block_pool.num_used == 0 and two.block_pool.num_used == 0
 
 
-@pytest.mark.parametrize("text", ["北京是中国的首都，长城很长。", "東京は日本の首都です。ありがとう！",
-                                  "Emoji: 🎉🚀👩‍💻 done", "Москва — столица России."])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "北京是中国的首都，长城很长。",
+        "東京は日本の首都です。ありがとう！",
+        "Emoji: 🎉🚀👩‍💻 done",
+        "Москва — столица России.",
+    ],
+)
 def test_streamed_pieces_concatenate_to_full_decode_real_tokenizer(int4_llm, text):
     from trtpipe.runtime.detokenizer import IncrementalDetokenizer
 
@@ -150,15 +156,18 @@ def test_stop_string_and_sampling_seed(int4_llm):
     assert a == b
 
 
-@pytest.mark.parametrize("prompt,kw,match", [
-    ("", {}, "prompt"),
-    (b"\xff\xfe bad", {}, "UTF-8"),
-    ("x " * 1100, {}, "max_seq_len"),
-    ("hi", {"max_new_tokens": 0}, "max_new_tokens"),
-    ("hi", {"temperature": -1.0}, "temperature"),
-    ("hi", {"top_p": 0.0}, "top_p"),
-    ("hi", {"top_p": 1.5}, "top_p"),
-])
+@pytest.mark.parametrize(
+    "prompt,kw,match",
+    [
+        ("", {}, "prompt"),
+        (b"\xff\xfe bad", {}, "UTF-8"),
+        ("x " * 1100, {}, "max_seq_len"),
+        ("hi", {"max_new_tokens": 0}, "max_new_tokens"),
+        ("hi", {"temperature": -1.0}, "temperature"),
+        ("hi", {"top_p": 0.0}, "top_p"),
+        ("hi", {"top_p": 1.5}, "top_p"),
+    ],
+)
 def test_bad_requests_are_refused_without_disturbing_others(int4_llm, prompt, kw, match):
     from trtpipe.runtime.errors import RequestError
     from trtpipe.runtime.request import SamplingParams
@@ -207,9 +216,22 @@ def test_artifact_fingerprint_and_corruption_are_refused(int4_artifact, tmp_path
 
 
 def test_cli_generate_streams_the_answer(int4_artifact):
-    r = subprocess.run([sys.executable, "-m", "trtpipe.pipeline.cli", "generate", str(int4_artifact),
-                        FRANCE_PROMPT, "--chat", "--max-new-tokens", "16"],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trtpipe.pipeline.cli",
+            "generate",
+            str(int4_artifact),
+            FRANCE_PROMPT,
+            "--chat",
+            "--max-new-tokens",
+            "16",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "The capital of France is Paris."
     assert "TTFT" in r.stderr and "TPOT" in r.stderr
@@ -217,8 +239,9 @@ def test_cli_generate_streams_the_answer(int4_artifact):
 
 def test_cli_generate_bad_input_exit_2(int4_artifact, tmp_path):
     for args in (["generate", str(tmp_path), "hi"], ["generate", str(int4_artifact), "hi", "--top-p", "2"]):
-        r = subprocess.run([sys.executable, "-m", "trtpipe.pipeline.cli", *args], capture_output=True,
-                           text=True, timeout=300)
+        r = subprocess.run(
+            [sys.executable, "-m", "trtpipe.pipeline.cli", *args], capture_output=True, text=True, timeout=300
+        )
         assert r.returncode == 2, r.stderr
         assert "error:" in r.stderr and "fix" in r.stderr.lower()
 

@@ -33,8 +33,13 @@ def test_block_hash_is_chained_sha256_of_int64_tokens():
 
 
 def test_salt_and_build_hash_isolate_and_fields_are_length_prefixed():
-    roots = {root_hash("b1"), root_hash("b1", "tenant-a"), root_hash("b2"), root_hash("b", "1"),
-             root_hash("b1", "tenant-b")}
+    roots = {
+        root_hash("b1"),
+        root_hash("b1", "tenant-a"),
+        root_hash("b2"),
+        root_hash("b", "1"),
+        root_hash("b1", "tenant-b"),
+    }
     assert len(roots) == 5
     same = [extend_block_hashes([], [1, 2, 3, 4], 4, r)[0] for r in roots]
     assert len(set(same)) == 5  # the same tokens never share a name across builds or salts
@@ -137,8 +142,9 @@ def test_sliding_window_hit_does_not_reference_dead_blocks():
 def _sched(num_blocks=64, block_size=4, max_num_tokens=64, max_batch_size=8, window=0, build="b1", on=True):
     pool = BlockPool(num_blocks)
     kv = KVCacheManager(pool, block_size, window)
-    sched = Scheduler(kv, max_num_tokens, max_batch_size, 4096, eos_token_ids=(0,),
-                      enable_prefix_caching=on, build_hash=build)
+    sched = Scheduler(
+        kv, max_num_tokens, max_batch_size, 4096, eos_token_ids=(0,), enable_prefix_caching=on, build_hash=build
+    )
     return sched, pool
 
 
@@ -266,8 +272,7 @@ def _traffic(seed, prefix_caching, num_requests=500):
     # 156 / 52 usable tokens: forces preemptions (the window bounds each sequence's blocks)
     pool = BlockPool(40 if window == 0 else 14)
     kv = KVCacheManager(pool, bs, window)
-    sched = Scheduler(kv, 24, 6, 128, eos_token_ids=(0,), enable_prefix_caching=prefix_caching,
-                      build_hash="fake")
+    sched = Scheduler(kv, 24, 6, 128, eos_token_ids=(0,), enable_prefix_caching=prefix_caching, build_hash="fake")
     engine = FakeEngine(bs, window)
     shared = [tuple(rng.integers(1, VOCAB, 60)) for _ in range(4)]  # system prompts
     requests = []
@@ -275,8 +280,14 @@ def _traffic(seed, prefix_caching, num_requests=500):
         k = int(rng.integers(0, 61))  # shared prefix of random length (0 = none)
         tail = tuple(rng.integers(1, VOCAB, int(rng.integers(1, 20))))
         salt = "other" if rng.random() < 0.1 else None
-        requests.append(Request(f"r{i}", shared[int(rng.integers(0, 4))][:k] + tail,
-                                SamplingParams(max_new_tokens=int(rng.integers(1, 12))), cache_salt=salt))
+        requests.append(
+            Request(
+                f"r{i}",
+                shared[int(rng.integers(0, 4))][:k] + tail,
+                SamplingParams(max_new_tokens=int(rng.integers(1, 12))),
+                cache_salt=salt,
+            )
+        )
     arrivals = np.sort(rng.integers(0, 900, num_requests))
     by_id = {r.request_id: r for r in requests}
     nxt, num_preempted = 0, 0

@@ -23,7 +23,7 @@ def _run(llm, prompts, max_new, salts=None, staggered=True):
     while pending or llm.has_unfinished():
         for i in pending[: 2 if staggered else len(pending)]:
             rid_of[llm.add_request(list(prompts[i]), params, cache_salt=salts[i])] = i
-        pending = pending[2 if staggered else len(pending):]
+        pending = pending[2 if staggered else len(pending) :]
         for o in llm.step():
             outs[rid_of[o.request_id]] = o
     assert llm.block_pool.num_used == 0
@@ -37,8 +37,14 @@ def test_smollm2_shared_system_prompt_same_outputs_with_and_without_cache(int4_a
     off = LLM(int4_artifact, prefix_caching=False)
     tok = on.tokenizer
     system = tok.encode("You are a helpful assistant for a bakery. Answer briefly and politely. " * 6)
-    users = ["What time do you open?", "Do you sell rye bread?", "Is there parking?",
-             "Can I order a cake for Sunday?", "Do you have gluten-free options?", "Where are you?"]
+    users = [
+        "What time do you open?",
+        "Do you sell rye bread?",
+        "Is there parking?",
+        "Can I order a cake for Sunday?",
+        "Do you have gluten-free options?",
+        "Where are you?",
+    ]
     prompts = [system + tok.encode(" Question: " + u + " Answer:", add_special_tokens=False) for u in users]
     assert len(system) > 64  # several full 16-token blocks shared
     got = _run(on, prompts, 12)
@@ -65,9 +71,19 @@ def _tiny_mistral_dir(path):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     cfg = transformers.MistralConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        rms_norm_eps=1e-5, tie_word_embeddings=False, sliding_window=8, bos_token_id=1, eos_token_id=2)
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        sliding_window=8,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(3)
     model = transformers.MistralForCausalLM(cfg).eval()
     model.save_pretrained(path, safe_serialization=True)
@@ -84,12 +100,20 @@ def mistral_window_artifact(tmp_path_factory):
 
     src = _tiny_mistral_dir(tmp_path_factory.mktemp("tiny-mistral"))
     root = tmp_path_factory.mktemp("artifacts")
-    recipe = parse_recipe({
-        "name": "tiny-mistral-window", "model": {"source": str(src)}, "target": "cpu",
-        "precision": {"prefill": "fp32", "decode": "fp32"},
-        "kv_cache": {"block_size": 4, "num_blocks": 40},
-        "max_seq_len": 96, "max_batch_size": 4, "max_num_tokens": 32,
-    }, origin="tiny.yaml", base_dir=root)
+    recipe = parse_recipe(
+        {
+            "name": "tiny-mistral-window",
+            "model": {"source": str(src)},
+            "target": "cpu",
+            "precision": {"prefill": "fp32", "decode": "fp32"},
+            "kv_cache": {"block_size": 4, "num_blocks": 40},
+            "max_seq_len": 96,
+            "max_batch_size": 4,
+            "max_num_tokens": 32,
+        },
+        origin="tiny.yaml",
+        base_dir=root,
+    )
     res = build(recipe, root, golden=False, log=lambda s: None)
     m = json.loads((res.artifact_dir / "manifest.json").read_text())
     assert m["kv"]["sliding_window"] == 8

@@ -221,8 +221,9 @@ def test_kv_occupancy_is_one_line_against_one_capacity(figures):
     assert "peak 6 of 16 blocks, 37.5 %" in figs[0].get_suptitle()
     # a pool close to full: the capacity line is drawn inside the panel
     figs.clear()
-    big = chat.__class__(chat.name, dataclasses.replace(chat.summary, num_kv_blocks=7), chat.budget_results,
-                         chat.requests)
+    big = chat.__class__(
+        chat.name, dataclasses.replace(chat.summary, num_kv_blocks=7), chat.budget_results, chat.requests
+    )
     rp.plot_kv_occupancy([big])
     (ax,) = figs[0].axes
     assert [ln.get_ydata()[0] for ln in ax.get_lines() if ln.get_linestyle() == "--"] == [7]
@@ -231,11 +232,15 @@ def test_kv_occupancy_is_one_line_against_one_capacity(figures):
 def test_report_without_matplotlib_skips_plots_with_a_notice(tmp_path, monkeypatch):
     from trtpipe.runtime import report_plots
 
-    monkeypatch.setattr(report_plots.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "matplotlib" else importlib.util.find_spec(name, *a))
+    monkeypatch.setattr(
+        report_plots.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "matplotlib" else importlib.util.find_spec(name, *a),
+    )
     assert not report_plots.plots_available()
-    paths = write_report(tmp_path, recipe_name="r", target="cpu", scenarios=_scenarios(),
-                         correctness={"passed": True}, env={})
+    paths = write_report(
+        tmp_path, recipe_name="r", target="cpu", scenarios=_scenarios(), correctness={"passed": True}, env={}
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json", "report.md"]
     assert paths.plots() == () and "pip install 'trtpipe[plots]'" in paths.notice and "\n" not in paths.notice
     assert load_report(paths.report_json)["plots"] == []

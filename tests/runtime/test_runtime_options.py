@@ -9,10 +9,18 @@ from trtpipe.runtime.errors import ArtifactError
 from trtpipe.runtime.manifest import MANIFEST_NAME, load_manifest
 from trtpipe.runtime.runtime_options import SharedInitializer, parse_runtime_options
 
-ORT = {"shared_data_file": "weights.data", "shared_initializers": {"w": ["float32", [2, 3], 64, 24]},
-       "intra_op_num_threads": None, "ort_decode_graph": "prefill"}
-TRT = {"layout": "dual_profile", "kv_in_place": True, "profiles": {"decode": {"profile_index": 1}},
-       "graph_sha256": {"prefill": "ab"}}
+ORT = {
+    "shared_data_file": "weights.data",
+    "shared_initializers": {"w": ["float32", [2, 3], 64, 24]},
+    "intra_op_num_threads": None,
+    "ort_decode_graph": "prefill",
+}
+TRT = {
+    "layout": "dual_profile",
+    "kv_in_place": True,
+    "profiles": {"decode": {"profile_index": 1}},
+    "graph_sha256": {"prefill": "ab"},
+}
 FIX = "trtpipe build r.yaml --force"
 
 
@@ -23,7 +31,11 @@ def parse(backend, options):
 def test_ort_options_are_typed():
     o = parse("ort", ORT)
     assert (o.backend, o.shared_data_file, o.intra_op_num_threads, o.ort_decode_graph) == (
-        "ort", "weights.data", None, "prefill")
+        "ort",
+        "weights.data",
+        None,
+        "prefill",
+    )
     assert o.shared_initializers == {"w": SharedInitializer("float32", (2, 3), 64, 24)}
     assert (o.layout, o.kv_in_place, o.profiles) == (None, None, None)  # trt-only: None, explicitly
 
@@ -34,23 +46,33 @@ def test_trt_options_are_typed():
     assert (o.shared_data_file, o.ort_decode_graph, o.intra_op_num_threads) == (None, None, None)
 
 
-@pytest.mark.parametrize("backend, options, key", [
-    ("ort", ORT, "ort_decode_graph"), ("ort", ORT, "intra_op_num_threads"), ("ort", ORT, "shared_data_file"),
-    ("trt", TRT, "kv_in_place"), ("trt", TRT, "layout"), ("trt", TRT, "profiles"),
-])
+@pytest.mark.parametrize(
+    "backend, options, key",
+    [
+        ("ort", ORT, "ort_decode_graph"),
+        ("ort", ORT, "intra_op_num_threads"),
+        ("ort", ORT, "shared_data_file"),
+        ("trt", TRT, "kv_in_place"),
+        ("trt", TRT, "layout"),
+        ("trt", TRT, "profiles"),
+    ],
+)
 def test_a_missing_option_names_it_and_the_rebuild_command(backend, options, key):
     opts = {k: v for k, v in options.items() if k != key}
     with pytest.raises(ArtifactError, match=rf"a/manifest.json: runtime_options lacks {key} .*Fix: `{FIX}`"):
         parse(backend, opts)
 
 
-@pytest.mark.parametrize("backend, key, value, expected", [
-    ("ort", "ort_decode_graph", "both", "'prefill' or 'decode'"),
-    ("ort", "intra_op_num_threads", 0, "an int >= 1 or null"),
-    ("ort", "shared_initializers", {"w": ["float32"]}, "an object"),
-    ("trt", "layout", "fused", "'split' or 'dual_profile'"),
-    ("trt", "kv_in_place", "yes", "true or false"),
-])
+@pytest.mark.parametrize(
+    "backend, key, value, expected",
+    [
+        ("ort", "ort_decode_graph", "both", "'prefill' or 'decode'"),
+        ("ort", "intra_op_num_threads", 0, "an int >= 1 or null"),
+        ("ort", "shared_initializers", {"w": ["float32"]}, "an object"),
+        ("trt", "layout", "fused", "'split' or 'dual_profile'"),
+        ("trt", "kv_in_place", "yes", "true or false"),
+    ],
+)
 def test_a_bad_option_value_names_field_value_and_expectation(backend, key, value, expected):
     opts = {**(ORT if backend == "ort" else TRT), key: value}
     with pytest.raises(ArtifactError, match=re.escape(f"runtime_options.{key} = {value!r}: expected {expected}")):

@@ -12,7 +12,6 @@ import time
 
 import httpx
 import pytest
-
 from conftest import FRANCE_PROMPT
 from serve_util import ServerProcess
 
@@ -45,8 +44,9 @@ def test_chat_france_answers_paris(server, client):
     """The done criterion: the official client gets "Paris"; the server process never loaded torch."""
     import psutil
 
-    r = client.chat.completions.create(model=MODEL, temperature=0,
-                                       messages=[{"role": "user", "content": FRANCE_PROMPT}])
+    r = client.chat.completions.create(
+        model=MODEL, temperature=0, messages=[{"role": "user", "content": FRANCE_PROMPT}]
+    )
     assert "Paris" in r.choices[0].message.content
     assert r.choices[0].finish_reason == "stop"
     assert r.usage.prompt_tokens == 37  # TOOLCHAIN.md: the templated question is 37 tokens
@@ -62,24 +62,31 @@ def test_greedy_over_http_equals_llm_generate(client, llm):
     prompt = "The lighthouse keeper climbed the stairs and"
     want_cmpl = llm.generate([prompt], SamplingParams(max_new_tokens=24))[0]
     msgs = [{"role": "user", "content": FRANCE_PROMPT}]
-    chat = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=24, messages=msgs,
-                                          extra_body={"return_token_ids": True})
+    chat = client.chat.completions.create(
+        model=MODEL, temperature=0, max_tokens=24, messages=msgs, extra_body={"return_token_ids": True}
+    )
     assert chat.choices[0].message.content == want_chat.text
     assert chat.choices[0].token_ids == want_chat.output_token_ids
     assert chat.prompt_token_ids == list(want_chat.prompt_token_ids)
-    streamed = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=24, messages=msgs,
-                                              stream=True)
+    streamed = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=24, messages=msgs, stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == want_chat.text
-    cmpl = client.completions.create(model=MODEL, temperature=0, max_tokens=24, prompt=prompt,
-                                     extra_body={"return_token_ids": True})
+    cmpl = client.completions.create(
+        model=MODEL, temperature=0, max_tokens=24, prompt=prompt, extra_body={"return_token_ids": True}
+    )
     assert cmpl.choices[0].text == want_cmpl.text
     assert cmpl.choices[0].token_ids == want_cmpl.output_token_ids
     assert cmpl.usage.completion_tokens == len(want_cmpl.output_token_ids)
     assert cmpl.choices[0].finish_reason == want_cmpl.finish_reason
     pieces, ids = [], []
-    for c in client.completions.create(model=MODEL, temperature=0, max_tokens=24, prompt=prompt, stream=True,
-                                       stream_options={"include_usage": True},
-                                       extra_body={"return_token_ids": True}):
+    for c in client.completions.create(
+        model=MODEL,
+        temperature=0,
+        max_tokens=24,
+        prompt=prompt,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"return_token_ids": True},
+    ):
         if c.choices:
             pieces.append(c.choices[0].text)
             ids.extend(c.choices[0].token_ids or [])
@@ -90,21 +97,30 @@ def test_greedy_over_http_equals_llm_generate(client, llm):
 
 
 def test_return_token_ids_decode_to_text(client, llm):
-    r = client.completions.create(model=MODEL, temperature=0.8, seed=3, max_tokens=32,
-                                  prompt="Write a short note about rivers.", extra_body={"return_token_ids": True})
+    r = client.completions.create(
+        model=MODEL,
+        temperature=0.8,
+        seed=3,
+        max_tokens=32,
+        prompt="Write a short note about rivers.",
+        extra_body={"return_token_ids": True},
+    )
     ids = r.choices[0].token_ids
     assert len(ids) == r.usage.completion_tokens > 0
     assert llm.tokenizer.backend.decode(ids, skip_special_tokens=True) == r.choices[0].text
     assert llm.tokenizer.encode("Write a short note about rivers.") == r.prompt_token_ids
 
 
-@pytest.mark.parametrize("kind,prompt", [
-    ("completion", "北京是中国的首都，"),
-    ("completion", "東京は日本の首都で、"),
-    ("completion", "🙂🙂🙂 😀😀"),
-    ("chat", "日本の首都はどこですか？日本語で答えてください。"),
-    ("chat", "Reply with three emoji that describe happiness: 😀"),
-])
+@pytest.mark.parametrize(
+    "kind,prompt",
+    [
+        ("completion", "北京是中国的首都，"),
+        ("completion", "東京は日本の首都で、"),
+        ("completion", "🙂🙂🙂 😀😀"),
+        ("chat", "日本の首都はどこですか？日本語で答えてください。"),
+        ("chat", "Reply with three emoji that describe happiness: 😀"),
+    ],
+)
 def test_multibyte_streaming_equals_non_stream(client, kind, prompt):
     """Characters split across byte-level BPE tokens are held back, never sent as U+FFFD; the
     concatenated deltas equal the non-streamed text."""
@@ -112,12 +128,12 @@ def test_multibyte_streaming_equals_non_stream(client, kind, prompt):
     if kind == "chat":
         kw["messages"] = [{"role": "user", "content": prompt}]
         full = client.chat.completions.create(**kw).choices[0].message.content
-        deltas = [c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kw)
-                  if c.choices]
+        deltas = [
+            c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kw) if c.choices
+        ]
     else:
         full = client.completions.create(prompt=prompt, **kw).choices[0].text
-        deltas = [c.choices[0].text for c in client.completions.create(prompt=prompt, stream=True, **kw)
-                  if c.choices]
+        deltas = [c.choices[0].text for c in client.completions.create(prompt=prompt, stream=True, **kw) if c.choices]
     assert "".join(deltas) == full
     assert all(REPLACEMENT_CHAR not in d for d in deltas)
     assert any(ord(ch) > 0x2E80 for ch in full), f"no CJK/emoji produced, the test checks nothing: {full!r}"
@@ -130,8 +146,14 @@ def _kv_blocks(server) -> float:
 def test_disconnect_frees_kv_within_one_second(server):
     """Open a stream, read two chunks, close the socket: KV blocks back to baseline within 1 s."""
     baseline = _kv_blocks(server)
-    body = {"model": MODEL, "prompt": "Tell me a long story about a lighthouse.", "max_tokens": 400,
-            "ignore_eos": True, "stream": True, "temperature": 0}
+    body = {
+        "model": MODEL,
+        "prompt": "Tell me a long story about a lighthouse.",
+        "max_tokens": 400,
+        "ignore_eos": True,
+        "stream": True,
+        "temperature": 0,
+    }
     with httpx.Client(timeout=60) as h:
         with h.stream("POST", server.url + "/v1/completions", json=body) as r:
             assert r.status_code == 200
@@ -200,8 +222,11 @@ BAD_INPUTS = [  # (endpoint, body (dict -> JSON, bytes -> raw), field named)
     ("completions", {"model": MODEL, "prompt": "hi", "max_tokens": 0}, "max_tokens"),
     ("completions", {"model": MODEL, "prompt": "hi", "max_tokens": -1}, "max_tokens"),
     ("completions", {"model": MODEL, "prompt": "hi", "max_tokens": "10"}, "max_tokens"),
-    ("chat", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0},
-     "max_completion_tokens"),
+    (
+        "chat",
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0},
+        "max_completion_tokens",
+    ),
     ("completions", {"model": MODEL, "prompt": "hi", "temperature": -0.1}, "temperature"),
     ("completions", {"model": MODEL, "prompt": "hi", "temperature": "hot"}, "temperature"),
     ("completions", {"model": MODEL, "prompt": "hi", "top_p": 0}, "top_p"),
@@ -225,8 +250,14 @@ def test_bad_input_table(server):
     good: dict = {}
 
     def run_good() -> None:
-        body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 48, "ignore_eos": True,
-                "stream": True, "temperature": 0}
+        body = {
+            "model": MODEL,
+            "prompt": "Once upon a time",
+            "max_tokens": 48,
+            "ignore_eos": True,
+            "stream": True,
+            "temperature": 0,
+        }
         with httpx.Client(timeout=120) as h, h.stream("POST", server.url + "/v1/completions", json=body) as r:
             good["status"] = r.status_code
             good["chunks"] = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {")]
@@ -236,8 +267,11 @@ def test_bad_input_table(server):
     with httpx.Client(timeout=60) as h:
         for endpoint, body, field in BAD_INPUTS:
             url = server.url + ("/v1/completions" if endpoint == "completions" else "/v1/chat/completions")
-            r = (h.post(url, content=body, headers={"content-type": "application/json"})
-                 if isinstance(body, bytes) else h.post(url, json=body))
+            r = (
+                h.post(url, content=body, headers={"content-type": "application/json"})
+                if isinstance(body, bytes)
+                else h.post(url, json=body)
+            )
             assert r.status_code == 400, (field, r.status_code, r.text)
             err = r.json()["error"]
             assert err["param"] == field, (field, err)
@@ -255,8 +289,10 @@ def test_models_tokenize_detokenize_health(server):
         assert [m["id"] for m in models["data"]] == [MODEL]
         tok = h.post(server.url + "/tokenize", json={"prompt": "The capital of France is"}).json()
         assert tok["tokens"] == [504, 3575, 282, 4649, 314] and tok["count"] == 5
-        assert h.post(server.url + "/detokenize", json={"tokens": tok["tokens"]}).json()["prompt"] == \
-            "The capital of France is"
+        assert (
+            h.post(server.url + "/detokenize", json={"tokens": tok["tokens"]}).json()["prompt"]
+            == "The capital of France is"
+        )
         chat = h.post(server.url + "/tokenize", json={"messages": [{"role": "user", "content": FRANCE_PROMPT}]})
         assert chat.json()["count"] == 37
         assert h.get(server.url + "/health").status_code == 200

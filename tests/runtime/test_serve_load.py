@@ -13,14 +13,18 @@ import time
 import httpx
 import psutil
 import pytest
-
 from serve_util import ServerProcess, read_metrics
 
 pytestmark = pytest.mark.slow
 
 MODEL = "smollm2-135m-cpu"
-PROMPTS = ["Tell me about rivers.", "Write a short poem about the moon.", "Why is bread important?",
-           "Describe a lighthouse at night in detail.", "List three facts about copper."]
+PROMPTS = [
+    "Tell me about rivers.",
+    "Write a short poem about the moon.",
+    "Why is bread important?",
+    "Describe a lighthouse at night in detail.",
+    "List three facts about copper.",
+]
 
 
 async def _one(h: httpx.AsyncClient, url: str, i: int, rng: random.Random, ntok: dict[str, int]) -> dict:
@@ -30,8 +34,14 @@ async def _one(h: httpx.AsyncClient, url: str, i: int, rng: random.Random, ntok:
     if i % 20 == 7:  # 5 %: malformed
         r = await h.post(url + "/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": -3})
         return {"kind": "malformed", "status": r.status_code}
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
-            "temperature": rng.choice([0, 0.8]), "return_token_ids": True}
+    body = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": rng.choice([0, 0.8]),
+        "return_token_ids": True,
+    }
     if rng.random() < 0.25:  # disconnect at a random point: before the first chunk, or after k
         k = rng.randint(0, 3)
         async with h.stream("POST", url + "/v1/completions", json={**body, "max_tokens": 32, "stream": True}) as r:
@@ -44,19 +54,27 @@ async def _one(h: httpx.AsyncClient, url: str, i: int, rng: random.Random, ntok:
     if rng.random() < 0.5:
         r = await h.post(url + "/v1/completions", json=body)
         doc = r.json()
-        ok = (r.status_code == 200 and doc["usage"]["completion_tokens"] == max_tokens
-              == len(doc["choices"][0]["token_ids"]) and doc["usage"]["prompt_tokens"] == ntok[prompt])
+        ok = (
+            r.status_code == 200
+            and doc["usage"]["completion_tokens"] == max_tokens == len(doc["choices"][0]["token_ids"])
+            and doc["usage"]["prompt_tokens"] == ntok[prompt]
+        )
         return {"kind": "full", "status": r.status_code, "ok": ok}
     chunks = []
-    async with h.stream("POST", url + "/v1/completions",
-                        json={**body, "stream": True, "stream_options": {"include_usage": True}}) as r:
+    async with h.stream(
+        "POST", url + "/v1/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}}
+    ) as r:
         async for line in r.aiter_lines():
             if line.startswith("data: {"):
                 chunks.append(json.loads(line[6:]))
     usage = chunks[-1]["usage"]
     ids = [t for c in chunks if c["choices"] for t in c["choices"][0].get("token_ids", [])]
-    ok = (r.status_code == 200 and usage["completion_tokens"] == max_tokens == len(ids)
-          and usage["prompt_tokens"] == ntok[prompt] and chunks[-2]["choices"][0]["finish_reason"] == "length")
+    ok = (
+        r.status_code == 200
+        and usage["completion_tokens"] == max_tokens == len(ids)
+        and usage["prompt_tokens"] == ntok[prompt]
+        and chunks[-2]["choices"][0]["finish_reason"] == "length"
+    )
     return {"kind": "stream", "status": r.status_code, "ok": ok}
 
 
@@ -95,9 +113,11 @@ def test_load_with_disconnects_and_malformed(default_artifact):
         statuses = [r["status"] for r in results]
         leaked = _wait_kv_free(server)
         health = httpx.get(server.url + "/health", timeout=10).status_code
-        print(f"\nload: {len(results)} requests in {wall_s:.1f} s, {kinds}, 5xx {sum(s >= 500 for s in statuses)}, "
-              f"KV blocks in use at end {leaked:.0f}, RSS {rss0 / 2**20:.0f} -> {rss1 / 2**20:.0f} MiB "
-              f"({(rss1 / rss0 - 1) * 100:+.1f} %)")
+        print(
+            f"\nload: {len(results)} requests in {wall_s:.1f} s, {kinds}, 5xx {sum(s >= 500 for s in statuses)}, "
+            f"KV blocks in use at end {leaked:.0f}, RSS {rss0 / 2**20:.0f} -> {rss1 / 2**20:.0f} MiB "
+            f"({(rss1 / rss0 - 1) * 100:+.1f} %)"
+        )
         assert len(results) == 200
         assert not [s for s in statuses if s >= 500]
         assert all(r["status"] == 400 for r in results if r["kind"] == "malformed") and kinds["malformed"] == 10
@@ -120,6 +140,7 @@ def test_overflow_timeout_and_api_key(default_artifact):
 
         async def burst() -> list[httpx.Response]:
             async with httpx.AsyncClient(timeout=60, headers=auth) as h:
+
                 async def until(name: str, n: int) -> None:
                     deadline = time.monotonic() + 7
                     while read_metrics((await h.get(server.url + "/metrics")).text)[f"trtpipe:{name}"] < n:
@@ -180,7 +201,9 @@ def test_sigterm_during_load_exits_zero(default_artifact):
                 server.proc.send_signal(signal.SIGTERM)
                 await asyncio.sleep(0.2)
                 try:
-                    late = (await h.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": "x"})).status_code
+                    late = (
+                        await h.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": "x"})
+                    ).status_code
                 except httpx.TransportError:
                     late = None  # the listener may already be closed: refused is fine too
                 reasons = await asyncio.gather(*tasks, return_exceptions=True)

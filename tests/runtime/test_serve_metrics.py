@@ -14,7 +14,6 @@ import time
 
 import httpx
 import pytest
-
 from serve_util import free_port, read_metrics
 
 pytestmark = pytest.mark.slow
@@ -63,10 +62,19 @@ def test_histograms_agree_with_per_request_metrics(served):
 
     async def run() -> None:
         async with httpx.AsyncClient(timeout=120) as h:
-            bodies = [{"model": MODEL, "prompt": f"Tell me about {topic}.", "max_tokens": n, "ignore_eos": True,
-                       "temperature": 0, "stream": i % 2 == 0}
-                      for i, (topic, n) in enumerate([("rivers", 12), ("bread", 1), ("trains", 7), ("copper", 20),
-                                                      ("the moon", 3), ("winter", 9)])]
+            bodies = [
+                {
+                    "model": MODEL,
+                    "prompt": f"Tell me about {topic}.",
+                    "max_tokens": n,
+                    "ignore_eos": True,
+                    "temperature": 0,
+                    "stream": i % 2 == 0,
+                }
+                for i, (topic, n) in enumerate(
+                    [("rivers", 12), ("bread", 1), ("trains", 7), ("copper", 20), ("the moon", 3), ("winter", 9)]
+                )
+            ]
             rs = await asyncio.gather(*(h.post(url + "/v1/completions", json=b) for b in bodies))
             assert all(r.status_code == 200 for r in rs)
 
@@ -80,9 +88,13 @@ def test_histograms_agree_with_per_request_metrics(served):
     e2e = [r.e2e_s for r in got if r.e2e_s is not None]
     queue = [r.queue_s for r in got if r.queue_s is not None]
     assert (len(ttft), len(tpot), len(itl)) == (6, 5, 11 + 0 + 6 + 19 + 2 + 8)  # hand count: n - 1 gaps each
-    for name, values in (("time_to_first_token_seconds", ttft), ("request_time_per_output_token_seconds", tpot),
-                         ("inter_token_latency_seconds", itl), ("e2e_request_latency_seconds", e2e),
-                         ("request_queue_time_seconds", queue)):
+    for name, values in (
+        ("time_to_first_token_seconds", ttft),
+        ("request_time_per_output_token_seconds", tpot),
+        ("inter_token_latency_seconds", itl),
+        ("e2e_request_latency_seconds", e2e),
+        ("request_queue_time_seconds", queue),
+    ):
         assert m[f"trtpipe:{name}_count"] == len(values), name
         assert math.isclose(m[f"trtpipe:{name}_sum"], math.fsum(values), rel_tol=1e-9, abs_tol=1e-12), name
         # the cumulative +Inf bucket equals the count; the 10 s bucket holds every value below it
@@ -98,8 +110,14 @@ def test_disconnect_to_free_time(served):
     """Close a stream after two chunks; time until the KV pool is back to 0 blocks, read directly
     from the block pool every 1 ms (no /metrics scrape in the way). Five rounds; bound 1 s."""
     url, records, llm = served
-    body = {"model": MODEL, "prompt": "Tell me a long story.", "max_tokens": 400, "ignore_eos": True,
-            "stream": True, "temperature": 0}
+    body = {
+        "model": MODEL,
+        "prompt": "Tell me a long story.",
+        "max_tokens": 400,
+        "ignore_eos": True,
+        "stream": True,
+        "temperature": 0,
+    }
     times_ms = []
     with httpx.Client(timeout=60) as h:
         for _ in range(5):
@@ -115,13 +133,14 @@ def test_disconnect_to_free_time(served):
                 time.sleep(0.001)
             times_ms.append((time.monotonic() - closed_at) * 1e3)
     assert records[-1].finish_reason == "abort"
-    print(f"\ndisconnect-to-free: {', '.join(f'{t:.0f}' for t in times_ms)} ms "
-          f"(median {sorted(times_ms)[2]:.0f} ms)")
+    print(f"\ndisconnect-to-free: {', '.join(f'{t:.0f}' for t in times_ms)} ms (median {sorted(times_ms)[2]:.0f} ms)")
 
 
-SYSTEM = ("You are a careful assistant for a travel agency in Lyon. Answer in one short sentence, name "
-          "places precisely, never invent prices, and say so when you do not know. The agency sells train "
-          "trips across France, Italy and Switzerland, and city breaks of two to five nights.")
+SYSTEM = (
+    "You are a careful assistant for a travel agency in Lyon. Answer in one short sentence, name "
+    "places precisely, never invent prices, and say so when you do not know. The agency sells train "
+    "trips across France, Italy and Switzerland, and city breaks of two to five nights."
+)
 
 
 def test_prefix_cache_over_openai_client_cache_salt_and_metrics(served):
@@ -147,8 +166,12 @@ def test_prefix_cache_over_openai_client_cache_salt_and_metrics(served):
     assert salted.choices[0].message.content == second.choices[0].message.content
     assert first.usage.prompt_tokens_details.cached_tokens % block == 0
 
-    stream = chat("Name one Swiss city you sell trips to.", extra_body={"cache_salt": "tenant-b"}, stream=True,
-                  stream_options={"include_usage": True})
+    stream = chat(
+        "Name one Swiss city you sell trips to.",
+        extra_body={"cache_salt": "tenant-b"},
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     usage = [c.usage for c in stream if c.usage is not None]
     n = usage[0].prompt_tokens  # a repeat: every full block but the one holding the last prompt token
     assert len(usage) == 1 and usage[0].prompt_tokens_details.cached_tokens == (n - 1) // block * block
@@ -158,8 +181,11 @@ def test_prefix_cache_over_openai_client_cache_salt_and_metrics(served):
     hits = m["trtpipe:prefix_cache_hits_total"]
     assert hits == llm.prefix_cache_hits >= cached + usage[0].prompt_tokens_details.cached_tokens
 
-    r = httpx.post(url + "/v1/chat/completions", timeout=10, json={
-        "model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "cache_salt": 7})
+    r = httpx.post(
+        url + "/v1/chat/completions",
+        timeout=10,
+        json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "cache_salt": 7},
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt"
     assert "cache_salt = 7: expected null or a non-empty string" in r.json()["error"]["message"]
 

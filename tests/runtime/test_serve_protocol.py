@@ -23,32 +23,63 @@ def test_openai_defaults_are_explicit():
 
 
 def test_fields_map_to_sampling_params():
-    req = parse_completion({"model": "m", "prompt": [1, 2, 3], "max_completion_tokens": 7, "temperature": 0,
-                            "top_p": 0.5, "top_k": -1, "seed": 4, "stop": "\n", "ignore_eos": True,
-                            "stream": True, "stream_options": {"include_usage": True}, "n": 1,
-                            "return_token_ids": True}, MODELS)
+    req = parse_completion(
+        {
+            "model": "m",
+            "prompt": [1, 2, 3],
+            "max_completion_tokens": 7,
+            "temperature": 0,
+            "top_p": 0.5,
+            "top_k": -1,
+            "seed": 4,
+            "stop": "\n",
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "n": 1,
+            "return_token_ids": True,
+        },
+        MODELS,
+    )
     assert req.prompt == (1, 2, 3) and req.include_usage and req.return_token_ids
     p = req.sampling_params(req.max_tokens)
-    assert (p.max_new_tokens, p.temperature, p.top_p, p.top_k, p.seed, p.stop, p.ignore_eos) == \
-        (7, 0.0, 0.5, 0, 4, ("\n",), True)
+    assert (p.max_new_tokens, p.temperature, p.top_p, p.top_k, p.seed, p.stop, p.ignore_eos) == (
+        7,
+        0.0,
+        0.5,
+        0,
+        4,
+        ("\n",),
+        True,
+    )
 
 
 def test_chat_content_parts_are_joined():
-    req = parse_chat({"model": "m", "messages": [{"role": "user", "content": [
-        {"type": "text", "text": "What is "}, {"type": "text", "text": "2+2?"}]}]}, MODELS)
+    req = parse_chat(
+        {
+            "model": "m",
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "What is "}, {"type": "text", "text": "2+2?"}]}
+            ],
+        },
+        MODELS,
+    )
     assert req.messages == ({"role": "user", "content": "What is 2+2?"},)
 
 
-@pytest.mark.parametrize("body,param", [
-    ({"model": "x", "prompt": "hi"}, "model"),
-    ({"model": "m", "prompt": "hi", "temperature": float("nan")}, "temperature"),
-    ({"model": "m", "prompt": "hi", "max_tokens": True}, "max_tokens"),
-    ({"model": "m", "prompt": "hi", "best_of": 3}, "best_of"),
-    ({"model": "m", "prompt": "hi", "echo": True}, "echo"),
-    ({"model": "m", "prompt": "hi", "tools": [{"type": "function"}]}, "tools"),
-    ({"model": "m", "prompt": [1, -2]}, "prompt"),
-    ({"model": "m", "prompt": "  "}, "prompt"),
-])
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"model": "x", "prompt": "hi"}, "model"),
+        ({"model": "m", "prompt": "hi", "temperature": float("nan")}, "temperature"),
+        ({"model": "m", "prompt": "hi", "max_tokens": True}, "max_tokens"),
+        ({"model": "m", "prompt": "hi", "best_of": 3}, "best_of"),
+        ({"model": "m", "prompt": "hi", "echo": True}, "echo"),
+        ({"model": "m", "prompt": "hi", "tools": [{"type": "function"}]}, "tools"),
+        ({"model": "m", "prompt": [1, -2]}, "prompt"),
+        ({"model": "m", "prompt": "  "}, "prompt"),
+    ],
+)
 def test_refusals_name_the_field(body, param):
     with pytest.raises(ServeError) as e:
         parse_completion(body, MODELS)
@@ -67,8 +98,16 @@ def test_body_must_be_utf8_json_object():
 
 
 def test_sse_chunks_keep_text_and_ids_apart():
-    req = parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
-                      "stream_options": {"include_usage": True}, "return_token_ids": True}, MODELS)
+    req = parse_chat(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "return_token_ids": True,
+        },
+        MODELS,
+    )
     b = ResponseBuilder(req, (5, 6, 7))
     first = json.loads(b.chunk("", first=True)[6:])
     assert first["object"] == "chat.completion.chunk" and first["prompt_token_ids"] == [5, 6, 7]
@@ -78,8 +117,12 @@ def test_sse_chunks_keep_text_and_ids_apart():
     delta = json.loads(raw[6:])["choices"][0]
     assert delta["delta"] == {"content": "日本"} and delta["token_ids"] == [100, 101]
     usage = json.loads(b.usage_chunk(2, 16)[6:])
-    assert usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
-                                                         "prompt_tokens_details": {"cached_tokens": 16}}
+    assert usage["choices"] == [] and usage["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 2,
+        "total_tokens": 5,
+        "prompt_tokens_details": {"cached_tokens": 16},
+    }
     assert DONE == b"data: [DONE]\n\n"
 
 

@@ -26,7 +26,7 @@ def test_long_prompt_during_decodes_keeps_steps_within_the_budget(default_artifa
     params = SamplingParams(max_new_tokens=40, ignore_eos=True)
     corpus = llm.tokenizer.encode("The lighthouse stood at the end of a long spit of sand. " * 60)
     for i in range(2):
-        llm.add_request(corpus[i:i + 90], params)
+        llm.add_request(corpus[i : i + 90], params)
     while llm.scheduler.num_running < 2 or any(r.is_prefilling for r in llm.scheduler._running):
         llm.step()
     llm.step_cost_log.clear()

@@ -4,7 +4,6 @@ on a fake engine; then on the real artifact against its golden outputs (slow).""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -44,10 +43,12 @@ class CountingEngine:
 
 def fake_llm(engine, max_num_tokens=4, max_seq_len=64, block_size=4, num_blocks=32):
     pool = BlockPool(num_blocks)
-    return SimpleNamespace(engine=engine, block_pool=pool,
-                           kv_manager=KVCacheManager(pool, block_size),
-                           manifest=SimpleNamespace(limits={"max_seq_len": max_seq_len,
-                                                            "max_num_tokens": max_num_tokens}))
+    return SimpleNamespace(
+        engine=engine,
+        block_pool=pool,
+        kv_manager=KVCacheManager(pool, block_size),
+        manifest=SimpleNamespace(limits={"max_seq_len": max_seq_len, "max_num_tokens": max_num_tokens}),
+    )
 
 
 def test_perfect_agreement_and_predictions():

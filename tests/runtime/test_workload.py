@@ -36,8 +36,15 @@ class WordTokenizer:
 
 
 def spec(**kw) -> WorkloadSpec:
-    base = dict(name="t", num_requests=20, num_warmup_requests=2, output_tokens=(4, 4),
-                prompt_tokens=(8, 8), arrival_rate_per_s=2.0, seed=7)
+    base = dict(
+        name="t",
+        num_requests=20,
+        num_warmup_requests=2,
+        output_tokens=(4, 4),
+        prompt_tokens=(8, 8),
+        arrival_rate_per_s=2.0,
+        seed=7,
+    )
     base.update(kw)
     return WorkloadSpec(**base)
 
@@ -79,8 +86,7 @@ def test_fixed_lengths_exact():
 
 
 def test_uniform_lengths_inclusive_bounds():
-    items = make_workload(spec(num_requests=400, prompt_tokens=(5, 9), output_tokens=(2, 4)),
-                          WordTokenizer())
+    items = make_workload(spec(num_requests=400, prompt_tokens=(5, 9), output_tokens=(2, 4)), WordTokenizer())
     assert {len(it.prompt_ids) for it in items} == {5, 6, 7, 8, 9}
     assert {it.max_new_tokens for it in items} == {2, 3, 4}
 
@@ -93,8 +99,7 @@ def test_prompts_are_consecutive_corpus_tokens_and_wrap():
     for it in items:
         assert is_cyclic_slice(corpus, it.prompt_ids)
     # Longer than the whole corpus: read cyclically, still real text.
-    long = make_workload(spec(num_requests=1, num_warmup_requests=0,
-                              prompt_tokens=(len(corpus) + 5,) * 2), tok)[0]
+    long = make_workload(spec(num_requests=1, num_warmup_requests=0, prompt_tokens=(len(corpus) + 5,) * 2), tok)[0]
     assert len(long.prompt_ids) == len(corpus) + 5
     assert is_cyclic_slice(corpus, long.prompt_ids)
 
@@ -102,8 +107,7 @@ def test_prompts_are_consecutive_corpus_tokens_and_wrap():
 def test_prompt_file_lines_in_order_with_special_tokens():
     tok = WordTokenizer()
     lines = ("alpha beta", "  ", "gamma", "delta epsilon zeta")
-    items = make_workload(spec(prompt_tokens=None, prompts=lines, num_requests=5,
-                               num_warmup_requests=0), tok)
+    items = make_workload(spec(prompt_tokens=None, prompts=lines, num_requests=5, num_warmup_requests=0), tok)
     texts = [c for c in tok.calls if c[1]]
     assert all(add for _, add in texts)  # prompts are tokenized as the model asks (BOS etc.)
     non_blank = ["alpha beta", "gamma", "delta epsilon zeta"]
@@ -114,8 +118,7 @@ def test_prompt_file_lines_in_order_with_special_tokens():
 
 
 def test_poisson_arrivals_mean_gap():
-    items = make_workload(spec(num_requests=4000, num_warmup_requests=0, arrival_rate_per_s=4.0),
-                          WordTokenizer())
+    items = make_workload(spec(num_requests=4000, num_warmup_requests=0, arrival_rate_per_s=4.0), WordTokenizer())
     arr = np.array([it.arrival_s for it in items])
     assert arr[0] == 0.0
     assert np.all(np.diff(arr) >= 0)
@@ -134,16 +137,19 @@ def test_sampling_params_force_length_greedy():
     assert (p.max_new_tokens, p.ignore_eos, p.temperature) == (17, True, 0.0)
 
 
-@pytest.mark.parametrize("kw, needle", [
-    (dict(num_requests=0), "num_requests=0"),
-    (dict(prompt_tokens=(9, 3)), "prompt_tokens=(9, 3)"),
-    (dict(output_tokens=(0, 3)), "output_tokens=(0, 3)"),
-    (dict(prompt_tokens=None), "exactly one of prompt_tokens"),
-    (dict(prompts=("a",)), "exactly one of prompt_tokens"),
-    (dict(prompt_tokens=None, prompts=(" ", "")), "no non-empty line"),
-    (dict(concurrency=2), "exactly one of concurrency"),
-    (dict(arrival_rate_per_s=None), "exactly one of concurrency"),
-])
+@pytest.mark.parametrize(
+    "kw, needle",
+    [
+        (dict(num_requests=0), "num_requests=0"),
+        (dict(prompt_tokens=(9, 3)), "prompt_tokens=(9, 3)"),
+        (dict(output_tokens=(0, 3)), "output_tokens=(0, 3)"),
+        (dict(prompt_tokens=None), "exactly one of prompt_tokens"),
+        (dict(prompts=("a",)), "exactly one of prompt_tokens"),
+        (dict(prompt_tokens=None, prompts=(" ", "")), "no non-empty line"),
+        (dict(concurrency=2), "exactly one of concurrency"),
+        (dict(arrival_rate_per_s=None), "exactly one of concurrency"),
+    ],
+)
 def test_bad_spec_names_the_field(kw, needle):
     with pytest.raises(WorkloadError, match="workload 't'") as e:
         make_workload(spec(**kw), WordTokenizer())
@@ -200,8 +206,13 @@ class FakeLLM:
         rid = f"r{len(self.added)}"
         arrival = self.clock() if arrival_s is None else arrival_s
         self.added.append((rid, arrival, self.clock()))
-        self.waiting.append(_Req(rid, RequestTimer(rid, prompt_tokens=len(prompt), arrival_s=arrival,
-                                                   clock=self.clock), params.max_new_tokens))
+        self.waiting.append(
+            _Req(
+                rid,
+                RequestTimer(rid, prompt_tokens=len(prompt), arrival_s=arrival, clock=self.clock),
+                params.max_new_tokens,
+            )
+        )
         return rid
 
     def has_unfinished(self):
@@ -227,8 +238,7 @@ class FakeLLM:
             if r.n_out == r.max_new:
                 r.timer.finish(t1, "length")
                 done.append(r)
-        self.step_stats.on_step(t1, decode_batch_size=len(decoding),
-                                kv_blocks_used=self.block_pool.num_used)
+        self.step_stats.on_step(t1, decode_batch_size=len(decoding), kv_blocks_used=self.block_pool.num_used)
         self.running = [r for r in self.running if r not in done]
         self.block_pool.num_used = len(self.running) + (self.leak_blocks if not self.has_unfinished() else 0)
         return [SimpleNamespace(request_id=r.rid, metrics=r.timer.metrics()) for r in done]
@@ -243,8 +253,7 @@ def items(*specs, warmup=0):
 def test_ttft_includes_queueing_behind_a_busy_engine():
     clock = FakeClock()
     llm = FakeLLM(clock, max_running=1)
-    res, wall, stats = run_workload(llm, items((0.0, 2), (0.0, 2), (0.0, 2)), clock=clock,
-                                    sleep=clock.sleep)
+    res, wall, stats = run_workload(llm, items((0.0, 2), (0.0, 2), (0.0, 2)), clock=clock, sleep=clock.sleep)
     # Serial engine: A runs steps 1-2, B steps 3-4, C steps 5-6 (0.1 s each).
     assert [r.ttft_s for r in res] == pytest.approx([0.1, 0.3, 0.5])
     assert [r.queue_s for r in res] == pytest.approx([0.0, 0.2, 0.4])
@@ -293,8 +302,9 @@ def test_closed_loop_keeps_concurrency_in_flight():
     clock = FakeClock()
     llm = FakeLLM(clock, max_running=8)
     t0 = clock.t
-    res, wall, stats = run_workload(llm, items((0.0, 2), (0.0, 3), (0.0, 2), (0.0, 1)),
-                                    concurrency=2, clock=clock, sleep=clock.sleep)
+    res, wall, stats = run_workload(
+        llm, items((0.0, 2), (0.0, 3), (0.0, 2), (0.0, 1)), concurrency=2, clock=clock, sleep=clock.sleep
+    )
     arrivals = [a - t0 for _, a, _ in llm.added]
     # A, B at 0; A ends at 0.2 -> C arrives; B ends at 0.3 -> D arrives.
     assert arrivals == pytest.approx([0.0, 0.0, 0.2, 0.3])
@@ -320,14 +330,18 @@ def test_leak_check_and_peak_rss_recorded():
     ok = run_workload(FakeLLM(clock), items((0.0, 2)), clock=clock, sleep=clock.sleep)[2]
     assert ok.kv_blocks_in_use_at_end == 0
     assert ok.peak_rss_bytes is not None and ok.peak_rss_bytes > 0
-    leaky = run_workload(FakeLLM(clock, leak_blocks=3), items((0.0, 2)), clock=clock,
-                         sleep=clock.sleep)[2]
+    leaky = run_workload(FakeLLM(clock, leak_blocks=3), items((0.0, 2)), clock=clock, sleep=clock.sleep)[2]
     assert leaky.kv_blocks_in_use_at_end == 3
 
 
 def test_progress_callback():
     clock = FakeClock()
     seen = []
-    run_workload(FakeLLM(clock), items((0.0, 1), (0.0, 2)), clock=clock, sleep=clock.sleep,
-                 on_request_done=lambda done, total: seen.append((done, total)))
+    run_workload(
+        FakeLLM(clock),
+        items((0.0, 1), (0.0, 2)),
+        clock=clock,
+        sleep=clock.sleep,
+        on_request_done=lambda done, total: seen.append((done, total)),
+    )
     assert seen == [(1, 2), (2, 2)]

@@ -25,13 +25,23 @@ class WordTok:
         return " ".join(self.words[i] for i in ids)
 
 
-TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} </{{ m['role'] }}> {% endfor %}"
-            "{% if add_generation_prompt %}<assistant>{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} </{{ m['role'] }}> {% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
 
 
 def _spec(**kw):
-    base = dict(name="assistant", num_requests=6, num_warmup_requests=1, output_tokens=(4, 4),
-                prompt_tokens=(3, 9), arrival_rate_per_s=1.0, seed=4, system_prompt_tokens=20)
+    base = dict(
+        name="assistant",
+        num_requests=6,
+        num_warmup_requests=1,
+        output_tokens=(4, 4),
+        prompt_tokens=(3, 9),
+        arrival_rate_per_s=1.0,
+        seed=4,
+        system_prompt_tokens=20,
+    )
     return WorkloadSpec(**{**base, **kw})
 
 

@@ -39,17 +39,27 @@ pytestmark = pytest.mark.slow
 
 
 def _node_args(**resources) -> dict:
-    return dict(num_cpus=1, node_ip_address="127.0.0.1", include_dashboard=False,
-                object_store_memory=80 * 2**20, memory=8 * 2**30,
-                resources={f"trtpipe_target_{t}": 1 for t in resources})
+    return dict(
+        num_cpus=1,
+        node_ip_address="127.0.0.1",
+        include_dashboard=False,
+        object_store_memory=80 * 2**20,
+        memory=8 * 2**30,
+        resources={f"trtpipe_target_{t}": 1 for t in resources},
+    )
 
 
 @pytest.fixture(scope="module")
 def cluster():
     from ray.cluster_utils import Cluster
 
-    c = Cluster(initialize_head=True, head_node_args={
-        **_node_args(cpu=1), "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 4}})
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={
+            **_node_args(cpu=1),
+            "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 4},
+        },
+    )
     try:
         c.trtpipe_nodes = {t: c.add_node(**_node_args(**{t: 1})) for t in ("orin", "a100")}
         yield c
@@ -70,9 +80,18 @@ def work_dir(cpu_artifact_root, tmp_path_factory) -> Path:
 def _cpu_recipe(tmp: Path, budgets: dict) -> Path:
     """The default recipe with one short scenario (same build hash: validate is not part of it)."""
     doc = yaml.safe_load((REPO / "recipes" / f"{CPU_RECIPE}.yaml").read_text())
-    doc["validate"]["scenarios"] = [{
-        "name": "chat", "num_requests": 2, "num_warmup_requests": 0, "prompt_tokens": {"uniform": {"min": 16, "max": 32}},
-        "output_tokens": 4, "concurrency": 1, "seed": 1, "budgets": budgets}]
+    doc["validate"]["scenarios"] = [
+        {
+            "name": "chat",
+            "num_requests": 2,
+            "num_warmup_requests": 0,
+            "prompt_tokens": {"uniform": {"min": 16, "max": 32}},
+            "output_tokens": 4,
+            "concurrency": 1,
+            "seed": 1,
+            "budgets": budgets,
+        }
+    ]
     p = tmp / f"{CPU_RECIPE}.yaml"
     p.write_text(yaml.safe_dump(doc))
     return p
@@ -88,9 +107,23 @@ def first_run(cluster, work_dir, tiny_recipes, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("run1")
     recipe = _cpu_recipe(tmp, {"ttft_ms": {"p95": 60000}})
     store = tmp / "store"
-    args = ["farm", "build", str(recipe), str(tiny_recipes["orin"]), str(tiny_recipes["a100"]),
-            str(tiny_recipes["h200"]), "--address", cluster.address, "--store", str(store), "--validate",
-            "--work-dir", str(work_dir), "--report", str(tmp / "report")]
+    args = [
+        "farm",
+        "build",
+        str(recipe),
+        str(tiny_recipes["orin"]),
+        str(tiny_recipes["a100"]),
+        str(tiny_recipes["h200"]),
+        "--address",
+        cluster.address,
+        "--store",
+        str(store),
+        "--validate",
+        "--work-dir",
+        str(work_dir),
+        "--report",
+        str(tmp / "report"),
+    ]
     t = time.perf_counter()
     res = CliRunner().invoke(main, args, catch_exceptions=False)
     wall = time.perf_counter() - t
@@ -136,8 +169,11 @@ def test_target_without_a_node_fails_fast_and_the_run_fails(first_run):
 def test_rerun_skips_cells_in_the_store_without_ray(first_run, work_dir, cluster):
     _, cells, store, tmp, _ = first_run
     t = time.perf_counter()
-    results, interrupted = farm_build([str(tmp / f"{CPU_RECIPE}.yaml")], FarmOptions(
-        store_url=str(store), address=cluster.address, validate=True, work_dir=str(work_dir)), log=lambda s: None)
+    results, interrupted = farm_build(
+        [str(tmp / f"{CPU_RECIPE}.yaml")],
+        FarmOptions(store_url=str(store), address=cluster.address, validate=True, work_dir=str(work_dir)),
+        log=lambda s: None,
+    )
     skip_s = time.perf_counter() - t
     print(f"\nrerun (skip): {skip_s:.2f} s")
     [r] = results
@@ -147,8 +183,11 @@ def test_rerun_skips_cells_in_the_store_without_ray(first_run, work_dir, cluster
 
 def test_validate_failure_lists_the_budget_and_publishes_nothing(cluster, work_dir, tmp_path):
     recipe = _cpu_recipe(tmp_path, {"ttft_ms": {"p95": 0.001}})
-    results, _ = farm_build([str(recipe)], FarmOptions(store_url=str(tmp_path / "store"), address=cluster.address,
-                                                       validate=True, work_dir=str(work_dir)), log=lambda s: None)
+    results, _ = farm_build(
+        [str(recipe)],
+        FarmOptions(store_url=str(tmp_path / "store"), address=cluster.address, validate=True, work_dir=str(work_dir)),
+        log=lambda s: None,
+    )
     [r] = results
     assert r.status == "validate_failed" and r.failed and r.validate == "FAIL"
     assert len(r.failing_budgets) == 1 and r.failing_budgets[0].startswith("chat: ttft_ms p95 measured")
@@ -185,8 +224,10 @@ def test_killed_nodes_retry_then_fail_and_leave_no_partial_artifact(cluster, wor
     [r], _ = farm_build([str(tiny_recipes["h200"])], opts, log=lambda s: None)
     th.join(timeout=60)
     assert len(killed) == 2, "the retry never started on the second h200 node"
-    print(f"\nboth h200 nodes killed: cell reported {time.perf_counter() - killed_at[0]:.1f} s after the "
-          f"second kill: {r.detail}")
+    print(
+        f"\nboth h200 nodes killed: cell reported {time.perf_counter() - killed_at[0]:.1f} s after the "
+        f"second kill: {r.detail}"
+    )
     assert r.status == "node_lost" and r.failed, r
     assert "no other node advertises trtpipe_target_h200" in r.detail or "retries are used up" in r.detail
     assert ArtifactStore(store).published() == [] and not (store.exists() and any(store.rglob("*")))
@@ -224,13 +265,43 @@ def test_ctrl_c_cancels_running_cells_and_stops_their_builds(cluster, tiny_recip
 def test_pull_then_generate_answers_the_france_question(first_run, tmp_path):
     _, _, store, _, _ = first_run
     dest = tmp_path / "device" / CPU_RECIPE / "cpu"
-    p = subprocess.run([sys.executable, "-m", "trtpipe.pipeline.cli", "pull", CPU_RECIPE, "--target", "cpu",
-                        "--store", str(store), "--dest", str(dest)], capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trtpipe.pipeline.cli",
+            "pull",
+            CPU_RECIPE,
+            "--target",
+            "cpu",
+            "--store",
+            str(store),
+            "--dest",
+            str(dest),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == str(dest)
-    g = subprocess.run([sys.executable, "-m", "trtpipe.pipeline.cli", "generate", str(dest),
-                        "What is the capital of France?", "--chat", "--max-new-tokens", "12", "--no-stream"],
-                       capture_output=True, text=True, timeout=300)
+    g = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trtpipe.pipeline.cli",
+            "generate",
+            str(dest),
+            "What is the capital of France?",
+            "--chat",
+            "--max-new-tokens",
+            "12",
+            "--no-stream",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert g.returncode == 0, g.stderr
     assert "Paris" in g.stdout
 
@@ -247,8 +318,12 @@ def _cell(target: str, need: int):
 
 
 def _node(target: str, memory: float, name: str = "n1") -> dict:
-    return {"Alive": True, "NodeID": "abcdef0123", "NodeManagerHostname": name,
-            "Resources": {f"trtpipe_target_{target}": 1.0, "memory": memory, "CPU": 1.0}}
+    return {
+        "Alive": True,
+        "NodeID": "abcdef0123",
+        "NodeManagerHostname": name,
+        "Resources": {f"trtpipe_target_{target}": 1.0, "memory": memory, "CPU": 1.0},
+    }
 
 
 def test_capacity_refuses_nodes_without_the_memory_the_build_needs():

@@ -31,14 +31,23 @@ def test_gpu_labels_need_the_platform_the_sm_and_tensorrt():
     # an Orin: aarch64, L4T release file; nvidia-smi may list no GPU there
     assert refusal(_probe("aarch64", jetson="# R36 (release), REVISION: 4.0"), "orin") is None
     why = refusal(_probe(trt=None), "orin")
-    assert why.split("; ")[:2] == ["this machine is x86_64, target orin is aarch64",
-                                   "target orin needs an sm_87 GPU, this machine has no NVIDIA GPU (nvidia-smi "
-                                   "absent or empty)"]
+    assert why.split("; ")[:2] == [
+        "this machine is x86_64, target orin is aarch64",
+        "target orin needs an sm_87 GPU, this machine has no NVIDIA GPU (nvidia-smi absent or empty)",
+    ]
 
 
 def test_ray_start_command():
     assert ray_start_command("orin", "10.0.0.5:6379", num_cpus=4) == [
-        "ray", "start", "--address", "10.0.0.5:6379", "--resources", '{"trtpipe_target_orin": 1}', "--num-cpus", "4"]
+        "ray",
+        "start",
+        "--address",
+        "10.0.0.5:6379",
+        "--resources",
+        '{"trtpipe_target_orin": 1}',
+        "--num-cpus",
+        "4",
+    ]
     assert ray_start_command("cpu", None)[:3] == ["ray", "start", "--head"]
 
 
@@ -46,8 +55,9 @@ def test_farm_node_cli_on_this_machine():
     """This machine: x86-64, no GPU, no TensorRT: cpu yes, orin refused with every reason."""
     r = CliRunner().invoke(main, ["farm", "node", "--target", "cpu", "--address", "127.0.0.1:6379"])
     assert r.exit_code == 0
-    assert r.stdout.strip().splitlines()[-1] == ("ray start --address 127.0.0.1:6379 --resources "
-                                                 "'{\"trtpipe_target_cpu\": 1}'")
+    assert r.stdout.strip().splitlines()[-1] == (
+        "ray start --address 127.0.0.1:6379 --resources '{\"trtpipe_target_cpu\": 1}'"
+    )
     r = CliRunner().invoke(main, ["farm", "node", "--target", "orin", "--json"])
     assert r.exit_code == 1
     doc = json.loads(r.stdout)

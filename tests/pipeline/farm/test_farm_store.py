@@ -49,10 +49,12 @@ def test_publish_layout_record_and_latest(store_url, tmp_path):
     assert new
     cell = store.cell_path("r", "cpu", "h1")
     files = sorted(store.fs.find(cell))
-    assert [f[len(cell) + 1:] for f in files] == ["manifest.json", RECORD_NAME, "validate/report.json", "weights.data"]
-    assert stored.files == {"manifest.json": sha256_file(art / "manifest.json"),
-                            "validate/report.json": sha256_file(art / "validate" / "report.json"),
-                            "weights.data": sha256_file(art / "weights.data")}
+    assert [f[len(cell) + 1 :] for f in files] == ["manifest.json", RECORD_NAME, "validate/report.json", "weights.data"]
+    assert stored.files == {
+        "manifest.json": sha256_file(art / "manifest.json"),
+        "validate/report.json": sha256_file(art / "validate" / "report.json"),
+        "weights.data": sha256_file(art / "weights.data"),
+    }
     assert (stored.node, stored.validate) == ("n1", "PASS")
     assert store.fs.cat_file(f"{store.root}/r/cpu/{LATEST_NAME}") == b"h1\n"
     assert store.latest("r", "cpu") == stored
