@@ -286,7 +286,7 @@ def copy_gbps(torch) -> float:
     return 2 * x.numel() / (ms * 1e-3) / 1e9
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--peak-gbps", type=float, default=None, help="HBM peak (GB/s); default: known-GPU table")
     ap.add_argument("--iters", type=int, default=50)
@@ -302,26 +302,60 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="check this script's correctness section on CPU under TRITON_INTERPRET=1 (no GPU; slow)",
     )
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def _print_correctness_rows(rows: list) -> None:
+    for label, err, tol, good in rows:
+        print(f"{label:58s} {err:10.2e} {tol:8.0e} {'ok' if good else 'FAIL'}")
+
+
+def _dry_run_cpu(argv: list[str] | None) -> int:
+    """Run the correctness section and the bandwidth code paths on CPU under the Triton interpreter.
+
+    Re-executes this script with TRITON_INTERPRET=1 when it is not set (it must be set before triton is
+    imported). Returns the exit status: 0 when every correctness row is within tolerance, else 1.
+    """
+    if os.environ.get("TRITON_INTERPRET") != "1":  # must be set before triton is imported
+        import subprocess
+
+        env = dict(os.environ, TRITON_INTERPRET="1", TRITON_DEFAULT_FP_FUSION="1")
+        return subprocess.call([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:])], env=env)
+    import torch
+
+    rows = check_correctness(torch, "cpu")
+    _print_correctness_rows(rows)
+    bench = bench_decode_attention(
+        torch, 4, 2, 32, 16, 1, device="cpu", batches=(1, 2), contexts=(64,), windows=(0, 32)
+    ) + bench_int4(torch, [(64, 256)], 1, device="cpu")
+    for label, ms, nbytes, _speedup in bench:  # exercises the bandwidth code paths; numbers mean nothing
+        print(f"{label:40s} {nbytes / 1e6:9.3f} MB  (interpreter time {ms:.0f} ms)")
+    print("dry run (CPU interpreter): " + ("all ok" if all(r[3] for r in rows) else "FAILED"))
+    return 0 if all(r[3] for r in rows) else 1
+
+
+def _print_bench(torch, shape: str, iters: int, peak: float | None) -> None:
+    """Measure copy bandwidth, then time the attention and int4 kernels at `shape` and print the table."""
+    if shape == "llama8b":
+        H, KVH, D, gemm = 32, 8, 128, [(4096, 4096), (14336, 4096), (4096, 14336)]
+    else:
+        H, KVH, D, gemm = 9, 3, 64, [(576, 576), (1536, 576), (576, 1536)]
+    cp = copy_gbps(torch)
+    print(f"\nmeasured device-to-device copy: {cp:.0f} GB/s")
+    bench = bench_decode_attention(torch, H, KVH, D, 16, iters) + bench_int4(torch, gemm, iters)
+    print(f"\n{'kernel':40s} {'ms':>9s} {'MB':>9s} {'GB/s':>8s} {'% peak':>7s} {'% copy':>7s} {'int4 speedup':>12s}")
+    for label, ms, nbytes, speedup in bench:
+        gbps = nbytes / (ms * 1e-3) / 1e9
+        pk = f"{100 * gbps / peak:6.1f}%" if peak else "    n/a"
+        sp = f"{speedup:11.2f}x" if speedup else ""
+        print(f"{label:40s} {ms:9.4f} {nbytes / 1e6:9.2f} {gbps:8.0f} {pk:>7s} {100 * gbps / cp:6.1f}% {sp}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
     _import_trtpipe_from_checkout()
     if args.dry_run_cpu:
-        if os.environ.get("TRITON_INTERPRET") != "1":  # must be set before triton is imported
-            import subprocess
-
-            env = dict(os.environ, TRITON_INTERPRET="1", TRITON_DEFAULT_FP_FUSION="1")
-            return subprocess.call([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:])], env=env)
-        import torch
-
-        rows = check_correctness(torch, "cpu")
-        for label, err, tol, good in rows:
-            print(f"{label:58s} {err:10.2e} {tol:8.0e} {'ok' if good else 'FAIL'}")
-        bench = bench_decode_attention(
-            torch, 4, 2, 32, 16, 1, device="cpu", batches=(1, 2), contexts=(64,), windows=(0, 32)
-        ) + bench_int4(torch, [(64, 256)], 1, device="cpu")
-        for label, ms, nbytes, _speedup in bench:  # exercises the bandwidth code paths; numbers mean nothing
-            print(f"{label:40s} {nbytes / 1e6:9.3f} MB  (interpreter time {ms:.0f} ms)")
-        print("dry run (CPU interpreter): " + ("all ok" if all(r[3] for r in rows) else "FAILED"))
-        return 0 if all(r[3] for r in rows) else 1
+        return _dry_run_cpu(argv)
     torch = _setup()
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     t0 = time.perf_counter()
@@ -335,24 +369,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = check_correctness(torch)
     ok = all(r[3] for r in rows)
     print(f"\n{'correctness check':58s} {'max err':>10s} {'tol':>8s}")
-    for label, err, tol, good in rows:
-        print(f"{label:58s} {err:10.2e} {tol:8.0e} {'ok' if good else 'FAIL'}")
+    _print_correctness_rows(rows)
     print(f"correctness: {'all ok' if ok else 'FAILED'} ({time.perf_counter() - t0:.0f} s)")
     if args.skip_bench:
         return 0 if ok else 1
-    if args.shape == "llama8b":
-        H, KVH, D, gemm = 32, 8, 128, [(4096, 4096), (14336, 4096), (4096, 14336)]
-    else:
-        H, KVH, D, gemm = 9, 3, 64, [(576, 576), (1536, 576), (576, 1536)]
-    cp = copy_gbps(torch)
-    print(f"\nmeasured device-to-device copy: {cp:.0f} GB/s")
-    bench = bench_decode_attention(torch, H, KVH, D, 16, args.iters) + bench_int4(torch, gemm, args.iters)
-    print(f"\n{'kernel':40s} {'ms':>9s} {'MB':>9s} {'GB/s':>8s} {'% peak':>7s} {'% copy':>7s} {'int4 speedup':>12s}")
-    for label, ms, nbytes, speedup in bench:
-        gbps = nbytes / (ms * 1e-3) / 1e9
-        pk = f"{100 * gbps / peak:6.1f}%" if peak else "    n/a"
-        sp = f"{speedup:11.2f}x" if speedup else ""
-        print(f"{label:40s} {ms:9.4f} {nbytes / 1e6:9.2f} {gbps:8.0f} {pk:>7s} {100 * gbps / cp:6.1f}% {sp}")
+    _print_bench(torch, args.shape, args.iters, peak)
     print(f"\ntotal {time.perf_counter() - t0:.0f} s")
     return 0 if ok else 1
 

@@ -11,19 +11,11 @@ from md_analysis import ANALYSIS_END, analysis_begin
 from peers_floors import Floors
 from peers_measure import median
 from peers_setup import ENGINES
+from peers_targets import fmt_ms as _ms
+from peers_targets import targets
 from peers_workload import CONCURRENT_PROMPT_TOKENS, NUM_CONCURRENT, NUM_OUTPUT_TOKENS, PROMPT_LENGTHS
 
 ANALYSIS_BEGIN = analysis_begin("bench/peers.py")
-
-# Targets of issue 7.
-TARGET_LATENCY_RATIO = 0.9  # trtpipe TTFT and TPOT <= 0.9 x the best peer
-TARGET_THROUGHPUT_RATIO = 1.5  # trtpipe 8-request throughput >= 1.5 x the best peer
-TARGET_OVERHEAD = 0.10  # Python runtime overhead <= 10 % of TPOT
-TARGET_MEMORY_FACTOR = 1.3  # peak RSS <= 1.3 x (weights + KV pool)
-
-
-def _ms(x):
-    return "—" if x is None else (f"{x * 1e3:.0f}" if x >= 0.1 else f"{x * 1e3:.1f}")
 
 
 def _ratio(a, b):
@@ -36,72 +28,6 @@ def _fmt_ratio(r):
 
 def _pct(x):
     return "—" if x is None else f"{x * 100:.0f} %"
-
-
-def targets(summary: dict, profile: dict) -> list[tuple[str, str, bool | None, str]]:
-    """(what, measured, met?, note) for each target of issue 7."""
-    t = summary.get("trtpipe", {})
-    peers = {e: s for e, s in summary.items() if e != "trtpipe" and "error" not in s}
-    rows = []
-    if "error" in t or not t:
-        return [("trtpipe", "no result", None, t.get("error", "not run"))]
-    for metric, key in (("TTFT", "ttft_s"), ("TPOT", "tpot_s")):
-        for n in PROMPT_LENGTHS:
-            best = min(peers.items(), key=lambda kv: kv[1][key][n], default=None)
-            if best is None:
-                rows.append((f"{metric} @{n} <= 0.9x best peer", "no peer ran", None, ""))
-                continue
-            r = t[key][n] / best[1][key][n]
-            note = (
-                ""
-                if r <= TARGET_LATENCY_RATIO
-                else (
-                    f"short by {(r / TARGET_LATENCY_RATIO - 1) * 100:.0f} % "
-                    f"(need <= {_ms(best[1][key][n] * TARGET_LATENCY_RATIO)} ms)"
-                )
-            )
-            rows.append(
-                (
-                    f"{metric} @{n} <= 0.9x best peer ({best[0]})",
-                    f"{_ms(t[key][n])} vs {_ms(best[1][key][n])} ms = {r:.2f}x",
-                    r <= TARGET_LATENCY_RATIO,
-                    note,
-                )
-            )
-    best = max(peers.items(), key=lambda kv: kv[1]["tps"], default=None)
-    if best:
-        r = t["tps"] / best[1]["tps"]
-        rows.append(
-            (
-                f"8-request throughput >= 1.5x best peer ({best[0]})",
-                f"{t['tps']:.0f} vs {best[1]['tps']:.0f} tok/s = {r:.2f}x",
-                r >= TARGET_THROUGHPUT_RATIO,
-                "" if r >= TARGET_THROUGHPUT_RATIO else f"short by {(1 - r / TARGET_THROUGHPUT_RATIO) * 100:.0f} %",
-            )
-        )
-    if profile and "error" not in profile:
-        o = profile["overhead_fraction"]
-        rows.append(
-            (
-                "runtime overhead <= 10 % of TPOT (batch 1)",
-                f"{o * 100:.1f} %",
-                o <= TARGET_OVERHEAD,
-                "" if o <= TARGET_OVERHEAD else f"{(o - TARGET_OVERHEAD) * 100:.1f} points over",
-            )
-        )
-    ex = t.get("extra", {})
-    if ex.get("weights_bytes"):
-        budget = TARGET_MEMORY_FACTOR * (ex["weights_bytes"] + ex["kv_pool_bytes"])
-        r = t["peak_rss_bytes"] / (ex["weights_bytes"] + ex["kv_pool_bytes"])
-        rows.append(
-            (
-                "peak RSS <= 1.3x (weights + KV pool)",
-                f"{t['peak_rss_bytes'] / 2**20:.0f} MiB vs budget {budget / 2**20:.0f} MiB = {r:.2f}x",
-                t["peak_rss_bytes"] <= budget,
-                "",
-            )
-        )
-    return rows
 
 
 def _label(e: str) -> str:

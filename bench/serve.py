@@ -53,7 +53,6 @@ import os
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -62,19 +61,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peers  # noqa: E402  (gguf_path, read_requirement_groups, machine_info, TEXT: one copy of each)
 import serve_report  # noqa: E402
-from serve_commands import (  # noqa: E402
-    TPOT_SLO_MS,
-    TTFT_SLO_MS,
-    aiperf_command,
-    aiperf_env,
-    eos_suppression,
-    served_model_id,
-    server_command,
-    server_env,
-    trtpipe_has_threads,
-    write_dataset,
-)
-from serve_proc import ServerProcess, free_port, kill_group, process_tree_cpu_s, spawn, system_busy_s  # noqa: E402
+from serve_commands import TPOT_SLO_MS, TTFT_SLO_MS, trtpipe_has_threads, write_dataset  # noqa: E402
+from serve_run import one_run  # noqa: E402
 from serve_setup import AIPERF_VENV, BENCH_VENV, load_setup_state, setup, tokenizer_dir, unavailable_reason  # noqa: E402
 
 REPO = peers.REPO
@@ -82,75 +70,6 @@ MAIN_VENV = peers.MAIN_VENV
 DEFAULT_ARTIFACT = peers.DEFAULT_ARTIFACT
 DEFAULT_DOC = REPO / "docs" / "serving.md"
 ENGINES = ("trtpipe", "llama.cpp")
-
-
-# ---------------------------------------------------------------------------------------------
-# One aiperf run against one freshly started server
-# ---------------------------------------------------------------------------------------------
-
-
-def one_run(engine: str, load: dict, args, work: Path, tag: str) -> dict:
-    """Start the server, drive it with aiperf, stop it; the aiperf summary plus CPU accounting."""
-    port = free_port()
-    cmd, ready_path = server_command(engine, port, args)
-    out_dir = work / tag
-    out_dir.mkdir(parents=True, exist_ok=True)
-    res: dict = {"engine": engine, "load": load, "server_cmd": cmd, "when": time.strftime("%H:%M:%S", time.gmtime())}
-    with ServerProcess(cmd, server_env(args.threads), out_dir / "server.log") as srv:
-        try:
-            res["server_load_s"] = round(srv.wait_ready(port, ready_path, args.load_timeout), 2)
-            url = f"http://127.0.0.1:{port}"
-            model = served_model_id(url)
-        except RuntimeError as e:
-            return res | {"error": str(e)}
-        acmd = aiperf_command(url, model, load, args, out_dir, eos_suppression(engine))
-        res["aiperf_cmd"] = acmd
-        busy0, srv0, self0 = system_busy_s(), process_tree_cpu_s(srv.pid), _children_cpu_s()
-        t0 = time.monotonic()
-        timeout = (args.duration or 600) + 30 + 300  # + aiperf's grace period, start-up and warm-up
-        p = spawn(acmd, aiperf_env(), out_dir / "aiperf.log", cwd=out_dir)
-        try:
-            rc = p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            rc = None
-        finally:
-            kill_group(p)
-        wall = time.monotonic() - t0
-        srv_cpu = process_tree_cpu_s(srv.pid) - srv0
-        client_cpu = _children_cpu_s() - self0
-        busy = system_busy_s() - busy0
-    res.update(
-        wall_s=round(wall, 1),
-        server_cpu_cores=round(srv_cpu / wall, 2),
-        client_cpu_cores=round(client_cpu / wall, 2),
-        foreign_load_cores=round(max(0.0, busy - srv_cpu - client_cpu) / wall, 2),
-    )
-    if rc is None:
-        return res | {"error": f"aiperf did not finish in {timeout:.0f} s (log: {out_dir / 'aiperf.log'})"}
-    summary = serve_report.read_aiperf_summary(out_dir)
-    if summary is None:
-        return res | {"error": f"aiperf exit {rc}, no profile_export_aiperf.json: {_aiperf_error(out_dir)}"}
-    return res | {"metrics": summary}
-
-
-def _aiperf_error(out_dir: Path) -> str:
-    """aiperf's first logged ERROR line (its console output is a box drawing), else its output's tail."""
-    for log in (out_dir / "logs" / "aiperf.log", out_dir / "aiperf.log"):
-        try:
-            lines = log.read_text(errors="replace").splitlines()
-        except OSError:
-            continue
-        errs = [ln.split(" - ERROR - ", 1)[1] for ln in lines if " - ERROR - " in ln]
-        if errs:
-            return errs[0][:600] + f" (log: {log})"
-    return " | ".join(ln.strip() for ln in lines[-5:])[-600:] if lines else "(no log)"
-
-
-def _children_cpu_s() -> float:
-    import resource
-
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,7 +149,8 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefa
     """The module docstring as written, and every option's default."""
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line: tool setup, engines, load, limits, then servers and paths."""
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1], formatter_class=_HelpFormatter
     )
@@ -239,6 +159,13 @@ def main(argv: list[str] | None = None) -> int:
         "--no-setup", action="store_true", help="install nothing; a server or client not set up is an error"
     )
     ap.add_argument("--engines", default=",".join(ENGINES), help=f"comma list from {', '.join(ENGINES)}")
+    _add_load_options(ap)
+    _add_server_options(ap)
+    return ap
+
+
+def _add_load_options(ap: argparse.ArgumentParser) -> None:
+    """The load aiperf offers and the limits of each run."""
     ap.add_argument(
         "--rates",
         type=lambda s: [float(x) for x in s.split(",")],
@@ -280,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
         metavar="CORES",
         help="runs during which other processes used more cores than this are marked noisy",
     )
+
+
+def _add_server_options(ap: argparse.ArgumentParser) -> None:
+    """The servers measured, their inputs, and where the results go."""
     ap.add_argument("--note", help="a line printed at the top of the report (e.g. 'smoke run on a busy machine')")
     ap.add_argument("--threads", type=int, default=2, help="threads of each server")
     ap.add_argument(
@@ -300,7 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="raw results (default: --out with .json)")
     ap.add_argument("--from-json", type=Path, metavar="RAW", help="measure nothing: rewrite --out from RAW")
     ap.add_argument("--keep-artifacts", type=Path, metavar="DIR", help="keep aiperf's output folders here")
-    args = ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     raw_path = args.json or args.out.with_suffix(".json")
     if args.from_json:
         raw = json.loads(args.from_json.read_text())
@@ -310,7 +244,11 @@ def main(argv: list[str] | None = None) -> int:
     return run(args, raw_path)
 
 
-def run(args, raw_path: Path) -> int:
+def _require_project_venv() -> None:
+    """Re-execute under the project venv's Python when tokenizers does not import here.
+
+    Raises SystemExit when that venv is missing or is this Python already.
+    """
     try:
         import tokenizers  # noqa: F401
     except ImportError:  # the orchestrator needs the project venv's tokenizers (like bench/peers.py)
@@ -318,6 +256,10 @@ def run(args, raw_path: Path) -> int:
         if py.exists() and Path(sys.executable).resolve() != py.resolve():
             os.execv(str(py), [str(py), str(Path(__file__).resolve()), *sys.argv[1:]])
         raise SystemExit("run from the project venv (tokenizers must import): . .venv/bin/activate") from None
+
+
+def run(args, raw_path: Path) -> int:
+    _require_project_venv()
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     if bad := [e for e in engines if e not in ENGINES]:
         raise SystemExit(f"--engines: unknown {bad}; expected names from {list(ENGINES)}")
@@ -347,6 +289,19 @@ def run(args, raw_path: Path) -> int:
         finally:
             if args.keep_artifacts:
                 shutil.copytree(work, args.keep_artifacts, dirs_exist_ok=True)
+    meta = _meta(args, engines, workload, state, raw_path, t_start, load_start)
+    raw = {"meta": meta, "plan": plan, "runs": runs}
+    raw_path.write_text(json.dumps(raw, indent=1))
+    md = serve_report.render(raw, serve_report.read_analysis(args.out))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(md)
+    print("\n" + md.split(serve_report.ANALYSIS_BEGIN)[0])
+    print(f"wrote {args.out} and {raw_path}")
+    return 0
+
+
+def _meta(args, engines: list[str], workload: dict, state: dict, raw_path: Path, t_start: float, load_start) -> dict:
+    """The report's record of how the runs were made: settings, workload, machine, versions, setup."""
     machine = peers.machine_info()
     machine["loadavg_start"], machine["loadavg_end"] = load_start, os.getloadavg()
     meta = {
@@ -367,14 +322,7 @@ def run(args, raw_path: Path) -> int:
         "versions": serve_report.versions(args, AIPERF_VENV),
         "setup": state,
     }
-    raw = {"meta": meta, "plan": plan, "runs": runs}
-    raw_path.write_text(json.dumps(raw, indent=1))
-    md = serve_report.render(raw, serve_report.read_analysis(args.out))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(md)
-    print("\n" + md.split(serve_report.ANALYSIS_BEGIN)[0])
-    print(f"wrote {args.out} and {raw_path}")
-    return 0
+    return meta
 
 
 def _rel(p: Path) -> Path:
