@@ -44,15 +44,16 @@ def test_files_and_functions_are_small():
         n = src.count("\n")
         if n > MAX_FILE_LINES and FILE_RULE not in doc:
             problems.append(f"{rel}: {n} lines > {MAX_FILE_LINES}")
-        excused = doc[doc.index(FUNCTION_RULE):] if FUNCTION_RULE in doc else ""
+        excused = doc[doc.index(FUNCTION_RULE) :] if FUNCTION_RULE in doc else ""
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 length = _function_lines(node)
                 if length > MAX_FUNCTION_LINES and node.name not in excused:
                     problems.append(f"{rel}:{node.lineno} {node.name}: {length} lines > {MAX_FUNCTION_LINES}")
-    assert not problems, (f"split these, or state '{FILE_RULE}: <why>' / '{FUNCTION_RULE}: <why>' (naming the "
-                          "function) in the module docstring:\n"
-                          + "\n".join(problems))
+    assert not problems, (
+        f"split these, or state '{FILE_RULE}: <why>' / '{FUNCTION_RULE}: <why>' (naming the "
+        "function) in the module docstring:\n" + "\n".join(problems)
+    )
 
 
 def _module_name(path: Path) -> str:
@@ -69,8 +70,13 @@ def _imports(path: Path, module: str) -> set[str]:
     out = set()
     is_pkg = path.name == "__init__.py"
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    typing_only = {id(n) for b in ast.walk(tree) if isinstance(b, ast.If) and "TYPE_CHECKING" in ast.unparse(b.test)
-                   for s in b.body for n in ast.walk(s)}
+    typing_only = {
+        id(n)
+        for b in ast.walk(tree)
+        if isinstance(b, ast.If) and "TYPE_CHECKING" in ast.unparse(b.test)
+        for s in b.body
+        for n in ast.walk(s)
+    }
     for node in ast.walk(tree):
         if id(node) in typing_only:
             continue
@@ -102,7 +108,7 @@ def test_no_import_circles_between_modules():
         stack.append(m)
         for n in sorted(graph[m]):
             if state.get(n) == 1:
-                cycles.append(stack[stack.index(n):] + [n])
+                cycles.append(stack[stack.index(n) :] + [n])
             elif n not in state:
                 visit(n, stack)
         stack.pop()
