@@ -144,6 +144,16 @@ def paged_attention_decode(
     return out
 
 
+def _prefill_tiles(group: int, head_size: int, block_q: int | None, block_n: int) -> tuple[int, int, int]:
+    """``(GROUP_PAD, D_PAD, BLOCK_Q)`` of the prefill kernel; ``block_q`` None: 64 rows per tile.
+    Raises :class:`OpError` unless BLOCK_Q x GROUP_PAD >= 16 (``tl.dot``), block_n >= 16, both powers of two."""
+    gp, dp = next_pow2(group), max(16, next_pow2(head_size))
+    bq = block_q or max(1, 64 // gp)
+    if bq * gp < 16 or block_n < 16 or bq & (bq - 1) or block_n & (block_n - 1):
+        raise OpError(f"block_q={bq} x group {gp} must give >= 16 rows; block_n={block_n} >= 16; powers of two")
+    return gp, dp, bq
+
+
 def paged_attention_prefill(
     query: Any,
     key_cache: Any,
@@ -177,10 +187,7 @@ def paged_attention_prefill(
     out = torch.empty_like(query) if out is None else out
     if T == 0 or S == 0:
         return out
-    gp, dp = next_pow2(group), max(16, next_pow2(head_size))
-    bq = block_q or max(1, 64 // gp)
-    if bq * gp < 16 or block_n < 16 or bq & (bq - 1) or block_n & (block_n - 1):
-        raise OpError(f"block_q={bq} x group {gp} must give >= 16 rows; block_n={block_n} >= 16; powers of two")
+    gp, dp, bq = _prefill_tiles(group, head_size, block_q, block_n)
     grid = (T // bq + S, num_kv_heads)
     paged_attention_prefill_kernel[grid](
         out,
@@ -271,6 +278,23 @@ def paged_attention(
     return out, key_cache, value_cache
 
 
+def _zero_point_mode(zero_points: Any, scales: Any, N: int, nb: int) -> tuple[int, Any]:
+    """``(ZP_MODE, zero-point tensor)`` of the Int4Gemm kernel: 0 (none: 8; scales stand in for the
+    unused pointer), 1 (packed uint8 ``[N, ceil(nb/2)]``), 2 (float ``[N, nb]``). Raises
+    :class:`OpError` on a shape mismatch."""
+    import torch
+
+    if zero_points is None:
+        return 0, scales
+    if zero_points.dtype == torch.uint8:
+        if tuple(zero_points.shape) != (N, (nb + 1) // 2):
+            raise OpError(f"zero_points: shape {tuple(zero_points.shape)}, expected uint8 [{N}, {(nb + 1) // 2}]")
+        return 1, zero_points.contiguous()
+    if tuple(zero_points.shape) != (N, nb):
+        raise OpError(f"zero_points: shape {tuple(zero_points.shape)}, expected float [{N}, {nb}]")
+    return 2, zero_points.contiguous()
+
+
 def int4_gemm(
     a: Any,
     b_packed: Any,
@@ -305,16 +329,7 @@ def int4_gemm(
         )
     if tuple(scales.shape) != (N, nb) or not scales.is_contiguous():
         raise OpError(f"scales: shape {tuple(scales.shape)}, expected contiguous [{N}, {nb}]")
-    if zero_points is None:
-        zp_mode, zp = 0, scales
-    elif zero_points.dtype == torch.uint8:
-        if tuple(zero_points.shape) != (N, (nb + 1) // 2):
-            raise OpError(f"zero_points: shape {tuple(zero_points.shape)}, expected uint8 [{N}, {(nb + 1) // 2}]")
-        zp_mode, zp = 1, zero_points.contiguous()
-    else:
-        if tuple(zero_points.shape) != (N, nb):
-            raise OpError(f"zero_points: shape {tuple(zero_points.shape)}, expected float [{N}, {nb}]")
-        zp_mode, zp = 2, zero_points.contiguous()
+    zp_mode, zp = _zero_point_mode(zero_points, scales, N, nb)
     bk = block_k or min(G, 64)
     if G % bk or bk < 16:
         raise OpError(f"block_k={bk} must be >= 16 and divide group_size={G}")

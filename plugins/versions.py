@@ -36,12 +36,18 @@ def trt_has_python_plugins(trt_version: str) -> bool:
 # ------------------------------------------------------------------------------------------------
 
 # files (under plugins/) whose bytes define the plugin ABI: kernels, registration, plugin lowering
-PLUGIN_ABI_SOURCES: tuple[str, ...] = ("triton_kernels.py", "trt_plugins.py", "trt_lowering.py")
+PLUGIN_ABI_SOURCES: tuple[str, ...] = (
+    "triton_kernels.py",
+    "trt_plugin_kernels.py",
+    "trt_plugins.py",
+    "trt_lowering.py",
+)
 
 
 def plugin_abi_hash() -> str:
     """sha256 (64 hex chars) over the op schemas (canonical text) and the plugin sources
-    (:data:`PLUGIN_ABI_SOURCES`: Triton kernels, plugin registration, TensorRT lowering).
+    (:data:`PLUGIN_ABI_SOURCES`: Triton kernels, plugin wrapper kernels, plugin registration,
+    TensorRT lowering).
 
     Recorded in the manifest at build time; the runtime refuses a plan whose plugins came from
     other sources. Reads the files as bytes (a missing one hashes as ``<missing>``): no triton,

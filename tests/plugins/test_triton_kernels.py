@@ -23,6 +23,7 @@ torch = pytest.importorskip("torch")
 
 from trtpipe.plugins import int4_pack as P  # noqa: E402
 from trtpipe.plugins import reference as R  # noqa: E402
+from trtpipe.plugins import triton_aot as TA  # noqa: E402
 from trtpipe.plugins import triton_kernels as TK  # noqa: E402
 from trtpipe.plugins import triton_launchers as TL  # noqa: E402
 from trtpipe.plugins.errors import OpError  # noqa: E402
@@ -229,9 +230,9 @@ def interp_int4_gemm_matches_reference(zp_kind, dtype):
 
 @compiled
 @pytest.mark.parametrize("cc", [80, 87, 90])
-@pytest.mark.parametrize("name", sorted(TK.AOT_KERNELS))
+@pytest.mark.parametrize("name", sorted(TA.AOT_KERNELS))
 def test_aot_compile_cubin_and_ptx(name, cc):
-    k = TK.aot_compile(name, cc=cc)
+    k = TA.aot_compile(name, cc=cc)
     cubin, ptx = k.asm["cubin"], k.asm["ptx"]
     assert isinstance(cubin, bytes) and cubin[:4] == b"\x7fELF" and len(cubin) > 1000
     assert f".target sm_{cc}" in ptx and f".entry {k.metadata.name}" in ptx
@@ -239,9 +240,9 @@ def test_aot_compile_cubin_and_ptx(name, cc):
 
 @compiled
 def test_aot_compile_fp32_and_float_zero_points():
-    k = TK.aot_compile("int4_gemm", cc=87, dtype="fp32", ZP_MODE=2, INPUT_PRECISION="ieee")
+    k = TA.aot_compile("int4_gemm", cc=87, dtype="fp32", ZP_MODE=2, INPUT_PRECISION="ieee")
     assert len(k.asm["cubin"]) > 1000
-    k = TK.aot_compile(
+    k = TA.aot_compile(
         "paged_attention_prefill",
         cc=80,
         dtype="fp32",
@@ -255,7 +256,7 @@ def test_aot_compile_fp32_and_float_zero_points():
     )
     assert len(k.asm["cubin"]) > 1000
     with pytest.raises(OpError, match="unknown kernel"):
-        TK.aot_compile("nope", cc=80)
+        TA.aot_compile("nope", cc=80)
 
 
 if INTERPRET:  # collect the numerical tests only where the kernels run in the interpreter
