@@ -56,6 +56,8 @@ _REFERENCE_SOURCES = (
     "plugins/gguf_blocks.py",
     "pipeline/model_config_override.py",
     "pipeline/tokenizer_gguf/fields.py",
+    "plugins/int4_layout.py",
+    "plugins/int4_gemm_reference.py",
 )
 
 
