@@ -48,6 +48,15 @@ def _targets(value: str | None) -> tuple[str, ...]:
     return out
 
 
+_store_option = click.option(
+    "--store",
+    "store_url",
+    envvar="TRTPIPE_STORE",
+    required=True,
+    help="Artifact store: a folder or an fsspec URL (env TRTPIPE_STORE).",
+)
+
+
 @click.group("farm")
 def farm_group() -> None:
     """Build farm on Ray: every recipe on a node that has its target's hardware, artifacts
@@ -74,13 +83,7 @@ def farm_group() -> None:
     help="Ray cluster: 'auto', HOST:PORT or ray://HOST:10001. Default: a "
     "local Ray instance on 127.0.0.1 that advertises the cpu target.",
 )
-@click.option(
-    "--store",
-    "store_url",
-    envvar="TRTPIPE_STORE",
-    required=True,
-    help="Artifact store: a folder or an fsspec URL (env TRTPIPE_STORE).",
-)
+@_store_option
 @click.option(
     "--validate", is_flag=True, help="Run `trtpipe validate` on the node after the build; publish only on PASS."
 )
@@ -211,13 +214,7 @@ def farm_node_cmd(target: str, address: str | None, num_cpus: int | None, run_it
 @click.command("pull")
 @click.argument("recipe")
 @click.option("--target", required=True, type=click.Choice(TARGETS), help="Which target's artifact.")
-@click.option(
-    "--store",
-    "store_url",
-    envvar="TRTPIPE_STORE",
-    required=True,
-    help="Artifact store: a folder or an fsspec URL (env TRTPIPE_STORE).",
-)
+@_store_option
 @click.option("--dest", default=None, help="Where to put it (default: <artifacts>/<recipe>/<target>).")
 @artifacts_option
 @click.option("--build-hash", default=None, help="A specific build instead of `latest`.")
