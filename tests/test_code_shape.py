@@ -1,0 +1,120 @@
+"""The code-shape rules of the project, checked on every CI run (issue 15): no code file over
+400 lines and no function over 60 lines (its docstring not counted) outside tests, and no import
+circle between trtpipe modules.
+
+An exception is stated, with its reason, in the module docstring: "Exception to the 400-line
+rule: <why>" for the file, "Exception to the 60-line rule: <why>" naming each function it covers
+(e.g. plugins/triton_kernels.py: Triton kernels are single ``@triton.jit`` bodies)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CODE_DIRS = ("pipeline", "runtime", "plugins", "bench")
+PACKAGE_OF = {"pipeline": "trtpipe.pipeline", "runtime": "trtpipe.runtime", "plugins": "trtpipe.plugins"}
+MAX_FILE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+
+def _code_files() -> list[Path]:
+    return sorted(p for d in CODE_DIRS for p in (ROOT / d).rglob("*.py"))
+
+
+FILE_RULE, FUNCTION_RULE = "Exception to the 400-line rule", "Exception to the 60-line rule"
+
+
+def _function_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Lines of a function from its ``def`` to its end, less its docstring."""
+    n = node.end_lineno - node.lineno + 1
+    first = node.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        n -= first.end_lineno - first.lineno + 1
+    return n
+
+
+def test_files_and_functions_are_small():
+    problems = []
+    for path in _code_files():
+        src = path.read_text(encoding="utf-8")
+        tree = ast.parse(src)
+        doc = " ".join((ast.get_docstring(tree) or "").split())
+        rel = path.relative_to(ROOT)
+        n = src.count("\n")
+        if n > MAX_FILE_LINES and FILE_RULE not in doc:
+            problems.append(f"{rel}: {n} lines > {MAX_FILE_LINES}")
+        excused = doc[doc.index(FUNCTION_RULE) :] if FUNCTION_RULE in doc else ""
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = _function_lines(node)
+                if length > MAX_FUNCTION_LINES and node.name not in excused:
+                    problems.append(f"{rel}:{node.lineno} {node.name}: {length} lines > {MAX_FUNCTION_LINES}")
+    assert not problems, (
+        f"split these, or state '{FILE_RULE}: <why>' / '{FUNCTION_RULE}: <why>' (naming the "
+        "function) in the module docstring:\n" + "\n".join(problems)
+    )
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT)
+    parts = [PACKAGE_OF[rel.parts[0]], *rel.parts[1:]]
+    parts[-1] = parts[-1][:-3]
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    """trtpipe modules imported by ``path`` at module level or in functions (absolute and relative)."""
+    out = set()
+    is_pkg = path.name == "__init__.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    typing_only = {
+        id(n)
+        for b in ast.walk(tree)
+        if isinstance(b, ast.If) and "TYPE_CHECKING" in ast.unparse(b.test)
+        for s in b.body
+        for n in ast.walk(s)
+    }
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("trtpipe.")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")[: len(module.split(".")) - node.level + (1 if is_pkg else 0)]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            if name.startswith("trtpipe."):
+                out.add(name)
+                out |= {f"{name}.{a.name}" for a in node.names}
+    return out
+
+
+def test_no_import_circles_between_modules():
+    """Import graph of trtpipe modules (imports inside functions count too: a lazy import hides a
+    circle, it does not remove it; ``if TYPE_CHECKING:`` imports do not run and do not count),
+    re-export ``__init__`` files left out."""
+    files = [p for p in _code_files() if p.parts[len(ROOT.parts)] in PACKAGE_OF and p.name != "__init__.py"]
+    modules = {_module_name(p): p for p in files}
+    graph = {m: {i for i in _imports(p, m) if i in modules and i != m} for m, p in modules.items()}
+    cycles, state = [], {}
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                cycles.append(stack[stack.index(n) :] + [n])
+            elif n not in state:
+                visit(n, stack)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])
+    assert not cycles, "import circles:\n" + "\n".join(" -> ".join(c) for c in cycles)
