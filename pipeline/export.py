@@ -116,6 +116,48 @@ def _dummy(ref: LlamaReference, phase: str, block_size: int):
     return args, kv
 
 
+def _phase_module(ref: LlamaReference, phase: str, num_kv: int) -> tuple[nn.Module, list[str], tuple]:
+    """(module, input names without the KV, dynamic shapes) of one phase; ``num_kv`` KV tensors.
+
+    Raises ValueError for a phase other than "prefill" or "decode"."""
+    T = torch.export.Dim("num_tokens", min=1, max=1 << 16)
+    S = torch.export.Dim("num_seqs", min=1, max=1024)
+    MB = torch.export.Dim("max_blocks", min=1, max=1 << 14)
+    NB = torch.export.Dim("num_blocks", min=2, max=1 << 22)
+    kv_ds = tuple({0: NB} for _ in range(num_kv))
+    if phase == "prefill":
+        return _Prefill(ref), PREFILL_INPUTS, ({0: T}, {0: T}, {0: T}, {0: S, 1: MB}, {0: S}, {0: S + 1}, {0: S}, kv_ds)
+    if phase == "decode":
+        return _Decode(ref), DECODE_INPUTS, ({0: S}, {0: S}, {0: S}, {0: S, 1: MB}, {0: S}, kv_ds)
+    raise ValueError(f"phase must be 'prefill' or 'decode', got {phase!r}")
+
+
+def _save_atomic(model: onnx.ModelProto, out_path: Path) -> Path:
+    """Write ``model`` to ``out_path`` with its weights in ``out_path.data``; returns the data path.
+
+    Graph + data go into a private temp folder, then both move into place (data first, graph
+    last: its presence means a complete export). onnx appends to an existing data file, so the
+    temp folder also keeps a stale file from growing."""
+    data_name = out_path.name + ".data"
+    tmp_dir = out_path.parent / f".export-{out_path.stem}-{os.getpid()}"
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    tmp_dir.mkdir()
+    try:
+        onnx.save_model(
+            model,
+            str(tmp_dir / out_path.name),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=data_name,
+            size_threshold=1024,
+        )
+        os.replace(tmp_dir / data_name, out_path.parent / data_name)
+        os.replace(tmp_dir / out_path.name, out_path)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    return out_path.parent / data_name
+
+
 def export_phase(ref: LlamaReference, phase: str, out_path: Path, block_size: int) -> ExportResult:
     """Export one phase ("prefill" or "decode") to ``out_path`` (+ ``out_path.data``).
 
@@ -126,21 +168,7 @@ def export_phase(ref: LlamaReference, phase: str, out_path: Path, block_size: in
     c = ref.config
     args, kv = _dummy(ref, phase, block_size)
     past, present = kv_names(c.num_layers)
-    T = torch.export.Dim("num_tokens", min=1, max=1 << 16)
-    S = torch.export.Dim("num_seqs", min=1, max=1024)
-    MB = torch.export.Dim("max_blocks", min=1, max=1 << 14)
-    NB = torch.export.Dim("num_blocks", min=2, max=1 << 22)
-    kv_ds = tuple({0: NB} for _ in kv)
-    if phase == "prefill":
-        module = _Prefill(ref)
-        names = PREFILL_INPUTS
-        ds = ({0: T}, {0: T}, {0: T}, {0: S, 1: MB}, {0: S}, {0: S + 1}, {0: S}, kv_ds)
-    elif phase == "decode":
-        module = _Decode(ref)
-        names = DECODE_INPUTS
-        ds = ({0: S}, {0: S}, {0: S}, {0: S, 1: MB}, {0: S}, kv_ds)
-    else:
-        raise ValueError(f"phase must be 'prefill' or 'decode', got {phase!r}")
+    module, names, ds = _phase_module(ref, phase, len(kv))
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     quiet = io.StringIO()
@@ -162,26 +190,5 @@ def export_phase(ref: LlamaReference, phase: str, out_path: Path, block_size: in
     model = prog.model_proto
     model.ir_version = IR_VERSION
     model.graph.name = f"{c.name or c.architecture}-{phase}"
-    # Write graph + data into a private temp folder, then move both into place (data first,
-    # graph last: its presence means a complete export). onnx appends to an existing data file,
-    # so the temp folder also keeps a stale file from growing.
-    data_name = out_path.name + ".data"
-    tmp_dir = out_path.parent / f".export-{out_path.stem}-{os.getpid()}"
-    shutil.rmtree(tmp_dir, ignore_errors=True)
-    tmp_dir.mkdir()
-    try:
-        onnx.save_model(
-            model,
-            str(tmp_dir / out_path.name),
-            save_as_external_data=True,
-            all_tensors_to_one_file=True,
-            location=data_name,
-            size_threshold=1024,
-        )
-        os.replace(tmp_dir / data_name, out_path.parent / data_name)
-        os.replace(tmp_dir / out_path.name, out_path)
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-    return ExportResult(
-        out_path, time.perf_counter() - t0, out_path.stat().st_size, (out_path.parent / data_name).stat().st_size
-    )
+    data_path = _save_atomic(model, out_path)
+    return ExportResult(out_path, time.perf_counter() - t0, out_path.stat().st_size, data_path.stat().st_size)

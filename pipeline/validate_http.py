@@ -126,6 +126,58 @@ def _local_chat_template(artifact_dir: Path) -> str | None:
         return None
 
 
+def _run_scenarios(
+    base: str, model: str, specs: list, api_key: str | None, tokenizer, chat_template: str | None, out, err
+) -> list:
+    """Run each (scenario, workload spec) against the server at ``base`` in order, printing each
+    scenario's table as it finishes; returns their ScenarioReports."""
+    from trtpipe.runtime.serve.http_client import run_workload_http
+
+    reports = []
+    for scenario, spec in specs:
+
+        def run(items, concurrency, on_request_done):
+            return run_workload_http(base, model, items, concurrency, api_key=api_key, on_request_done=on_request_done)
+
+        reports.append(
+            run_scenario(None, scenario, spec, err, run=run, tokenizer=tokenizer, chat_template=chat_template)
+        )
+        print_scenario(out, reports[-1])
+    return reports
+
+
+def _client_env(base: str, serve: bool) -> dict:
+    """The report's ``env`` record: who measured, the server URL, the client machine and its load."""
+    return {
+        "measured_by": MEASURED_BY,
+        "url": base,
+        "server": "started by --serve" if serve else "external",
+        "client_host": platform.node(),
+        "client_platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "load_avg_1_5_15m_at_end": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def _write_http_report(out_dir: Path, r: Recipe, reports: list, base: str, serve: bool):
+    """:func:`~trtpipe.runtime.report.write_report` of the HTTP run into ``out_dir`` (correctness is not
+    checked over HTTP; env = the client machine); returns its ReportPaths."""
+    from trtpipe.runtime.report import write_report
+
+    correctness = {
+        "method": "not checked over HTTP (needs the engine's logits); run `trtpipe validate "
+        f"{r.name}` in-process for the golden-output check"
+    }
+    return write_report(
+        out_dir,
+        recipe_name=r.name,
+        target=r.target,
+        scenarios=reports,
+        correctness=correctness,
+        env=_client_env(base, serve),
+    )
+
+
 def run_validate_http(
     recipe: str | os.PathLike | Recipe,
     *,
@@ -150,8 +202,7 @@ def run_validate_http(
     from rich.console import Console
 
     from trtpipe.pipeline.build import artifact_dir_for
-    from trtpipe.runtime.report import write_report
-    from trtpipe.runtime.serve.http_client import HttpTokenizer, run_workload_http
+    from trtpipe.runtime.serve.http_client import HttpTokenizer
 
     if (url is None) == (not serve):
         raise ValidateUsageError("pass exactly one of --url URL (a running server) and --serve (start one).")
@@ -168,39 +219,8 @@ def run_validate_http(
         model = _served_model(base, r, headers)
         tokenizer = HttpTokenizer(base, headers)
         chat_template = _local_chat_template(art)
-        reports = []
-        for scenario, spec in specs:
-
-            def run(items, concurrency, on_request_done):
-                return run_workload_http(
-                    base, model, items, concurrency, api_key=api_key, on_request_done=on_request_done
-                )
-
-            reports.append(
-                run_scenario(None, scenario, spec, err, run=run, tokenizer=tokenizer, chat_template=chat_template)
-            )
-            print_scenario(out, reports[-1])
-        env = {
-            "measured_by": MEASURED_BY,
-            "url": base,
-            "server": "started by --serve" if serve else "external",
-            "client_host": platform.node(),
-            "client_platform": platform.platform(),
-            "cpu_count": os.cpu_count(),
-            "load_avg_1_5_15m_at_end": [round(x, 2) for x in os.getloadavg()],
-        }
-        correctness = {
-            "method": "not checked over HTTP (needs the engine's logits); run `trtpipe validate "
-            f"{r.name}` in-process for the golden-output check"
-        }
-        paths = write_report(
-            report_dir(art, r, chosen) / "http",
-            recipe_name=r.name,
-            target=r.target,
-            scenarios=reports,
-            correctness=correctness,
-            env=env,
-        )
+        reports = _run_scenarios(base, model, specs, api_key, tokenizer, chat_template, out, err)
+        paths = _write_http_report(report_dir(art, r, chosen) / "http", r, reports, base, serve)
 
         def search_goodput() -> None:  # while the server is still up (--serve stops it on exit)
             from trtpipe.pipeline.goodput import http_runner, run_goodput

@@ -16,7 +16,6 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,13 +24,14 @@ import numpy as np
 from trtpipe.runtime.batch import DecodeBatch, PrefillBatch
 from trtpipe.runtime.block_pool import BlockPool
 from trtpipe.runtime.chat import default_chat_messages, render_chat
-from trtpipe.runtime.detokenizer import IncrementalDetokenizer, find_stop, stop_prefix_len
+from trtpipe.runtime.detokenizer import IncrementalDetokenizer
 from trtpipe.runtime.errors import RequestError
 from trtpipe.runtime.kv_manager import KVCacheManager
 from trtpipe.runtime.kv_pool import KVPool
 from trtpipe.runtime.manifest import Manifest, load_manifest
-from trtpipe.runtime.metrics import RequestMetrics, RequestTimer, StepStats
+from trtpipe.runtime.metrics import RequestTimer, StepStats
 from trtpipe.runtime.request import Request, RequestStatus, SamplingParams, prompt_length_error
+from trtpipe.runtime.request_output import LiveRequest, RequestOutput
 from trtpipe.runtime.sampler import make_generator, sample
 from trtpipe.runtime.schedule import ScheduledDecode, ScheduledPrefill, SchedulerStep
 from trtpipe.runtime.scheduler import Scheduler
@@ -42,34 +42,6 @@ from trtpipe.runtime.tokenizer import Tokenizer
 if TYPE_CHECKING:  # engines import their backends (onnxruntime, tensorrt) when constructed
     from trtpipe.runtime.engine_ort import OrtEngine
     from trtpipe.runtime.engine_trt import TrtEngine
-
-
-@dataclass
-class RequestOutput:
-    """The result of one request: ids and text kept apart, finish reason, timings."""
-
-    request_id: str
-    prompt_token_ids: tuple[int, ...]
-    output_token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    finished: bool = False
-    finish_reason: str | None = None
-    error_message: str | None = None
-    metrics: RequestMetrics | None = None
-    cached_tokens: int = 0  # prompt tokens served from the prefix cache (usage.prompt_tokens_details)
-
-
-@dataclass
-class _Live:
-    request: Request
-    detok: IncrementalDetokenizer
-    timer: RequestTimer
-    rng: np.random.Generator | None
-    output: RequestOutput
-    on_text: Callable[[str], None] | None = None
-    prefill_started: bool = False
-    stopped: bool = False  # a stop string matched: no more text for this request
-    emitted: int = 0  # characters of output.text already handed to on_text
 
 
 class LLM:
@@ -134,7 +106,7 @@ class LLM:
             build_hash=build_id,
         )
         self.step_stats = step_stats or StepStats(num_kv_blocks=m.kv.num_blocks - 1)
-        self._live: dict[str, _Live] = {}
+        self._live: dict[str, LiveRequest] = {}
         self._ids = itertools.count()
         self.engine_time_s = 0.0
         self.steps = 0
@@ -247,7 +219,7 @@ class LLM:
         req = Request(rid, tuple(ids), params, arrival_time_s=arrival, cache_salt=cache_salt)
         self.scheduler.add_request(req)
         out = RequestOutput(rid, tuple(ids))
-        self._live[rid] = _Live(
+        self._live[rid] = LiveRequest(
             req,
             IncrementalDetokenizer(self.tokenizer.backend, ids),
             RequestTimer(rid, prompt_tokens=len(ids), arrival_s=arrival),
@@ -262,7 +234,7 @@ class LLM:
         req = self.scheduler.abort(request_id)
         live = self._live.pop(request_id, None)
         if live is not None:
-            self._finish(live, "abort")
+            live.finish("abort")
         return req is not None
 
     def has_unfinished(self) -> bool:
@@ -358,7 +330,7 @@ class LLM:
             piece = live.detok.add(tok)
             live.output.output_token_ids.append(tok)
             live.timer.on_tokens(t, 1, piece)
-            if self._append_text(live, piece):
+            if live.append_text(piece):
                 self.scheduler.finish_request(rid, RequestStatus.FINISHED_STOPPED)
                 finished.append(live.request)
         done = []
@@ -366,42 +338,10 @@ class LLM:
             live = self._live.pop(req.request_id, None)
             if live is None:
                 continue
-            self._append_text(live, live.detok.flush(), final=True)
-            self._finish(live, req.finish_reason or "stop", req.error_message)
+            live.append_text(live.detok.flush(), final=True)
+            live.finish(req.finish_reason or "stop", req.error_message)
             done.append(live.output)
         return done
-
-    def _append_text(self, live: _Live, piece: str, final: bool = False) -> bool:
-        """Add detokenized text; stream what is safe. Returns True when a stop string matched.
-
-        Text that could still become a stop string is held back until it cannot (or the request
-        ends), so a stop string never reaches the client (vLLM's stop-string handling).
-        """
-        if live.stopped:
-            return False
-        stop = live.request.sampling_params.stop
-        text = live.output.text + piece
-        hit = (
-            find_stop(text, stop, max(0, len(live.output.text) - max((len(s) for s in stop), default=0)))
-            if stop
-            else None
-        )
-        if hit is not None:
-            text = text[:hit]
-            live.stopped = final = True
-        live.output.text = text
-        safe = len(text) if final or not stop else len(text) - stop_prefix_len(text, stop)
-        if live.on_text and safe > live.emitted:
-            live.on_text(text[live.emitted : safe])
-        live.emitted = max(live.emitted, safe)
-        return hit is not None
-
-    def _finish(self, live: _Live, reason: str, error: str | None = None) -> None:
-        live.timer.finish(time.monotonic(), reason)
-        live.output.finished = True
-        live.output.finish_reason = reason
-        live.output.error_message = error
-        live.output.metrics = live.timer.metrics()
 
     def _sample(self, logits: np.ndarray, rids: list[str]) -> list[int]:
         params = [self._live[r].request.sampling_params for r in rids]

@@ -140,6 +140,39 @@ def _build_plans(
     return profile_index, timings
 
 
+def _trt_backend(spec: BuildSpec, env: TrtEnvironment, lowering: str, decode_graph: str) -> dict:
+    """The manifest's ``backend`` record: TensorRT version, CUDA runtime, lowering, plugin ABI."""
+    from trtpipe.plugins.versions import plugin_abi_hash
+
+    return {
+        "name": "trt",
+        "flavor": "tensorrt",
+        "version": env.trt_version,
+        "cuda_runtime": env.cuda_runtime,
+        "lowering": lowering,
+        "plugin_abi_hash": plugin_abi_hash(),
+        "triton": env.triton_version if lowering == "plugins" else None,
+        "int4_weights": spec.graphs[decode_graph].int4_weights or "as_exported",
+    }
+
+
+def _trt_build_info(
+    spec: BuildSpec, spec_path: Path, tmp: Path, plan_files: set[str], cache: Path, timings: dict[str, float]
+) -> dict:
+    """The manifest's ``build_info`` record: timings (s), builder settings, sizes (bytes), host."""
+    return {
+        "timings_s": {**spec.timings_s, **timings},
+        "builder": spec.builder.to_json(),
+        "timing_cache": str(cache),
+        "spec": str(spec_path),
+        "host": platform.node(),
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "weights_bytes": spec.weights_bytes,
+        "duplicated_weights_bytes": spec.duplicated_weights_bytes,
+        "plan_bytes": {f: (tmp / f).stat().st_size for f in plan_files},
+    }
+
+
 def _trt_manifest(
     spec: BuildSpec,
     spec_path: Path,
@@ -151,8 +184,6 @@ def _trt_manifest(
     cache: Path,
     timings: dict[str, float],
 ) -> Manifest:
-    from trtpipe.plugins.versions import plugin_abi_hash
-
     sfx = spec.lowering.suffix(lowering)
     run_graph = {ph: ("prefill" if spec.layout == "dual_profile" else ph) + sfx for ph in ("prefill", "decode")}
     graphs = {
@@ -168,16 +199,7 @@ def _trt_manifest(
         recipe_name=spec.recipe["name"],
         recipe_hash=spec.recipe["hash"],
         inputs_hash=spec.inputs_hash,
-        backend={
-            "name": "trt",
-            "flavor": "tensorrt",
-            "version": env.trt_version,
-            "cuda_runtime": env.cuda_runtime,
-            "lowering": lowering,
-            "plugin_abi_hash": plugin_abi_hash(),
-            "triton": env.triton_version if lowering == "plugins" else None,
-            "int4_weights": spec.graphs[run_graph["decode"]].int4_weights or "as_exported",
-        },
+        backend=_trt_backend(spec, env, lowering, run_graph["decode"]),
         target={"name": spec.target.name, "sm": env.gpu_sm, "platform": env.platform, "gpu": env.gpu_name},
         op_abi_hash=spec.op_abi_hash,
         plugin_versions=plugin_versions,
@@ -192,17 +214,7 @@ def _trt_manifest(
             "kv_in_place": lowering == "plugins",
             "graph_sha256": {k: g.sha256 for k, g in spec.graphs.items()},
         },
-        build_info={
-            "timings_s": {**spec.timings_s, **timings},
-            "builder": spec.builder.to_json(),
-            "timing_cache": str(cache),
-            "spec": str(spec_path),
-            "host": platform.node(),
-            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "weights_bytes": spec.weights_bytes,
-            "duplicated_weights_bytes": spec.duplicated_weights_bytes,
-            "plan_bytes": {f: (tmp / f).stat().st_size for f in plan_files},
-        },
+        build_info=_trt_build_info(spec, spec_path, tmp, plan_files, cache, timings),
     )
 
 

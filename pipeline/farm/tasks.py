@@ -173,81 +173,119 @@ def _validate(spec: CellSpec, recipe_arg: str, work: Path, log_path: Path, base:
     return rc, replace(base, validate_s=time.perf_counter() - t, failing_budgets=failing)
 
 
-def run_cell(spec: CellSpec) -> CellResult:
-    """Build (and validate) ``spec`` on this node and publish it; never raises for a build or
-    validate failure (the result says what happened), only for bugs or a cancelled task."""
-    from trtpipe.pipeline.farm.store import ArtifactStore
-    from trtpipe.runtime.manifest import load_manifest, sha256_file
+def _already_stored(spec: CellSpec, store, base: CellResult, t0: float) -> CellResult | None:
+    """The "skipped" result when the store already holds this build hash (and no --force)."""
+    if spec.force or (found := store.lookup(spec.recipe, spec.target, spec.build_hash)) is None:
+        return None
+    return replace(
+        base,
+        status="skipped",
+        detail=f"build {spec.build_hash[:12]} is already in the store "
+        f"(published {found.published_at} from {found.node})",
+        store_url=found.url,
+        validate=found.validate,
+        total_s=time.perf_counter() - t0,
+    )
 
-    t0 = time.perf_counter()
-    node = _node_name()
-    base = CellResult(spec.recipe, spec.target, "error", node=node, build_hash=spec.build_hash)
-    store = ArtifactStore(spec.store_url)
-    if not spec.force and (found := store.lookup(spec.recipe, spec.target, spec.build_hash)) is not None:
-        return replace(
-            base,
-            status="skipped",
-            detail=f"build {spec.build_hash[:12]} is already in the store "
-            f"(published {found.published_at} from {found.node})",
-            store_url=found.url,
-            validate=found.validate,
-            total_s=time.perf_counter() - t0,
-        )
-    work = Path(spec.work_dir).expanduser().resolve()
+
+def _start_log(spec: CellSpec, work: Path, node: str) -> Path:
+    """Create this cell's log file under ``work/.farm-logs`` (one per attempt) and return its path."""
     (work / LOG_DIR).mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     log_path = work / LOG_DIR / f"{spec.recipe}.{spec.target}.{node.split('/')[-1]}.{stamp}-{os.getpid()}.log"
     log_path.write_text(f"farm cell {spec.recipe} x {spec.target} on {node}\n", encoding="utf-8")
-    base = replace(base, log_path=str(log_path))
-    recipe_arg = _recipe_arg(spec, work)
+    return log_path
 
+
+def _build(
+    spec: CellSpec, recipe_arg: str, work: Path, log_path: Path, base: CellResult, t0: float
+) -> tuple[CellResult, CellResult | None]:
+    """``trtpipe build`` -> (base with build_s, the final result when the build did not finish here)."""
     t = time.perf_counter()
     rc, _ = _run_cli(["build", recipe_arg, "--artifacts", str(work)] + (["--force"] if spec.force else []), log_path)
-    build_s = time.perf_counter() - t
-    base = replace(base, build_s=build_s)
-    if rc != 0:
-        msg = _error_text(log_path)
-        if rc == EXIT_SPEC_WRITTEN or (rc == 2 and "cannot be built on this machine" in msg):
-            return replace(
-                base,
-                status="needs_target",
-                total_s=time.perf_counter() - t0,
-                detail=f"build spec written on node {node}; TensorRT plans not built there: {msg}",
-            )
-        return replace(
-            base, status="build_failed", detail=f"trtpipe build exited {rc}: {msg}", total_s=time.perf_counter() - t0
+    base = replace(base, build_s=time.perf_counter() - t)
+    if rc == 0:
+        return base, None
+    msg = _error_text(log_path)
+    if rc == EXIT_SPEC_WRITTEN or (rc == 2 and "cannot be built on this machine" in msg):
+        return base, replace(
+            base,
+            status="needs_target",
+            total_s=time.perf_counter() - t0,
+            detail=f"build spec written on node {base.node}; TensorRT plans not built there: {msg}",
         )
-    art = work / spec.recipe / spec.target
+    return base, replace(
+        base, status="build_failed", detail=f"trtpipe build exited {rc}: {msg}", total_s=time.perf_counter() - t0
+    )
+
+
+def _check_manifest(spec: CellSpec, art: Path, base: CellResult) -> tuple[CellResult, CellResult | None]:
+    """(base with the manifest's sha256, the "error" result when the artifact records another
+    build hash than the driver computed: the node runs another trtpipe version)."""
+    from trtpipe.runtime.manifest import load_manifest, sha256_file
+
     m = load_manifest(art, verify_hashes=True)
     if (m.build_info or {}).get("build_hash") != spec.build_hash:
-        return replace(
+        return base, replace(
             base,
             status="error",
             detail=f"{art} records build {str(m.build_info.get('build_hash'))[:12]}, "
             f"the driver computed {spec.build_hash[:12]}: the node runs another trtpipe version.",
         )
-    base = replace(base, manifest_sha256=sha256_file(art / "manifest.json"))
+    return replace(base, manifest_sha256=sha256_file(art / "manifest.json")), None
 
+
+def _validate_gate(
+    spec: CellSpec, recipe_arg: str, work: Path, log_path: Path, base: CellResult, t0: float
+) -> tuple[CellResult, CellResult | None]:
+    """``trtpipe validate`` -> (base with validate_s, the final result when it did not pass)."""
+    rc, base = _validate(spec, recipe_arg, work, log_path, base)
+    if rc == 1:
+        return base, replace(
+            base,
+            status="validate_failed",
+            validate="FAIL",
+            total_s=time.perf_counter() - t0,
+            detail="validate failed; not published",
+        )
+    if rc != 0:
+        return base, replace(
+            base,
+            status="error",
+            detail=f"trtpipe validate exited {rc}: {_error_text(log_path)}",
+            total_s=time.perf_counter() - t0,
+        )
+    return base, None
+
+
+def run_cell(spec: CellSpec) -> CellResult:
+    """Build (and validate) ``spec`` on this node and publish it; never raises for a build or
+    validate failure (the result says what happened), only for bugs or a cancelled task."""
+    from trtpipe.pipeline.farm.store import ArtifactStore
+
+    t0 = time.perf_counter()
+    node = _node_name()
+    base = CellResult(spec.recipe, spec.target, "error", node=node, build_hash=spec.build_hash)
+    store = ArtifactStore(spec.store_url)
+    if (skipped := _already_stored(spec, store, base, t0)) is not None:
+        return skipped
+    work = Path(spec.work_dir).expanduser().resolve()
+    log_path = _start_log(spec, work, node)
+    base = replace(base, log_path=str(log_path))
+    recipe_arg = _recipe_arg(spec, work)
+    base, done = _build(spec, recipe_arg, work, log_path, base, t0)
+    if done is not None:
+        return done
+    art = work / spec.recipe / spec.target
+    base, done = _check_manifest(spec, art, base)
+    if done is not None:
+        return done
     verdict = None
     if spec.validate:
-        rc, base = _validate(spec, recipe_arg, work, log_path, base)
-        if rc == 1:
-            return replace(
-                base,
-                status="validate_failed",
-                validate="FAIL",
-                total_s=time.perf_counter() - t0,
-                detail="validate failed; not published",
-            )
-        if rc != 0:
-            return replace(
-                base,
-                status="error",
-                detail=f"trtpipe validate exited {rc}: {_error_text(log_path)}",
-                total_s=time.perf_counter() - t0,
-            )
+        base, done = _validate_gate(spec, recipe_arg, work, log_path, base, t0)
+        if done is not None:
+            return done
         verdict = "PASS"
-
     t = time.perf_counter()
     stored, new = store.publish(
         art,
@@ -256,7 +294,7 @@ def run_cell(spec: CellSpec) -> CellResult:
         build_hash=spec.build_hash,
         node=node,
         validate=verdict,
-        extra={"build_s": round(build_s, 2)},
+        extra={"build_s": round(base.build_s or 0.0, 2)},
     )
     return replace(
         base,

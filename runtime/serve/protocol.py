@@ -196,8 +196,8 @@ def _parse_stream(doc: dict) -> tuple[bool, dict | None]:
     return stream, opts
 
 
-def _common(doc: dict, served_models: tuple[str, ...]) -> dict:
-    """Fields shared by completions and chat (model, sampling, stream, refusals)."""
+def _parse_model(doc: dict, served_models: tuple[str, ...]) -> str:
+    """``model``: one of ``served_models``, else :class:`ServeError` (HTTP 400, code ``model_not_found``)."""
     model = doc.get("model")
     if not isinstance(model, str) or model not in served_models:
         raise ServeError(
@@ -208,21 +208,23 @@ def _common(doc: dict, served_models: tuple[str, ...]) -> dict:
             param="model",
             code="model_not_found",
         )
-    _refuse_unsupported(doc)
-    stop = _parse_stop(doc)
-    stream, opts = _parse_stream(doc)
+    return model
+
+
+def _parse_max_tokens(doc: dict) -> int | None:
+    """``max_completion_tokens`` (preferred) or its alias ``max_tokens``; None = up to the limit."""
+    for alias in ("max_completion_tokens", "max_tokens"):
+        if doc.get(alias) is not None:
+            return _get(doc, alias, None, lambda v: _is_int(v) and v > 0, "an int > 0", f"send e.g. {alias}: 64")
+    return None
+
+
+def _parse_sampling(doc: dict) -> dict:
+    """``temperature``, ``top_p``, ``top_k`` (0 or -1 = off, stored as 0) and ``seed``."""
     top_k = _get(
         doc, "top_k", 0, lambda v: _is_int(v) and v >= -1, "an int >= 0 (0 or -1 = off)", "send e.g. 50, or drop it"
     )
-    for alias in ("max_completion_tokens", "max_tokens"):
-        if doc.get(alias) is not None:
-            max_tokens = _get(doc, alias, None, lambda v: _is_int(v) and v > 0, "an int > 0", f"send e.g. {alias}: 64")
-            break
-    else:
-        max_tokens = None
     return dict(
-        model=model,
-        max_tokens=max_tokens,
         temperature=float(
             _get(
                 doc,
@@ -245,6 +247,21 @@ def _common(doc: dict, served_models: tuple[str, ...]) -> dict:
         ),
         top_k=max(0, int(top_k)),
         seed=_get(doc, "seed", None, lambda v: _is_int(v) and v >= 0, "null or an int >= 0", "send e.g. 0"),
+    )
+
+
+def _common(doc: dict, served_models: tuple[str, ...]) -> dict:
+    """Fields shared by completions and chat (model, sampling, stream, refusals)."""
+    model = _parse_model(doc, served_models)
+    _refuse_unsupported(doc)
+    stop = _parse_stop(doc)
+    stream, opts = _parse_stream(doc)
+    sampling = _parse_sampling(doc)
+    max_tokens = _parse_max_tokens(doc)
+    return dict(
+        model=model,
+        max_tokens=max_tokens,
+        **sampling,
         stop=stop,
         ignore_eos=_get(
             doc, "ignore_eos", False, lambda v: isinstance(v, bool), "true or false", "send a JSON boolean"
