@@ -143,36 +143,40 @@ TARGET_FAMILIES: tuple[str, ...] = tuple(BUILD_TARGETS)  # the recipe ``target``
 GPU_BUILD_TARGETS: dict[str, BuildTarget] = {k: v for k, v in BUILD_TARGETS.items() if v.sm is not None}
 
 
+@dataclass(frozen=True)
+class PeakTflops:
+    """Published dense peaks of a GPU, TFLOP/s (bf16 runs at the fp16 rate on these parts)."""
+
+    fp32: float
+    tf32: float
+    fp16: float
+    int8: float
+
+
+_ORIN_64GB_TFLOPS = PeakTflops(fp32=5.3, tf32=21.25, fp16=42.5, int8=85)
+_ORIN_32GB_TFLOPS = PeakTflops(fp32=3.33, tf32=13.3, fp16=26.7, int8=53.4)
+_A100_TFLOPS = PeakTflops(fp32=19.5, tf32=156, fp16=312, int8=624)
+_H200_TFLOPS = PeakTflops(fp32=67, tf32=494.5, fp16=989, int8=1979)
+
+
 def _gpu_row(
-    name: str,
-    description: str,
-    memory_gib: int,
-    bandwidth_bytes_per_s: float,
-    source: str,
-    *,
-    fp32: float,
-    tf32: float,
-    fp16: float,
-    int8: float,
+    name: str, description: str, memory_gib: int, bandwidth_bytes_per_s: float, source: str, peaks: PeakTflops
 ) -> TargetSpec:
-    """A GPU row from published dense peaks in TFLOP/s (bf16 runs at the fp16 rate on these parts)."""
+    """A GPU row from its data sheet: memory (GiB), read bandwidth (bytes/s) and dense peaks."""
     family = name.split("-")[0]
     reserved = ORIN_RESERVED_BYTES if family == "orin" else GPU_RESERVED_BYTES
     t = 1e12
-    flops = (("fp32", fp32 * t), ("tf32", tf32 * t), ("fp16", fp16 * t), ("bf16", fp16 * t), ("int8", int8 * t))
-    return TargetSpec(
-        name,
-        family,
-        description,
-        memory_gib * GiB,
-        reserved,
-        bandwidth_bytes_per_s,
-        flops,
-        GPU_BANDWIDTH_FRACTION,
-        GPU_FLOPS_FRACTION,
-        False,
-        source,
+    flops = (
+        ("fp32", peaks.fp32 * t),
+        ("tf32", peaks.tf32 * t),
+        ("fp16", peaks.fp16 * t),
+        ("bf16", peaks.fp16 * t),
+        ("int8", peaks.int8 * t),
     )
+    return TargetSpec(
+        name, family, description, memory_gib * GiB, reserved, bandwidth_bytes_per_s, flops,
+        GPU_BANDWIDTH_FRACTION, GPU_FLOPS_FRACTION, False, source,
+    )  # fmt: skip
 
 
 GPU_TARGETS: dict[str, TargetSpec] = {
@@ -184,55 +188,16 @@ GPU_TARGETS: dict[str, TargetSpec] = {
             64,
             204.8e9,
             _ORIN_SOURCE,
-            fp32=5.3,
-            tf32=21.25,
-            fp16=42.5,
-            int8=85,
+            _ORIN_64GB_TFLOPS,
         ),
         _gpu_row(
-            "orin-32gb",
-            "Jetson AGX Orin 32 GB (sm_87, unified LPDDR5)",
-            32,
-            204.8e9,
-            _ORIN_SOURCE,
-            fp32=3.33,
-            tf32=13.3,
-            fp16=26.7,
-            int8=53.4,
+            "orin-32gb", "Jetson AGX Orin 32 GB (sm_87, unified LPDDR5)", 32, 204.8e9, _ORIN_SOURCE, _ORIN_32GB_TFLOPS
         ),
         _gpu_row(
-            "a100",
-            "A100 80 GB SXM (sm_80, HBM2e; the 40 GB card: a100-40gb)",
-            80,
-            2.039e12,
-            _A100_SOURCE,
-            fp32=19.5,
-            tf32=156,
-            fp16=312,
-            int8=624,
+            "a100", "A100 80 GB SXM (sm_80, HBM2e; the 40 GB card: a100-40gb)", 80, 2.039e12, _A100_SOURCE, _A100_TFLOPS
         ),
-        _gpu_row(
-            "a100-40gb",
-            "A100 40 GB SXM (sm_80, HBM2)",
-            40,
-            1.555e12,
-            _A100_SOURCE,
-            fp32=19.5,
-            tf32=156,
-            fp16=312,
-            int8=624,
-        ),
-        _gpu_row(
-            "h200",
-            "H200 141 GB SXM (sm_90, HBM3e)",
-            141,
-            4.8e12,
-            _H200_SOURCE,
-            fp32=67,
-            tf32=494.5,
-            fp16=989,
-            int8=1979,
-        ),
+        _gpu_row("a100-40gb", "A100 40 GB SXM (sm_80, HBM2)", 40, 1.555e12, _A100_SOURCE, _A100_TFLOPS),
+        _gpu_row("h200", "H200 141 GB SXM (sm_90, HBM3e)", 141, 4.8e12, _H200_SOURCE, _H200_TFLOPS),
     )
 }
 
