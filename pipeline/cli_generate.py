@@ -6,6 +6,7 @@ loop in :mod:`trtpipe.pipeline.cli_chat`.
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import click
@@ -25,7 +26,20 @@ def _sampling_options(system_help: str):
     return lambda f: _add_sampling_options(f, system_help)
 
 
+_SAMPLING_FLAGS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop")
+
+
 def _add_sampling_options(f, system_help: str):
+    """Add the shared flags to command ``f``; the six sampling ones reach it as one dict,
+    ``sampling_flags`` (field name -> value, for :func:`sampling_params_from_flags`)."""
+
+    command = f
+
+    @functools.wraps(command)
+    def gather(*args, **kw):
+        return command(*args, sampling_flags={k: kw.pop(k) for k in _SAMPLING_FLAGS}, **kw)
+
+    f = gather
     for opt in reversed(
         [
             click.option(
@@ -61,12 +75,7 @@ def generate_cmd(
     prompt: str | None,
     prompt_file: str | None,
     chat: bool,
-    max_new_tokens: int,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-    seed: int | None,
-    stop: tuple[str, ...],
+    sampling_flags: dict,
     system: str | None,
     artifact_root: str,
     threads: int | None,
@@ -88,16 +97,14 @@ def generate_cmd(
 
     try:
         text = read_prompt(prompt, prompt_file)
-        params = sampling_params_from_flags(
-            max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop
-        )
+        params = sampling_params_from_flags(**sampling_flags)
         art = resolve_artifact(recipe_or_artifact, artifact_root)
         llm = LLM(art, num_threads=threads)
         if system is not None:
             ids = llm.encode_chat([{"role": "system", "content": system}, {"role": "user", "content": text}])
         else:
             ids = llm.encode_prompt(text, chat=chat)
-        note = cap_note(len(ids), max_new_tokens, llm.manifest.limits["max_seq_len"])
+        note = cap_note(len(ids), sampling_flags["max_new_tokens"], llm.manifest.limits["max_seq_len"])
         if note:
             click.echo(click.style(note, fg="yellow"), err=True)
         if stream:
@@ -144,16 +151,7 @@ def _target_bandwidth(name: str) -> float | None:
 @click.argument("recipe_or_artifact")
 @_sampling_options(CHAT_SYSTEM_HELP)
 def chat_cmd(
-    recipe_or_artifact: str,
-    max_new_tokens: int,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-    seed: int | None,
-    stop: tuple[str, ...],
-    system: str | None,
-    artifact_root: str,
-    threads: int | None,
+    recipe_or_artifact: str, sampling_flags: dict, system: str | None, artifact_root: str, threads: int | None
 ) -> None:
     """Talk with a built artifact, turn by turn (the chat template, streamed answers).
 
@@ -171,9 +169,7 @@ def chat_cmd(
     from trtpipe.runtime.llm import LLM
 
     try:
-        params = sampling_params_from_flags(
-            max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop
-        )
+        params = sampling_params_from_flags(**sampling_flags)
         llm = LLM(resolve_artifact(recipe_or_artifact, artifact_root), num_threads=threads)
         if not llm.manifest.model.chat_template:
             raise TrtpipeError(

@@ -56,16 +56,8 @@ class _Prefill(nn.Module):
     def forward(
         self, input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc, last_token_indices, *kv
     ):
-        logits, caches = self.ref.forward_paged(
-            input_ids,
-            positions,
-            slot_mapping,
-            block_tables,
-            context_lens,
-            query_start_loc,
-            last_token_indices,
-            list(kv),
-        )
+        packed = (input_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc)
+        logits, caches = self.ref.forward_paged(*packed, last_token_indices, list(kv))
         return (logits, *caches)
 
 
