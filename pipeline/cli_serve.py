@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from trtpipe.pipeline.cli_artifact import artifacts_option
+from trtpipe.pipeline.cli_common import THREADS_HELP
 
 
 def _need_serve_extra() -> None:
@@ -64,12 +65,7 @@ def _need_serve_extra() -> None:
     help="On SIGTERM/SIGINT: how long running requests may finish before they are cancelled.",
 )
 @artifacts_option
-@click.option(
-    "--threads",
-    default=None,
-    type=click.IntRange(min=1),
-    help="ONNX Runtime intra-op threads (default: the recipe's engine.intra_op_num_threads, else ONNX Runtime's).",
-)
+@click.option("--threads", default=None, type=click.IntRange(min=1), help=THREADS_HELP)
 @click.option(
     "--no-prefix-caching",
     is_flag=True,
