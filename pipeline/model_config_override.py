@@ -1,6 +1,6 @@
 """The recipe's overrides of a model's facts, applied in one place.
 
-Today one override exists: ``sliding_window`` (recipe key; see ``pipeline/recipe.py``): None keeps
+Today one override exists: ``sliding_window`` (recipe key; see ``pipeline/recipe/schema.py``): None keeps
 the model's own per-layer windows, 0 turns windowing off on every layer, n > 0 gives every layer a
 window of n tokens (Hugging Face convention: a query at position p sees keys j with
 p - n < j <= p). The build, the golden key, the estimate and the reference model all call

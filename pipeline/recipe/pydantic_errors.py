@@ -110,7 +110,7 @@ def _explain(e: dict[str, Any]) -> tuple[str, str]:
     if typ in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[typ]
         bound = next(iter(ctx.values()), "?")
-        positive = op in (">", ">=") and bound in (0, 1)
+        positive = (op, bound) in ((">", 0), (">=", 1))  # "positive" only where 0 is refused
         return (f"a value {op} {bound}", (f"use a positive value{eg}" if positive else f"use a value {op} {bound}{eg}"))
     if typ in ("model_type", "model_attributes_type", "dict_type"):
         keys = _keys_of(ann)

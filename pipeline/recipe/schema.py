@@ -51,7 +51,7 @@ class Recipe(Spec):
     target: Target = Field(examples=["cpu"])
     precision: PrecisionSpec
     kv_cache: KVCacheSpec = Field(default_factory=KVCacheSpec)
-    sliding_window: int | None = Field(None, ge=0, examples=[4096])
+    sliding_window: int | None = Field(None, ge=0, examples=[1024])
     max_seq_len: int = Field(2048, ge=1, examples=[2048])
     max_batch_size: int = Field(8, ge=1, examples=[8])
     max_num_tokens: int = Field(512, ge=1, examples=[512])
