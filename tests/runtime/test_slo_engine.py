@@ -2,11 +2,18 @@
 arrives while two requests decode is prefilled in chunks sized so each mixed step stays within
 the TPOT budget, up to the cost model's stated error.
 
-Timing on a shared machine is noisy: the assertion allows the model's own held-out error plus
-a noise allowance, and requires most (not all) mixed steps to be in budget; the sharp check is
-against FCFS, whose single 480-token chunk would take several budgets."""
+Timing on a shared machine is noisy, and the host's speed drifts 20-50 % within minutes (CI once
+ran every step ~1.3x slower than the model measured at load, decode-only steps included). So the
+measured check is relative to the same run: each mixed step's measured/predicted ratio is compared
+with the median ratio of the decode-only steps that follow it (the host's speed right then), with
+the model's own held-out relative error plus a noise allowance, and most (not all) mixed steps
+must pass. The scheduling checks (every predicted step within the budget, the prompt split into
+block-sized chunks) do not depend on the clock; the sharp timed check is against FCFS, whose
+single 480-token chunk would take several budgets."""
 
 from __future__ import annotations
+
+import statistics
 
 import pytest
 
@@ -32,14 +39,17 @@ def test_long_prompt_during_decodes_keeps_steps_within_the_budget(default_artifa
     llm.step_cost_log.clear()
     llm.add_request(corpus[:480], SamplingParams(max_new_tokens=4, ignore_eos=True))
     llm.run_until_done()
+    decode_only = [meas / pred for pred, meas, n, b in llm.step_cost_log if n == 0 and b > 0 and pred > 0]
+    assert len(decode_only) >= 10  # the two 40-token requests decode on after the long prompt
+    host_slowdown = max(1.0, statistics.median(decode_only))  # this run's host vs calibration
     mixed = [(pred, meas, n) for pred, meas, n, b in llm.step_cost_log if n > 0 and b > 0]
     assert len(mixed) >= 3  # the 480 tokens went in several chunks next to the decodes
     assert max(n for *_, n in mixed) < 480
     for pred, _, n in mixed:
         assert pred * 1e3 <= budget_ms + 1e-6 or n == llm.kv_manager.block_size
-    allowance_ms = cost.error_ms + 0.25 * budget_ms  # the model's error + machine noise
-    within = [meas * 1e3 <= budget_ms + allowance_ms for _, meas, _ in mixed]
-    assert sum(within) >= 0.8 * len(mixed), (budget_ms, allowance_ms, mixed)
+    allowed = host_slowdown * (1 + cost.rel_error + 0.25)  # the model's error + machine noise
+    within = [meas <= pred * allowed for pred, meas, _ in mixed]
+    assert sum(within) >= 0.8 * len(mixed), (budget_ms, host_slowdown, allowed, mixed)
     fcfs_stall_ms = (cost.decode_time_s(2, 200) + cost.prefill_time_s(480, 0)) * 1e3
     assert max(meas for _, meas, _ in mixed) * 1e3 < fcfs_stall_ms
     assert llm.block_pool.num_used == 0
