@@ -38,7 +38,11 @@ FLOAT_ZERO_POINT_MODES = ("exact", "int8")
 
 
 def lower_for_ort(
-    model: onnx.ModelProto, accuracy_level: int = 0, decode: bool = False, float_zero_points: str = "exact"
+    model: onnx.ModelProto,
+    accuracy_level: int = 0,
+    decode: bool = False,
+    float_zero_points: str = "exact",
+    split_decode_rows: bool = False,
 ) -> onnx.ModelProto:
     """Rewrite every ``trtpipe`` node into ONNX Runtime CPU ops (returns a new ModelProto).
 
@@ -48,6 +52,9 @@ def lower_for_ort(
     blocks, each weight within ``d/32``); see :func:`_lower_int4_gemm`.
     ``decode``: the graph is a decode graph (one query per sequence, ``query_start_loc`` =
     0..S): attention is lowered without the padded-query re-packing prefill needs.
+    ``split_decode_rows`` (prefill graphs): a batch's trailing 1-token rows (decode tokens in a
+    prefill call) take the decode attention path instead of being padded to the longest chunk
+    (:mod:`trtpipe.plugins.paged_attention_onnx`, 3.); False = the padded path for every row.
     Raises :class:`OpError` for an unknown ``trtpipe`` op or an unknown ``float_zero_points``.
     """
     if float_zero_points not in FLOAT_ZERO_POINT_MODES:
@@ -57,7 +64,7 @@ def lower_for_ort(
 
     def rewrite(node: onnx.NodeProto, state: GraphRewrite) -> None:
         if node.op_type == "PagedAttention":
-            lower_paged_attention(node, state, decode=decode)
+            lower_paged_attention(node, state, decode=decode, split_decode_rows=split_decode_rows)
         elif node.op_type == "Int4Gemm":
             b = NodeBuilder(node.name or node.op_type)
             _lower_int4_gemm(b, node, accuracy_level, inits, blocksums, float_zero_points)

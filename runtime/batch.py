@@ -29,6 +29,12 @@ class PrefillBatch:
 
     input_ids, positions, slot_mapping: [T]; block_tables: [S, MB]; context_lens: [S];
     query_start_loc: [S+1]; last_token_indices: [S]; request_ids: S ids in row order.
+
+    Row order: :meth:`from_scheduled` puts rows of one token (decode tokens riding in a prefill
+    call) after the longer chunks, keeping each group's order: the ONNX Runtime prefill graph
+    runs trailing 1-token rows through its decode attention path instead of padding them to the
+    longest chunk (``trtpipe.plugins.paged_attention_onnx``, 3.). The logits' rows follow
+    ``request_ids``, so callers map rows by id, not by the order they passed.
     """
 
     request_ids: tuple[str, ...]
@@ -42,6 +48,7 @@ class PrefillBatch:
 
     @classmethod
     def from_scheduled(cls, prefills: Sequence[ScheduledPrefill]) -> PrefillBatch:
+        prefills = [p for p in prefills if p.num_tokens != 1] + [p for p in prefills if p.num_tokens == 1]
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []

@@ -66,8 +66,10 @@ class OrtEngine:
     ``decode(batch) -> logits [S, V] float32`` (through the decode graph, or the prefill graph
     when the manifest's ``runtime_options.ort_decode_graph`` is ``prefill``; the prefill graph
     takes any number of tokens per sequence, so one token each is a valid chunk). Wall time of
-    the last call is in
-    ``last_step_s``. Raises :class:`ArtifactError` if a graph cannot be loaded.
+    the last call is in ``last_step_s``. ``fuses_mixed_steps``: a step's prompt chunks and decode
+    tokens can go through one ``prefill`` call (the recipe's ``engine.ort_fused_steps``: the
+    prefill graph was lowered to send trailing 1-token rows through a decode attention path).
+    Raises :class:`ArtifactError` if a graph cannot be loaded.
     """
 
     backend = "ort"
@@ -92,6 +94,7 @@ class OrtEngine:
         # of the weights; the recipe's engine.ort_sessions); "decode": the decode graph's own session
         assert opts.ort_decode_graph is not None  # parsed at load for the ort backend: "prefill" | "decode"
         self.decode_graph: str = opts.ort_decode_graph
+        self.fuses_mixed_steps = bool(opts.ort_fused_steps)
         phases = ["prefill"] if self.decode_graph == "prefill" else list(manifest.graphs)
         if self.decode_graph == "prefill":
             # One session sees prefill and decode shapes in turn; with ORT's memory-pattern

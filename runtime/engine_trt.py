@@ -178,9 +178,11 @@ class TrtEngine:
     ``prefill(batch) -> logits [S, V] float32``, ``decode(batch) -> logits [S, V] float32``;
     wall time of the last call in ``last_step_s``. Raises :class:`ArtifactError` for a
     fingerprint mismatch or an unloadable plan, :class:`CudaError` for CUDA failures.
+    ``fuses_mixed_steps`` is False: decodes run in the decode plan (never run on a GPU here).
     """
 
     backend = "trt"
+    fuses_mixed_steps = False
 
     def __init__(self, manifest: Manifest, pool: Any = None, *, facts: TrtRuntimeFacts | None = None):
         check_trt_fingerprint(manifest, facts or current_trt_facts())

@@ -6,7 +6,8 @@
 
 Each :meth:`step` runs the prefill engine once for the scheduled prompt chunks and the decode
 engine once for all running sequences (continuous batching), samples, updates the scheduler, and
-turns new tokens into text with an incremental detokenizer. Token ids and text are kept apart.
+turns new tokens into text with an incremental detokenizer. Where the engine allows it
+(``fuses_mixed_steps``), a step with both runs in *one* prefill call (decodes as 1-token rows). Token ids and text are kept apart.
 Timings per request come from :mod:`trtpipe.runtime.metrics` on the monotonic clock.
 """
 
@@ -58,6 +59,8 @@ class LLM:
         tpot_budget_ms: the TPOT budget of the ``slo`` policy (None = none); change it with
             :meth:`set_tpot_budget`. Setting one measures the engine's step-cost model once
             (a second or two; kept in the artifact's ``step_cost.json``).
+        fuse_mixed_steps: run a step's prompt chunks and decode tokens in one engine call where
+            the engine can (``engine.fuses_mixed_steps``); False = two calls (for comparisons).
 
     ``prefix_cache_queries`` / ``prefix_cache_hits``: prompt tokens looked up in / found in the
     prefix cache since load (counters for ``trtpipe:prefix_cache_queries`` / ``_hits``).
@@ -74,6 +77,7 @@ class LLM:
         prefix_caching: bool = True,
         scheduler_policy: str = "slo",
         tpot_budget_ms: float | None = None,
+        fuse_mixed_steps: bool = True,
     ):
         self.manifest: Manifest = load_manifest(artifact_dir)
         m = self.manifest
@@ -114,6 +118,7 @@ class LLM:
         if scheduler_policy not in ("slo", "fcfs"):
             raise RequestError(f"scheduler_policy = {scheduler_policy!r}: expected 'slo' or 'fcfs'")
         self.scheduler_policy = scheduler_policy
+        self.fuse_mixed_steps = bool(fuse_mixed_steps and getattr(self.engine, "fuses_mixed_steps", False))
         self.num_threads = num_threads
         self.step_cost: StepCostModel | None = None
         # (predicted_s, measured_s, prefill_tokens, decode_batch) of steps run under the slo policy
@@ -145,6 +150,7 @@ class LLM:
                 self.manifest.limits["max_num_tokens"],
                 self.manifest.limits["max_batch_size"],
                 self.num_threads,
+                fused=self.fuse_mixed_steps,
             )
         return self.step_cost
 
@@ -250,16 +256,18 @@ class LLM:
     def step(self) -> list[RequestOutput]:
         """One scheduler step: prefill chunks + one decode batch. Returns finished outputs.
 
-        ``schedule`` -> :meth:`_prefill` -> :meth:`_decode` -> ``update`` -> :meth:`_emit` (gpt-fast
-        keeps ``prefill`` and ``decode_one_token`` apart the same way). An engine failure finishes
-        the step's requests with an error (their KV blocks freed) and re-raises.
+        ``schedule`` -> :meth:`_prefill` -> :meth:`_decode` -> ``update`` -> :meth:`_emit`; with
+        ``fuse_mixed_steps`` a step with both is one :meth:`_prefill` call. An engine failure
+        finishes the step's requests with an error (their KV blocks freed) and re-raises.
         """
         step = self.scheduler.schedule()
         sampled: dict[str, int] = {}
         t_step = time.perf_counter()
+        fused = self.fuse_mixed_steps and bool(step.prefills) and bool(step.decodes)
         try:
-            self._prefill(step.prefills, sampled)
-            self._decode(step.decodes, sampled)
+            self._prefill(step.prefills, sampled, step.decodes if fused else ())
+            if not fused:
+                self._decode(step.decodes, sampled)
         except Exception as e:  # an engine failure finishes the step's requests, frees blocks
             for rid in {p.request_id for p in step.prefills} | {d.request_id for d in step.decodes}:
                 self.scheduler.finish_request(rid, RequestStatus.FINISHED_ERROR, str(e))
@@ -274,9 +282,12 @@ class LLM:
         )
         return self._emit(sampled, finished)
 
-    def _prefill(self, prefills: tuple[ScheduledPrefill, ...], sampled: dict[str, int]) -> None:
-        """Run the prefill engine on this step's chunks; sample the rows of last chunks into
-        ``sampled`` (request id -> token id). Marks prefill start/end on the request timers."""
+    def _prefill(
+        self, prefills: Sequence[ScheduledPrefill], sampled: dict, decodes: Sequence[ScheduledDecode] = ()
+    ) -> None:
+        """Run the prefill engine on this step's chunks (and ``decodes`` as 1-token rows, a fused
+        step); sample the rows of last chunks and of the decodes into ``sampled`` (request id ->
+        token id). Marks prefill start/end on the request timers."""
         if not prefills:
             return
         now = time.monotonic
@@ -287,17 +298,21 @@ class LLM:
                 live.prefill_started = True
                 cached = live.request.num_cached_tokens or 0
                 live.timer.cached_prompt_tokens = live.output.cached_tokens = cached
-        logits = self.engine.prefill(PrefillBatch.from_scheduled(prefills))  # [S, V] float32
+        batch = PrefillBatch.from_scheduled([*prefills, *(d.as_prefill_chunk() for d in decodes)])
+        logits = self.engine.prefill(batch)  # [S, V] float32, rows in batch.request_ids order
         self.engine_time_s += self.engine.last_step_s
-        rows = [i for i, p in enumerate(prefills) if p.is_last_chunk]
+        last = {p.request_id for p in prefills if p.is_last_chunk} | {d.request_id for d in decodes}
+        rows = [i for i, rid in enumerate(batch.request_ids) if rid in last]
         if not rows:
             return
-        rids = [prefills[i].request_id for i in rows]
+        rids = [batch.request_ids[i] for i in rows]
         toks = self._sample(logits[rows], rids)
         t = now()
+        ended = {p.request_id for p in prefills}
         for rid, tok in zip(rids, toks):
             sampled[rid] = tok
-            self._live[rid].timer.on_prefill_end(t)
+            if rid in ended:
+                self._live[rid].timer.on_prefill_end(t)
 
     def _decode(self, decodes: tuple[ScheduledDecode, ...], sampled: dict[str, int]) -> None:
         """Run the decode engine once for every decoding sequence (one token each); sample into
@@ -315,8 +330,7 @@ class LLM:
         """Under the slo policy: record (predicted, measured) step time for the reports."""
         if self.scheduler.chunk_policy is None or self.step_cost is None or step.is_empty:
             return
-        predicted = self.step_cost.prefill_chunks_time_s([(p.num_tokens, p.start_position) for p in step.prefills])
-        predicted += self.step_cost.decode_time_s(len(step.decodes), sum(d.context_len for d in step.decodes))
+        predicted = self.step_cost.predict_step_s(step)
         self.step_cost_log.append((predicted, measured_s, sum(p.num_tokens for p in step.prefills), len(step.decodes)))
 
     def _emit(self, sampled: dict[str, int], finished: list[Request]) -> list[RequestOutput]:

@@ -11,6 +11,11 @@ backend are ``None`` here, explicitly.
     ort      shared_initializers     {name: SharedInitializer}  byte ranges in that file ({} = none)
     ort      intra_op_num_threads    int >= 1 | null            ORT threads (null: ORT's default)
     ort      ort_decode_graph        "prefill" | "decode"       graph that runs decode steps
+    ort      ort_fused_steps         bool (absent: false)       the prefill graph takes a mixed
+                                                                step's decodes (recipe
+                                                                engine.ort_fused_steps); artifacts
+                                                                built before it lack the key and
+                                                                their graphs cannot: false
     trt      layout                  "split" | "dual_profile"   plans and contexts (engine_trt)
     trt      kv_in_place             bool                       plugins write the KV pool in place
     trt      profiles                {phase: {...}}             optimization profile per phase
@@ -54,6 +59,7 @@ class RuntimeOptions:
     shared_initializers: Mapping[str, SharedInitializer] | None
     intra_op_num_threads: int | None  # None also for ort: ORT picks its default
     ort_decode_graph: str | None
+    ort_fused_steps: bool | None
     # trt only (None for ort)
     layout: str | None
     kv_in_place: bool | None
@@ -101,6 +107,7 @@ def parse_runtime_options(
         shared_initializers=None,
         intra_op_num_threads=None,
         ort_decode_graph=None,
+        ort_fused_steps=None,
         layout=layout,
         kv_in_place=in_place,
         profiles=profiles,
@@ -125,12 +132,16 @@ def _parse_ort(options: Mapping[str, Any], bad: Any) -> RuntimeOptions:
         raise bad("intra_op_num_threads", "an int >= 1 or null")
     if decode_graph not in ORT_DECODE_GRAPHS:
         raise bad("ort_decode_graph", " or ".join(repr(v) for v in ORT_DECODE_GRAPHS))
+    fused = options.get("ort_fused_steps", False)
+    if not isinstance(fused, bool):
+        raise bad("ort_fused_steps", "true or false")
     return RuntimeOptions(
         backend="ort",
         shared_data_file=data_file,
         shared_initializers=initializers,
         intra_op_num_threads=threads,
         ort_decode_graph=decode_graph,
+        ort_fused_steps=fused,
         layout=None,
         kv_in_place=None,
         profiles=None,

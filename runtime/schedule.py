@@ -49,6 +49,11 @@ class ScheduledDecode:
     def context_len(self) -> int:
         return self.position + 1
 
+    def as_prefill_chunk(self) -> ScheduledPrefill:
+        """This token as a 1-token last chunk, for a prefill call that also decodes (the prefill
+        graph takes any number of tokens per sequence; its logits row is this token's)."""
+        return ScheduledPrefill(self.request_id, (self.token_id,), self.position, self.block_table, (self.slot,), True)
+
 
 @dataclass(frozen=True, slots=True)
 class SchedulerStep:

@@ -6,9 +6,9 @@ time-between-tokens target. Here the budget comes from a measured :class:`StepCo
 built engine instead of a profiled constant, and it is recomputed every step from what that
 step decodes::
 
-    decode_s   = cost.decode_time_s(num_decodes, decode_context_sum)
     chunk      = the most tokens n (a multiple of block_size) with
-                 decode_s + cost.prefill_time_s(n, prefill_context) <= tpot_budget
+                 cost.step_time_s([(n, prefill_context)], num_decodes, decode_context_sum)
+                 <= tpot_budget        (two engine calls, or one where the engine fuses them)
     chunk      = max(chunk, block_size)          never below one block: prefill always advances
     no decodes -> chunk = max_num_tokens         nobody's ITL is at stake; TTFT wants big chunks
 
@@ -54,11 +54,11 @@ class SloChunkPolicy:
         room = self.max_num_tokens - num_decodes  # the step budget also carries the decodes
         if num_decodes == 0:
             return self.max_num_tokens
-        budget_s = self.tpot_budget_ms / 1e3 - self.cost.decode_time_s(num_decodes, decode_context_sum)
+        budget_s = self.tpot_budget_ms / 1e3
         lo, hi = 0, max(0, room) // bs  # search the number of whole blocks
-        while lo < hi:  # prefill time grows with n: the largest k with time(k*bs) <= budget
+        while lo < hi:  # step time grows with n: the largest k with time(k*bs) <= budget
             mid = (lo + hi + 1) // 2
-            if self.cost.prefill_time_s(mid * bs, prefill_context) <= budget_s:
+            if self.cost.step_time_s([(mid * bs, prefill_context)], num_decodes, decode_context_sum) <= budget_s:
                 lo = mid
             else:
                 hi = mid - 1
@@ -72,7 +72,8 @@ class SloChunkPolicy:
         return (
             f"slo: TPOT budget {self.tpot_budget_ms:g} ms; measured step cost: prefill "
             f"{c.prefill_s[0] * 1e3:.1f} ms + {c.prefill_s[1] * 1e3:.3f} ms/token, decode "
-            f"{c.decode_s[0] * 1e3:.1f} ms + {c.decode_s[1] * 1e3:.2f} ms/sequence (model error "
+            f"{c.decode_s[0] * 1e3:.1f} ms + {c.decode_s[1] * 1e3:.2f} ms/sequence"
+            f"{', one call per mixed step' if c.fused else ''} (model error "
             f"{c.error_ms:.1f} ms, {c.rel_error:.0%}); prefill chunk by decode batch at "
             f"{context_per_seq} tokens of context: {chunks} tokens (never below one block = "
             f"{self.block_size}); no decode running: {self.max_num_tokens} tokens"

@@ -8,6 +8,11 @@ model of the work it does (least squares over a few timed calls, :func:`calibrat
     decode_s(b, C)    = d0 + d1 * b + d2 * C                   b sequences, C = sum of contexts
     step_s            = prefill_s (if n > 0) + decode_s (if b > 0)
 
+A *fused* engine (``fused``: the step's decode tokens ride in the prefill call as 1-token rows,
+:class:`~trtpipe.runtime.llm.LLM`'s ``fuse_mixed_steps``) pays one call's intercept::
+
+    step_s (n > 0, b > 0, fused) = prefill_s(n, ctx) + d1 * b + d2 * C
+
 ``p1``/``d1`` are the weight-bound GEMM terms, ``p2``/``d2`` the attention terms (a chunk's
 queries read ``ctx + n/2`` keys on average). The model's stated error is measured on calls that
 were not used to fit it (``error_ms``: the largest absolute miss on those held-out calls, and
@@ -35,7 +40,7 @@ from trtpipe.runtime.errors import TrtpipeError
 from trtpipe.runtime.kv_planning import cdiv
 
 STEP_COST_FILE = "step_cost.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the ``fused`` field
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,7 @@ class StepCostModel:
     host: str = ""
     num_threads: int | None = None
     calibration_s: float = 0.0
+    fused: bool = False  # mixed steps are one prefill call (see the module docstring)
 
     def prefill_time_s(self, num_tokens: int, context: int = 0) -> float:
         """Predicted prefill call time for ``num_tokens`` tokens after ``context`` computed ones."""
@@ -57,6 +63,11 @@ class StepCostModel:
             return 0.0
         p0, p1, p2 = self.prefill_s
         return p0 + p1 * num_tokens + p2 * num_tokens * (context + num_tokens / 2)
+
+    def predict_step_s(self, step: Any) -> float:
+        """Predicted time of a :class:`~trtpipe.runtime.schedule.SchedulerStep` (seconds)."""
+        chunks = [(p.num_tokens, p.start_position) for p in step.prefills]
+        return self.step_time_s(chunks, len(step.decodes), sum(d.context_len for d in step.decodes))
 
     def prefill_chunks_time_s(self, chunks: Sequence[tuple[int, int]]) -> float:
         """Predicted time of one prefill call packing ``(num_tokens, context)`` chunks."""
@@ -73,9 +84,14 @@ class StepCostModel:
         d0, d1, d2 = self.decode_s
         return d0 + d1 * batch + d2 * context_sum
 
-    def step_time_s(self, num_prefill_tokens: int, prefill_context: int, batch: int, context_sum: int) -> float:
-        """Predicted step time: one prefill call plus one decode call (seconds)."""
-        return self.prefill_time_s(num_prefill_tokens, prefill_context) + self.decode_time_s(batch, context_sum)
+    def step_time_s(self, chunks: Sequence[tuple[int, int]], batch: int, context_sum: int) -> float:
+        """Predicted time of a step running prefill ``chunks`` (``(num_tokens, context)`` each)
+        and ``batch`` decodes holding ``context_sum`` tokens: two calls, or one when ``fused``."""
+        prefill = self.prefill_chunks_time_s(chunks)
+        if prefill == 0.0 or batch <= 0 or not self.fused:
+            return prefill + self.decode_time_s(batch, context_sum)
+        _d0, d1, d2 = self.decode_s
+        return prefill + d1 * batch + d2 * context_sum
 
     def to_json(self) -> str:
         return json.dumps({"format_version": FORMAT_VERSION, **asdict(self)}, indent=2)
@@ -116,14 +132,20 @@ def with_error(
     model: StepCostModel,
     prefill_held: Sequence[tuple[int, int, float]],
     decode_held: Sequence[tuple[int, int, float]],
+    fused_held: Sequence[tuple[int, int, int, int, float]] = (),
     **facts: Any,
 ) -> StepCostModel:
-    """``model`` with ``error_ms``/``rel_error`` measured on held-out calls (and extra facts)."""
+    """``model`` with ``error_ms``/``rel_error`` measured on held-out calls (and extra facts).
+
+    ``fused_held``: ``(num_tokens, context, batch, context_sum, seconds)`` of fused mixed calls,
+    judged by ``step_time_s`` of the model with the facts applied (``fused=True``)."""
+    model = StepCostModel(**{**asdict(model), **facts})
     misses = [(model.prefill_time_s(n, c), s) for n, c, s in prefill_held]
     misses += [(model.decode_time_s(b, c), s) for b, c, s in decode_held]
+    misses += [(model.step_time_s([(n, c)], b, cs), s) for n, c, b, cs, s in fused_held]
     err = max((abs(p - s) for p, s in misses), default=0.0)
     rel = max((abs(p - s) / s for p, s in misses if s > 0), default=0.0)
-    return StepCostModel(**{**asdict(model), "error_ms": err * 1e3, "rel_error": rel, **facts})
+    return StepCostModel(**{**asdict(model), "error_ms": err * 1e3, "rel_error": rel})
 
 
 # ---- measuring a real engine -----------------------------------------------------------------
@@ -133,12 +155,24 @@ PREFILL_FIT = ((16, 0), (64, 0), (192, 0), (64, 192))
 PREFILL_HELD = ((128, 0), (32, 96))
 DECODE_FIT = ((1, 32), (4, 32), (8, 32), (4, 256))
 DECODE_HELD = ((2, 128), (6, 64))
+# (chunk tokens, chunk context, decodes, context per decode): held-out fused mixed calls
+FUSED_HELD = ((16, 128, 2, 128), (48, 0, 4, 64))
 
 
 def calibrate(
-    engine: Any, block_pool: Any, block_size: int, max_num_tokens: int, max_batch_size: int, *, repeats: int = 2
+    engine: Any,
+    block_pool: Any,
+    block_size: int,
+    max_num_tokens: int,
+    max_batch_size: int,
+    *,
+    repeats: int = 2,
+    fused: bool = False,
 ) -> StepCostModel:
     """Time a few prefill and decode calls of ``engine`` and fit a :class:`StepCostModel`.
+
+    ``fused``: the runtime fuses mixed steps; a few fused calls (``FUSED_HELD``) are timed too
+    and count in the stated error.
 
     The calls write dummy KV into blocks taken from ``block_pool`` with ``allocate`` (so no
     block any request owns, and no cached block, is touched; cached ones are evicted) and given
@@ -156,12 +190,7 @@ def calibrate(
         return tuple(table[p // block_size] * block_size + p % block_size for p in range(start, start + n))
 
     def timed(call, batch) -> float:
-        best = float("inf")
-        for _ in range(repeats):
-            t = time.perf_counter()
-            call(batch)
-            best = min(best, time.perf_counter() - t)
-        return best
+        return _fastest_s(call, batch, repeats)
 
     def prefill(points):
         out = []
@@ -179,18 +208,39 @@ def calibrate(
             out.append((b, b * (c + 1), timed(engine.decode, DecodeBatch.from_scheduled(recs))))
         return out
 
+    def mixed(points):  # chunk in row 0, decodes in rows 1..b, one prefill call
+        out = []
+        for n, c, b, dc in points if fused else ():
+            b = min(b, max_b - 1)
+            rows = [ScheduledPrefill("cal", (1,) * n, c, tables[0], slots(tables[0], c, n), True)]
+            rows += [
+                ScheduledDecode(f"cal{i}", 1, dc, tables[i], slots(tables[i], dc, 1)[0]).as_prefill_chunk()
+                for i in range(1, b + 1)
+            ]
+            out.append((n, c, b, b * (dc + 1), timed(engine.prefill, PrefillBatch.from_scheduled(rows))))
+        return out
+
     try:
         timed(
             engine.prefill,
             PrefillBatch.from_scheduled([ScheduledPrefill("w", (1,) * 8, 0, tables[0], slots(tables[0], 0, 8), True)]),
         )  # warm-up
         model = fit(prefill(PREFILL_FIT), decode(DECODE_FIT))
-        held_p, held_d = prefill(PREFILL_HELD), decode(DECODE_HELD)
+        held_p, held_d, held_f = prefill(PREFILL_HELD), decode(DECODE_HELD), mixed(FUSED_HELD)
     finally:
         block_pool.free(ids)
-    return with_error(
-        model, held_p, held_d, host=platform.node(), calibration_s=round(time.perf_counter() - t_start, 3)
-    )
+    facts = {"host": platform.node(), "fused": fused, "calibration_s": round(time.perf_counter() - t_start, 3)}
+    return with_error(model, held_p, held_d, held_f, **facts)
+
+
+def _fastest_s(call: Any, batch: Any, repeats: int) -> float:
+    """The fastest of ``repeats`` timed ``call(batch)`` (seconds)."""
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        call(batch)
+        best = min(best, time.perf_counter() - t)
+    return best
 
 
 def _reserve_block_tables(block_pool: Any, block_size: int, max_b: int) -> tuple[list[int], list[tuple[int, ...]]]:
@@ -223,21 +273,23 @@ def load_or_calibrate(
     max_batch_size: int,
     num_threads: int | None,
     *,
+    fused: bool = False,
     log=None,
 ) -> StepCostModel:
-    """The artifact's ``step_cost.json`` when it was measured on this host with these threads;
-    else calibrate now and write it there (atomically; a read-only artifact just skips the write)."""
+    """The artifact's ``step_cost.json`` when it was measured on this host with these threads
+    (and the same ``fused``); else calibrate now and write it there (atomically; a read-only
+    artifact just skips the write)."""
     from trtpipe.runtime.manifest import atomic_write_text
 
     path = Path(artifact_dir) / STEP_COST_FILE
     if path.is_file():
         try:
             model = StepCostModel.from_json(path.read_text(encoding="utf-8"))
-            if model.host == platform.node() and model.num_threads == num_threads:
+            if model.host == platform.node() and model.num_threads == num_threads and model.fused == fused:
                 return model
         except (ValueError, KeyError, TypeError):
             pass  # unreadable or old: measure again
-    model = calibrate(engine, block_pool, block_size, max_num_tokens, max_batch_size)
+    model = calibrate(engine, block_pool, block_size, max_num_tokens, max_batch_size, fused=fused)
     model = StepCostModel(**{**asdict(model), "num_threads": num_threads})
     if log is not None:
         log(f"step-cost model measured in {model.calibration_s:.1f} s (error {model.error_ms:.1f} ms)")

@@ -121,6 +121,7 @@ def cpu_manifest(
             "shared_initializers": shared,
             "intra_op_num_threads": getattr(recipe.engine, "intra_op_num_threads", None),
             "ort_decode_graph": ort_decode_graph(recipe),
+            "ort_fused_steps": recipe.engine.ort_fused_steps,
         },
         build_info={
             "build_hash": build_hash(recipe),

@@ -123,7 +123,7 @@ def _gpu_target_issues(r: Recipe) -> list[Issue]:
                 "remove engine.intra_op_num_threads, or use target: cpu",
             )
         )
-    for key in ("ort_accuracy_level", "ort_float_zero_points", "ort_sessions"):
+    for key in ("ort_accuracy_level", "ort_float_zero_points", "ort_sessions", "ort_fused_steps"):
         if key in r.engine.model_fields_set:
             out.append(
                 Issue(

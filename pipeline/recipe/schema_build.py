@@ -191,6 +191,14 @@ class EngineSpec(Spec):
     Q4_1 artifact; peak 620 vs 794 MiB with the int8 form; TPOT within noise once ORT's
     memory-pattern planning is off for that session); needs the same precision in both phases.
     ``two`` loads the decode graph in its own session. ``auto`` = one when prefill and decode precisions are equal.
+    ``ort_fused_steps`` (cpu only): a step that carries prompt chunks and decode tokens runs them
+    in one call of the prefill graph (the decode tokens as trailing 1-token rows, which the graph
+    then sends through a decode attention path instead of padding them to the longest chunk), so
+    the weights are read once per mixed step. Measured on SmolLM2 (bench/fused_step.py, 2 cores,
+    interleaved): a mixed step 0.82-0.98x the two calls; but every decode-only step pays for the
+    graph's second, empty attention path (~1-2 ms, 6-10 %). On for budget-driven serving
+    (``scheduler.policy: slo`` with a TPOT budget, where mixed steps are what the budget limits),
+    off (the default) where decode-only TPOT matters most.
     """
 
     layout: Literal["split", "dual_profile"] = "split"
@@ -203,6 +211,7 @@ class EngineSpec(Spec):
     ort_accuracy_level: Literal[0, 4] = 4
     ort_float_zero_points: Literal["exact", "int8"] = "exact"
     ort_sessions: Literal["auto", "one", "two"] = "auto"
+    ort_fused_steps: bool = False
 
 
 TRT_ONLY_ENGINE_KEYS = (

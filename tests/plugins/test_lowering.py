@@ -48,8 +48,8 @@ def _pa_model(b: _Batch) -> onnx.ModelProto:
     return m
 
 
-def _run_lowered_in_place(b: _Batch, decode: bool = False):
-    m = lower_for_ort(_pa_model(b), decode=decode)
+def _run_lowered_in_place(b: _Batch, decode: bool = False, split_decode_rows: bool = True):
+    m = lower_for_ort(_pa_model(b), decode=decode, split_decode_rows=split_decode_rows)
     assert all(n.domain != "trtpipe" for n in m.graph.node)
     sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
     kc, vc = b.key_cache.copy(), b.value_cache.copy()
@@ -81,11 +81,23 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("W,BS,chunks", CASES)
-def test_ort_lowering_matches_naive_and_writes_in_place(W, BS, chunks):
+# Mixed prefill calls (issue 12: a step's decodes ride in its prefill call as 1-token rows): the
+# trailing 1-token rows take the decode path; a 1-token row before a longer one stays padded.
+MIXED_CASES = [
+    pytest.param(0, 4, [(0, 6), (9, 1), (3, 1)], id="chunk-then-two-decodes"),
+    pytest.param(3, 4, [(5, 1), (0, 6), (9, 1)], id="one-token-row-before-a-chunk-window"),
+    pytest.param(0, 4, [(2, 1), (11, 1), (0, 1)], id="only-one-token-rows"),
+    pytest.param(2, 4, [(4, 3), (0, 5)], id="no-one-token-rows-window"),
+    pytest.param(0, 4, [(6, 3), (3, 0), (12, 1)], id="empty-row-then-decode"),
+]
+
+
+@pytest.mark.parametrize("split_decode_rows", [True, False], ids=["split", "padded"])
+@pytest.mark.parametrize("W,BS,chunks", CASES + MIXED_CASES)
+def test_ort_lowering_matches_naive_and_writes_in_place(W, BS, chunks, split_decode_rows):
     rng = np.random.default_rng(BS * 100 + W)
     b = _Batch(rng, H=6, KVH=2, D=8, BS=BS, NB=16, MB=8, chunks=chunks, W=W)
-    out, kc, vc = _run_lowered_in_place(b)
+    out, kc, vc = _run_lowered_in_place(b, split_decode_rows=split_decode_rows)
     np.testing.assert_allclose(out, b.expected(), rtol=1e-5, atol=1e-5)
     _, kc_ref, vc_ref = b.run()
     np.testing.assert_array_equal(kc, kc_ref)  # written in place, exactly at slot_mapping

@@ -52,6 +52,26 @@ def test_chunk_sizes_by_hand():
         SloChunkPolicy(COST, 0, 16, 512)
 
 
+def test_fused_step_pays_one_intercept_and_gets_bigger_chunks_by_hand():
+    fused = StepCostModel(prefill_s=COST.prefill_s, decode_s=COST.decode_s, fused=True)
+    # two calls: 2 + 32 (prefill) + 5 + 2 (decode 2) = 41 ms; one call: 2 + 32 + 2 = 36 ms
+    assert COST.step_time_s([(32, 0)], 2, 200) * 1e3 == pytest.approx(41.0)
+    assert fused.step_time_s([(32, 0)], 2, 200) * 1e3 == pytest.approx(36.0)
+    # either phase alone is the same call in both models
+    assert fused.step_time_s([], 2, 200) == COST.step_time_s([], 2, 200) == pytest.approx(0.007)
+    assert fused.step_time_s([(32, 0)], 0, 0) == COST.step_time_s([(32, 0)], 0, 0) == pytest.approx(0.034)
+    # 50 ms budget, 2 decodes: 2 + n + 2 <= 50 -> n <= 46 -> 2 blocks (32); 4 decodes: n <= 44 -> 32;
+    # 100 ms, 2 decodes: n <= 96 -> 96 (two calls: 2 + n + 7 <= 100 -> n <= 91 -> 80)
+    assert SloChunkPolicy(fused, 50, 16, 512).max_prefill_tokens(2, 200) == 32
+    assert SloChunkPolicy(fused, 100, 16, 512).max_prefill_tokens(2, 200) == 96
+    assert SloChunkPolicy(COST, 100, 16, 512).max_prefill_tokens(2, 200) == 80
+    assert "one call per mixed step" in SloChunkPolicy(fused, 50, 16, 512).describe(8)
+    # held-out fused calls count in the stated error: 1 ms slower than predicted
+    held = with_error(fused, [], [], [(32, 0, 2, 200, 0.037)])
+    assert held.error_ms == pytest.approx(1.0) and held.fused
+    assert StepCostModel.from_json(held.to_json()) == held
+
+
 def test_scheduler_caps_prefill_while_decodes_run_and_not_otherwise():
     pool = BlockPool(200)
     kv = KVCacheManager(pool, 16)
