@@ -82,12 +82,14 @@ def not_an_artifact_dir(folder: str | Path) -> ArtifactError:
     return not_an_artifact_error(folder, artifact_dir_fix)
 
 
-def missing_artifact_error(recipe: Recipe, art: Path, extra_fix: str = "") -> ArtifactError:
-    """The "nothing built here" error: the absolute folder looked in and how the root is chosen."""
+def missing_artifact_error(recipe: Recipe, art: Path) -> ArtifactError:
+    """The "nothing built here" error of every deploy-side command: the absolute folder looked
+    in, how the root is chosen, and the three fixes (build, point the root, pass the artifact
+    folder the way the running command takes it: :func:`artifact_dir_fix`)."""
     return ArtifactError(
         f"no artifact for recipe {recipe.name!r} in {art.resolve()} (artifacts root: {ROOT_SOURCES}). "
         f"Fix: run `trtpipe build {recipe.origin}` first, or point --artifacts / ${ARTIFACTS_ENV} "
-        f"at the folder it was built in{extra_fix}."
+        f"at the folder it was built in, or pass the artifact folder: {artifact_dir_fix()}."
     )
 
 
@@ -113,14 +115,14 @@ def check_artifact_matches_recipe(manifest: Manifest, recipe: Recipe, artifact_d
         )
 
 
-def artifact_for_recipe(recipe: Recipe, artifact_root: str | Path, extra_fix: str = "") -> Path:
+def artifact_for_recipe(recipe: Recipe, artifact_root: str | Path) -> Path:
     """``<root>/<recipe>/<target>``, checked to exist and to be built from ``recipe``."""
     from trtpipe.pipeline.build import artifact_dir_for
     from trtpipe.runtime.manifest import MANIFEST_NAME, load_manifest
 
     art = artifact_dir_for(recipe, artifact_root)
     if not (art / MANIFEST_NAME).is_file():
-        raise missing_artifact_error(recipe, art, extra_fix)
+        raise missing_artifact_error(recipe, art)
     check_artifact_matches_recipe(load_manifest(art, verify_hashes=False), recipe, art)
     return art
 

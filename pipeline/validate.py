@@ -317,7 +317,7 @@ def _open_artifact(
     if not (art / "manifest.json").is_file():
         if artifact_dir is not None:
             raise not_an_artifact_dir(art)
-        raise missing_artifact_error(r, art, extra_fix=", or pass --artifact DIR")
+        raise missing_artifact_error(r, art)
     manifest = load_manifest(art, verify_hashes=False)
     check_artifact_matches_recipe(manifest, r, art)
     return art, load_golden(manifest)

@@ -66,3 +66,23 @@ def test_load_manifest_outside_the_cli_says_pass_the_folder(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ArtifactError, match=r"not a trtpipe artifact \(no manifest.json\). Fix: run `trtpipe build"):
         load_manifest(tmp_path / "empty")
+
+
+@pytest.mark.parametrize(
+    "argv, fix",
+    [
+        (["info", RECIPE], "`trtpipe info DIR`"),
+        (["generate", RECIPE, "hi"], "`trtpipe generate DIR ...`"),
+        (["chat", RECIPE], "`trtpipe chat DIR`"),
+        (["serve", RECIPE], "`trtpipe serve DIR`"),
+        (["validate", RECIPE], f"`trtpipe validate {RECIPE} --artifact DIR`"),
+    ],
+)
+def test_missing_artifact_gives_every_command_the_same_three_fixes(tmp_path, argv, fix):
+    code, out = _run(*argv, "--artifacts", tmp_path)
+    assert code == 2
+    assert f"no artifact for recipe '{RECIPE}' in {tmp_path}/{RECIPE}/cpu" in out
+    assert (
+        f"recipes/{RECIPE}.yaml` first, or point --artifacts / $TRTPIPE_ARTIFACTS at the folder it was "
+        f"built in, or pass the artifact folder: {fix}." in out
+    )
