@@ -281,14 +281,32 @@ def _encode_chat(eng: EngineLoop, req: GenerationRequest) -> list[int]:
 
 
 def _max_new_tokens(eng: EngineLoop, req: GenerationRequest, ids: list[int]) -> int:
-    """``max_tokens`` or, when unset (chat), everything up to max_seq_len. 400 when the prompt
-    leaves no room."""
+    """``max_tokens``, or when unset everything up to max_seq_len (chat) or OpenAI's default 16
+    capped to what fits (completions, as vLLM does). 400 ``context_length_exceeded`` when the
+    prompt leaves no room, or when the client's max_tokens does not fit beside the prompt (vLLM's
+    and OpenAI's refusal, naming the field, the value and the most that fits)."""
     max_len = eng.llm.manifest.limits["max_seq_len"]
     field_name = "messages" if req.kind == "chat" else "prompt"
     too_long = prompt_length_error(len(ids), max_len)
     if too_long is not None:
         raise ServeError(400, f"{field_name}: the {too_long}", param=field_name, code="context_length_exceeded")
-    return req.max_tokens if req.max_tokens is not None else max_len - len(ids)
+    room = max_len - len(ids)
+    if req.max_tokens is None:
+        return room
+    if req.max_tokens <= room or req.max_tokens_param is None:
+        return min(req.max_tokens, room)
+    param = req.max_tokens_param
+    drop = f", or drop {param} (chat then generates up to the context length)" if req.kind == "chat" else ""
+    shorter = "shorter messages" if req.kind == "chat" else "a shorter prompt"
+    raise ServeError(
+        400,
+        f"{param} = {req.max_tokens}: this model's maximum context length is {max_len} tokens. However, "
+        f"you requested {len(ids) + req.max_tokens} tokens ({len(ids)} in the {field_name}, "
+        f"{req.max_tokens} in the completion); expected {param} <= {room}. Fix: send {param} <= {room}, "
+        f"or {shorter}{drop}.",
+        param=param,
+        code="context_length_exceeded",
+    )
 
 
 async def _stream(eng: EngineLoop, rid: str, events: asyncio.Queue, b: ResponseBuilder) -> AsyncIterator[bytes]:
