@@ -253,6 +253,19 @@ def _parse_sampling(doc: dict) -> dict:
     )
 
 
+def parse_add_special_tokens(doc: dict) -> bool:
+    """``add_special_tokens`` of ``POST /tokenize`` (vLLM's field): a JSON boolean, default true.
+    Strict: the string "false" is a 400, not a truthy value."""
+    return _get(
+        doc,
+        "add_special_tokens",
+        True,
+        lambda v: isinstance(v, bool),
+        "true or false",
+        'send a JSON boolean (false, not "false")',
+    )
+
+
 def _common(doc: dict, served_models: tuple[str, ...]) -> dict:
     """Fields shared by completions and chat (model, sampling, stream, refusals)."""
     model = _parse_model(doc, served_models)
@@ -348,4 +361,12 @@ def parse_chat(doc: dict, served_models: tuple[str, ...]) -> GenerationRequest:
     return GenerationRequest(kind="chat", prompt="", messages=tuple(out), **common)
 
 
-__all__ = ["ServeError", "GenerationRequest", "bad_field", "parse_json_body", "parse_completion", "parse_chat"]
+__all__ = [
+    "ServeError",
+    "GenerationRequest",
+    "bad_field",
+    "parse_add_special_tokens",
+    "parse_json_body",
+    "parse_completion",
+    "parse_chat",
+]

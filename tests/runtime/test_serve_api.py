@@ -317,6 +317,22 @@ def test_max_tokens_past_the_context_is_a_400_like_vllm(client):
         assert (r.usage.completion_tokens, r.choices[0].finish_reason) == (3, "length"), kw
 
 
+@pytest.mark.parametrize("body", [{"prompt": "hi"}, {"messages": [{"role": "user", "content": "hi"}]}])
+def test_tokenize_add_special_tokens_must_be_a_json_boolean(server, body):
+    """The string "false" is not false (it is truthy): a 400 naming the field, as every other boolean."""
+    with httpx.Client(timeout=30) as h:
+        r = h.post(server.url + "/tokenize", json={**body, "add_special_tokens": "false"})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"] == {
+            "message": "add_special_tokens = 'false': expected true or false. Fix: send a JSON boolean (false, "
+            'not "false").',
+            "type": "invalid_request_error",
+            "param": "add_special_tokens",
+            "code": None,
+        }
+        assert h.post(server.url + "/tokenize", json={**body, "add_special_tokens": False}).status_code == 200
+
+
 def test_models_tokenize_detokenize_health(server):
     with httpx.Client(timeout=30) as h:
         models = h.get(server.url + "/v1/models").json()
