@@ -52,12 +52,44 @@ def load_recipe_for_deploy(recipe: str) -> Recipe:
     return load_recipe(resolve_recipe_path(recipe), check_files=False)
 
 
-def missing_artifact_error(recipe: Recipe, art: Path, extra_fix: str = "") -> ArtifactError:
-    """The "nothing built here" error: the absolute folder looked in and how the root is chosen."""
+def artifact_dir_fix(path: str | Path = "DIR") -> str:
+    """How the running command takes an artifact folder, worded as a fix: ``trtpipe info DIR``,
+    ``trtpipe generate DIR ...`` (RECIPE_OR_ARTIFACT commands), ``trtpipe validate RECIPE
+    --artifact DIR``; "pass DIR" outside a click command."""
+    import shlex
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return f"pass {path}"
+    names, c = [], ctx
+    while c.parent is not None:  # the subcommand path under the root group, whatever argv[0] was
+        names.append(c.info_name or "")
+        c = c.parent
+    cmd = " ".join(["trtpipe", *reversed(names)]) if names else "trtpipe"
+    params = {p.name: p for p in ctx.command.params}
+    if "artifact_dir" in params:
+        recipe = ctx.params.get("recipe") or "RECIPE"
+        return f"`{cmd} {shlex.quote(str(recipe))} --artifact {shlex.quote(str(path))}`"
+    more = any(isinstance(p, click.Argument) and n != "recipe_or_artifact" for n, p in params.items())
+    return f"`{cmd} {shlex.quote(str(path))}{' ...' if more else ''}`"
+
+
+def not_an_artifact_dir(folder: str | Path) -> ArtifactError:
+    """:func:`~trtpipe.runtime.manifest.not_an_artifact_error` with the fix worded for the running
+    command (the built folder below ``folder`` passed the way this command takes it)."""
+    from trtpipe.runtime.manifest import not_an_artifact_error
+
+    return not_an_artifact_error(folder, artifact_dir_fix)
+
+
+def missing_artifact_error(recipe: Recipe, art: Path) -> ArtifactError:
+    """The "nothing built here" error of every deploy-side command: the absolute folder looked
+    in, how the root is chosen, and the three fixes (build, point the root, pass the artifact
+    folder the way the running command takes it: :func:`artifact_dir_fix`)."""
     return ArtifactError(
         f"no artifact for recipe {recipe.name!r} in {art.resolve()} (artifacts root: {ROOT_SOURCES}). "
         f"Fix: run `trtpipe build {recipe.origin}` first, or point --artifacts / ${ARTIFACTS_ENV} "
-        f"at the folder it was built in{extra_fix}."
+        f"at the folder it was built in, or pass the artifact folder: {artifact_dir_fix()}."
     )
 
 
@@ -83,14 +115,14 @@ def check_artifact_matches_recipe(manifest: Manifest, recipe: Recipe, artifact_d
         )
 
 
-def artifact_for_recipe(recipe: Recipe, artifact_root: str | Path, extra_fix: str = "") -> Path:
+def artifact_for_recipe(recipe: Recipe, artifact_root: str | Path) -> Path:
     """``<root>/<recipe>/<target>``, checked to exist and to be built from ``recipe``."""
     from trtpipe.pipeline.build import artifact_dir_for
     from trtpipe.runtime.manifest import MANIFEST_NAME, load_manifest
 
     art = artifact_dir_for(recipe, artifact_root)
     if not (art / MANIFEST_NAME).is_file():
-        raise missing_artifact_error(recipe, art, extra_fix)
+        raise missing_artifact_error(recipe, art)
     check_artifact_matches_recipe(load_manifest(art, verify_hashes=False), recipe, art)
     return art
 
@@ -110,10 +142,7 @@ def resolve_artifact(recipe_or_artifact: str, artifact_root: str | Path = DEFAUL
         recipe = load_recipe_for_deploy(recipe_or_artifact)
     except TrtpipeError:
         if p.is_dir():
-            raise ArtifactError(
-                f"{p.resolve()} is not a trtpipe artifact (no manifest.json). Fix: run "
-                "`trtpipe build RECIPE` and pass the recipe or the directory it prints."
-            ) from None
+            raise not_an_artifact_dir(p) from None
         raise
     return artifact_for_recipe(recipe, artifact_root)
 
@@ -122,8 +151,10 @@ __all__ = [
     "ARTIFACTS_ENV",
     "artifact_for_recipe",
     "check_artifact_matches_recipe",
+    "artifact_dir_fix",
     "artifacts_option",
     "load_recipe_for_deploy",
     "missing_artifact_error",
+    "not_an_artifact_dir",
     "resolve_artifact",
 ]

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trtpipe.pipeline.cli_artifact import check_artifact_matches_recipe, missing_artifact_error
+from trtpipe.pipeline.cli_artifact import check_artifact_matches_recipe, missing_artifact_error, not_an_artifact_dir
 from trtpipe.pipeline.recipe import (
     Recipe,
     Scenario,
@@ -314,8 +314,10 @@ def _open_artifact(
     from trtpipe.runtime.manifest import load_manifest
 
     art = Path(artifact_dir) if artifact_dir is not None else artifact_dir_for(r, artifact_root)
-    if artifact_dir is None and not (art / "manifest.json").is_file():
-        raise missing_artifact_error(r, art, extra_fix=", or pass --artifact DIR")
+    if not (art / "manifest.json").is_file():
+        if artifact_dir is not None:
+            raise not_an_artifact_dir(art)
+        raise missing_artifact_error(r, art)
     manifest = load_manifest(art, verify_hashes=False)
     check_artifact_matches_recipe(manifest, r, art)
     return art, load_golden(manifest)

@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -208,6 +209,36 @@ def current_fingerprint(backend: str) -> dict[str, Any]:
     return fp
 
 
+def not_an_artifact_error(folder: str | Path, fix_for: Callable[[str], str] | None = None) -> ArtifactError:
+    """The error for a folder without ``manifest.json``, with the folder to pass instead when
+    artifacts were built below it: a recipe folder ``<root>/<recipe>/`` holds ``<target>/``
+    artifacts, the artifacts root holds ``<recipe>/<target>/``.
+
+    ``fix_for(path)`` words the fix for the caller (the CLI: ``trtpipe info <path>``); default
+    "pass <path> instead". A folder that does not exist is said to not exist.
+    """
+    root = Path(folder)
+    if not root.exists():
+        return ArtifactError(
+            f"{root} does not exist. Fix: check the path, or run `trtpipe build RECIPE` first and pass "
+            "the artifact directory it prints."
+        )
+    fix_for = fix_for or (lambda path: f"pass {path} instead")
+    below = sorted({p.parent for pat in ("*/", "*/*/") for p in root.glob(pat + MANIFEST_NAME)})
+    if not below:
+        return ArtifactError(
+            f"{root} is not a trtpipe artifact (no {MANIFEST_NAME}). Fix: run `trtpipe build RECIPE` first, "
+            "or pass the artifact directory it printed."
+        )
+    names = ", ".join(p.relative_to(root).as_posix() for p in below)
+    what = "built targets" if below[0].parent == root else "built artifacts (<recipe>/<target>)"
+    others = " (or another of them)" if len(below) > 1 else ""
+    return ArtifactError(
+        f"{root} is not a trtpipe artifact (no {MANIFEST_NAME}); it holds {what}: {names}. "
+        f"Fix: {fix_for(below[0].as_posix())}{others}."
+    )
+
+
 def load_manifest(artifact_dir: str | Path, *, verify_hashes: bool = True) -> Manifest:
     """Read and check ``artifact_dir/manifest.json``.
 
@@ -219,10 +250,7 @@ def load_manifest(artifact_dir: str | Path, *, verify_hashes: bool = True) -> Ma
     root = Path(artifact_dir)
     mpath = root / MANIFEST_NAME
     if not mpath.is_file():
-        raise ArtifactError(
-            f"{root} is not a trtpipe artifact (no {MANIFEST_NAME}). Fix: run `trtpipe build RECIPE` first, "
-            "or pass the artifact directory it printed."
-        )
+        raise not_an_artifact_error(root)
     try:
         m = Manifest.from_json(mpath.read_text(encoding="utf-8"), root=root)
     except (KeyError, ValueError, TypeError) as e:

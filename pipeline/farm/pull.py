@@ -46,13 +46,14 @@ def pull(
 ) -> PullResult:
     """Fetch ``recipe``/``target`` (``latest`` unless ``build_hash``) from the store into ``dest``.
 
-    Raises :class:`StoreError` (nothing published, unreadable or corrupted store copy) or the
+    Raises :class:`StoreError` (no such store, nothing published, unreadable or corrupted store copy) or the
     runtime's ``ArtifactError`` (the artifact does not fit this device: the message says what
     differs). On any error ``dest`` is left as it was.
     """
     from trtpipe.runtime.manifest import load_manifest
 
     store = ArtifactStore(store_url)
+    store.require_exists(recipe)
     stored = store.lookup(recipe, target, build_hash) if build_hash else store.latest(recipe, target)
     if stored is None:
         have = ", ".join(f"{r}/{t}" for r, t in store.published()) or "nothing"

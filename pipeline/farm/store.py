@@ -94,6 +94,19 @@ class ArtifactStore:
         return self.fs.unstrip_protocol(path) if "://" in self.url else path
 
     # ---------------------------------------------------------------------------------- reads
+    def require_exists(self, recipe: str = "RECIPE") -> None:
+        """Raise :class:`StoreError` when the store's folder does not exist, so that a reader given
+        a wrong path is told so instead of reading an empty store. (Writers create it.)"""
+        try:
+            there = self.fs.exists(self.root)
+        except OSError as e:
+            raise StoreError(f"store {self.url}: cannot be read ({e}). Fix: check the path or URL.") from e
+        if not there:
+            raise StoreError(
+                f"store {self.url} does not exist (no such folder). Fix: check the path (--store or "
+                f"$TRTPIPE_STORE), or publish to it first: `trtpipe farm build {recipe} --store {self.url}`."
+            )
+
     def lookup(self, recipe: str, target: str, build_hash: str) -> StoredArtifact | None:
         """The published artifact with this build hash, or None (absent or never committed)."""
         rec = posixpath.join(self.cell_path(recipe, target, build_hash), RECORD_NAME)

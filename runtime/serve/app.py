@@ -33,6 +33,7 @@ from trtpipe.runtime.serve.protocol import (
     GenerationRequest,
     ServeError,
     bad_field,
+    parse_add_special_tokens,
     parse_chat,
     parse_completion,
     parse_json_body,
@@ -168,13 +169,15 @@ def _add_token_routes(app: FastAPI, state: ServeState, guards: _Guards) -> None:
         guards.check_auth(request)
         eng = guards.engine_or_503()
         doc = parse_json_body(await request.body())
+        add_special_tokens = parse_add_special_tokens(doc)
         if "messages" in doc:
-            ids = _encode_chat(eng, parse_chat({**doc, "model": state.model_name}, (state.model_name,)))
+            chat = parse_chat({**doc, "model": state.model_name}, (state.model_name,))
+            ids = _encode_chat(eng, chat, add_special_tokens=add_special_tokens)
         else:
             prompt = doc.get("prompt")
             if not isinstance(prompt, str):
                 raise bad_field("prompt", prompt, "a string", 'send {"prompt": "text"}')
-            ids = eng.llm.tokenizer.encode(prompt, add_special_tokens=bool(doc.get("add_special_tokens", True)))
+            ids = eng.llm.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
         return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": eng.llm.manifest.limits["max_seq_len"]})
 
     @app.post("/detokenize")
@@ -262,9 +265,10 @@ def _encode_prompt(eng: EngineLoop, req: GenerationRequest) -> list[int]:
     return eng.llm.encode_prompt(req.prompt)
 
 
-def _encode_chat(eng: EngineLoop, req: GenerationRequest) -> list[int]:
+def _encode_chat(eng: EngineLoop, req: GenerationRequest, *, add_special_tokens: bool = True) -> list[int]:
     """The chat template of the model applied to ``messages``, tokenized as ``LLM.encode_prompt``
-    does for ``chat=True`` (so a chat request equals ``LLM.generate(..., chat=True)``)."""
+    does for ``chat=True`` (so a chat request equals ``LLM.generate(..., chat=True)``);
+    ``add_special_tokens`` is /tokenize's field (generation always adds them)."""
     tpl = eng.llm.manifest.model.chat_template
     if not tpl:
         raise ServeError(
@@ -277,18 +281,36 @@ def _encode_chat(eng: EngineLoop, req: GenerationRequest) -> list[int]:
         text = render_chat(tpl, [dict(m) for m in req.messages or ()])
     except TrtpipeError as e:
         raise ServeError(400, str(e), param="messages") from None
-    return eng.llm.tokenizer.encode(text, add_special_tokens=True)
+    return eng.llm.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
 def _max_new_tokens(eng: EngineLoop, req: GenerationRequest, ids: list[int]) -> int:
-    """``max_tokens`` or, when unset (chat), everything up to max_seq_len. 400 when the prompt
-    leaves no room."""
+    """``max_tokens``, or when unset everything up to max_seq_len (chat) or OpenAI's default 16
+    capped to what fits (completions, as vLLM does). 400 ``context_length_exceeded`` when the
+    prompt leaves no room, or when the client's max_tokens does not fit beside the prompt (vLLM's
+    and OpenAI's refusal, naming the field, the value and the most that fits)."""
     max_len = eng.llm.manifest.limits["max_seq_len"]
     field_name = "messages" if req.kind == "chat" else "prompt"
     too_long = prompt_length_error(len(ids), max_len)
     if too_long is not None:
         raise ServeError(400, f"{field_name}: the {too_long}", param=field_name, code="context_length_exceeded")
-    return req.max_tokens if req.max_tokens is not None else max_len - len(ids)
+    room = max_len - len(ids)
+    if req.max_tokens is None:
+        return room
+    if req.max_tokens <= room or req.max_tokens_param is None:
+        return min(req.max_tokens, room)
+    param = req.max_tokens_param
+    drop = f", or drop {param} (chat then generates up to the context length)" if req.kind == "chat" else ""
+    shorter = "shorter messages" if req.kind == "chat" else "a shorter prompt"
+    raise ServeError(
+        400,
+        f"{param} = {req.max_tokens}: this model's maximum context length is {max_len} tokens. However, "
+        f"you requested {len(ids) + req.max_tokens} tokens ({len(ids)} in the {field_name}, "
+        f"{req.max_tokens} in the completion); expected {param} <= {room}. Fix: send {param} <= {room}, "
+        f"or {shorter}{drop}.",
+        param=param,
+        code="context_length_exceeded",
+    )
 
 
 async def _stream(eng: EngineLoop, rid: str, events: asyncio.Queue, b: ResponseBuilder) -> AsyncIterator[bytes]:

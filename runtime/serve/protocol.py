@@ -83,6 +83,7 @@ class GenerationRequest:
     include_usage: bool
     return_token_ids: bool
     cache_salt: str | None = None  # vLLM's field: only requests with the same salt share prefix-cache blocks
+    max_tokens_param: str | None = None  # the field the client set max_tokens with; None: OpenAI's default
 
     def sampling_params(self, max_new_tokens: int) -> SamplingParams:
         return SamplingParams(
@@ -211,12 +212,14 @@ def _parse_model(doc: dict, served_models: tuple[str, ...]) -> str:
     return model
 
 
-def _parse_max_tokens(doc: dict) -> int | None:
-    """``max_completion_tokens`` (preferred) or its alias ``max_tokens``; None = up to the limit."""
+def _parse_max_tokens(doc: dict) -> tuple[int | None, str | None]:
+    """``max_completion_tokens`` (preferred) or its alias ``max_tokens``, and which one was sent;
+    (None, None) = not sent. Whether it fits the context is checked once the prompt is tokenized."""
     for alias in ("max_completion_tokens", "max_tokens"):
         if doc.get(alias) is not None:
-            return _get(doc, alias, None, lambda v: _is_int(v) and v > 0, "an int > 0", f"send e.g. {alias}: 64")
-    return None
+            value = _get(doc, alias, None, lambda v: _is_int(v) and v > 0, "an int > 0", f"send e.g. {alias}: 64")
+            return value, alias
+    return None, None
 
 
 def _parse_sampling(doc: dict) -> dict:
@@ -250,6 +253,19 @@ def _parse_sampling(doc: dict) -> dict:
     )
 
 
+def parse_add_special_tokens(doc: dict) -> bool:
+    """``add_special_tokens`` of ``POST /tokenize`` (vLLM's field): a JSON boolean, default true.
+    Strict: the string "false" is a 400, not a truthy value."""
+    return _get(
+        doc,
+        "add_special_tokens",
+        True,
+        lambda v: isinstance(v, bool),
+        "true or false",
+        'send a JSON boolean (false, not "false")',
+    )
+
+
 def _common(doc: dict, served_models: tuple[str, ...]) -> dict:
     """Fields shared by completions and chat (model, sampling, stream, refusals)."""
     model = _parse_model(doc, served_models)
@@ -257,10 +273,11 @@ def _common(doc: dict, served_models: tuple[str, ...]) -> dict:
     stop = _parse_stop(doc)
     stream, opts = _parse_stream(doc)
     sampling = _parse_sampling(doc)
-    max_tokens = _parse_max_tokens(doc)
+    max_tokens, max_tokens_param = _parse_max_tokens(doc)
     return dict(
         model=model,
         max_tokens=max_tokens,
+        max_tokens_param=max_tokens_param,
         **sampling,
         stop=stop,
         ignore_eos=_get(
@@ -344,4 +361,12 @@ def parse_chat(doc: dict, served_models: tuple[str, ...]) -> GenerationRequest:
     return GenerationRequest(kind="chat", prompt="", messages=tuple(out), **common)
 
 
-__all__ = ["ServeError", "GenerationRequest", "bad_field", "parse_json_body", "parse_completion", "parse_chat"]
+__all__ = [
+    "ServeError",
+    "GenerationRequest",
+    "bad_field",
+    "parse_add_special_tokens",
+    "parse_json_body",
+    "parse_completion",
+    "parse_chat",
+]

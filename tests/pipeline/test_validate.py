@@ -208,7 +208,7 @@ def test_cli_missing_artifact_is_usage_error(tmp_path):
     assert "no artifact for recipe 'smollm2-135m-cpu'" in res.output and "trtpipe build" in res.output
     res = invoke("smollm2-135m-cpu", "--artifact", tmp_path / "nothing")
     assert res.exit_code == 2
-    assert "not a trtpipe artifact" in res.output
+    assert "nothing does not exist. Fix: check the path" in " ".join(res.output.split())
 
 
 def test_cli_bad_recipe_is_usage_error(tmp_path):

@@ -283,6 +283,56 @@ def test_bad_input_table(server):
     assert server.metrics()['trtpipe:requests_rejected_total{reason="bad_request"}'] >= len(BAD_INPUTS)
 
 
+def test_max_tokens_past_the_context_is_a_400_like_vllm(client):
+    """max_tokens that does not fit max_seq_len - prompt is refused as vLLM and OpenAI do ("This
+    model's maximum context length is N tokens. However, you requested M tokens ..."), naming the
+    field, the value, the limit and the fix; not capped silently. Exactly the room is accepted, and
+    OpenAI's implicit completions default (16) is capped to the room (the client asked nothing)."""
+    max_len = client.models.list().data[0].to_dict()["max_model_len"]
+    prompt_ids = [504] * (max_len - 3)  # room for exactly 3 output tokens
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt=prompt_ids, max_tokens=4)
+    assert (e.value.status_code, e.value.param, e.value.code) == (400, "max_tokens", "context_length_exceeded")
+    assert e.value.body["message"] == (
+        f"max_tokens = 4: this model's maximum context length is {max_len} tokens. However, you "
+        f"requested {max_len + 1} tokens ({max_len - 3} in the prompt, 4 in the completion); expected "
+        "max_tokens <= 3. Fix: send max_tokens <= 3, or a shorter prompt."
+    )
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": FRANCE_PROMPT}], max_completion_tokens=100_000
+        )
+    assert e.value.param == "max_completion_tokens"
+    assert e.value.body["message"] == (
+        f"max_completion_tokens = 100000: this model's maximum context length is {max_len} tokens. "
+        f"However, you requested {100_000 + 37} tokens (37 in the messages, 100000 in the completion); "
+        f"expected max_completion_tokens <= {max_len - 37}. Fix: send max_completion_tokens <= "
+        f"{max_len - 37}, or shorter messages, or drop max_completion_tokens (chat then generates up to "
+        "the context length)."
+    )
+    for kw in ({"max_tokens": 3}, {}):
+        r = client.completions.create(
+            model=MODEL, prompt=prompt_ids, temperature=0, extra_body={"ignore_eos": True}, **kw
+        )
+        assert (r.usage.completion_tokens, r.choices[0].finish_reason) == (3, "length"), kw
+
+
+@pytest.mark.parametrize("body", [{"prompt": "hi"}, {"messages": [{"role": "user", "content": "hi"}]}])
+def test_tokenize_add_special_tokens_must_be_a_json_boolean(server, body):
+    """The string "false" is not false (it is truthy): a 400 naming the field, as every other boolean."""
+    with httpx.Client(timeout=30) as h:
+        r = h.post(server.url + "/tokenize", json={**body, "add_special_tokens": "false"})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"] == {
+            "message": "add_special_tokens = 'false': expected true or false. Fix: send a JSON boolean (false, "
+            'not "false").',
+            "type": "invalid_request_error",
+            "param": "add_special_tokens",
+            "code": None,
+        }
+        assert h.post(server.url + "/tokenize", json={**body, "add_special_tokens": False}).status_code == 200
+
+
 def test_models_tokenize_detokenize_health(server):
     with httpx.Client(timeout=30) as h:
         models = h.get(server.url + "/v1/models").json()

@@ -195,7 +195,7 @@ def test_sigterm_during_load_exits_zero(default_artifact):
             async with httpx.AsyncClient(timeout=60) as h:
                 tasks = [asyncio.ensure_future(stream(h, 4)) for _ in range(3)]  # admitted first
                 await asyncio.sleep(0.3)
-                tasks += [asyncio.ensure_future(stream(h, 3000)) for _ in range(9)]
+                tasks += [asyncio.ensure_future(stream(h, 2000)) for _ in range(9)]  # fits max_seq_len 2048
                 await asyncio.sleep(1.5)
                 t = time.monotonic()
                 server.proc.send_signal(signal.SIGTERM)

@@ -205,3 +205,19 @@ def test_pull_of_nothing_names_what_the_store_has(tmp_path):
     store.publish(_fake_artifact(tmp_path / "a"), recipe="r", target="cpu", build_hash="h1")
     with pytest.raises(StoreError, match=r"no published smollm2-135m-cpu/a100 \(it has: r/cpu\)"):
         pull(str(tmp_path / "store"), CPU_RECIPE, "a100", tmp_path / "dest", log=lambda s: None)
+
+
+@pytest.mark.parametrize("kind", ["local", "memory"])
+def test_pull_from_a_store_that_does_not_exist_says_so(tmp_path, kind):
+    """A wrong --store path is not an empty store: the message says the folder does not exist and
+    gives both fixes; nothing is created at the store or the destination."""
+    from trtpipe.pipeline.farm.pull import pull
+
+    url = str(tmp_path / "no-such-store") if kind == "local" else f"memory://no-such-store-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(StoreError) as e:
+        pull(url, CPU_RECIPE, "cpu", tmp_path / "dest", log=lambda s: None)
+    assert str(e.value) == (
+        f"store {url} does not exist (no such folder). Fix: check the path (--store or $TRTPIPE_STORE), "
+        f"or publish to it first: `trtpipe farm build {CPU_RECIPE} --store {url}`."
+    )
+    assert not (tmp_path / "dest").exists() and not (tmp_path / "no-such-store").exists()

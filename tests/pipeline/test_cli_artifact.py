@@ -1,0 +1,88 @@
+"""How the deploy-side commands (info, generate, chat, serve, validate) find an artifact, and what
+they say when the folder given is not one: the built folder below it, passed the way that command
+takes it. Fast: only the presence of manifest.json matters before the error, so the artifacts
+here are empty folders with an empty manifest.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from trtpipe.pipeline.cli import main
+from trtpipe.runtime.errors import ArtifactError
+
+RECIPE = "smollm2-135m-cpu"
+
+
+def _built(root: Path, *targets: str) -> Path:
+    """``root/<recipe>/<target>/manifest.json`` for each target; returns the recipe folder."""
+    for t in targets:
+        (root / RECIPE / t).mkdir(parents=True)
+        (root / RECIPE / t / "manifest.json").write_text("{}")
+    return root / RECIPE
+
+
+def _run(*args) -> tuple[int, str]:
+    res = CliRunner().invoke(main, [str(a) for a in args])
+    return res.exit_code, " ".join(res.output.split())  # rich/click may wrap long lines
+
+
+@pytest.mark.parametrize(
+    "argv, fix",
+    [
+        (["info", "{d}"], "`trtpipe info {d}/cpu`"),
+        (["generate", "{d}", "hi"], "`trtpipe generate {d}/cpu ...`"),
+        (["chat", "{d}"], "`trtpipe chat {d}/cpu`"),
+        (["serve", "{d}"], "`trtpipe serve {d}/cpu`"),
+        (["validate", RECIPE, "--artifact", "{d}"], f"`trtpipe validate {RECIPE} --artifact {{d}}/cpu`"),
+    ],
+)
+def test_recipe_folder_names_the_target_folder_to_pass(tmp_path, argv, fix):
+    d = _built(tmp_path, "cpu").as_posix()
+    code, out = _run(*(a.format(d=d) for a in argv))
+    assert code == 2
+    assert f"{d} is not a trtpipe artifact (no manifest.json); it holds built targets: cpu." in out
+    assert "Fix: " + fix.format(d=d) + "." in out
+
+
+def test_artifacts_root_lists_recipe_target_folders(tmp_path):
+    _built(tmp_path, "cpu", "orin")
+    code, out = _run("info", tmp_path)
+    assert code == 2
+    assert f"it holds built artifacts (<recipe>/<target>): {RECIPE}/cpu, {RECIPE}/orin." in out
+    assert f"Fix: `trtpipe info {tmp_path.as_posix()}/{RECIPE}/cpu` (or another of them)." in out
+
+
+def test_load_manifest_outside_the_cli_says_pass_the_folder(tmp_path):
+    from trtpipe.runtime.manifest import load_manifest
+
+    d = _built(tmp_path, "cpu")
+    with pytest.raises(ArtifactError, match=f"holds built targets: cpu. Fix: pass {d}/cpu instead."):
+        load_manifest(d)
+    with pytest.raises(ArtifactError, match=f"{tmp_path}/nowhere does not exist. Fix: check the path"):
+        load_manifest(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ArtifactError, match=r"not a trtpipe artifact \(no manifest.json\). Fix: run `trtpipe build"):
+        load_manifest(tmp_path / "empty")
+
+
+@pytest.mark.parametrize(
+    "argv, fix",
+    [
+        (["info", RECIPE], "`trtpipe info DIR`"),
+        (["generate", RECIPE, "hi"], "`trtpipe generate DIR ...`"),
+        (["chat", RECIPE], "`trtpipe chat DIR`"),
+        (["serve", RECIPE], "`trtpipe serve DIR`"),
+        (["validate", RECIPE], f"`trtpipe validate {RECIPE} --artifact DIR`"),
+    ],
+)
+def test_missing_artifact_gives_every_command_the_same_three_fixes(tmp_path, argv, fix):
+    code, out = _run(*argv, "--artifacts", tmp_path)
+    assert code == 2
+    assert f"no artifact for recipe '{RECIPE}' in {tmp_path}/{RECIPE}/cpu" in out
+    assert (
+        f"recipes/{RECIPE}.yaml` first, or point --artifacts / $TRTPIPE_ARTIFACTS at the folder it was "
+        f"built in, or pass the artifact folder: {fix}." in out
+    )
