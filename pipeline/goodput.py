@@ -9,6 +9,7 @@ the budgets and the files written are the same."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -51,11 +52,19 @@ def _probe_fn(runner: ProbeRunner, scenario: Any, spec: Any, err: Any):
     from trtpipe.runtime.workload import make_workload
 
     budgets = scenario.budgets.runtime_budgets()
+    probe_ids = itertools.count()
 
     def probe(rate: float) -> ProbeResult:
         t = time.perf_counter()
         s = dataclasses.replace(spec, arrival_rate_per_s=rate, num_warmup_requests=0)
-        items = make_workload(s, runner.tokenizer, chat_template=runner.chat_template)
+        # Each probe its own prefix-cache salt: the search repeats the same prompts at every rate,
+        # and a probe must not hit the blocks an earlier probe left (it would measure a warm cache
+        # that no new traffic gets); shared prefixes within a probe still hit, as in service.
+        salt = f"goodput-probe-{next(probe_ids)}"
+        items = [
+            dataclasses.replace(it, cache_salt=salt)
+            for it in make_workload(s, runner.tokenizer, chat_template=runner.chat_template)
+        ]
         metrics, wall_s, stats = runner.run(items)
         summary = summarize(metrics, wall_s, stats)
         results = evaluate_budgets(summary, budgets)

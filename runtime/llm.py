@@ -6,9 +6,10 @@
 
 Each :meth:`step` runs the prefill engine once for the scheduled prompt chunks and the decode
 engine once for all running sequences (continuous batching), samples, updates the scheduler, and
-turns new tokens into text with an incremental detokenizer. Where the engine allows it
-(``fuses_mixed_steps``), a step with both runs in *one* prefill call (decodes as 1-token rows). Token ids and text are kept apart.
-Timings per request come from :mod:`trtpipe.runtime.metrics` on the monotonic clock.
+turns new tokens into text with an incremental detokenizer; where the engine allows it
+(``fuses_mixed_steps``) a step with both is *one* prefill call, decodes as 1-token rows. Token
+ids and text are kept apart. Timings per request come from :mod:`trtpipe.runtime.metrics` on
+the monotonic clock.
 """
 
 from __future__ import annotations

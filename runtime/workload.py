@@ -112,12 +112,15 @@ class WorkItem:
     ``arrival_s``: scheduled arrival in seconds after the start of the measured phase (Poisson
     workloads; 0.0 in a closed loop, where a request arrives when a client slot frees up).
     ``prompt_ids``: [prompt tokens] int token ids. ``max_new_tokens``: the forced output length.
+    ``cache_salt``: the request's prefix-cache salt (None: the common cache); the goodput search
+    gives each probe its own, so a probe never hits the blocks of the same prompts in an earlier one.
     """
 
     arrival_s: float
     prompt_ids: tuple[int, ...]
     max_new_tokens: int
     warmup: bool = False
+    cache_salt: str | None = None
 
     def sampling_params(self) -> SamplingParams:
         """Greedy, EOS ignored: the output is exactly ``max_new_tokens`` tokens."""
@@ -233,7 +236,7 @@ def _run_warmup(llm: Any, items: Sequence[WorkItem], concurrency: int | None) ->
     while pending or llm.has_unfinished():
         while pending and in_flight < limit:
             it = pending.popleft()
-            llm.add_request(list(it.prompt_ids), it.sampling_params())
+            llm.add_request(list(it.prompt_ids), it.sampling_params(), cache_salt=it.cache_salt)
             in_flight += 1
         in_flight -= len(llm.step())
 
@@ -311,7 +314,7 @@ def _run_measured(
 
     def submit(i: int, arrival: float) -> None:
         it = measured[i]
-        rid = llm.add_request(list(it.prompt_ids), it.sampling_params(), arrival_s=arrival)
+        rid = llm.add_request(list(it.prompt_ids), it.sampling_params(), arrival_s=arrival, cache_salt=it.cache_salt)
         order[rid] = i
 
     while pending or llm.has_unfinished():

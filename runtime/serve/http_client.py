@@ -65,6 +65,8 @@ async def _one(h: httpx.AsyncClient, url: str, model: str, it: WorkItem, arrival
         "stream": True,
         "return_token_ids": True,
     }
+    if it.cache_salt is not None:
+        body["cache_salt"] = it.cache_salt
     timer = RequestTimer(rid, prompt_tokens=len(it.prompt_ids), arrival_s=arrival)
     pending = 0  # token ids received whose text was not shown yet
     reason = None

@@ -202,7 +202,7 @@ class FakeLLM:
     def __post_init__(self):
         self.block_pool = SimpleNamespace(num_used=0)
 
-    def add_request(self, prompt, params, *, arrival_s=None):
+    def add_request(self, prompt, params, *, arrival_s=None, cache_salt=None):
         rid = f"r{len(self.added)}"
         arrival = self.clock() if arrival_s is None else arrival_s
         self.added.append((rid, arrival, self.clock()))
