@@ -56,10 +56,13 @@ def _probe_fn(runner: ProbeRunner, scenario: Any, spec: Any, err: Any):
 
     def probe(rate: float) -> ProbeResult:
         t = time.perf_counter()
-        s = dataclasses.replace(spec, arrival_rate_per_s=rate, num_warmup_requests=0)
+        # The scenario's warm-up requests run first, unmeasured, as in the gate run: they warm the
+        # engine and seed this probe's cache with the prefix every request shares (a server in
+        # service has it); without them one cold request is the p95 of a 16-request probe.
+        s = dataclasses.replace(spec, arrival_rate_per_s=rate)
         # Each probe its own prefix-cache salt: the search repeats the same prompts at every rate,
-        # and a probe must not hit the blocks an earlier probe left (it would measure a warm cache
-        # that no new traffic gets); shared prefixes within a probe still hit, as in service.
+        # and a probe must not hit the blocks an earlier probe left (it would measure whole
+        # prompts cached, which no new traffic gets); shared prefixes within a probe still hit.
         salt = f"goodput-probe-{next(probe_ids)}"
         items = [
             dataclasses.replace(it, cache_salt=salt)

@@ -74,7 +74,8 @@ def test_goodput_of_a_fake_engine_through_run_workload():
 def test_each_probe_has_its_own_prefix_cache_salt():
     """The search repeats one scenario's prompts at every rate; with prefix caching a probe
     would hit the blocks the previous probe left and measure a warm cache (measured once: chat
-    TTFT p95 62 ms at 0.5 req/s against 393 ms cold). Each probe gets one salt of its own, and
+    TTFT p95 62 ms at 0.5 req/s against 393 ms cold). Each probe gets one salt of its own, its
+    warm-up request included (it seeds the probe's shared prefix, as in the gate run), and
     run_workload hands it to add_request."""
     from types import SimpleNamespace
 
@@ -97,7 +98,7 @@ def test_each_probe_has_its_own_prefix_cache_salt():
     probe(1.0)
     probe(2.0)
     salts = [s.salts for s in servers]
-    assert [len(s) for s in salts] == [6, 6] and all(len(set(s)) == 1 for s in salts)
+    assert [len(s) for s in salts] == [7, 7] and all(len(set(s)) == 1 for s in salts)  # 1 warm-up + 6
     assert salts[0][0] != salts[1][0] and None not in salts[0] + salts[1]
 
 
