@@ -63,6 +63,7 @@ def lower_paged_attention(
     if key not in state.memo:
         ib = NodeBuilder("/model/paged_attention_index")
         slot_mapping, block_tables, context_lens, qsl = node.input[5:9]
+        idx: dict[str, Any]
         if mode == "decode":
             idx = {"dec": _decode_index_subgraph(ib, slot_mapping, block_tables, context_lens, block_size)}
         elif mode == "prefill":

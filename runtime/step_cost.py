@@ -189,42 +189,36 @@ def calibrate(
     def slots(table, start, n):
         return tuple(table[p // block_size] * block_size + p % block_size for p in range(start, start + n))
 
-    def timed(call, batch) -> float:
-        return _fastest_s(call, batch, repeats)
+    def timed(call, rows) -> float:
+        return _fastest_s(call, rows, repeats)
+
+    def chunk(n, c):  # n tokens after c in row 0
+        return ScheduledPrefill("cal", (1,) * n, c, tables[0], slots(tables[0], c, n), True)
+
+    def dec(i, c):  # the token after c in row i
+        return ScheduledDecode(f"cal{i}", 1, c, tables[i], slots(tables[i], c, 1)[0])
 
     def prefill(points):
-        out = []
-        for n, c in points:
-            n = min(n, max_num_tokens)
-            rec = ScheduledPrefill("cal", tuple([1] * n), c, tables[0], slots(tables[0], c, n), True)
-            out.append((n, c, timed(engine.prefill, PrefillBatch.from_scheduled([rec]))))
-        return out
+        calls = [(min(n, max_num_tokens), c) for n, c in points]
+        return [(n, c, timed(engine.prefill, PrefillBatch.from_scheduled([chunk(n, c)]))) for n, c in calls]
 
     def decode(points):
-        out = []
-        for b, c in points:
-            b = min(b, max_b)
-            recs = [ScheduledDecode(f"cal{i}", 1, c, tables[i], slots(tables[i], c, 1)[0]) for i in range(b)]
-            out.append((b, b * (c + 1), timed(engine.decode, DecodeBatch.from_scheduled(recs))))
-        return out
+        calls = [(min(b, max_b), c) for b, c in points]
+        return [
+            (b, b * (c + 1), timed(engine.decode, DecodeBatch.from_scheduled([dec(i, c) for i in range(b)])))
+            for b, c in calls
+        ]
 
     def mixed(points):  # chunk in row 0, decodes in rows 1..b, one prefill call
         out = []
         for n, c, b, dc in points if fused else ():
             b = min(b, max_b - 1)
-            rows = [ScheduledPrefill("cal", (1,) * n, c, tables[0], slots(tables[0], c, n), True)]
-            rows += [
-                ScheduledDecode(f"cal{i}", 1, dc, tables[i], slots(tables[i], dc, 1)[0]).as_prefill_chunk()
-                for i in range(1, b + 1)
-            ]
+            rows = [chunk(n, c)] + [dec(i, dc).as_prefill_chunk() for i in range(1, b + 1)]
             out.append((n, c, b, b * (dc + 1), timed(engine.prefill, PrefillBatch.from_scheduled(rows))))
         return out
 
     try:
-        timed(
-            engine.prefill,
-            PrefillBatch.from_scheduled([ScheduledPrefill("w", (1,) * 8, 0, tables[0], slots(tables[0], 0, 8), True)]),
-        )  # warm-up
+        timed(engine.prefill, PrefillBatch.from_scheduled([chunk(8, 0)]))  # warm-up
         model = fit(prefill(PREFILL_FIT), decode(DECODE_FIT))
         held_p, held_d, held_f = prefill(PREFILL_HELD), decode(DECODE_HELD), mixed(FUSED_HELD)
     finally:
