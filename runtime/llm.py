@@ -66,7 +66,8 @@ class LLM:
     ``prefix_cache_queries`` / ``prefix_cache_hits``: prompt tokens looked up in / found in the
     prefix cache since load (counters for ``trtpipe:prefix_cache_queries`` / ``_hits``).
 
-    Raises :class:`ArtifactError` for a missing/corrupted/mismatched artifact.
+    Raises :class:`ArtifactError` for a missing/corrupted/mismatched artifact, and
+    :class:`RequestError` for a ``prefix_caching`` or ``fuse_mixed_steps`` that is not a bool.
     """
 
     def __init__(
@@ -80,6 +81,9 @@ class LLM:
         tpot_budget_ms: float | None = None,
         fuse_mixed_steps: bool = True,
     ):
+        for flag, value in (("prefix_caching", prefix_caching), ("fuse_mixed_steps", fuse_mixed_steps)):
+            if not isinstance(value, bool):  # "no" / "false" would be truthy: never guess
+                raise RequestError(f"{flag} = {value!r}: expected True or False. Fix: pass {flag}=True or False.")
         self.manifest: Manifest = load_manifest(artifact_dir)
         m = self.manifest
         self.tokenizer = Tokenizer.from_file(
