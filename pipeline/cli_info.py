@@ -29,6 +29,7 @@ def _info_summary(m) -> dict:
             "chat_template": bool(m.model.chat_template),
         },
         "graphs": {ph: {"file": g.file, "precision": g.precision} for ph, g in m.graphs.items()},
+        "engine": _engine_summary(m.options),
         "kv": {
             "num_blocks": m.kv.num_blocks,
             "block_size": m.kv.block_size,
@@ -44,13 +45,35 @@ def _info_summary(m) -> dict:
     }
 
 
+def _engine_summary(o) -> dict:
+    """The runtime options that change how steps run (``manifest.runtime_options``, typed)."""
+    if o.backend == "ort":
+        return {
+            "decode_steps_graph": o.ort_decode_graph,
+            "fused_mixed_steps": bool(o.ort_fused_steps),
+            "intra_op_num_threads": o.intra_op_num_threads,
+        }
+    return {"layout": o.layout, "kv_in_place": o.kv_in_place}
+
+
+def _engine_row(e: dict) -> str:
+    if "fused_mixed_steps" not in e:
+        return f"layout {e['layout']}, KV written in place {'yes' if e['kv_in_place'] else 'no'}"
+    threads = e["intra_op_num_threads"] or "ONNX Runtime's default"
+    return (
+        f"decode steps on the {e['decode_steps_graph']} graph; mixed steps fused "
+        f"(engine.ort_fused_steps) {'yes' if e['fused_mixed_steps'] else 'no'}; threads {threads}"
+    )
+
+
 @click.command("info")
 @click.argument("recipe_or_artifact")
 @artifacts_option
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 def info_cmd(recipe_or_artifact: str, artifact_root: str, as_json: bool) -> None:
     """Show an artifact's manifest summary (recipe and build hash, backend, target, model,
-    precision per phase, KV pool, limits, when and where it was built).
+    precision per phase, engine options (e.g. fused mixed steps), KV pool, limits, when and
+    where it was built).
 
     \b
     RECIPE_OR_ARTIFACT: a recipe (its artifact must be built from it) or an artifact directory.
@@ -87,6 +110,7 @@ def info_cmd(recipe_or_artifact: str, artifact_root: str, as_json: bool) -> None
             f"vocab {model['vocab_size']}, chat template {'yes' if model['chat_template'] else 'no'}",
         ),
         *((f"{ph} graph", f"{g['file']} ({g['precision']})") for ph, g in d["graphs"].items()),
+        ("engine", _engine_row(d["engine"])),
         (
             "KV pool",
             f"{kv['num_blocks']} blocks x {kv['block_size']} tokens, {kv['dtype']}, "

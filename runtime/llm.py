@@ -32,7 +32,7 @@ from trtpipe.runtime.kv_manager import KVCacheManager
 from trtpipe.runtime.kv_pool import KVPool
 from trtpipe.runtime.manifest import Manifest, load_manifest
 from trtpipe.runtime.metrics import RequestTimer, StepStats
-from trtpipe.runtime.request import Request, RequestStatus, SamplingParams, prompt_length_error
+from trtpipe.runtime.request import Request, RequestStatus, SamplingParams, prompt_length_error, require_bools
 from trtpipe.runtime.request_output import LiveRequest, RequestOutput
 from trtpipe.runtime.sampler import make_generator, sample
 from trtpipe.runtime.schedule import ScheduledDecode, ScheduledPrefill, SchedulerStep
@@ -60,13 +60,12 @@ class LLM:
         tpot_budget_ms: the TPOT budget of the ``slo`` policy (None = none); change it with
             :meth:`set_tpot_budget`. Setting one measures the engine's step-cost model once
             (a second or two; kept in the artifact's ``step_cost.json``).
-        fuse_mixed_steps: run a step's prompt chunks and decode tokens in one engine call where
-            the engine can (``engine.fuses_mixed_steps``); False = two calls (for comparisons).
+        fuse_mixed_steps: a step's prompt chunks and decodes in one engine call where it can; False = two.
 
     ``prefix_cache_queries`` / ``prefix_cache_hits``: prompt tokens looked up in / found in the
     prefix cache since load (counters for ``trtpipe:prefix_cache_queries`` / ``_hits``).
 
-    Raises :class:`ArtifactError` for a missing/corrupted/mismatched artifact.
+    Raises :class:`ArtifactError` for a missing/corrupted/mismatched artifact; :class:`RequestError` for bad arguments.
     """
 
     def __init__(
@@ -80,6 +79,7 @@ class LLM:
         tpot_budget_ms: float | None = None,
         fuse_mixed_steps: bool = True,
     ):
+        require_bools(prefix_caching=prefix_caching, fuse_mixed_steps=fuse_mixed_steps)
         self.manifest: Manifest = load_manifest(artifact_dir)
         m = self.manifest
         self.tokenizer = Tokenizer.from_file(

@@ -98,6 +98,14 @@ class SamplingParams:
         return self
 
 
+def require_bools(**flags: object) -> None:
+    """Raise :class:`RequestError` naming the first flag that is not a bool ("no", "false", 0 and
+    None are refused, never read as truthy or falsy)."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise RequestError(f"{name} = {value!r}: expected True or False. Fix: pass {name}=True or False.")
+
+
 def _is_int(x: object) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 

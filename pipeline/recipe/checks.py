@@ -89,6 +89,17 @@ def _cpu_target_issues(r: Recipe) -> list[Issue]:
                 "use `ort_sessions: two` (or auto), or set both phases to one precision",
             )
         )
+    if r.engine.ort_fused_steps and r.precision.prefill != r.precision.decode:
+        out.append(
+            Issue(
+                ("engine", "ort_fused_steps"),
+                True,
+                "the same precision in both phases (a mixed step's decode tokens run through the "
+                f"prefill graph, other steps' through the decode graph), got prefill={r.precision.prefill} "
+                f"and decode={r.precision.decode}",
+                "set `ort_fused_steps: false`, or set both phases to one precision",
+            )
+        )
     if r.profiles is not None:
         out.append(
             Issue(

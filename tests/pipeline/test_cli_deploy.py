@@ -314,6 +314,28 @@ def test_info_table_and_json(arts):
     assert "{" not in table  # no raw Python dicts
     assert f"{m['kv']['num_blocks']} blocks x {m['kv']['block_size']} tokens" in table
     assert "decode graph   decode.onnx (int4)" in table
+    opts = m["runtime_options"]
+    assert d["engine"] == {
+        "decode_steps_graph": opts["ort_decode_graph"],
+        "fused_mixed_steps": bool(opts.get("ort_fused_steps", False)),
+        "intra_op_num_threads": opts["intra_op_num_threads"],
+    }
+    assert (
+        f"decode steps on the {opts['ort_decode_graph']} graph; mixed steps fused (engine.ort_fused_steps) no" in table
+    )
+
+
+def test_info_says_the_artifact_fuses_mixed_steps(arts, tmp_path):
+    """An artifact built with engine.ort_fused_steps (runtime_options.ort_fused_steps) says so."""
+    root = linked_root(tmp_path, arts / NAME / "cpu")
+    path = root / NAME / "cpu" / "manifest.json"
+    m = json.loads(path.read_text())
+    m["runtime_options"]["ort_fused_steps"] = True
+    path.write_text(json.dumps(m))
+    assert json.loads(invoke("info", path.parent, "--json").stdout)["engine"]["fused_mixed_steps"] is True
+    assert (
+        "mixed steps fused (engine.ort_fused_steps) yes" in invoke("info", path.parent, env={"COLUMNS": "200"}).stdout
+    )
 
 
 @pytest.mark.slow

@@ -534,6 +534,14 @@ def test_ort_engine_settings_resolve_and_are_checked(cpu_data):
 
     assert_problem(error_of(cpu_data, one_session_mixed), "engine.ort_sessions", "'one'", "ort_sessions: two")
 
+    def fused_steps_mixed(x):  # a mixed step's decodes would run on the fp32 prefill graph, others on int4
+        x["precision"]["prefill"] = "fp32"
+        x["engine"] = {"ort_fused_steps": True}
+
+    err = error_of(cpu_data, fused_steps_mixed)
+    assert_problem(err, "engine.ort_fused_steps", "True", "ort_fused_steps: false", "both phases to one precision")
+    assert "got prefill=fp32 and decode=int4" in str(err)
+
     def ort_key_on_gpu(x):
         x["target"] = "a100"
         x["kv_cache"]["dtype"] = "fp16"

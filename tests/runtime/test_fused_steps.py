@@ -104,3 +104,15 @@ def test_fused_llm_steps_match_the_unfused_outputs(fused_artifact):
     # each later prompt arrives while the earlier ones decode: its one-chunk prefill step is a
     # mixed step, whose decodes the fused runtime sends through the prefill call instead
     assert calls[True] == calls[False] - (len(prompts) - 1)
+
+
+@pytest.mark.parametrize("flag", ["fuse_mixed_steps", "prefix_caching"])
+@pytest.mark.parametrize("value", ["no", "false", 0, None])
+def test_llm_refuses_a_flag_that_is_not_a_bool(tmp_path, flag, value):
+    """`LLM(..., fuse_mixed_steps="no")` was truthy and silently fused: a non-bool is refused,
+    naming the argument and the value, before the artifact is even read (tmp_path is empty)."""
+    from trtpipe.runtime.errors import RequestError
+    from trtpipe.runtime.llm import LLM
+
+    with pytest.raises(RequestError, match=rf"^{flag} = {value!r}: expected True or False"):
+        LLM(tmp_path, **{flag: value})
