@@ -236,9 +236,11 @@ def test_killed_nodes_retry_then_fail_and_leave_no_partial_artifact(cluster, wor
     assert ArtifactStore(store).published() == [] and not (store.exists() and any(store.rglob("*")))
 
 
-def test_ctrl_c_cancels_running_cells_and_stops_their_builds(cluster, tiny_recipes, tmp_path):
+def test_ctrl_c_cancels_running_cells_and_stops_their_builds(cluster, tmp_path):
     """KeyboardInterrupt in the driver (what Ctrl-C raises): the running cell is cancelled, its
-    `trtpipe build` child is gone, nothing is published."""
+    `trtpipe build` child is gone, nothing is published. The cell is the real model's cpu build
+    into an empty work folder (a minute or more): a tiny GPU-target build ends at its build spec
+    about a second after it starts, sooner than the interrupt lands (CI saw it end needs_target)."""
     import _thread
 
     work = tmp_path / "work"
@@ -256,7 +258,8 @@ def test_ctrl_c_cancels_running_cells_and_stops_their_builds(cluster, tiny_recip
 
     threading.Thread(target=interrupt_when_building, daemon=True).start()
     opts = FarmOptions(store_url=str(tmp_path / "store"), address=cluster.address, work_dir=str(work))
-    [r], interrupted = farm_build([str(tiny_recipes["a100"])], opts, log=lambda s: None)
+    recipe = _cpu_recipe(tmp_path, {"ttft_ms": {"p95": 60000}})
+    [r], interrupted = farm_build([str(recipe)], opts, log=lambda s: None)
     assert interrupted and r.status == "cancelled" and r.failed, (interrupted, r)
     deadline = time.monotonic() + 30
     while build_pids() and time.monotonic() < deadline:
