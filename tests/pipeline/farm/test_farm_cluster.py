@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -256,10 +257,17 @@ def test_ctrl_c_cancels_running_cells_and_stops_their_builds(cluster, tmp_path):
         time.sleep(1.0)
         _thread.interrupt_main()
 
-    threading.Thread(target=interrupt_when_building, daemon=True).start()
-    opts = FarmOptions(store_url=str(tmp_path / "store"), address=cluster.address, work_dir=str(work))
-    recipe = _cpu_recipe(tmp_path, {"ttft_ms": {"p95": 60000}})
-    [r], interrupted = farm_build([str(recipe)], opts, log=lambda s: None)
+    # interrupt_main() acts only if SIGINT has a Python handler; a shell that starts the tests in
+    # the background (`cmd &` without job control) hands Python SIGINT ignored, and then nothing
+    # would be interrupted. Ctrl-C at a terminal has the default handler: install it here.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=interrupt_when_building, daemon=True).start()
+        opts = FarmOptions(store_url=str(tmp_path / "store"), address=cluster.address, work_dir=str(work))
+        recipe = _cpu_recipe(tmp_path, {"ttft_ms": {"p95": 60000}})
+        [r], interrupted = farm_build([str(recipe)], opts, log=lambda s: None)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert interrupted and r.status == "cancelled" and r.failed, (interrupted, r)
     deadline = time.monotonic() + 30
     while build_pids() and time.monotonic() < deadline:
