@@ -1,12 +1,14 @@
 """Prefix caching and the slo chunk policy, measured in one process, interleaved.
 
-    .venv/bin/python bench/prefix_slo.py [--reps 2] [--tpot-budget-ms 50] [--remeasure-cost]
+    .venv/bin/python bench/prefix_slo.py [--reps 2] [--tpot-budget-ms 50] [--itl-budget-ms 100]
+                                         [--skip-assistant] [--remeasure-cost]
 
 One LLM on the default artifact; per repetition, in this order:
   assistant scenario (256-token shared system prompt): prefix caching on, then off
       -> TTFT p95 ratio (on / off); the cache is reset before every run, so each "on" run
          starts cold (its warm-up request seeds the system prompt, as a server's first user does)
-  summary scenario (448-512-token prompts, 2 clients): slo policy at the TPOT budget, then fcfs
+  summary scenario (448-512-token prompts, 2 clients): slo policy at the TPOT budget (and the
+      ITL budget, which lets steps spend TPOT slack; 0 = none), then fcfs
       -> ITL p99 (the prefill stall) under each, TTFT p50 ratio (slo / fcfs)
 and the step-cost model's prediction error over every step the slo runs scheduled (relative
 |predicted - measured| / measured: p50, p90). Prints the 1-minute load average before and after
@@ -30,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--tpot-budget-ms", type=float, default=50.0)
+    ap.add_argument("--itl-budget-ms", type=float, default=100.0, help="0 = no ITL budget")
+    ap.add_argument("--skip-assistant", action="store_true", help="only the summary runs")
     ap.add_argument("--artifact", default=str(ROOT / "artifacts" / "smollm2-135m-cpu" / "cpu"))
     ap.add_argument("--remeasure-cost", action="store_true", help="delete step_cost.json first")
     ap.add_argument("--json", dest="json_out", default=None, help="also write the results here")
@@ -61,7 +65,9 @@ def run_scenario(llm, recipe, scenario_name: str) -> dict:
     }
 
 
-def run_reps(llm, recipe, reps: int, tpot_budget_ms: float) -> tuple[dict[str, list[dict]], list[float]]:
+def run_reps(
+    llm, recipe, reps: int, tpot_budget_ms: float, itl_budget_ms: float | None, skip_assistant: bool = False
+) -> tuple[dict[str, list[dict]], list[float]]:
     """``reps`` interleaved repetitions (assistant: cache on, off; summary: slo, fcfs); returns the
     runs by name and the step-cost model's relative errors over the slo runs' steps."""
     results: dict[str, list[dict]] = {
@@ -72,7 +78,7 @@ def run_reps(llm, recipe, reps: int, tpot_budget_ms: float) -> tuple[dict[str, l
     }
     errors: list[float] = []
     for rep in range(reps):
-        for on in (True, False):
+        for on in () if skip_assistant else (True, False):
             llm.set_tpot_budget(None)
             llm.scheduler.enable_prefix_caching = on
             llm.block_pool.reset_prefix_cache()
@@ -83,11 +89,13 @@ def run_reps(llm, recipe, reps: int, tpot_budget_ms: float) -> tuple[dict[str, l
         for policy in ("slo", "fcfs"):
             llm.block_pool.reset_prefix_cache()
             llm.scheduler_policy = policy
-            why = llm.set_tpot_budget(tpot_budget_ms)
+            why = llm.set_tpot_budget(tpot_budget_ms, itl_budget_ms)
             llm.step_cost_log.clear()
             r = run_scenario(llm, recipe, "summary")
             if policy == "slo":
-                errors += [abs(p - m) / m for p, m, _, _ in llm.step_cost_log if m > 0]
+                errors += [
+                    abs(s.predicted_s - s.measured_s) / s.measured_s for s in llm.step_cost_log if s.measured_s > 0
+                ]
             results[f"summary_{policy}"].append(r)
             print(f"rep {rep} summary {policy}: {r}\n    chunking: {why}", flush=True)
     return results, sorted(errors)
@@ -97,7 +105,8 @@ def summarize_reps(results: dict[str, list[dict]], errors: list[float], cost) ->
     """Medians over the repetitions: the ratios the docstring names, and the cost model's error."""
 
     def med(key: str, field: str) -> float:
-        return statistics.median(r[field] for r in results[key])
+        vals = [r[field] for r in results[key]]
+        return statistics.median(vals) if vals else float("nan")  # nan: not run (--skip-assistant)
 
     return {
         "assistant_ttft_p95_ms_on_off": [
@@ -107,6 +116,7 @@ def summarize_reps(results: dict[str, list[dict]], errors: list[float], cost) ->
         "assistant_ttft_p95_ratio_on_over_off": med("assistant_cache_on", "ttft_p95_ms")
         / med("assistant_cache_off", "ttft_p95_ms"),
         "summary_itl_p99_ms_slo_fcfs": [med("summary_slo", "itl_p99_ms"), med("summary_fcfs", "itl_p99_ms")],
+        "summary_tpot_p95_ms_slo_fcfs": [med("summary_slo", "tpot_p95_ms"), med("summary_fcfs", "tpot_p95_ms")],
         "summary_ttft_p50_ratio_slo_over_fcfs": med("summary_slo", "ttft_p50_ms") / med("summary_fcfs", "ttft_p50_ms"),
         "cost_model_rel_error_p50_p90": [errors[len(errors) // 2], errors[int(0.9 * (len(errors) - 1))]]
         if errors
@@ -129,7 +139,9 @@ def main() -> int:
     t = time.perf_counter()
     cost = llm.step_cost_model()
     print(f"step-cost model ({time.perf_counter() - t:.1f} s): {json.dumps(json.loads(cost.to_json()))}")
-    results, errors = run_reps(llm, recipe, args.reps, args.tpot_budget_ms)
+    results, errors = run_reps(
+        llm, recipe, args.reps, args.tpot_budget_ms, args.itl_budget_ms or None, args.skip_assistant
+    )
     summary = summarize_reps(results, errors, cost)
     print(json.dumps(summary, indent=2))
     if args.json_out:

@@ -84,6 +84,14 @@ def _need_serve_extra() -> None:
     help="Override the recipe's scheduler.tpot_budget_ms: the TPOT the slo policy sizes prefill "
     "chunks for (artifact folder: none, so FCFS chunks).",
 )
+@click.option(
+    "--itl-budget-ms",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Override the recipe's scheduler.itl_budget_ms: the longest token gap accepted; the slo "
+    "policy then plans steps up to 0.8x it while each request's TPOT stays within the TPOT budget "
+    "(artifact folder: none, so every step within the TPOT budget).",
+)
 def serve_cmd(
     recipe_or_artifact: str,
     host: str,
@@ -97,6 +105,7 @@ def serve_cmd(
     no_prefix_caching: bool,
     scheduler_policy: str | None,
     tpot_budget_ms: float | None,
+    itl_budget_ms: float | None,
 ) -> None:
     """Serve a built artifact over an OpenAI-compatible HTTP API (no torch needed).
 
@@ -109,12 +118,12 @@ def serve_cmd(
 
     \b
     Runtime settings (printed at start, with the prefill chunk size they give):
-      RECIPE           kv_cache.prefix_caching, scheduler.policy and scheduler.tpot_budget_ms of
-                       the recipe. The validate scenarios' tpot_ms/itl_ms budgets do not apply:
+      RECIPE           kv_cache.prefix_caching, scheduler.policy, scheduler.tpot_budget_ms and
+                       scheduler.itl_budget_ms of the recipe. The validate scenarios' tpot_ms/itl_ms budgets do not apply:
                        they describe one workload each, a server sees them all; without
                        scheduler.tpot_budget_ms the slo policy runs FCFS (chunks of max_num_tokens).
       ARTIFACT folder  the defaults: prefix caching on, policy slo, no TPOT budget (FCFS chunks).
-      --no-prefix-caching, --scheduler-policy, --tpot-budget-ms override either.
+      --no-prefix-caching, --scheduler-policy, --tpot-budget-ms, --itl-budget-ms override either.
     Requests may send cache_salt (vLLM's field): prefix-cache blocks are shared only within a salt.
 
     \b
@@ -140,6 +149,7 @@ def serve_cmd(
         "prefix_caching": False if no_prefix_caching else None,
         "scheduler_policy": scheduler_policy,
         "tpot_budget_ms": tpot_budget_ms,
+        "itl_budget_ms": itl_budget_ms,
     }
     overrides = {k: v for k, v in overrides.items() if v is not None}
     settings.update(overrides)
@@ -163,7 +173,7 @@ def serve_cmd(
 
 def serve_settings(recipe_or_artifact: str, artifact_root: str) -> tuple[Path, dict, str]:
     """The artifact, the LLM's runtime settings (``prefix_caching``, ``scheduler_policy``,
-    ``tpot_budget_ms``) and where they came from: a recipe's ``kv_cache.prefix_caching`` and
+    ``tpot_budget_ms``, ``itl_budget_ms``) and where they came from: a recipe's ``kv_cache.prefix_caching`` and
     ``scheduler`` section; an artifact folder's defaults. Raises TrtpipeError (CLI exit 2)."""
     from trtpipe.pipeline.cli_artifact import artifact_for_recipe, load_recipe_for_deploy, resolve_artifact
 
@@ -171,7 +181,7 @@ def serve_settings(recipe_or_artifact: str, artifact_root: str) -> tuple[Path, d
     if p.is_dir() and (p / "manifest.json").is_file():
         return (
             p,
-            {"prefix_caching": True, "scheduler_policy": "slo", "tpot_budget_ms": None},
+            {"prefix_caching": True, "scheduler_policy": "slo", "tpot_budget_ms": None, "itl_budget_ms": None},
             "the defaults (an artifact folder, no recipe)",
         )
     if p.is_dir():
@@ -181,5 +191,6 @@ def serve_settings(recipe_or_artifact: str, artifact_root: str) -> tuple[Path, d
         "prefix_caching": r.kv_cache.prefix_caching,
         "scheduler_policy": r.scheduler.policy,
         "tpot_budget_ms": r.scheduler.tpot_budget_ms,
+        "itl_budget_ms": r.scheduler.itl_budget_ms,
     }
     return artifact_for_recipe(r, artifact_root), settings, f"recipe {r.name!r} (kv_cache, scheduler)"

@@ -201,13 +201,22 @@ def _env(llm: Any, recipe: Recipe, art: Path, threads: int | None) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def scenario_tpot_budget_ms(recipe: Recipe, scenario: Scenario) -> float | None:
-    """The TPOT budget the ``slo`` policy keeps in this scenario: ``scheduler.tpot_budget_ms``,
-    else the scenario's tightest ``tpot_ms`` / ``itl_ms`` limit, else None (FCFS)."""
-    if recipe.scheduler.tpot_budget_ms is not None:
-        return recipe.scheduler.tpot_budget_ms
-    limits = [v for m, _, v in scenario.budgets.limits() if m in ("tpot_ms", "itl_ms")]
-    return min(limits) if limits else None
+def scenario_slo_budgets_ms(recipe: Recipe, scenario: Scenario) -> tuple[float | None, float | None]:
+    """``(tpot_budget_ms, itl_budget_ms)`` the ``slo`` policy keeps in this scenario.
+
+    TPOT: ``scheduler.tpot_budget_ms``, else the scenario's tightest ``tpot_ms`` limit, else its
+    tightest ``itl_ms`` limit, else None (FCFS). ITL: ``scheduler.itl_budget_ms``, else the
+    scenario's tightest ``itl_ms`` limit, else None (every step within the TPOT budget)."""
+    limits = scenario.budgets.limits()
+    tpot = [v for m, _, v in limits if m == "tpot_ms"]
+    itl = [v for m, _, v in limits if m == "itl_ms"]
+    tpot_ms = recipe.scheduler.tpot_budget_ms
+    if tpot_ms is None:
+        tpot_ms = min(tpot) if tpot else (min(itl) if itl else None)
+    itl_ms = recipe.scheduler.itl_budget_ms
+    if itl_ms is None and itl:
+        itl_ms = min(itl)
+    return tpot_ms, itl_ms
 
 
 def report_dir(art: Path, recipe: Recipe, chosen: Sequence[Scenario]) -> Path:
@@ -270,7 +279,7 @@ def run_validate(
             err,
             out,
             time_budget_s=goodput_time_s,
-            before_each=lambda s: llm.set_tpot_budget(scenario_tpot_budget_ms(r, s)),
+            before_each=lambda s: llm.set_tpot_budget(*scenario_slo_budgets_ms(r, s)),
         )
 
     gate = gate_of_reports(reports, correctness.passed)
@@ -360,7 +369,7 @@ def _run_scenarios(
     reports = []
     env["prefill_chunking"] = {}
     for scenario, spec in specs:
-        why = llm.set_tpot_budget(scenario_tpot_budget_ms(r, scenario))
+        why = llm.set_tpot_budget(*scenario_slo_budgets_ms(r, scenario))
         env["prefill_chunking"][scenario.name] = why
         err.print(f"scenario {scenario.name}: prefill chunks: {why}")
         reports.append(run_scenario(llm, scenario, spec, err))
@@ -371,7 +380,7 @@ def _run_scenarios(
 __all__ = [
     "ValidateUsageError",
     "build_hash",
-    "scenario_tpot_budget_ms",
+    "scenario_slo_budgets_ms",
     "check_artifact_matches_recipe",
     "check_correctness",
     "finish_report",

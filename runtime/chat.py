@@ -190,3 +190,29 @@ def render_chat(
 def default_chat_messages(prompt: str) -> list[dict[str, str]]:
     """A one-turn conversation: ``[{"role": "user", "content": prompt}]``."""
     return [{"role": "user", "content": prompt}]
+
+
+def encode_prompt(tokenizer: Any, chat_template: str | None, prompt: Any, chat: bool = False) -> list[int]:
+    """Token ids of ``prompt``: text (str, or UTF-8 bytes) or, with ``chat``, a conversation
+    (``[{"role": ..., "content": ...}]``, or text sent as one user turn) under ``chat_template``,
+    ending with the assistant header (the model answers next).
+
+    Raises :class:`RequestError` for invalid UTF-8, empty text, a model without a chat template
+    (with ``chat``), or a conversation the template rejects.
+    """
+    if isinstance(prompt, bytes):
+        try:
+            prompt = prompt.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise RequestError(
+                f"prompt is not valid UTF-8 ({e.reason} at byte {e.start}). Fix: send UTF-8 text."
+            ) from None
+    if isinstance(prompt, str) or not chat:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise RequestError(f"prompt = {prompt!r}: expected non-empty text. Fix: send a prompt.")
+        if not chat:
+            return tokenizer.encode(prompt, add_special_tokens=True)
+        prompt = default_chat_messages(prompt)
+    if not chat_template:
+        raise RequestError("--chat: this model has no chat template in its metadata. Fix: drop --chat.")
+    return tokenizer.encode(render_chat(chat_template, list(prompt)), add_special_tokens=True)

@@ -25,7 +25,7 @@ import numpy as np
 
 from trtpipe.runtime.batch import DecodeBatch, PrefillBatch
 from trtpipe.runtime.block_pool import BlockPool
-from trtpipe.runtime.chat import default_chat_messages, render_chat
+from trtpipe.runtime.chat import encode_prompt
 from trtpipe.runtime.detokenizer import IncrementalDetokenizer
 from trtpipe.runtime.errors import RequestError
 from trtpipe.runtime.kv_manager import KVCacheManager
@@ -38,7 +38,7 @@ from trtpipe.runtime.sampler import make_generator, sample
 from trtpipe.runtime.schedule import ScheduledDecode, ScheduledPrefill, SchedulerStep
 from trtpipe.runtime.scheduler import Scheduler
 from trtpipe.runtime.slo_policy import SloChunkPolicy
-from trtpipe.runtime.step_cost import StepCostModel, load_or_calibrate
+from trtpipe.runtime.step_cost import StepCostModel, StepSample, load_or_calibrate
 from trtpipe.runtime.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # engines import their backends (onnxruntime, tensorrt) when constructed
@@ -58,8 +58,8 @@ class LLM:
         scheduler_policy: ``slo`` (size prefill chunks so steps stay within ``tpot_budget_ms``,
             see :mod:`trtpipe.runtime.slo_policy`) or ``fcfs``; ``slo`` without a budget is FCFS.
         tpot_budget_ms: the TPOT budget of the ``slo`` policy (None = none); change it with
-            :meth:`set_tpot_budget`. Setting one measures the engine's step-cost model once
-            (a second or two; kept in the artifact's ``step_cost.json``).
+            :meth:`set_tpot_budget` (also the ITL budget). Setting one measures the engine's
+            step-cost model once (a second or two; kept in the artifact's ``step_cost.json``).
         fuse_mixed_steps: a step's prompt chunks and decodes in one engine call where it can; False = two.
 
     ``prefix_cache_queries`` / ``prefix_cache_hits``: prompt tokens looked up in / found in the
@@ -122,12 +122,12 @@ class LLM:
         self.fuse_mixed_steps = bool(fuse_mixed_steps and getattr(self.engine, "fuses_mixed_steps", False))
         self.num_threads = num_threads
         self.step_cost: StepCostModel | None = None
-        # (predicted_s, measured_s, prefill_tokens, decode_batch) of steps run under the slo policy
-        self.step_cost_log: deque[tuple[float, float, int, int]] = deque(maxlen=100_000)
+        self.step_cost_log: deque[StepSample] = deque(maxlen=100_000)
         self.set_tpot_budget(tpot_budget_ms)
 
-    def set_tpot_budget(self, tpot_budget_ms: float | None) -> str:
-        """Apply the scheduler policy for ``tpot_budget_ms`` (None: FCFS); call between steps.
+    def set_tpot_budget(self, tpot_budget_ms: float | None, itl_budget_ms: float | None = None) -> str:
+        """Apply the scheduler policy for ``tpot_budget_ms`` (None: FCFS) and ``itl_budget_ms`` (None:
+        every step within the TPOT budget; :mod:`~trtpipe.runtime.slo_policy`); call between steps.
 
         Returns one line saying which prefill chunk sizes that gives, and why (for reports).
         """
@@ -136,7 +136,8 @@ class LLM:
             self.scheduler.chunk_policy = None
             why = "policy fcfs" if self.scheduler_policy == "fcfs" else "slo policy without a TPOT budget"
             return f"fcfs ({why}): prefill chunks of up to max_num_tokens = {limit} tokens per step"
-        policy = SloChunkPolicy(self.step_cost_model(), float(tpot_budget_ms), self.kv_manager.block_size, limit)
+        cost, block_size = self.step_cost_model(), self.kv_manager.block_size
+        policy = SloChunkPolicy(cost, float(tpot_budget_ms), block_size, limit, itl_budget_ms)
         self.scheduler.chunk_policy = policy
         return policy.describe(self.manifest.limits["max_batch_size"], 256)
 
@@ -167,19 +168,9 @@ class LLM:
 
     # -- requests ----------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | bytes, chat: bool = False) -> list[int]:
-        """Token ids of a prompt (chat template from the model metadata when ``chat``)."""
-        if isinstance(prompt, bytes):
-            try:
-                prompt = prompt.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise RequestError(
-                    f"prompt is not valid UTF-8 ({e.reason} at byte {e.start}). Fix: send UTF-8 text."
-                ) from None
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise RequestError(f"prompt = {prompt!r}: expected non-empty text. Fix: send a prompt.")
-        if chat:
-            return self.encode_chat(default_chat_messages(prompt))
-        return self.tokenizer.encode(prompt, add_special_tokens=True)
+        """Token ids of a prompt (chat template from the model metadata when ``chat``); see
+        :func:`trtpipe.runtime.chat.encode_prompt`."""
+        return encode_prompt(self.tokenizer, self.manifest.model.chat_template, prompt, chat)
 
     def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
         """Token ids of a conversation (``[{"role": "system"|"user"|"assistant", "content": ...}]``)
@@ -188,10 +179,7 @@ class LLM:
         Raises :class:`RequestError` when the model has no chat template or the template rejects
         the conversation.
         """
-        tpl = self.manifest.model.chat_template
-        if not tpl:
-            raise RequestError("--chat: this model has no chat template in its metadata. Fix: drop --chat.")
-        return self.tokenizer.encode(render_chat(tpl, list(messages)), add_special_tokens=True)
+        return encode_prompt(self.tokenizer, self.manifest.model.chat_template, messages, chat=True)
 
     def add_request(
         self,
@@ -332,7 +320,11 @@ class LLM:
         if self.scheduler.chunk_policy is None or self.step_cost is None or step.is_empty:
             return
         predicted = self.step_cost.predict_step_s(step)
-        self.step_cost_log.append((predicted, measured_s, sum(p.num_tokens for p in step.prefills), len(step.decodes)))
+        policy, prefill_tokens = self.scheduler.chunk_policy, sum(p.num_tokens for p in step.prefills)
+        factor = getattr(policy, "host_factor", 1.0)  # (what the step was planned with)
+        self.step_cost_log.append(StepSample(predicted, measured_s, prefill_tokens, len(step.decodes), factor))
+        if isinstance(policy, SloChunkPolicy):  # re-plan with the host's speed now
+            self.scheduler.chunk_policy = policy.tracking_host(self.step_cost_log)
 
     def _emit(self, sampled: dict[str, int], finished: list[Request]) -> list[RequestOutput]:
         """Detokenize the sampled tokens into the outputs (stop strings finish requests), then
@@ -345,6 +337,7 @@ class LLM:
             piece = live.detok.add(tok)
             live.output.output_token_ids.append(tok)
             live.timer.on_tokens(t, 1, piece)
+            live.request.itl_sum_s = t - live.timer.token_times_s[0]  # the slo policy's TPOT so far
             if live.append_text(piece):
                 self.scheduler.finish_request(rid, RequestStatus.FINISHED_STOPPED)
                 finished.append(live.request)

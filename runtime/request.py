@@ -169,6 +169,9 @@ class Request:
     cache_salt: str | None = None
     block_hashes: list[bytes] = field(default_factory=list)
     num_cached_tokens: int | None = None
+    # Wall time [s] from the first output token to the latest, as the client sees it (set by
+    # whoever times the tokens, e.g. LLM; 0.0 otherwise): the slo policy's TPOT so far.
+    itl_sum_s: float = 0.0
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = tuple(int(t) for t in self.prompt_token_ids)

@@ -11,7 +11,7 @@ tuples only (``docs/contracts.md``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,12 +72,41 @@ class SchedulerStep:
         return not self.prefills and not self.decodes
 
 
+@dataclass(frozen=True, slots=True)
+class DecodeProgress:
+    """Where one decoding request stands against its TPOT budget, for a chunk policy.
+
+    ``num_itl``: token gaps so far (output tokens - 1, >= 0); ``itl_sum_s``: their total wall
+    time in seconds (first output token -> latest, as the client sees it); ``remaining_tokens``:
+    the most tokens it may still produce, this step's included (>= 1: ``max_new_tokens`` or the
+    sequence limit, whichever comes first; EOS may end it sooner).
+    """
+
+    num_itl: int
+    itl_sum_s: float
+    remaining_tokens: int
+
+    @classmethod
+    def of(cls, request: Any, max_seq_len: int) -> DecodeProgress:
+        """The record of a decoding :class:`~trtpipe.runtime.request.Request`."""
+        produced = len(request.output_token_ids)
+        allowed = min(request.sampling_params.max_new_tokens - produced, max_seq_len - request.num_tokens)
+        return cls(num_itl=max(0, produced - 1), itl_sum_s=request.itl_sum_s, remaining_tokens=max(1, allowed))
+
+
 class ChunkPolicy(Protocol):
     """Sizes a step's prefill (e.g. :class:`~trtpipe.runtime.slo_policy.SloChunkPolicy`)."""
 
-    def max_prefill_tokens(self, num_decodes: int, decode_context_sum: int, prefill_context: int = 0) -> int:
-        """Prefill tokens allowed in a step decoding ``num_decodes`` sequences (>= 1)."""
+    def max_prefill_tokens(
+        self,
+        num_decodes: int,
+        decode_context_sum: int,
+        prefill_context: int = 0,
+        progress: tuple[DecodeProgress, ...] = (),
+    ) -> int:
+        """Prefill tokens allowed in a step decoding ``num_decodes`` sequences (>= 1);
+        ``progress``: one record per decoding sequence (may be empty)."""
         ...
 
 
-__all__ = ["ChunkPolicy", "ScheduledPrefill", "ScheduledDecode", "SchedulerStep"]
+__all__ = ["ChunkPolicy", "DecodeProgress", "ScheduledPrefill", "ScheduledDecode", "SchedulerStep"]

@@ -48,7 +48,7 @@ from trtpipe.runtime.errors import RequestError, TrtpipeError
 from trtpipe.runtime.kv_manager import KVCacheManager
 from trtpipe.runtime.prefix_cache import cached_prefix_blocks, offer_full_blocks
 from trtpipe.runtime.request import Request, RequestStatus, prompt_length_error
-from trtpipe.runtime.schedule import ChunkPolicy, ScheduledDecode, ScheduledPrefill, SchedulerStep  # re-exported
+from trtpipe.runtime.schedule import ChunkPolicy, DecodeProgress, ScheduledDecode, ScheduledPrefill, SchedulerStep
 
 
 class Scheduler:
@@ -300,8 +300,9 @@ class Scheduler:
             context = len(self._cached_prefix(self._waiting[0])) * self.kv_manager.block_size
         else:
             context = 0
+        progress = tuple(DecodeProgress.of(r, self.max_seq_len) for r in decoding)
         cap = self.chunk_policy.max_prefill_tokens(
-            len(decoding), sum(r.num_computed_tokens + 1 for r in decoding), context
+            len(decoding), sum(r.num_computed_tokens + 1 for r in decoding), context, progress
         )
         self.last_prefill_cap = cap
         return min(self.max_num_tokens, len(decoding) + cap)

@@ -32,7 +32,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -41,6 +41,17 @@ from trtpipe.runtime.kv_planning import cdiv
 
 STEP_COST_FILE = "step_cost.json"
 FORMAT_VERSION = 2  # 2: the ``fused`` field
+
+
+class StepSample(NamedTuple):
+    """One scheduled step as the slo policy saw it: the model's prediction, the wall time, what
+    the step carried, and the host factor the policy planned with (predicted x factor = planned)."""
+
+    predicted_s: float
+    measured_s: float
+    prefill_tokens: int
+    decode_batch: int
+    host_factor: float
 
 
 @dataclass(frozen=True)

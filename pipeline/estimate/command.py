@@ -84,7 +84,7 @@ def _load_validate_report(
 def _chunking_notes(recipe: Recipe, family: str, artifact_root: str | Path) -> list[str]:
     """The prefill chunk each scenario gets under ``scheduler.policy``, and why: from the
     artifact's measured step-cost model (``step_cost.json``) when there is one."""
-    from trtpipe.pipeline.validate import scenario_tpot_budget_ms
+    from trtpipe.pipeline.validate import scenario_slo_budgets_ms
     from trtpipe.runtime.report import validate_dir
     from trtpipe.runtime.slo_policy import SloChunkPolicy
     from trtpipe.runtime.step_cost import STEP_COST_FILE, StepCostModel
@@ -96,7 +96,7 @@ def _chunking_notes(recipe: Recipe, family: str, artifact_root: str | Path) -> l
         cost = None
     notes = []
     for s in recipe.validation.scenarios:
-        budget = scenario_tpot_budget_ms(recipe, s)
+        budget, itl_budget = scenario_slo_budgets_ms(recipe, s)
         head = f"scenario {s.name}: prefill chunks: "
         if recipe.scheduler.policy == "fcfs" or budget is None:
             why = "scheduler.policy fcfs" if recipe.scheduler.policy == "fcfs" else "no TPOT budget"
@@ -109,7 +109,7 @@ def _chunking_notes(recipe: Recipe, family: str, artifact_root: str | Path) -> l
         else:
             notes.append(
                 head
-                + SloChunkPolicy(cost, budget, recipe.kv_cache.block_size, recipe.max_num_tokens).describe(
+                + SloChunkPolicy(cost, budget, recipe.kv_cache.block_size, recipe.max_num_tokens, itl_budget).describe(
                     recipe.max_batch_size
                 )
             )

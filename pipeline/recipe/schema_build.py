@@ -91,12 +91,17 @@ class SchedulerSpec(Spec):
     ``policy``: ``slo`` sizes each step's prefill chunk from the engine's measured step-cost
     model so the step stays within the TPOT budget (Sarathi-Serve's token budget, never below
     one block); ``fcfs`` prefills up to ``max_num_tokens`` per step. ``tpot_budget_ms``: the
-    budget ``slo`` keeps; None = each validate scenario's tightest ``tpot_ms`` budget (a scenario
-    without one, and a server without this setting, run FCFS).
+    budget ``slo`` keeps; None = each validate scenario's tightest ``tpot_ms`` budget, else its
+    ``itl_ms`` budget (a scenario without either, and a server without this setting, run FCFS).
+    ``itl_budget_ms``: the longest token gap accepted; with it ``slo`` may plan steps up to 0.8x
+    this budget while every decoding request's TPOT stays within ``tpot_budget_ms`` (bigger
+    chunks, shorter TTFT); None = each validate scenario's tightest ``itl_ms`` budget, else
+    every step within the TPOT budget.
     """
 
     policy: Literal["slo", "fcfs"] = "slo"
     tpot_budget_ms: float | None = Field(None, gt=0, examples=[50])
+    itl_budget_ms: float | None = Field(None, gt=0, examples=[100])
 
 
 class Range(Spec):

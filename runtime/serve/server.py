@@ -55,6 +55,7 @@ class ServeConfig:
     prefix_caching: bool = True
     scheduler_policy: str = "slo"
     tpot_budget_ms: float | None = None
+    itl_budget_ms: float | None = None
 
 
 class _Server(uvicorn.Server):
@@ -108,7 +109,9 @@ def _load(cfg: ServeConfig, state: ServeState, url: str, echo: Callable[[str], N
             prefix_caching=cfg.prefix_caching,
             scheduler_policy=cfg.scheduler_policy,
         )
-        chunking = llm.set_tpot_budget(cfg.tpot_budget_ms)  # slo + budget: step-cost model (step_cost.json)
+        chunking = llm.set_tpot_budget(
+            cfg.tpot_budget_ms, cfg.itl_budget_ms
+        )  # slo + budget: step-cost model (step_cost.json)
     except Exception as e:  # noqa: BLE001 - reported on /health and stderr, server keeps answering 503
         state.load_error = f"loading {cfg.artifact_dir} failed: {e}"
         echo(f"trtpipe serve: error: {state.load_error}")

@@ -1,5 +1,5 @@
 """`trtpipe serve RECIPE` applies the recipe's runtime settings (kv_cache.prefix_caching,
-scheduler.policy, scheduler.tpot_budget_ms); an artifact folder gets the defaults; the CLI flags
+scheduler.policy, scheduler.tpot_budget_ms, scheduler.itl_budget_ms); an artifact folder gets the defaults; the CLI flags
 override either. End to end: a recipe with prefix caching off serves two chats sharing a long
 system prompt with 0 cached tokens, and the start line names the slo chunk size."""
 
@@ -25,7 +25,7 @@ def _recipe(tmp_path: Path, **runtime) -> Path:
 
     data = yaml.safe_load(Path(resolve_recipe_path("smollm2-135m-cpu")).read_text())
     data["kv_cache"]["prefix_caching"] = runtime.get("prefix_caching", True)
-    data["scheduler"] = {k: v for k, v in runtime.items() if k in ("policy", "tpot_budget_ms")}
+    data["scheduler"] = {k: v for k, v in runtime.items() if k in ("policy", "tpot_budget_ms", "itl_budget_ms")}
     path = tmp_path / "serve-settings.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -36,13 +36,18 @@ def test_settings_from_recipe_and_artifact_defaults(tmp_path, default_artifact):
 
     root = default_artifact.parent.parent
     art, settings, source = serve_settings(
-        str(_recipe(tmp_path, prefix_caching=False, policy="fcfs", tpot_budget_ms=40)), str(root)
+        str(_recipe(tmp_path, prefix_caching=False, policy="fcfs", tpot_budget_ms=40, itl_budget_ms=90)), str(root)
     )
     assert art == default_artifact and source == "recipe 'smollm2-135m-cpu' (kv_cache, scheduler)"
-    assert settings == {"prefix_caching": False, "scheduler_policy": "fcfs", "tpot_budget_ms": 40}
+    assert settings == {"prefix_caching": False, "scheduler_policy": "fcfs", "tpot_budget_ms": 40, "itl_budget_ms": 90}
     art, settings, source = serve_settings(str(default_artifact), "unused")
     assert art == default_artifact and source.startswith("the defaults")
-    assert settings == {"prefix_caching": True, "scheduler_policy": "slo", "tpot_budget_ms": None}
+    assert settings == {
+        "prefix_caching": True,
+        "scheduler_policy": "slo",
+        "tpot_budget_ms": None,
+        "itl_budget_ms": None,
+    }
 
 
 def test_serve_recipe_without_prefix_caching_and_slo_override(tmp_path, default_artifact):
@@ -56,13 +61,18 @@ def test_serve_recipe_without_prefix_caching_and_slo_override(tmp_path, default_
         "slo",
         "--tpot-budget-ms",
         "50",
+        "--itl-budget-ms",
+        "100",
     ) as s:
         text = "".join(s.lines)
         assert (
             "runtime settings from recipe 'smollm2-135m-cpu' (kv_cache, scheduler); overridden: "
-            "scheduler_policy=slo, tpot_budget_ms=50.0"
+            "scheduler_policy=slo, tpot_budget_ms=50.0, itl_budget_ms=100.0"
         ) in text
-        assert "prefix caching off; scheduler slo; prefill chunks: slo: TPOT budget 50 ms" in text
+        assert (
+            "prefix caching off; scheduler slo; prefill chunks: slo: TPOT budget 50 ms; ITL budget "
+            "100 ms: steps up to 80 ms"
+        ) in text
         cached = []
         for q in ("Where is Lyon?", "Where is Lille?"):
             r = httpx.post(

@@ -7,8 +7,8 @@ ran every step ~1.3x slower than the model measured at load, decode-only steps i
 measured check is relative to the same run: each mixed step's measured/predicted ratio is compared
 with the median ratio of the decode-only steps that follow it (the host's speed right then), with
 the model's own held-out relative error plus a noise allowance, and most (not all) mixed steps
-must pass. The scheduling checks (every predicted step within the budget, the prompt split into
-block-sized chunks) do not depend on the clock; the sharp timed check is against FCFS, whose
+must pass. The scheduling checks (every planned step within the budget, the prompt split into chunks, the
+policy's host factor = the recent steps' measured/predicted) do not depend on the clock; the sharp timed check is against FCFS, whose
 single 480-token chunk would take several budgets."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ pytestmark = pytest.mark.slow
 def test_long_prompt_during_decodes_keeps_steps_within_the_budget(default_artifact):
     from trtpipe.runtime.llm import LLM
     from trtpipe.runtime.request import SamplingParams
+    from trtpipe.runtime.slo_policy import HOST_FACTOR_WINDOW
 
     llm = LLM(default_artifact, scheduler_policy="slo")
     cost = llm.step_cost_model()
@@ -39,14 +40,23 @@ def test_long_prompt_during_decodes_keeps_steps_within_the_budget(default_artifa
     llm.step_cost_log.clear()
     llm.add_request(corpus[:480], SamplingParams(max_new_tokens=4, ignore_eos=True))
     llm.run_until_done()
-    decode_only = [meas / pred for pred, meas, n, b in llm.step_cost_log if n == 0 and b > 0 and pred > 0]
+    log = list(llm.step_cost_log)
+    decode_only = [s.measured_s / s.predicted_s for s in log if s.prefill_tokens == 0 and s.decode_batch > 0]
     assert len(decode_only) >= 10  # the two 40-token requests decode on after the long prompt
     host_slowdown = max(1.0, statistics.median(decode_only))  # this run's host vs calibration
-    mixed = [(pred, meas, n) for pred, meas, n, b in llm.step_cost_log if n > 0 and b > 0]
+    mixed = [(s.predicted_s, s.measured_s, s.prefill_tokens) for s in log if s.prefill_tokens and s.decode_batch]
     assert len(mixed) >= 3  # the 480 tokens went in several chunks next to the decodes
     assert max(n for *_, n in mixed) < 480
-    for pred, _, n in mixed:
-        assert pred * 1e3 <= budget_ms + 1e-6 or n == llm.kv_manager.block_size
+    for s in log:  # planned = predicted x the host factor the policy used then
+        if s.prefill_tokens and s.decode_batch:
+            assert (
+                s.predicted_s * s.host_factor * 1e3 <= budget_ms + 1e-6 or s.prefill_tokens == llm.kv_manager.block_size
+            )
+    # the policy tracks the host: its factor is the median measured/predicted of the last steps
+    recent = log[-HOST_FACTOR_WINDOW:]
+    assert llm.scheduler.chunk_policy.host_factor == pytest.approx(
+        statistics.median(s.measured_s / s.predicted_s for s in recent), rel=0.06
+    )
     allowed = host_slowdown * (1 + cost.rel_error + 0.25)  # the model's error + machine noise
     within = [meas <= pred * allowed for pred, meas, _ in mixed]
     assert sum(within) >= 0.8 * len(mixed), (budget_ms, host_slowdown, allowed, mixed)

@@ -7,6 +7,7 @@ from trtpipe.runtime.block_pool import BlockPool
 from trtpipe.runtime.errors import TrtpipeError
 from trtpipe.runtime.kv_manager import KVCacheManager
 from trtpipe.runtime.request import Request, SamplingParams
+from trtpipe.runtime.schedule import DecodeProgress
 from trtpipe.runtime.scheduler import Scheduler
 from trtpipe.runtime.slo_policy import SloChunkPolicy
 from trtpipe.runtime.step_cost import StepCostModel, fit, with_error
@@ -31,25 +32,93 @@ def test_fit_recovers_known_coefficients_and_states_held_out_error():
 
 def test_chunk_sizes_by_hand():
     p = SloChunkPolicy(COST, tpot_budget_ms=50, block_size=16, max_num_tokens=512)
-    # 2 decodes: 5 + 2 = 7 ms; 43 ms left; 2 + n <= 43 -> n <= 41 -> 2 blocks = 32 (48 would be 50 ms)
-    assert p.max_prefill_tokens(2, 200) == 32
-    # 8 decodes: 13 ms; 37 left; n <= 35 -> 32
-    assert p.max_prefill_tokens(8, 800) == 32
+    # 2 decodes: 5 + 2 = 7 ms; 43 ms left; 2 + n <= 43 -> n <= 41 (any token count, not blocks)
+    assert p.max_prefill_tokens(2, 200) == 41
+    # 8 decodes: 13 ms; 37 left; n <= 35
+    assert p.max_prefill_tokens(8, 800) == 35
     # 30 decodes: 35 ms; 15 left; n <= 13 -> 0 blocks -> never below one block: 16
     assert p.max_prefill_tokens(30, 3000) == 16
     # no decode running: nobody's ITL is at stake -> max_num_tokens
     assert p.max_prefill_tokens(0, 0) == 512
-    # 100 ms budget, 1 decode: 6 ms; 94 left; n <= 92 -> 80
-    assert SloChunkPolicy(COST, 100, 16, 512).max_prefill_tokens(1, 10) == 80
-    # the step budget also carries the decodes: max_num_tokens 40, 2 decodes -> room 38 -> 32
-    assert SloChunkPolicy(COST, 1000, 16, 40).max_prefill_tokens(2, 10) == 32
+    # 100 ms budget, 1 decode: 6 ms; 94 left; n <= 92
+    assert SloChunkPolicy(COST, 100, 16, 512).max_prefill_tokens(1, 10) == 92
+    # the step budget also carries the decodes: max_num_tokens 40, 2 decodes -> room 38
+    assert SloChunkPolicy(COST, 1000, 16, 40).max_prefill_tokens(2, 10) == 38
     # the attention term: p2 = 1e-5 s per token*key, context 1000: 16 tokens cost
     # 2 + 16 + 0.01 * 16 * 1008 = 179.28 ms > budget -> one block
     att = StepCostModel(prefill_s=(0.002, 0.001, 1e-5), decode_s=COST.decode_s)
     assert SloChunkPolicy(att, 50, 16, 512).max_prefill_tokens(2, 200, prefill_context=1000) == 16
-    assert "TPOT budget 50 ms" in p.describe(8) and "2 -> 32" in p.describe(8)
+    assert "TPOT budget 50 ms" in p.describe(8) and "2 -> 41" in p.describe(8)
     with pytest.raises(TrtpipeError, match="tpot_budget_ms = 0"):
         SloChunkPolicy(COST, 0, 16, 512)
+    with pytest.raises(TrtpipeError, match="itl_budget_ms = -5"):
+        SloChunkPolicy(COST, 50, 16, 512, itl_budget_ms=-5)
+
+
+def test_itl_budget_lets_requests_spend_tpot_slack_by_hand():
+    """TPOT 50 ms, ITL 101 ms: steps up to 0.8 x 101 = 80.8 ms while every decoding request's TPOT
+    (its gaps so far plus this step plus decode-only steps for the rest) ends <= 50 ms."""
+    p = SloChunkPolicy(COST, tpot_budget_ms=50, block_size=16, max_num_tokens=512, itl_budget_ms=101)
+    assert p.step_cap_s == pytest.approx(0.0808)
+    fresh = DecodeProgress(num_itl=0, itl_sum_s=0.0, remaining_tokens=48)
+    # 1 decode (6 ms): slack = 0.05 * 48 - 0 - 47 * 0.006 = 2.118 s > cap -> 2 + n + 6 <= 80.8 -> 72
+    assert p.max_prefill_tokens(1, 10, 0, (fresh,)) == 72
+    # without an ITL budget the same request gets the TPOT budget: 2 + n + 6 <= 50 -> 42
+    assert SloChunkPolicy(COST, 50, 16, 512).max_prefill_tokens(1, 10, 0, (fresh,)) == 42
+    # its last token, 9 gaps took 0.4405 s: slack = 0.05 * 10 - 0.4405 = 59.5 ms -> n <= 51.5 -> 51
+    tight = DecodeProgress(num_itl=9, itl_sum_s=0.4405, remaining_tokens=1)
+    assert p.max_prefill_tokens(1, 10, 0, (tight,)) == 51
+    # the tightest request decides: fresh and tight, 2 decodes (7 ms): 2 + n + 7 <= 59.5 -> 50
+    assert p.max_prefill_tokens(2, 20, 0, (fresh, tight)) == 50
+    # behind budget (10 gaps in 0.6 s, 2 to come): slack 0.6 - 0.6 - 0.006 < 0 -> one block, with
+    # or without an ITL budget
+    behind = DecodeProgress(num_itl=10, itl_sum_s=0.6, remaining_tokens=2)
+    assert p.max_prefill_tokens(1, 10, 0, (behind,)) == 16
+    assert SloChunkPolicy(COST, 50, 16, 512).max_prefill_tokens(1, 10, 0, (behind,)) == 16
+    assert "ITL budget 101 ms: steps up to 81 ms" in p.describe(8)
+
+
+def test_host_factor_scales_every_prediction_by_hand():
+    """The host now runs 1.5x slower than the calibration: plan with 1.5 x the model's times."""
+    slow = SloChunkPolicy(COST, 50, 16, 512, host_factor=1.5)
+    # 2 decodes: 1.5 * (2 + n + 7) <= 50 -> n <= 24.33 -> 24 (at factor 1: 41)
+    assert slow.max_prefill_tokens(2, 200) == 24
+    # the slack's decode-only steps too: 1 decode (6 ms -> 9 ms), last 2 tokens after 10 gaps in
+    # 0.45 s: slack = 0.05 * 12 - 0.45 - 1 * 0.009 = 141 ms > cap 50 ms -> 1.5 * (2 + n + 6) <= 50 -> 25
+    p = DecodeProgress(num_itl=10, itl_sum_s=0.45, remaining_tokens=2)
+    assert slow.max_prefill_tokens(1, 10, 0, (p,)) == 25
+    # ... and with an ITL budget of 101 ms (cap 80.8): limit = slack 141 -> 80.8 -> 1.5 (8 + n) <= 80.8 -> 45
+    assert (
+        SloChunkPolicy(COST, 50, 16, 512, itl_budget_ms=101, host_factor=1.5).max_prefill_tokens(1, 10, 0, (p,)) == 45
+    )
+    assert "host now 1.50x slower" in slow.describe(8)
+
+
+def test_scheduler_hands_each_decoding_request_its_progress():
+    seen: list = []
+
+    class Recording:
+        def max_prefill_tokens(self, num_decodes, decode_context_sum, prefill_context=0, progress=()):
+            seen.append(progress)
+            return 100  # both prompts fit the first step
+
+    kv = KVCacheManager(BlockPool(100), 16)
+    sched = Scheduler(kv, 512, 8, 40, chunk_policy=Recording())
+    sched.add_request(Request("a", tuple(range(1, 11)), SamplingParams(max_new_tokens=5, ignore_eos=True)))
+    sched.add_request(Request("b", tuple(range(1, 31)), SamplingParams(max_new_tokens=50, ignore_eos=True)))
+    step = sched.schedule()
+    sched.update(step, {"a": 7, "b": 7})
+    sched.get_request("a").itl_sum_s = 0.0
+    step = sched.schedule()
+    sched.update(step, {"a": 7, "b": 7})
+    sched.get_request("a").itl_sum_s = 0.125
+    sched.schedule()
+    # a: 2 outputs (1 gap, 0.125 s), 3 more allowed; b: 2 outputs, 48 allowed by max_new_tokens
+    # but max_seq_len 40 - 32 tokens = 8
+    assert seen[-1] == (
+        DecodeProgress(num_itl=1, itl_sum_s=0.125, remaining_tokens=3),
+        DecodeProgress(num_itl=1, itl_sum_s=0.0, remaining_tokens=8),
+    )
 
 
 def test_fused_step_pays_one_intercept_and_gets_bigger_chunks_by_hand():
@@ -60,11 +129,11 @@ def test_fused_step_pays_one_intercept_and_gets_bigger_chunks_by_hand():
     # either phase alone is the same call in both models
     assert fused.step_time_s([], 2, 200) == COST.step_time_s([], 2, 200) == pytest.approx(0.007)
     assert fused.step_time_s([(32, 0)], 0, 0) == COST.step_time_s([(32, 0)], 0, 0) == pytest.approx(0.034)
-    # 50 ms budget, 2 decodes: 2 + n + 2 <= 50 -> n <= 46 -> 2 blocks (32); 4 decodes: n <= 44 -> 32;
-    # 100 ms, 2 decodes: n <= 96 -> 96 (two calls: 2 + n + 7 <= 100 -> n <= 91 -> 80)
-    assert SloChunkPolicy(fused, 50, 16, 512).max_prefill_tokens(2, 200) == 32
+    # 50 ms budget, 2 decodes: 2 + n + 2 <= 50 -> n <= 46 (two calls: 2 + n + 7 <= 50 -> 41);
+    # 100 ms, 2 decodes: n <= 96 (two calls: 2 + n + 7 <= 100 -> n <= 91)
+    assert SloChunkPolicy(fused, 50, 16, 512).max_prefill_tokens(2, 200) == 46
     assert SloChunkPolicy(fused, 100, 16, 512).max_prefill_tokens(2, 200) == 96
-    assert SloChunkPolicy(COST, 100, 16, 512).max_prefill_tokens(2, 200) == 80
+    assert SloChunkPolicy(COST, 100, 16, 512).max_prefill_tokens(2, 200) == 91
     assert "one call per mixed step" in SloChunkPolicy(fused, 50, 16, 512).describe(8)
     # held-out fused calls count in the stated error: 1 ms slower than predicted
     held = with_error(fused, [], [], [(32, 0, 2, 200, 0.037)])
@@ -91,6 +160,6 @@ def test_scheduler_caps_prefill_while_decodes_run_and_not_otherwise():
         sched.update(step, {"a": 7, "b": 7})
         if not sched.get_request("b").is_prefilling:
             break
-    # 1 decode: 6 ms; 44 left -> 2 + n <= 44 -> n <= 42 -> 32 per step; 200 = 6 x 32 + 8
-    assert chunks == [32] * 6 + [8]
-    assert sched.last_prefill_cap == 32
+    # 1 decode: 6 ms; 44 left -> 2 + n <= 44 -> n <= 42 per step; 200 = 4 x 42 + 32
+    assert chunks == [42] * 4 + [32]
+    assert sched.last_prefill_cap == 42
