@@ -119,9 +119,10 @@ def serve_cmd(
     \b
     Runtime settings (printed at start, with the prefill chunk size they give):
       RECIPE           kv_cache.prefix_caching, scheduler.policy, scheduler.tpot_budget_ms and
-                       scheduler.itl_budget_ms of the recipe. The validate scenarios' tpot_ms/itl_ms budgets do not apply:
-                       they describe one workload each, a server sees them all; without
-                       scheduler.tpot_budget_ms the slo policy runs FCFS (chunks of max_num_tokens).
+                       scheduler.itl_budget_ms of the recipe. The validate scenarios' tpot_ms/
+                       itl_ms budgets do not apply: they describe one workload each, a server
+                       sees them all; without either scheduler budget the slo policy runs FCFS
+                       (chunks of max_num_tokens); an ITL budget alone is also the TPOT budget.
       ARTIFACT folder  the defaults: prefix caching on, policy slo, no TPOT budget (FCFS chunks).
       --no-prefix-caching, --scheduler-policy, --tpot-budget-ms, --itl-budget-ms override either.
     Requests may send cache_salt (vLLM's field): prefix-cache blocks are shared only within a salt.
@@ -173,8 +174,8 @@ def serve_cmd(
 
 def serve_settings(recipe_or_artifact: str, artifact_root: str) -> tuple[Path, dict, str]:
     """The artifact, the LLM's runtime settings (``prefix_caching``, ``scheduler_policy``,
-    ``tpot_budget_ms``, ``itl_budget_ms``) and where they came from: a recipe's ``kv_cache.prefix_caching`` and
-    ``scheduler`` section; an artifact folder's defaults. Raises TrtpipeError (CLI exit 2)."""
+    ``tpot_budget_ms``, ``itl_budget_ms``) and where they came from: a recipe's
+    ``kv_cache.prefix_caching`` and ``scheduler`` section; an artifact folder's defaults. Raises TrtpipeError (CLI exit 2)."""
     from trtpipe.pipeline.cli_artifact import artifact_for_recipe, load_recipe_for_deploy, resolve_artifact
 
     p = Path(recipe_or_artifact)

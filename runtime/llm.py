@@ -126,12 +126,13 @@ class LLM:
         self.set_tpot_budget(tpot_budget_ms)
 
     def set_tpot_budget(self, tpot_budget_ms: float | None, itl_budget_ms: float | None = None) -> str:
-        """Apply the scheduler policy for ``tpot_budget_ms`` (None: FCFS) and ``itl_budget_ms`` (None:
-        every step within the TPOT budget; :mod:`~trtpipe.runtime.slo_policy`); call between steps.
+        """Apply the scheduler policy for ``tpot_budget_ms`` (None: the ITL budget, else FCFS) and
+        ``itl_budget_ms`` (None: every step within the TPOT budget; see slo_policy); between steps.
 
         Returns one line saying which prefill chunk sizes that gives, and why (for reports).
         """
         limit = self.manifest.limits["max_num_tokens"]
+        tpot_budget_ms = itl_budget_ms if tpot_budget_ms is None else tpot_budget_ms  # TPOT <= every ITL
         if self.scheduler_policy == "fcfs" or tpot_budget_ms is None:
             self.scheduler.chunk_policy = None
             why = "policy fcfs" if self.scheduler_policy == "fcfs" else "slo policy without a TPOT budget"

@@ -96,7 +96,7 @@ class SchedulerSpec(Spec):
     ``itl_budget_ms``: the longest token gap accepted; with it ``slo`` may plan steps up to 0.8x
     this budget while every decoding request's TPOT stays within ``tpot_budget_ms`` (bigger
     chunks, shorter TTFT); None = each validate scenario's tightest ``itl_ms`` budget, else
-    every step within the TPOT budget.
+    every step within the TPOT budget. An ITL budget without a TPOT budget is also the TPOT budget.
     """
 
     policy: Literal["slo", "fcfs"] = "slo"

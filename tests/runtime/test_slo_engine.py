@@ -63,3 +63,6 @@ def test_long_prompt_during_decodes_keeps_steps_within_the_budget(default_artifa
     fcfs_stall_ms = (cost.decode_time_s(2, 200) + cost.prefill_time_s(480, 0)) * 1e3
     assert max(meas for _, meas, _ in mixed) * 1e3 < fcfs_stall_ms
     assert llm.block_pool.num_used == 0
+    # an ITL budget alone is also the TPOT budget (every TPOT is at most the longest gap)
+    assert "slo: TPOT budget 90 ms; ITL budget 90 ms: steps up to 72 ms" in llm.set_tpot_budget(None, 90)
+    assert llm.set_tpot_budget(None).startswith("fcfs (slo policy without a TPOT budget)")
