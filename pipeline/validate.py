@@ -50,6 +50,7 @@ from trtpipe.pipeline.validate_correctness import CorrectnessResult, check_corre
 from trtpipe.pipeline.validate_output import finish_report, gate_of_reports, print_scenario
 from trtpipe.plugins.errors import TrtpipeError
 from trtpipe.runtime.errors import KVLeakError
+from trtpipe.runtime.host_cpu import cpu_identity
 
 
 class ValidateUsageError(TrtpipeError, ValueError):
@@ -178,6 +179,7 @@ def _env(llm: Any, recipe: Recipe, art: Path, threads: int | None) -> dict:
         load = None
     return {
         "host": platform.node(),
+        "cpu": cpu_identity(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),

@@ -20,14 +20,14 @@ were not used to fit it (``error_ms``: the largest absolute miss on those held-o
 keeps ``measured <= budget + error_ms`` as far as the held-out calls go.
 
 The model is kept with the artifact (``step_cost.json`` next to ``manifest.json``) with the
-host and thread count it was measured on; :func:`load_or_calibrate` reuses it only there.
+host and CPU (:func:`~trtpipe.runtime.host_cpu.host_id`: machines share a host name, not a CPU)
+and thread count it was measured on; :func:`load_or_calibrate` reuses it only there.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from trtpipe.runtime.errors import TrtpipeError
+from trtpipe.runtime.host_cpu import host_id
 from trtpipe.runtime.kv_planning import cdiv
 
 STEP_COST_FILE = "step_cost.json"
@@ -234,7 +235,7 @@ def calibrate(
         held_p, held_d, held_f = prefill(PREFILL_HELD), decode(DECODE_HELD), mixed(FUSED_HELD)
     finally:
         block_pool.free(ids)
-    facts = {"host": platform.node(), "fused": fused, "calibration_s": round(time.perf_counter() - t_start, 3)}
+    facts = {"host": host_id(), "fused": fused, "calibration_s": round(time.perf_counter() - t_start, 3)}
     return with_error(model, held_p, held_d, held_f, **facts)
 
 
@@ -281,8 +282,8 @@ def load_or_calibrate(
     fused: bool = False,
     log=None,
 ) -> StepCostModel:
-    """The artifact's ``step_cost.json`` when it was measured on this host with these threads
-    (and the same ``fused``); else calibrate now and write it there (atomically; a read-only
+    """The artifact's ``step_cost.json`` when it was measured on this host and CPU
+    (:func:`~trtpipe.runtime.host_cpu.host_id`) with these threads (and the same ``fused``); else calibrate now and write it there (atomically; a read-only
     artifact just skips the write)."""
     from trtpipe.runtime.manifest import atomic_write_text
 
@@ -290,7 +291,7 @@ def load_or_calibrate(
     if path.is_file():
         try:
             model = StepCostModel.from_json(path.read_text(encoding="utf-8"))
-            if model.host == platform.node() and model.num_threads == num_threads and model.fused == fused:
+            if model.host == host_id() and model.num_threads == num_threads and model.fused == fused:
                 return model
         except (ValueError, KeyError, TypeError):
             pass  # unreadable or old: measure again

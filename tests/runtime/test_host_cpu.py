@@ -1,0 +1,46 @@
+"""The host key of cached measurements: host name + CPU (family/model/SIMD flags), so a
+step_cost.json measured on another CPU behind the same host name is measured again."""
+
+from __future__ import annotations
+
+import platform
+
+from trtpipe.runtime import step_cost
+from trtpipe.runtime.host_cpu import cpu_identity, host_id
+from trtpipe.runtime.step_cost import STEP_COST_FILE, StepCostModel, load_or_calibrate
+
+ZEN3 = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 1
+model name\t: AMD EPYC
+flags\t\t: fpu sse4_1 sse4_2 avx fma avx2 sse4a
+
+processor\t: 1
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+"""
+ZEN4_FLAGS = "fpu avx2 fma avx512f avx512bw avx512_vnni avx512_bf16"
+
+
+def test_cpu_identity_names_family_model_and_simd_flags():
+    assert cpu_identity(ZEN3) == "AuthenticAMD family 25 model 1 [avx2 fma]"
+    zen4 = ZEN3.replace("model\t\t: 1", "model\t\t: 17").replace(
+        "flags\t\t: fpu sse4_1 sse4_2 avx fma avx2 sse4a", "flags\t\t: " + ZEN4_FLAGS
+    )
+    assert cpu_identity(zen4) == "AuthenticAMD family 25 model 17 [avx2 fma avx512f avx512bw avx512_vnni avx512_bf16]"
+    assert host_id().startswith(platform.node() + " / ")
+
+
+def test_step_cost_from_another_cpu_is_measured_again(tmp_path, monkeypatch):
+    measured = StepCostModel(prefill_s=(0.01, 0.002, 0.0), decode_s=(0.01, 0.001, 0.0), host=host_id())
+    calls = []
+    monkeypatch.setattr(step_cost, "calibrate", lambda *a, **k: calls.append(1) or measured)
+    old = StepCostModel(prefill_s=(1.0, 1.0, 0.0), decode_s=(1.0, 1.0, 0.0), host=platform.node())  # name only
+    (tmp_path / STEP_COST_FILE).write_text(old.to_json())
+    got = load_or_calibrate(tmp_path, None, None, 16, 512, 8, None)
+    assert calls == [1] and got.prefill_s == measured.prefill_s
+    # written back with this host's key, then reused without measuring
+    assert StepCostModel.from_json((tmp_path / STEP_COST_FILE).read_text()).host == host_id()
+    assert load_or_calibrate(tmp_path, None, None, 16, 512, 8, None).prefill_s == measured.prefill_s
+    assert calls == [1]
