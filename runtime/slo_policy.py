@@ -42,7 +42,9 @@ from trtpipe.runtime.schedule import DecodeProgress
 from trtpipe.runtime.step_cost import StepCostModel, StepSample
 
 # The policy plans with the step-cost model scaled by the host's speed now: the median measured /
-# predicted time of the last HOST_FACTOR_WINDOW steps (once HOST_FACTOR_MIN_STEPS ran). A shared
+# predicted time of the last HOST_FACTOR_WINDOW mixed steps, the kind it plans (once
+# HOST_FACTOR_MIN_STEPS ran; decode-only steps are not planned and can be predicted well while
+# mixed ones are not). A shared
 # host drifts 20-50 % within minutes; a model calibrated at a quiet moment then plans steps that
 # run over the budget (measured: 16-token steps predicted 60 ms ran 74-93 ms).
 HOST_FACTOR_WINDOW = 32
@@ -124,13 +126,14 @@ class SloChunkPolicy:
 
     def tracking_host(self, log: Sequence[StepSample]) -> SloChunkPolicy:
         """This policy with ``host_factor`` = the median measured / predicted time of the last
-        ``HOST_FACTOR_WINDOW`` steps of ``log`` (oldest first); itself while ``log`` holds fewer
-        than ``HOST_FACTOR_MIN_STEPS`` or the factor moved by 5 % or less."""
-        if len(log) < HOST_FACTOR_MIN_STEPS:
+        ``HOST_FACTOR_WINDOW`` mixed steps (prefill and decode) of ``log`` (oldest first); itself
+        while ``log`` holds fewer than ``HOST_FACTOR_MIN_STEPS`` of them or the factor moved by
+        5 % or less."""
+        mixed = (s for s in reversed(log) if s.prefill_tokens and s.decode_batch and s.predicted_s > 0)
+        recent = list(itertools.islice(mixed, HOST_FACTOR_WINDOW))
+        if len(recent) < HOST_FACTOR_MIN_STEPS:
             return self
-        recent = list(itertools.islice(reversed(log), HOST_FACTOR_WINDOW))
-        ratios = [s.measured_s / s.predicted_s for s in recent if s.predicted_s > 0]
-        factor = statistics.median(ratios) if ratios else 1.0
+        factor = statistics.median(s.measured_s / s.predicted_s for s in recent)
         if abs(factor / self.host_factor - 1.0) <= 0.05:
             return self
         return dataclasses.replace(self, host_factor=factor)

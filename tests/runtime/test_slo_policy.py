@@ -9,8 +9,8 @@ from trtpipe.runtime.kv_manager import KVCacheManager
 from trtpipe.runtime.request import Request, SamplingParams
 from trtpipe.runtime.schedule import DecodeProgress
 from trtpipe.runtime.scheduler import Scheduler
-from trtpipe.runtime.slo_policy import SloChunkPolicy
-from trtpipe.runtime.step_cost import StepCostModel, fit, with_error
+from trtpipe.runtime.slo_policy import HOST_FACTOR_MIN_STEPS, HOST_FACTOR_WINDOW, SloChunkPolicy
+from trtpipe.runtime.step_cost import StepCostModel, StepSample, fit, with_error
 
 # prefill 2 ms + 1 ms/token; decode 5 ms + 1 ms/sequence (no attention terms)
 COST = StepCostModel(prefill_s=(0.002, 0.001, 0.0), decode_s=(0.005, 0.001, 0.0), error_ms=1.5)
@@ -92,6 +92,22 @@ def test_host_factor_scales_every_prediction_by_hand():
         SloChunkPolicy(COST, 50, 16, 512, itl_budget_ms=101, host_factor=1.5).max_prefill_tokens(1, 10, 0, (p,)) == 45
     )
     assert "host now 1.50x slower" in slow.describe(8)
+
+
+def test_host_factor_follows_the_mixed_steps_only():
+    policy = SloChunkPolicy(COST, 50, 16, 512)
+    decode_only = [StepSample(0.010, 0.010, 0, 2, 1.0)] * 40  # predicted well: not what is planned
+    mixed = [StepSample(0.040, 0.060, 16, 2, 1.0)] * (HOST_FACTOR_MIN_STEPS - 1)  # 1.5x slower
+    assert policy.tracking_host(decode_only + mixed) is policy  # too few mixed steps yet
+    tracked = policy.tracking_host(mixed + decode_only + [StepSample(0.040, 0.060, 16, 2, 1.0)])
+    assert tracked.host_factor == pytest.approx(1.5)
+    # the median of the last HOST_FACTOR_WINDOW mixed steps: older, faster ones drop out
+    fast = [StepSample(0.040, 0.040, 16, 2, 1.0)] * HOST_FACTOR_WINDOW
+    slow = [StepSample(0.040, 0.060, 16, 2, 1.0)] * (HOST_FACTOR_WINDOW // 2 + 1)  # most of the window
+    assert policy.tracking_host(fast + slow).host_factor == pytest.approx(1.5)
+    assert policy.tracking_host(slow + fast) is policy  # the last window is fast: factor 1.0
+    # within 5 %: the same policy (no churn)
+    assert tracked.tracking_host([StepSample(0.040, 0.062, 16, 2, 1.5)] * 10) is tracked
 
 
 def test_scheduler_hands_each_decoding_request_its_progress():
