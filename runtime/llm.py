@@ -37,7 +37,7 @@ from trtpipe.runtime.request_output import LiveRequest, RequestOutput
 from trtpipe.runtime.sampler import make_generator, sample
 from trtpipe.runtime.schedule import ScheduledDecode, ScheduledPrefill, SchedulerStep
 from trtpipe.runtime.scheduler import Scheduler
-from trtpipe.runtime.slo_policy import SloChunkPolicy
+from trtpipe.runtime.slo_policy import SloChunkPolicy, check_budget_ms
 from trtpipe.runtime.step_cost import StepCostModel, StepSample, load_or_calibrate
 from trtpipe.runtime.tokenizer import Tokenizer
 
@@ -60,6 +60,8 @@ class LLM:
         tpot_budget_ms: the TPOT budget of the ``slo`` policy (None = none); change it with
             :meth:`set_tpot_budget` (also the ITL budget). Setting one measures the engine's
             step-cost model once (a second or two; kept in the artifact's ``step_cost.json``).
+        itl_budget_ms: the ITL budget of the ``slo`` policy (None = none: every step within the
+            TPOT budget); used only with ``tpot_budget_ms``.
         fuse_mixed_steps: a step's prompt chunks and decodes in one engine call where it can; False = two.
 
     ``prefix_cache_queries`` / ``prefix_cache_hits``: prompt tokens looked up in / found in the
@@ -77,6 +79,7 @@ class LLM:
         prefix_caching: bool = True,
         scheduler_policy: str = "slo",
         tpot_budget_ms: float | None = None,
+        itl_budget_ms: float | None = None,
         fuse_mixed_steps: bool = True,
     ):
         require_bools(prefix_caching=prefix_caching, fuse_mixed_steps=fuse_mixed_steps)
@@ -123,19 +126,30 @@ class LLM:
         self.num_threads = num_threads
         self.step_cost: StepCostModel | None = None
         self.step_cost_log: deque[StepSample] = deque(maxlen=100_000)
-        self.set_tpot_budget(tpot_budget_ms)
+        self.set_tpot_budget(tpot_budget_ms, itl_budget_ms)
 
     def set_tpot_budget(self, tpot_budget_ms: float | None, itl_budget_ms: float | None = None) -> str:
         """Apply the scheduler policy for ``tpot_budget_ms`` (None: FCFS) and ``itl_budget_ms`` (None:
         every step within the TPOT budget; :mod:`~trtpipe.runtime.slo_policy`); call between steps.
 
-        Returns one line saying which prefill chunk sizes that gives, and why (for reports).
+        Returns one line saying which prefill chunk sizes that gives, and why (for reports); it
+        says so when ``itl_budget_ms`` is not used (policy fcfs, or no TPOT budget). Raises
+        :class:`TrtpipeError` for a budget that is not a finite number of ms > 0.
         """
+        for name, value in (("tpot_budget_ms", tpot_budget_ms), ("itl_budget_ms", itl_budget_ms)):
+            if value is not None:
+                check_budget_ms(name, value)  # before the step-cost model is measured
         limit = self.manifest.limits["max_num_tokens"]
         if self.scheduler_policy == "fcfs" or tpot_budget_ms is None:
             self.scheduler.chunk_policy = None
             why = "policy fcfs" if self.scheduler_policy == "fcfs" else "slo policy without a TPOT budget"
-            return f"fcfs ({why}): prefill chunks of up to max_num_tokens = {limit} tokens per step"
+            unused = ""
+            if itl_budget_ms is not None:  # said, never silently dropped
+                unused = (
+                    f"; the ITL budget {itl_budget_ms:g} ms is not used: it only applies to the slo policy "
+                    "with a TPOT budget (scheduler.tpot_budget_ms / --tpot-budget-ms)"
+                )
+            return f"fcfs ({why}): prefill chunks of up to max_num_tokens = {limit} tokens per step{unused}"
         cost, block_size = self.step_cost_model(), self.kv_manager.block_size
         policy = SloChunkPolicy(cost, float(tpot_budget_ms), block_size, limit, itl_budget_ms)
         self.scheduler.chunk_policy = policy
