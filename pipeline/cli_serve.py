@@ -5,6 +5,7 @@ The server itself lives in :mod:`trtpipe.runtime.serve` (no torch); this is only
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -12,6 +13,14 @@ import click
 
 from trtpipe.pipeline.cli_artifact import artifacts_option
 from trtpipe.pipeline.cli_common import THREADS_HELP
+
+
+def _finite_ms(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """click's FloatRange lets ``nan`` and ``inf`` through; a budget must be a finite number."""
+    if value is not None and not math.isfinite(value):
+        example = 100 if param.name == "itl_budget_ms" else 50
+        raise click.BadParameter(f"{value}: expected a finite number of ms > 0, e.g. {example}")
+    return value
 
 
 def _need_serve_extra() -> None:
@@ -81,6 +90,7 @@ def _need_serve_extra() -> None:
     "--tpot-budget-ms",
     type=click.FloatRange(min=0, min_open=True),
     default=None,
+    callback=_finite_ms,
     help="Override the recipe's scheduler.tpot_budget_ms: the TPOT the slo policy sizes prefill "
     "chunks for (artifact folder: none, so FCFS chunks).",
 )
@@ -88,9 +98,11 @@ def _need_serve_extra() -> None:
     "--itl-budget-ms",
     type=click.FloatRange(min=0, min_open=True),
     default=None,
+    callback=_finite_ms,
     help="Override the recipe's scheduler.itl_budget_ms: the longest token gap accepted; the slo "
     "policy then plans steps up to 0.8x it while each request's TPOT stays within the TPOT budget "
-    "(artifact folder: none, so every step within the TPOT budget).",
+    "(artifact folder: none, so every step within the TPOT budget). Without a TPOT budget it is also "
+    "the TPOT budget; refused under --scheduler-policy fcfs.",
 )
 def serve_cmd(
     recipe_or_artifact: str,
@@ -154,6 +166,8 @@ def serve_cmd(
     }
     overrides = {k: v for k, v in overrides.items() if v is not None}
     settings.update(overrides)
+    if itl_budget_ms is not None and (problem := _unused_itl_flag(itl_budget_ms, settings)):
+        _fail(TrtpipeError(problem))
     if overrides:
         source += "; overridden: " + ", ".join(f"{k}={v}" for k, v in overrides.items())
     click.echo(f"trtpipe serve: runtime settings from {source}", err=True)
@@ -170,6 +184,17 @@ def serve_cmd(
         **settings,
     )
     sys.exit(serve(cfg, echo=lambda s: click.echo(s, err=True)))
+
+
+def _unused_itl_flag(itl_budget_ms: float, settings: dict) -> str | None:
+    """Why ``--itl-budget-ms`` would change nothing under ``settings`` (policy fcfs) and the fix;
+    None when it applies (without a TPOT budget it is also the TPOT budget)."""
+    if settings["scheduler_policy"] != "fcfs":
+        return None
+    return (
+        f"--itl-budget-ms {itl_budget_ms:g} has no effect: the scheduler policy is fcfs, and the ITL "
+        "budget only sizes the slo policy's steps. Fix: add --scheduler-policy slo, or drop --itl-budget-ms"
+    )
 
 
 def serve_settings(recipe_or_artifact: str, artifact_root: str) -> tuple[Path, dict, str]:

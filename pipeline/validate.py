@@ -206,18 +206,19 @@ def _env(llm: Any, recipe: Recipe, art: Path, threads: int | None) -> dict:
 def scenario_slo_budgets_ms(recipe: Recipe, scenario: Scenario) -> tuple[float | None, float | None]:
     """``(tpot_budget_ms, itl_budget_ms)`` the ``slo`` policy keeps in this scenario.
 
-    TPOT: ``scheduler.tpot_budget_ms``, else the scenario's tightest ``tpot_ms`` limit, else its
-    tightest ``itl_ms`` limit, else None (FCFS). ITL: ``scheduler.itl_budget_ms``, else the
-    scenario's tightest ``itl_ms`` limit, else None (every step within the TPOT budget)."""
+    ITL: ``scheduler.itl_budget_ms``, else the scenario's tightest ``itl_ms`` limit, else None
+    (every step within the TPOT budget). TPOT: ``scheduler.tpot_budget_ms``, else the scenario's
+    tightest ``tpot_ms`` limit, else the ITL budget (a TPOT is at most the longest gap), else None
+    (FCFS)."""
     limits = scenario.budgets.limits()
     tpot = [v for m, _, v in limits if m == "tpot_ms"]
     itl = [v for m, _, v in limits if m == "itl_ms"]
-    tpot_ms = recipe.scheduler.tpot_budget_ms
-    if tpot_ms is None:
-        tpot_ms = min(tpot) if tpot else (min(itl) if itl else None)
     itl_ms = recipe.scheduler.itl_budget_ms
     if itl_ms is None and itl:
         itl_ms = min(itl)
+    tpot_ms = recipe.scheduler.tpot_budget_ms
+    if tpot_ms is None:
+        tpot_ms = min(tpot) if tpot else itl_ms
     return tpot_ms, itl_ms
 
 

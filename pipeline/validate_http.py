@@ -46,15 +46,34 @@ MEASURED_BY = (
 )
 
 
-@contextmanager
-def served(artifact_dir: Path, threads: int | None, ready_timeout_s: float = 300.0) -> Iterator[str]:
-    """``trtpipe serve ARTIFACT`` on a free 127.0.0.1 port; yields its URL; always stopped."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def serve_command(artifact_dir: Path, port: int, threads: int | None, recipe: Recipe | None = None) -> list[str]:
+    """The ``trtpipe serve ARTIFACT`` command line ``--serve`` runs, with ``recipe``'s runtime
+    settings (kv_cache.prefix_caching, scheduler.*) as flags: the artifact folder alone gets the
+    defaults (FCFS chunks), not the recipe's budgets."""
     cmd = [sys.executable, "-m", "trtpipe.pipeline.cli", "serve", str(artifact_dir), "--port", str(port)]
     if threads:
         cmd += ["--threads", str(threads)]
+    if recipe is not None:
+        sched = recipe.scheduler
+        cmd += [] if recipe.kv_cache.prefix_caching else ["--no-prefix-caching"]
+        cmd += ["--scheduler-policy", sched.policy]
+        if sched.tpot_budget_ms is not None:
+            cmd += ["--tpot-budget-ms", repr(sched.tpot_budget_ms)]
+        if sched.itl_budget_ms is not None and sched.policy == "slo":  # serve refuses it under fcfs
+            cmd += ["--itl-budget-ms", repr(sched.itl_budget_ms)]
+    return cmd
+
+
+@contextmanager
+def served(
+    artifact_dir: Path, threads: int | None, ready_timeout_s: float = 300.0, recipe: Recipe | None = None
+) -> Iterator[str]:
+    """``trtpipe serve ARTIFACT`` (:func:`serve_command`) on a free 127.0.0.1 port; yields its
+    URL; always stopped."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = serve_command(artifact_dir, port, threads, recipe)
     proc = subprocess.Popen(
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
     )
@@ -214,7 +233,7 @@ def run_validate_http(
     out = Console(stderr=as_json, highlight=False)
     err = Console(stderr=True, highlight=False)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    with served(art, threads) if serve else nullcontext(url) as base:
+    with served(art, threads, recipe=r) if serve else nullcontext(url) as base:
         err.print(f"validate {r.name} over HTTP at {base}" + (" (started by --serve)" if serve else ""))
         model = _served_model(base, r, headers)
         tokenizer = HttpTokenizer(base, headers)

@@ -37,7 +37,7 @@ from trtpipe.runtime.request_output import LiveRequest, RequestOutput
 from trtpipe.runtime.sampler import make_generator, sample
 from trtpipe.runtime.schedule import ScheduledDecode, ScheduledPrefill, SchedulerStep
 from trtpipe.runtime.scheduler import Scheduler
-from trtpipe.runtime.slo_policy import SloChunkPolicy
+from trtpipe.runtime.slo_policy import SloChunkPolicy, check_budget_ms, fcfs_description
 from trtpipe.runtime.step_cost import StepCostModel, StepSample, load_or_calibrate
 from trtpipe.runtime.tokenizer import Tokenizer
 
@@ -57,9 +57,8 @@ class LLM:
             ``kv_cache.prefix_caching`` sets it in ``trtpipe validate``).
         scheduler_policy: ``slo`` (size prefill chunks so steps stay within ``tpot_budget_ms``,
             see :mod:`trtpipe.runtime.slo_policy`) or ``fcfs``; ``slo`` without a budget is FCFS.
-        tpot_budget_ms: the TPOT budget of the ``slo`` policy (None = none); change it with
-            :meth:`set_tpot_budget` (also the ITL budget). Setting one measures the engine's
-            step-cost model once (a second or two; kept in the artifact's ``step_cost.json``).
+        tpot_budget_ms, itl_budget_ms: the ``slo`` policy's budgets (None = none; change them with
+            :meth:`set_tpot_budget`); setting one measures the engine's step-cost model once.
         fuse_mixed_steps: a step's prompt chunks and decodes in one engine call where it can; False = two.
 
     ``prefix_cache_queries`` / ``prefix_cache_hits``: prompt tokens looked up in / found in the
@@ -77,6 +76,7 @@ class LLM:
         prefix_caching: bool = True,
         scheduler_policy: str = "slo",
         tpot_budget_ms: float | None = None,
+        itl_budget_ms: float | None = None,
         fuse_mixed_steps: bool = True,
     ):
         require_bools(prefix_caching=prefix_caching, fuse_mixed_steps=fuse_mixed_steps)
@@ -123,20 +123,25 @@ class LLM:
         self.num_threads = num_threads
         self.step_cost: StepCostModel | None = None
         self.step_cost_log: deque[StepSample] = deque(maxlen=100_000)
-        self.set_tpot_budget(tpot_budget_ms)
+        self.set_tpot_budget(tpot_budget_ms, itl_budget_ms)
 
     def set_tpot_budget(self, tpot_budget_ms: float | None, itl_budget_ms: float | None = None) -> str:
         """Apply the scheduler policy for ``tpot_budget_ms`` (None: the ITL budget, else FCFS) and
         ``itl_budget_ms`` (None: every step within the TPOT budget; see slo_policy); between steps.
 
-        Returns one line saying which prefill chunk sizes that gives, and why (for reports).
+        Returns one line saying which prefill chunk sizes that gives, and why (for reports); it
+        says so when ``itl_budget_ms`` is not used (policy fcfs). Raises
+        :class:`TrtpipeError` for a budget that is not a finite number of ms > 0.
         """
+        for name, value in (("tpot_budget_ms", tpot_budget_ms), ("itl_budget_ms", itl_budget_ms)):
+            if value is not None:
+                check_budget_ms(name, value)  # before the step-cost model is measured
         limit = self.manifest.limits["max_num_tokens"]
         tpot_budget_ms = itl_budget_ms if tpot_budget_ms is None else tpot_budget_ms  # TPOT <= every ITL
         if self.scheduler_policy == "fcfs" or tpot_budget_ms is None:
             self.scheduler.chunk_policy = None
             why = "policy fcfs" if self.scheduler_policy == "fcfs" else "slo policy without a TPOT budget"
-            return f"fcfs ({why}): prefill chunks of up to max_num_tokens = {limit} tokens per step"
+            return fcfs_description(why, limit, itl_budget_ms)
         cost, block_size = self.step_cost_model(), self.kv_manager.block_size
         policy = SloChunkPolicy(cost, float(tpot_budget_ms), block_size, limit, itl_budget_ms)
         self.scheduler.chunk_policy = policy

@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
+import numbers
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -55,11 +57,28 @@ HOST_FACTOR_MIN_STEPS = 8
 ITL_BUDGET_MARGIN = 0.8
 
 
+_BUDGET_FIX = {
+    "tpot_budget_ms": "give the TPOT budget in ms (the mean token gap a request may take), e.g. tpot_budget_ms=50 (recipe "
+    "scheduler.tpot_budget_ms: 50, serve --tpot-budget-ms 50), or use scheduler.policy: fcfs",
+    "itl_budget_ms": "give the ITL budget in ms (the longest token gap a client accepts), e.g. itl_budget_ms=100 (recipe "
+    "scheduler.itl_budget_ms: 100, serve --itl-budget-ms 100), or None for every step within the TPOT budget",
+}
+
+
+def check_budget_ms(name: str, value: object) -> None:
+    """Raise :class:`TrtpipeError` unless ``value`` is a finite number of milliseconds > 0
+    (an int or float, NumPy's included; not a bool or a string). ``name``: ``tpot_budget_ms`` or ``itl_budget_ms``."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if not ok:
+        raise TrtpipeError(f"{name} = {value!r}: expected a finite number of ms > 0; fix: {_BUDGET_FIX[name]}")
+
+
 @dataclass(frozen=True)
 class SloChunkPolicy:
     """Prefill tokens allowed in one step under ``tpot_budget_ms`` (and ``itl_budget_ms``).
 
-    Raises :class:`TrtpipeError` for a budget <= 0 or sizes < 1.
+    Raises :class:`TrtpipeError` for a budget that is not a finite number > 0 (:func:`check_budget_ms`)
+    or sizes < 1.
     """
 
     cost: StepCostModel
@@ -70,13 +89,9 @@ class SloChunkPolicy:
     host_factor: float = 1.0  # measured / predicted step time of recent steps (LLM updates it)
 
     def __post_init__(self) -> None:
-        for name in ("tpot_budget_ms", "itl_budget_ms"):
-            value = getattr(self, name)
-            if (value is not None or name == "tpot_budget_ms") and not (isinstance(value, (int, float)) and value > 0):
-                raise TrtpipeError(
-                    f"{name} = {value!r}: expected > 0 ms; fix: set a TPOT budget (e.g. "
-                    "tpot_ms: {p95: 50}, optionally itl_ms: {p99: 100}) or use scheduler.policy: fcfs"
-                )
+        check_budget_ms("tpot_budget_ms", self.tpot_budget_ms)
+        if self.itl_budget_ms is not None:
+            check_budget_ms("itl_budget_ms", self.itl_budget_ms)
         if self.block_size < 1 or self.max_num_tokens < 1:
             raise TrtpipeError(
                 f"block_size = {self.block_size}, max_num_tokens = {self.max_num_tokens}: expected both >= 1"
@@ -144,12 +159,13 @@ class SloChunkPolicy:
         c = self.cost
         batches = sorted({b for b in (1, 2, 4, 8, max_batch_size) if b <= max_batch_size})
         chunks = ", ".join(f"{b} -> {self.max_prefill_tokens(b, b * context_per_seq)}" for b in batches)
-        cap = (
-            f"; ITL budget {self.itl_budget_ms:g} ms: steps up to {self.step_cap_s * 1e3:.0f} ms "
-            "while every decoding request's TPOT stays within budget"
-            if self.itl_budget_ms is not None
-            else ""
-        )
+        cap = ""
+        if self.itl_budget_ms is not None:
+            cap = f"; ITL budget {self.itl_budget_ms:g} ms: steps up to {self.step_cap_s * 1e3:.0f} ms "
+            if self.step_cap_s * 1e3 < self.tpot_budget_ms:  # the ITL budget is the tighter limit
+                cap += f"({ITL_BUDGET_MARGIN:g}x it, below the TPOT budget: the ITL budget sets the chunk size)"
+            else:
+                cap += "while every decoding request's TPOT stays within budget"
         return (
             f"slo: TPOT budget {self.tpot_budget_ms:g} ms{cap}; measured step cost: prefill "
             f"{c.prefill_s[0] * 1e3:.1f} ms + {c.prefill_s[1] * 1e3:.3f} ms/token, decode "
@@ -162,4 +178,23 @@ class SloChunkPolicy:
         )
 
 
-__all__ = ["HOST_FACTOR_MIN_STEPS", "HOST_FACTOR_WINDOW", "ITL_BUDGET_MARGIN", "SloChunkPolicy"]
+def fcfs_description(why: str, max_num_tokens: int, itl_budget_ms: float | None = None) -> str:
+    """The reports' line for FCFS chunks (``why``: which policy or missing budget chose them); an
+    ITL budget given anyway is named as not used, never dropped silently."""
+    unused = ""
+    if itl_budget_ms is not None:
+        unused = (
+            f"; the ITL budget {itl_budget_ms:g} ms is not used: it only applies to the slo policy "
+            "(scheduler.policy: slo / --scheduler-policy slo)"
+        )
+    return f"fcfs ({why}): prefill chunks of up to max_num_tokens = {max_num_tokens} tokens per step{unused}"
+
+
+__all__ = [
+    "HOST_FACTOR_MIN_STEPS",
+    "HOST_FACTOR_WINDOW",
+    "ITL_BUDGET_MARGIN",
+    "SloChunkPolicy",
+    "check_budget_ms",
+    "fcfs_description",
+]

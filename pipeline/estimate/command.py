@@ -100,10 +100,16 @@ def _chunking_notes(recipe: Recipe, family: str, artifact_root: str | Path) -> l
         head = f"scenario {s.name}: prefill chunks: "
         if recipe.scheduler.policy == "fcfs" or budget is None:
             why = "scheduler.policy fcfs" if recipe.scheduler.policy == "fcfs" else "no TPOT budget"
-            notes.append(head + f"fcfs ({why}), up to max_num_tokens = {recipe.max_num_tokens} per step")
+            unused = (
+                f"; the ITL budget {itl_budget:g} ms is not used (it needs the slo policy)"
+                if itl_budget is not None
+                else ""
+            )
+            notes.append(head + f"fcfs ({why}), up to max_num_tokens = {recipe.max_num_tokens} per step{unused}")
         elif cost is None:
+            itl = f", ITL {itl_budget:g} ms" if itl_budget is not None else ""
             notes.append(
-                head + f"slo at TPOT {budget:g} ms; the chunk size comes from the engine's "
+                head + f"slo at TPOT {budget:g} ms{itl}; the chunk size comes from the engine's "
                 f"step-cost model, not measured yet ({path} is written by the first validate run)"
             )
         else:

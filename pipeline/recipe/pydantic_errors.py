@@ -93,7 +93,9 @@ def _explain(e: dict[str, Any]) -> tuple[str, str]:
         return expected, fix
     if typ in ("int_type", "int_parsing", "int_from_float"):
         return "an integer", f"write a whole number without quotes{eg}"
-    if typ in ("float_type", "float_parsing", "finite_number"):
+    if typ == "finite_number":  # YAML's .inf / .nan where allow_inf_nan=False
+        return "a finite number", f"write a finite number, not .inf or .nan{eg}"
+    if typ in ("float_type", "float_parsing"):
         value = e.get("input")
         if isinstance(value, str) and "e" in value.lower() and "." not in value:
             try:

@@ -100,8 +100,8 @@ class SchedulerSpec(Spec):
     """
 
     policy: Literal["slo", "fcfs"] = "slo"
-    tpot_budget_ms: float | None = Field(None, gt=0, examples=[50])
-    itl_budget_ms: float | None = Field(None, gt=0, examples=[100])
+    tpot_budget_ms: float | None = Field(None, gt=0, allow_inf_nan=False, examples=[50])
+    itl_budget_ms: float | None = Field(None, gt=0, allow_inf_nan=False, examples=[100])
 
 
 class Range(Spec):

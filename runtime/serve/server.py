@@ -143,9 +143,23 @@ def _load(cfg: ServeConfig, state: ServeState, url: str, echo: Callable[[str], N
     )
 
 
+def _never_raising(echo: Callable[[str], None]) -> Callable[[str], None]:
+    """``echo`` that drops a line it cannot write: with stderr's reader gone (``serve ... | head``,
+    a log collector that died) a write raises BrokenPipeError, which killed the drain thread before
+    it stopped the server: SIGINT/SIGTERM then left it up, answering 503, until a second SIGINT."""
+
+    def safe(line: str) -> None:
+        try:
+            echo(line)
+        except (OSError, ValueError):  # BrokenPipeError; ValueError: write to a closed file
+            pass
+
+    return safe
+
+
 def serve(cfg: ServeConfig, echo: Callable[[str], None] | None = None) -> int:
     """Serve until a signal; returns the exit code (0 after a graceful shutdown)."""
-    echo = echo or (lambda s: print(s, file=sys.stderr, flush=True))
+    echo = _never_raising(echo or (lambda s: print(s, file=sys.stderr, flush=True)))
     state = ServeState(model_name=cfg.model_name, api_key=cfg.api_key)
     # Metrics exist (empty) while loading, so /metrics never 404s.
     state.metrics = ServeMetrics(cfg.model_name)
@@ -159,10 +173,12 @@ def serve(cfg: ServeConfig, echo: Callable[[str], None] | None = None) -> int:
 
     def drain() -> None:
         state.draining = True
-        echo(f"trtpipe serve: shutting down (grace {cfg.shutdown_grace_s:g} s for running requests)")
-        if state.engine is not None:
-            state.engine.shutdown(cfg.shutdown_grace_s)
-        server.should_exit = True
+        try:
+            echo(f"trtpipe serve: shutting down (grace {cfg.shutdown_grace_s:g} s for running requests)")
+            if state.engine is not None:
+                state.engine.shutdown(cfg.shutdown_grace_s)
+        finally:  # whatever failed above, the server stops (it stayed up answering 503 otherwise)
+            server.should_exit = True
 
     server.on_signal = lambda: threading.Thread(target=drain, name="trtpipe-drain", daemon=True).start()
     free = " (port 0: a free one, named on the ready line)" if cfg.port == 0 else ""

@@ -90,3 +90,34 @@ def test_serve_recipe_without_prefix_caching_and_slo_override(tmp_path, default_
         assert cached == [0, 0]
         m = read_metrics(httpx.get(s.url + "/metrics", timeout=10).text)
         assert m["trtpipe:prefix_cache_hits_total"] == 0 and m["trtpipe:prefix_cache_queries_total"] == 0
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--itl-budget-ms", "100", "--tpot-budget-ms", "50", "--scheduler-policy", "fcfs"],
+            "error: --itl-budget-ms 100 has no effect: the scheduler policy is fcfs, and the ITL budget only "
+            "sizes the slo policy's steps. Fix: add --scheduler-policy slo, or drop --itl-budget-ms",
+        ),
+        (
+            ["--itl-budget-ms", "nan", "--tpot-budget-ms", "50"],
+            "Invalid value for '--itl-budget-ms': nan: expected a finite number of ms > 0, e.g. 100",
+        ),
+        (
+            ["--tpot-budget-ms", "inf"],
+            "Invalid value for '--tpot-budget-ms': inf: expected a finite number of ms > 0, e.g. 50",
+        ),
+    ],
+)
+def test_serve_refuses_an_itl_budget_that_would_do_nothing_and_non_finite_budgets(default_artifact, flags, message):
+    """Exit 2 before the model loads: an --itl-budget-ms under fcfs was silently dropped; NaN passed
+    click's range check and left a server answering 503."""
+    from click.testing import CliRunner
+
+    from trtpipe.pipeline.cli import main
+
+    res = CliRunner().invoke(main, ["serve", str(default_artifact), "--port", "0", *flags])
+    assert res.exit_code == 2
+    assert message in " ".join(res.output.split())
+    assert "listening at" not in res.output

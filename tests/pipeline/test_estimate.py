@@ -410,3 +410,20 @@ def test_json_document_keeps_its_flat_keys():
     assert d["kv_pool_max_sequences"] == e.kv.pool_max_sequences == 4
     assert d["engine_weight_bytes"] == e.weights.engine_bytes == 652_080_384
     assert d["activation_bytes"] == e.activations.prefill_bytes + e.activations.decode_bytes
+
+
+def test_chunking_notes_say_the_itl_budget_and_when_it_is_not_used(tmp_path):
+    """scheduler.itl_budget_ms 100 on the default recipe, no step-cost model measured yet (empty
+    artifacts root): a scenario without a TPOT budget takes the ITL budget as its TPOT budget; one
+    with a TPOT budget names both; under fcfs every note says the ITL budget is unused (it was
+    dropped silently)."""
+    from trtpipe.pipeline.estimate.command import _chunking_notes
+
+    data = shipped("smollm2-135m-cpu")
+    data["scheduler"] = {"itl_budget_ms": 100}
+    notes = {n.split(":")[0]: n for n in _chunking_notes(parse_recipe(data, origin="t.yaml"), "cpu", tmp_path)}
+    assert notes["scenario chat"].startswith("scenario chat: prefill chunks: slo at TPOT 100 ms, ITL 100 ms; ")
+    assert notes["scenario code"].startswith("scenario code: prefill chunks: slo at TPOT 80 ms, ITL 100 ms; ")
+    data["scheduler"] = {"policy": "fcfs", "itl_budget_ms": 100}
+    notes = _chunking_notes(parse_recipe(data, origin="t.yaml"), "cpu", tmp_path)
+    assert all("fcfs (scheduler.policy fcfs)" in n and "ITL budget 100 ms is not used" in n for n in notes)

@@ -229,6 +229,17 @@ def test_negative_or_zero_sizes(cpu_data, path, value):
     assert "expected a value >" in str(err)
 
 
+@pytest.mark.parametrize("key", ["tpot_budget_ms", "itl_budget_ms"])
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_scheduler_budget_must_be_finite(cpu_data, key, value):
+    """YAML's .inf passed `gt=0` (the slo policy then planned steps "up to inf ms"), and .nan was
+    called "a value > 0" though it is not out of range but not a number."""
+    budgets = {"tpot_budget_ms": 50, key: value}
+    err = error_of(cpu_data, lambda d: d.update(scheduler=budgets))
+    assert_problem(err, f"scheduler.{key}", repr(value), "write a finite number, not .inf or .nan", f"`{key}: ")
+    assert f"scheduler.{key} = {value!r}: expected a finite number. Fix: " in str(err)
+
+
 def test_block_size_not_power_of_two(cpu_data):
     err = error_of(cpu_data, lambda d: d["kv_cache"].update(block_size=24))
     assert_problem(err, "kv_cache.block_size", "24", "use 16 or 32")

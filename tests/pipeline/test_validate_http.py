@@ -119,3 +119,42 @@ def test_goodput_over_http(server, tmp_path):
     rates = [p["rate_per_s"] for p in res["probes"]]
     assert rates[0] == 2.0 and all(p["passed"] for p in res["probes"]) and len(rates) >= 2
     assert res["goodput_requests_per_s"] == max(rates) and rates == sorted(rates)
+
+
+def test_serve_flag_starts_the_server_with_the_recipes_runtime_settings(tmp_path, default_artifact):
+    """`validate RECIPE --serve` served the artifact folder with its defaults (prefix caching on,
+    no budget: FCFS chunks), whatever the recipe's kv_cache.prefix_caching and scheduler said."""
+    from trtpipe.pipeline.recipe import load_recipe
+    from trtpipe.pipeline.validate_http import serve_command
+
+    data = yaml.safe_load(_recipe(tmp_path, 1000).read_text())
+    data["kv_cache"]["prefix_caching"] = False
+    data["scheduler"] = {"tpot_budget_ms": 50, "itl_budget_ms": 100}
+    path = tmp_path / "budgets.yaml"
+    path.write_text(yaml.safe_dump(data))
+    cmd = serve_command(default_artifact, 1234, 2, load_recipe(path))
+    flags = cmd[cmd.index("--port") + 2 :]
+    assert flags == [
+        "--threads", "2", "--no-prefix-caching", "--scheduler-policy", "slo",
+        "--tpot-budget-ms", "50.0", "--itl-budget-ms", "100.0",
+    ]  # fmt: skip
+    data["scheduler"] = {"itl_budget_ms": 100}  # no TPOT budget: the ITL budget is also the TPOT budget
+    path.write_text(yaml.safe_dump(data))
+    cmd = serve_command(default_artifact, 1234, None, load_recipe(path))
+    assert cmd[cmd.index("--port") + 2 :] == [
+        "--no-prefix-caching",
+        "--scheduler-policy",
+        "slo",
+        "--itl-budget-ms",
+        "100.0",
+    ]
+    data["scheduler"] = {"policy": "fcfs", "itl_budget_ms": 100}  # serve refuses --itl-budget-ms under fcfs
+    path.write_text(yaml.safe_dump(data))
+    cmd = serve_command(default_artifact, 1234, None, load_recipe(path))
+    assert cmd[cmd.index("--port") + 2 :] == ["--no-prefix-caching", "--scheduler-policy", "fcfs"]
+    with ServerProcess(default_artifact, *flags[2:]) as s:
+        text = "".join(s.lines)
+        assert (
+            "overridden: prefix_caching=False, scheduler_policy=slo, tpot_budget_ms=50.0, itl_budget_ms=100.0" in text
+        )
+        assert "prefix caching off; scheduler slo; prefill chunks: slo: TPOT budget 50 ms; ITL budget 100 ms" in text

@@ -68,3 +68,27 @@ def test_long_prompt_during_decodes_keeps_steps_within_the_budget(default_artifa
     # an ITL budget alone is also the TPOT budget (every TPOT is at most the longest gap)
     assert "slo: TPOT budget 90 ms; ITL budget 90 ms: steps up to 72 ms" in llm.set_tpot_budget(None, 90)
     assert llm.set_tpot_budget(None).startswith("fcfs (slo policy without a TPOT budget)")
+
+
+def test_itl_budget_without_tpot_budget_is_said_and_bad_budgets_are_refused(default_artifact):
+    """An ITL budget under fcfs changes nothing: the returned line says so instead of dropping it
+    silently; a bad budget is refused before anything changes."""
+    from trtpipe.runtime.errors import TrtpipeError
+    from trtpipe.runtime.llm import LLM
+
+    llm = LLM(default_artifact, tpot_budget_ms=50, itl_budget_ms=100)  # the constructor takes both
+    assert llm.scheduler.chunk_policy.itl_budget_ms == 100 and llm.scheduler.chunk_policy.tpot_budget_ms == 50
+    llm.set_tpot_budget(50, 100)
+    before = llm.scheduler.chunk_policy
+    for tpot, itl, field in (
+        (50, 0, "itl_budget_ms = 0"),
+        (50, "100", "itl_budget_ms = '100'"),
+        ("50", None, "tpot_budget_ms = '50'"),
+    ):
+        with pytest.raises(TrtpipeError, match=field):
+            llm.set_tpot_budget(tpot, itl)
+        assert llm.scheduler.chunk_policy is before  # unchanged
+    fcfs = LLM(default_artifact, scheduler_policy="fcfs", tpot_budget_ms=50, itl_budget_ms=100)
+    assert fcfs.scheduler.chunk_policy is None
+    why = fcfs.set_tpot_budget(50, 100)
+    assert why.startswith("fcfs (policy fcfs): ") and "; the ITL budget 100 ms is not used: " in why

@@ -1,6 +1,7 @@
 """SLO-aware chunked prefill: the step-cost model's fit, chunk sizes computed by hand on a
 synthetic cost model, and the scheduler applying them (no model)."""
 
+import numpy as np
 import pytest
 
 from trtpipe.runtime.block_pool import BlockPool
@@ -9,7 +10,7 @@ from trtpipe.runtime.kv_manager import KVCacheManager
 from trtpipe.runtime.request import Request, SamplingParams
 from trtpipe.runtime.schedule import DecodeProgress
 from trtpipe.runtime.scheduler import Scheduler
-from trtpipe.runtime.slo_policy import HOST_FACTOR_MIN_STEPS, HOST_FACTOR_WINDOW, SloChunkPolicy
+from trtpipe.runtime.slo_policy import HOST_FACTOR_MIN_STEPS, HOST_FACTOR_WINDOW, SloChunkPolicy, check_budget_ms
 from trtpipe.runtime.step_cost import StepCostModel, StepSample, fit, with_error
 
 # prefill 2 ms + 1 ms/token; decode 5 ms + 1 ms/sequence (no attention terms)
@@ -76,6 +77,50 @@ def test_itl_budget_lets_requests_spend_tpot_slack_by_hand():
     assert p.max_prefill_tokens(1, 10, 0, (behind,)) == 16
     assert SloChunkPolicy(COST, 50, 16, 512).max_prefill_tokens(1, 10, 0, (behind,)) == 16
     assert "ITL budget 101 ms: steps up to 81 ms" in p.describe(8)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("tpot_budget_ms", 0),
+        ("tpot_budget_ms", "50"),
+        ("tpot_budget_ms", float("inf")),
+        ("itl_budget_ms", 0),
+        ("itl_budget_ms", -5),
+        ("itl_budget_ms", "100"),
+        ("itl_budget_ms", True),
+        ("itl_budget_ms", float("nan")),
+        ("itl_budget_ms", float("inf")),
+    ],
+)
+def test_bad_budget_names_field_value_expectation_and_fix(field, value):
+    """A string, a bool (True would be 1 ms), NaN and infinity are refused like <= 0, with the
+    fix for that budget (not the other one's)."""
+    budgets = {"tpot_budget_ms": 50, "itl_budget_ms": None, field: value}
+    with pytest.raises(TrtpipeError) as e:
+        SloChunkPolicy(COST, budgets["tpot_budget_ms"], 16, 512, itl_budget_ms=budgets["itl_budget_ms"])
+    msg = str(e.value)
+    assert msg.startswith(f"{field} = {value!r}: expected a finite number of ms > 0; fix: ")
+    flag, other = (
+        ("--itl-budget-ms", "--tpot-budget-ms") if field == "itl_budget_ms" else ("--tpot-budget-ms", "--itl-budget-ms")
+    )
+    assert flag in msg and other not in msg
+    check_budget_ms(field, np.float64(50.0))  # NumPy scalars are numbers
+    check_budget_ms(field, np.int64(50))
+
+
+def test_describe_says_when_the_itl_budget_is_the_tighter_limit():
+    """ITL 101 ms under a TPOT budget of 200 ms: steps up to 80.8 ms, which is below the TPOT budget,
+    so the ITL budget shrinks the chunks (200 ms alone: 2 + n + 7 <= 200 -> 191; 80.8 ms: 71)."""
+    p = SloChunkPolicy(COST, 200, 16, 512, itl_budget_ms=101)
+    assert p.max_prefill_tokens(2, 200) == 71
+    assert SloChunkPolicy(COST, 200, 16, 512).max_prefill_tokens(2, 200) == 191
+    assert (
+        "ITL budget 101 ms: steps up to 81 ms (0.8x it, below the TPOT budget: the ITL budget sets the chunk size)"
+        in p.describe(8)
+    )
+    loose = SloChunkPolicy(COST, 50, 16, 512, itl_budget_ms=100).describe(8)
+    assert "steps up to 80 ms while every decoding request's TPOT stays within budget" in loose
 
 
 def test_host_factor_scales_every_prediction_by_hand():
