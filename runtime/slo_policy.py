@@ -68,7 +68,12 @@ _BUDGET_FIX = {
 def check_budget_ms(name: str, value: object) -> None:
     """Raise :class:`TrtpipeError` unless ``value`` is a finite number of milliseconds > 0
     (an int or float, NumPy's included; not a bool or a string). ``name``: ``tpot_budget_ms`` or ``itl_budget_ms``."""
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    ok = (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and math.isfinite(float(value))
+        and float(value) > 0
+    )
     if not ok:
         raise TrtpipeError(f"{name} = {value!r}: expected a finite number of ms > 0; fix: {_BUDGET_FIX[name]}")
 
