@@ -23,6 +23,11 @@ def _finite_ms(ctx: click.Context, param: click.Parameter, value: float | None) 
     return value
 
 
+def _budget_ms_option(flag: str, help: str):  # noqa: A002 - click's name
+    """A ``--*-budget-ms`` option: a finite number of ms > 0, or absent (the recipe's value)."""
+    return click.option(flag, type=click.FloatRange(min=0, min_open=True), default=None, callback=_finite_ms, help=help)
+
+
 def _need_serve_extra() -> None:
     try:
         import fastapi  # noqa: F401
@@ -86,20 +91,14 @@ def _need_serve_extra() -> None:
     default=None,
     help="Override the recipe's scheduler.policy (artifact folder: slo).",
 )
-@click.option(
+@_budget_ms_option(
     "--tpot-budget-ms",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    callback=_finite_ms,
-    help="Override the recipe's scheduler.tpot_budget_ms: the TPOT the slo policy sizes prefill "
+    "Override the recipe's scheduler.tpot_budget_ms: the TPOT the slo policy sizes prefill "
     "chunks for (artifact folder: none, so FCFS chunks).",
 )
-@click.option(
+@_budget_ms_option(
     "--itl-budget-ms",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    callback=_finite_ms,
-    help="Override the recipe's scheduler.itl_budget_ms: the longest token gap accepted; the slo "
+    "Override the recipe's scheduler.itl_budget_ms: the longest token gap accepted; the slo "
     "policy then plans steps up to 0.8x it while each request's TPOT stays within the TPOT budget "
     "(artifact folder: none, so every step within the TPOT budget). Without a TPOT budget it is also "
     "the TPOT budget; refused under --scheduler-policy fcfs.",

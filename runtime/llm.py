@@ -329,7 +329,7 @@ class LLM:
         policy, prefill_tokens = self.scheduler.chunk_policy, sum(p.num_tokens for p in step.prefills)
         factor = getattr(policy, "host_factor", 1.0)  # (what the step was planned with)
         self.step_cost_log.append(StepSample(predicted, measured_s, prefill_tokens, len(step.decodes), factor))
-        if isinstance(policy, SloChunkPolicy):  # re-plan with the host's speed now
+        if isinstance(policy, SloChunkPolicy) and prefill_tokens and step.decodes:  # a mixed step: re-plan
             self.scheduler.chunk_policy = policy.tracking_host(self.step_cost_log)
 
     def _emit(self, sampled: dict[str, int], finished: list[Request]) -> list[RequestOutput]:
