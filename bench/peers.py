@@ -175,7 +175,7 @@ def _floors(meta: dict, artifact: Path):
     from before the floors were recorded)."""
     from peers_floors import Floors, measured_floors
 
-    return Floors.from_dict(meta["floors"]) if meta.get("floors") else measured_floors(artifact)
+    return Floors.from_dict(meta["floors"]) if meta.get("floors") else measured_floors(artifact)[0]
 
 
 def _render(meta: dict, summary: dict, runs: dict, profile: dict, state: dict, out: Path, artifact: Path) -> str:
@@ -273,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     engines, state = prepared
     from peers_floors import measured_floors
 
-    floors = measured_floors(args.artifact)  # before the rounds: the host's rates, not the engines' load
+    # before the rounds: the host's rates, not the engines' load
+    floors, peaks = measured_floors(args.artifact, args.threads)
     runs, rounds = _measure(args, engines, state)
     profile = {}
     if not args.no_profile and "trtpipe" in engines:
@@ -291,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine,
         "wall_s": time.monotonic() - t_start,
         "floors": floors.to_dict(),
+        "host_peaks": peaks.to_dict(),
     }
     md = _render(meta, summary, runs, profile, state, args.out, args.artifact)
     args.out.parent.mkdir(parents=True, exist_ok=True)

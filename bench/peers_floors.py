@@ -2,10 +2,12 @@
 
 Computed from model facts by the estimate's roofline (:func:`trtpipe.pipeline.estimate.roofline`,
 peak rates, batch 1 unless stated) for the artifact's recipe and model, at this host's measured
-rates (:func:`trtpipe.pipeline.targets.measure_host`: a NumPy copy for bandwidth, a float32 matmul
-for FLOP/s; recorded in the raw results so ``--from-json`` reproduces the report):
+rates (``bench/host_peaks.py``: ONNX Runtime's read bandwidth, fp32 and int8 GEMM peaks; recorded
+in the raw results so ``--from-json`` reproduces the report):
 
-* TTFT at n prompt tokens: ``max(prefill FLOP / FLOP/s, bytes / bandwidth)`` (compute-bound);
+* TTFT at n prompt tokens: ``max(prefill FLOP / FLOP/s, bytes / bandwidth)`` (compute-bound), at
+  the **int8** peak when the artifact's INT4 GEMMs quantize activations to int8
+  (``engine.ort_accuracy_level: 4``, the cpu default), else at the fp32 peak;
 * TPOT at n prompt tokens: one decode step at the mean context of the 64 generated tokens
   (n + 32): the decode weights and that context's KV read once, over the bandwidth;
 * throughput of 8 x (128 + 64): the 8 prefills, then 64 batch-8 decode steps at context 160.
@@ -16,6 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from host_peaks import HostPeaks, measure_peaks
 from peers_workload import CONCURRENT_PROMPT_TOKENS, NUM_CONCURRENT, NUM_OUTPUT_TOKENS, PROMPT_LENGTHS
 
 
@@ -30,11 +33,15 @@ class Floors:
     ttft_s: dict[int, float]  # prompt tokens -> s
     tpot_s: dict[int, float]  # prompt tokens -> s (at the mean context of the output)
     tps: float  # output tokens/s of the 8-request run
+    int8_ops_per_s: float = 0.0  # measured int8 GEMM peak (0: not measured; raw results before it)
+    gemm_compute: str = "fp32"  # the dtype the artifact's GEMMs compute in: fp32 | int8
 
     def describe(self) -> str:
+        int8 = f", {self.int8_ops_per_s / 1e9:.0f} GOP/s int8" if self.int8_ops_per_s else ""
         return (
             f"the estimate's roofline for {self.recipe} at this host's measured "
-            f"{self.bandwidth_bytes_per_s / 1e9:.1f} GB/s and {self.fp32_flops_per_s / 1e9:.0f} GFLOP/s fp32 "
+            f"{self.bandwidth_bytes_per_s / 1e9:.1f} GB/s and {self.fp32_flops_per_s / 1e9:.0f} GFLOP/s fp32{int8}; "
+            f"GEMMs at the {self.gemm_compute} peak "
             f"(a decode step reads {self.decode_weight_read_bytes / 1e6:.1f} MB of weights plus the KV)"
         )
 
@@ -51,28 +58,59 @@ class Floors:
             {int(k): v for k, v in d["ttft_s"].items()},
             {int(k): v for k, v in d["tpot_s"].items()},
             d["tps"],
+            d.get("int8_ops_per_s", 0.0),
+            d.get("gemm_compute", "fp32"),
         )
 
 
-def floors_for(recipe, config, bandwidth_bytes_per_s: float, fp32_flops_per_s: float) -> Floors:
+def int8_activations(recipe) -> bool:
+    """Whether the recipe's cpu GEMMs run int8 dot products: INT4 weights in both phases with
+    ``engine.ort_accuracy_level: 4`` (MatMulNBits quantizes each activation block to int8)."""
+    p = recipe.precision
+    return p.prefill == p.decode == "int4" and recipe.engine.ort_accuracy_level == 4
+
+
+def floors_for(
+    recipe, config, bandwidth_bytes_per_s: float, fp32_flops_per_s: float, int8_ops_per_s: float = 0.0
+) -> Floors:
     """Floors of ``recipe`` (a :class:`~trtpipe.pipeline.recipe.Recipe`) with the model facts
-    ``config`` on a cpu of the given peak rates."""
+    ``config`` on a cpu of the given peak rates; the GEMMs compute at ``int8_ops_per_s`` when it
+    is given and :func:`int8_activations` holds, else at ``fp32_flops_per_s``."""
+    from dataclasses import replace
+
     from trtpipe.pipeline.estimate import roofline, windowed_config
     from trtpipe.pipeline.targets import HostMeasurement, cpu_target
 
     host = HostMeasurement(bandwidth_bytes_per_s, fp32_flops_per_s, 0, 0, 1)
-    roof = roofline(recipe, windowed_config(recipe, config), cpu_target(host))
+    target = cpu_target(host)
+    roof = roofline(recipe, windowed_config(recipe, config), target)
+    gemm_compute = "int8" if int8_ops_per_s and int8_activations(recipe) else "fp32"
+    if gemm_compute == "int8":
+        peaks = tuple((d, int8_ops_per_s if d == "int8" else f) for d, f in target.peak_flops)
+        roof = replace(
+            roof, target=replace(target, peak_flops=peaks), prefill_compute_dtype="int8", decode_compute_dtype="int8"
+        )
     ttft = {n: roof.ttft_s(n, peak=True)[0] for n in PROMPT_LENGTHS}
     tpot = {n: roof.tpot_s(n + NUM_OUTPUT_TOKENS // 2, 1, peak=True)[0] for n in PROMPT_LENGTHS}
     prefill = NUM_CONCURRENT * roof.ttft_s(CONCURRENT_PROMPT_TOKENS, peak=True)[0]
     step, _ = roof.tpot_s(CONCURRENT_PROMPT_TOKENS + NUM_OUTPUT_TOKENS // 2, NUM_CONCURRENT, peak=True)
     tps = NUM_CONCURRENT * NUM_OUTPUT_TOKENS / (prefill + NUM_OUTPUT_TOKENS * step)
     return Floors(
-        recipe.name, bandwidth_bytes_per_s, fp32_flops_per_s, roof.decode_read.weight_read_bytes, ttft, tpot, tps
+        recipe.name,
+        bandwidth_bytes_per_s,
+        fp32_flops_per_s,
+        roof.decode_read.weight_read_bytes,
+        ttft,
+        tpot,
+        tps,
+        int8_ops_per_s,
+        gemm_compute,
     )
 
 
-def artifact_floors(artifact: Path, bandwidth_bytes_per_s: float, fp32_flops_per_s: float) -> Floors:
+def artifact_floors(
+    artifact: Path, bandwidth_bytes_per_s: float, fp32_flops_per_s: float, int8_ops_per_s: float = 0.0
+) -> Floors:
     """Floors of the artifact's recipe (a shipped recipe, by the manifest's name) and model facts
     (the manifest's). Raises TrtpipeError when the recipe cannot be found."""
     from trtpipe.pipeline.recipe import load_recipe, resolve_recipe_path
@@ -80,12 +118,11 @@ def artifact_floors(artifact: Path, bandwidth_bytes_per_s: float, fp32_flops_per
 
     m = load_manifest(artifact, verify_hashes=False)
     recipe = load_recipe(resolve_recipe_path(m.recipe_name), check_files=False)
-    return floors_for(recipe, m.model, bandwidth_bytes_per_s, fp32_flops_per_s)
+    return floors_for(recipe, m.model, bandwidth_bytes_per_s, fp32_flops_per_s, int8_ops_per_s)
 
 
-def measured_floors(artifact: Path) -> Floors:
-    """:func:`artifact_floors` at the rates measured now on this host (~1.5 s)."""
-    from trtpipe.pipeline.targets import measure_host
-
-    h = measure_host()
-    return artifact_floors(artifact, h.bandwidth_bytes_per_s, h.fp32_flops_per_s)
+def measured_floors(artifact: Path, threads: int = 2) -> tuple[Floors, HostPeaks]:
+    """:func:`artifact_floors` at the peaks ``bench/host_peaks.py`` measures now (~5 s), and
+    those peaks (the report prints them)."""
+    p = measure_peaks(threads)
+    return artifact_floors(artifact, p.read_bytes_per_s, p.fp32_flops_per_s, p.int8_ops_per_s), p

@@ -117,8 +117,17 @@ def summarize(runs: dict[str, list[dict]], max_foreign_load: float = math.inf) -
             "extra": ok[-1].get("extra", {}),
             "first_output_ids": ok[0]["first_output_ids"],
             "errors": [r["error"] for r in rs if "error" in r],
+            "spread": _spread(ok),
         }
     return out
+
+
+def _spread(runs: list[dict]) -> float | None:
+    """Max / min of the TPOT over ``runs``, at the prompt length where it is widest (None with
+    fewer than two runs): the run-to-run stability of an engine (issue 13)."""
+    if len(runs) < 2:
+        return None
+    return max(max(r["tpot_s"][str(n)] for r in runs) / min(r["tpot_s"][str(n)] for r in runs) for n in PROMPT_LENGTHS)
 
 
 def machine_info() -> dict:

@@ -11,8 +11,8 @@ from md_analysis import ANALYSIS_END, analysis_begin
 from peers_floors import Floors
 from peers_measure import median
 from peers_setup import ENGINES
+from peers_targets import TARGET_MEMORY_FACTOR, targets
 from peers_targets import fmt_ms as _ms
-from peers_targets import targets
 from peers_workload import CONCURRENT_PROMPT_TOKENS, NUM_CONCURRENT, NUM_OUTPUT_TOKENS, PROMPT_LENGTHS
 
 ANALYSIS_BEGIN = analysis_begin("bench/peers.py")
@@ -63,6 +63,15 @@ def _header(meta: dict) -> list[str]:
             f"{le[0]:.2f} / {le[1]:.2f} / {le[2]:.2f}. The cores are shared with other workers: drift is why "
             "the engines are interleaved, and each run's foreign load is in the raw numbers below."
         )
+    peaks = meta.get("host_peaks")
+    if peaks:
+        from host_peaks import HostPeaks
+
+        L.append(
+            f"- Peak rates (`bench/host_peaks.py`, ONNX Runtime kernels, {peaks['threads']} threads, before the "
+            "rounds; the floors use the read bandwidth and the int8 or fp32 peak):"
+        )
+        L += [f"  - {line}" for line in HostPeaks(**peaks).lines()]
     return L + [""]
 
 
@@ -210,7 +219,7 @@ def _memory(summary: dict, order: list[str]) -> list[str]:
         L.append(
             f"\ntrtpipe: weights.data {w / 2**20:.0f} MiB + KV pool {k / 2**20:.0f} MiB = "
             f"{(w + k) / 2**20:.0f} MiB; "
-            f"budget 1.3x = {1.3 * (w + k) / 2**20:.0f} MiB; peak RSS {t['peak_rss_bytes'] / 2**20:.0f} MiB "
+            f"budget {TARGET_MEMORY_FACTOR}x = {TARGET_MEMORY_FACTOR * (w + k) / 2**20:.0f} MiB; peak RSS {t['peak_rss_bytes'] / 2**20:.0f} MiB "
             f"= {t['peak_rss_bytes'] / (w + k):.2f}x."
         )
         L += _rss_breakdown(t, ex)
@@ -280,7 +289,7 @@ def _profile(profile: dict) -> list[str]:
 
 
 def _targets_and_analysis(summary: dict, profile: dict, analysis: str) -> list[str]:
-    L = ["## Targets (issue 7)\n", "| target | measured | met |", "|---|---|---|"]
+    L = ["## Targets (issue 13)\n", "| target | measured | met |", "|---|---|---|"]
     for what, measured, met, note in targets(summary, profile):
         mark = "n/a" if met is None else ("yes" if met else "**no**")
         L.append(f"| {what} | {measured} | {mark}{': ' + note if note else ''} |")

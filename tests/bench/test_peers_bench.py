@@ -56,6 +56,15 @@ RAW = {
         "threads": 2,
         "wall_s": 120.0,
         "floors": FLOORS.to_dict(),
+        "host_peaks": {
+            "threads": 2,
+            "read_bytes_per_s": 20e9,
+            "copy_bytes_per_s": 17.6e9,
+            "fp32_flops_per_s": 112e9,
+            "int8_ops_per_s": 217e9,
+            "int4_gemm_ops_per_s": 104e9,
+            "int4_gemv_bytes_per_s": 7.6e9,
+        },
         "machine": {
             "cpu": "AMD EPYC",
             "cpus": "2",
@@ -143,6 +152,26 @@ def test_floors_from_the_estimate_by_hand():
     step = 8 * 280_018_944 / 179e9
     assert f.tps == pytest.approx(8 * 64 / (8 * f.ttft_s[128] + 64 * step))
     assert peers_floors.Floors.from_dict(json.loads(json.dumps(f.to_dict()))) == f
+    assert f.gemm_compute == "fp32"  # no int8 peak given
+
+
+def test_int8_floor_for_int8_activations_only():
+    """The default recipe's INT4 GEMMs take int8 activations (accuracy level 4): its compute floors
+    use the int8 peak; with fp32 activations (accuracy level 0) they stay at the fp32 peak."""
+    from trtpipe.pipeline.recipe import load_recipe, resolve_recipe_path
+    from trtpipe.runtime.model_config import ModelConfig
+
+    smol = ModelConfig("llama", 30, 576, 9, 3, 64, 1536, 49152, 8192, 1e5, 1e-5, True)
+    recipe = load_recipe(resolve_recipe_path("smollm2-135m-cpu"), check_files=False)
+    f = peers_floors.floors_for(recipe, smol, 30e9, 179e9, 400e9)
+    assert f.gemm_compute == "int8" and f.int8_ops_per_s == 400e9
+    assert f.ttft_s[512] == pytest.approx(117_850_374_144 / 400e9)  # the same FLOP at the int8 peak
+    # the bandwidth-bound decode floor does not move
+    assert f.tpot_s[16] == pytest.approx((114_160_896 + 48 * 46_080) / 30e9)
+    fp32_acts = recipe.model_copy(update={"engine": recipe.engine.model_copy(update={"ort_accuracy_level": 0})})
+    g = peers_floors.floors_for(fp32_acts, smol, 30e9, 179e9, 400e9)
+    assert g.gemm_compute == "fp32" and g.ttft_s[512] == pytest.approx(117_850_374_144 / 179e9)
+    assert "400 GOP/s int8; GEMMs at the int8 peak" in f.describe()
 
 
 def test_from_json_renders_the_report_and_keeps_the_analysis(tmp_path):
@@ -155,6 +184,50 @@ def test_from_json_renders_the_report_and_keeps_the_analysis(tmp_path):
     # trtpipe 8.0 ms vs llama.cpp 9.0 ms (its clean run only; the 0.9-core run is left out)
     assert "| *trtpipe / llama.cpp* | 0.75x | 0.80x | 0.82x | 0.89x | 0.89x | 0.91x |" in md
     assert "| *physical floor* | 19.3 | 155 | 658 | 3.9 | 4.0 | 4.6 |" in md
-    assert "| TPOT @16 <= 0.9x best peer (llama.cpp) | 8.0 vs 9.0 ms = 0.89x | yes |" in md
+    assert "| TPOT @16 <= 0.9x best peer with agreement >= 0.95 (llama.cpp) | 8.0 vs 9.0 ms = 0.89x | yes |" in md
     assert "LEFT OUT" in md and "**not run**: setup step 'onnxruntime-genai' failed" in md
     assert "measured 30.0 GB/s and 179 GFLOP/s fp32" in md
+    assert "  - int8 peak              217 GOP/s" in md
+
+
+def test_issue13_targets_by_hand():
+    """TPOT against the best same-quality peer (not the re-quantized int4 one) and against the int4
+    peer; spread against the peers' median; RSS against 1.1x (weights + KV pool)."""
+    import peers_targets
+
+    def eng(tpot, spread, ttft=(0.03, 0.2, 0.8), tps=100.0, **extra):
+        return {
+            "ttft_s": dict(zip((16, 128, 512), ttft)),
+            "tpot_s": dict(zip((16, 128, 512), tpot)),
+            "tps": tps,
+            "spread": spread,
+            "peak_rss_bytes": 660 * 2**20,
+            "extra": extra,
+        }
+
+    summary = {
+        "trtpipe": eng((0.012, 0.013, 0.015), 1.30, tps=180.0, weights_bytes=2**29, kv_pool_bytes=2**29 // 8),
+        "llama.cpp": eng((0.010, 0.010, 0.011), 1.10, tps=60.0),
+        "ortgenai-int4": eng((0.006, 0.006, 0.008), 1.20, tps=120.0),
+        "ortgenai-fp32": eng((0.020, 0.021, 0.022), 1.05, tps=90.0),
+    }
+    rows = {what: (measured, met) for what, measured, met, _ in peers_targets.targets(summary, {})}
+    # same-quality pool: llama.cpp (10 ms), not ortgenai-int4 (6 ms): 12 / 10 = 1.2x
+    assert rows["TPOT @16 <= 0.9x best peer with agreement >= 0.95 (llama.cpp)"] == ("12.0 vs 10.0 ms = 1.20x", False)
+    assert rows["TPOT @512 <= 1.0x ortgenai-int4"] == ("15.0 vs 8.0 ms = 1.88x", False)
+    # TTFT against every peer: all equal here, 1.0x > 0.9x
+    assert rows["TTFT @16 <= 0.9x best peer (llama.cpp)"][1] is False
+    # 180 / 120 = 1.5x meets >= 1.5x
+    assert rows["8-request throughput >= 1.5x best peer (ortgenai-int4)"] == ("180 vs 120 tok/s = 1.50x", True)
+    # the peers' spreads 1.10, 1.20, 1.05: median 1.10
+    assert rows["TPOT spread over runs <= the peers' (median)"] == ("1.30x vs 1.10x", False)
+    # 660 MiB / (512 + 64 MiB) = 1.15x > 1.1x
+    assert rows["peak RSS <= 1.1x (weights + KV pool)"][1] is False
+
+
+def test_spread_is_the_worst_length_over_runs():
+    import peers_measure
+
+    runs = [_run((0.03, 0.2, 0.9), (0.010, 0.010, 0.012), 100.0), _run((0.03, 0.2, 0.9), (0.011, 0.010, 0.015), 100.0)]
+    assert peers_measure.summarize({"x": runs})["x"]["spread"] == pytest.approx(0.015 / 0.012)
+    assert peers_measure.summarize({"x": runs[:1]})["x"]["spread"] is None
