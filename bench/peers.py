@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""trtpipe's CPU runtime against its peers, side by side, on SmolLM2-135M (issue 7).
+"""trtpipe's CPU runtime against its peers, side by side, on SmolLM2-135M (issues 7 and 13).
 
     python bench/peers.py              # set up the peers' venv if missing, run, write docs/benchmarks.md
     python bench/peers.py --setup      # only install the peers and build their model folders

@@ -329,7 +329,9 @@ def worker_main(engine: str, spec_path: str) -> int:
     res["concurrent"] = {"num_requests": len(outs), "wall_s": wall, "output_tokens_per_s": sum(map(len, outs)) / wall}
     res["foreign_load_cores"] = probe.cores()
     ru = resource.getrusage(resource.RUSAGE_SELF)
-    res["peak_rss_bytes"] = ru.ru_maxrss * 1024
+    # VmHWM: this process image's own high-water mark. ru_maxrss would also count the parent's
+    # resident set at fork time (Linux keeps the larger of the two across exec).
+    res["peak_rss_bytes"] = _rss_bytes("VmHWM") or ru.ru_maxrss * 1024
     # CPU time / (wall x threads): well below 1 means the worker did not get its cores (other load
     # on the shared machine); spin-waiting thread pools (llama.cpp, ORT) keep it high regardless.
     res["cpu_share"] = (ru.ru_utime + ru.ru_stime) / (time.perf_counter() - t_worker) / a.threads

@@ -90,7 +90,10 @@ def _lower_int4_gemm(
     uint8 (or absent) zero points map 1:1. Float zero points (GGUF Q4_1: ``w = d*q + m`` with
     ``zp = -m/d``) make MatMulNBits ~30x slower on CPU (measured: 2.5 ms vs 0.08 ms for a
     576x1536 GEMV), so they are lowered exactly as
-    ``Y = MatMulNBits(A, q, d, zp=0) + blocksum(A) @ M^T`` with ``M = -zp * d`` [N, K/G] and
+    ``Y = MatMulNBits(A, q, d) + blocksum(A) @ M^T`` with ``M = (c - zp) * d`` [N, K/G],
+    ``c = 2^(bits-1)`` the zero point MatMulNBits assumes without a zero-point input (its
+    symmetric kernel: a 576x3072 GEMV at M = 1 takes ~0.7x the time of the explicit-zero-point
+    one on a Zen 3, bench/host_peaks.py's shape), and
     ``blocksum(A)[.., g] = sum of A over group g`` (shared by linears reading the same A).
     That correction is ~20 % of a SmolLM2 decode step (removing it, timing only: 10.7 -> 8.6 ms
     after a 16-token prompt, 13.8 -> 11.7 ms after 512; docs/benchmarks.md), so with
@@ -105,12 +108,18 @@ def _lower_int4_gemm(
     zp_name = inputs[3] if len(inputs) > 3 else ""
     zp = inits.get(zp_name) if zp_name else None
     if zp is None or zp.dtype == np.uint8:
+        if zp is not None and nbits["bits"] == 4 and np.all(zp == 0x88):  # every packed zero point is 8
+            inputs = inputs[:3]  # the implicit zero point: the faster symmetric kernel, same values
         b.op("MatMulNBits", inputs, "matmul_nbits", domain=MS_DOMAIN, outputs=list(node.output), **nbits)
         return
     bits = a.get("bits", 4)
     zf = zp.astype(np.float32)
     if np.all(zf == np.round(zf)) and zf.min() >= 0 and zf.max() <= (15 if bits == 4 else 255):
-        # integer zero points (Q4_0, RTN, Q8_0): the fast uint8 form, exactly
+        # integer zero points (Q4_0, RTN, Q8_0): the fast uint8 form, exactly; all at the
+        # implicit 2^(bits-1) (Q4_0, Q8_0): no zero-point input, the faster symmetric kernel
+        if np.all(zf == 2 ** (bits - 1)):
+            b.op("MatMulNBits", inputs[:3], "matmul_nbits", domain=MS_DOMAIN, outputs=list(node.output), **nbits)
+            return
         z8 = zf.astype(np.uint8)
         if bits == 4:
             z8 = pack_zero_points_uint8(z8)  # [N, ceil(K/G/2)]
@@ -134,11 +143,15 @@ def _lower_int4_gemm(
             **dict(nbits, bits=8),
         )
         return
-    mins_t = np.ascontiguousarray((-zp.astype(np.float32) * scales.astype(np.float32)).T)  # [K/G, N]
+    # w = d*(q - zp) = d*(q - c) + d*(c - zp), c = MatMulNBits' implicit zero point (2^(bits-1)):
+    # MatMulNBits without a zero-point input runs the symmetric kernel, which ONNX Runtime's
+    # CPU GEMV runs faster than the one with explicit zero points; the offset d*(c - zp) per
+    # block goes into the correction term.
+    c = float(2 ** (bits - 1))
+    mins_t = np.ascontiguousarray(((c - zp.astype(np.float32)) * scales.astype(np.float32)).T)  # [K/G, N]
     n_groups = K // G
-    zero_zp = b.const(np.zeros((N, (n_groups + 1) // 2), np.uint8), np.uint8, hint="zp_zero")
     mins = b.const(mins_t, np.float32, hint="mins_t")
-    y = b.op("MatMulNBits", inputs[:3] + [zero_zp], "matmul_nbits", domain=MS_DOMAIN, **nbits)
+    y = b.op("MatMulNBits", inputs[:3], "matmul_nbits", domain=MS_DOMAIN, **nbits)
     key = (inputs[0], G)
     if key not in blocksums:
         r = b.op("Reshape", [inputs[0], b.const([-1, n_groups, G])], "a_groups")

@@ -21,14 +21,14 @@ INT4_BITS_BYTES = 0.5  # two 4-bit codes per byte
 # ort_lowering (engine.ort_float_zero_points); GPU plugins keep an fp16 scale and, when
 # asymmetric, a packed 4-bit zero point.
 INT4_GROUP_BYTES_CPU = {  # per group of a cpu artifact, by engine.ort_float_zero_points
-    "exact": 8.5,  # 4-bit codes; fp32 scale, packed 4-bit zero point, fp32 min (correction term)
+    "exact": 8.0,  # 4-bit codes; fp32 scale, fp32 block offset (correction term); no zero-point input
     "int8": 5.0,  # 8-bit codes (Q4_1 re-coded, 1 B per weight); fp32 scale, uint8 zero point
 }
 CPU_CODE_BYTES = {"exact": INT4_BITS_BYTES, "int8": 1.0}
 # A tied GGUF embedding (Q8_0) also becomes an 8-bit MatMulNBits LM head in int4 phases (the
-# fp32 table stays for the embedding Gather): 1 B per weight + fp32 scale + uint8 zero point
-# per block of 32.
-CPU_INT8_HEAD_BYTES_PER_WEIGHT = 1.0 + 5.0 / 32
+# fp32 table stays for the embedding Gather): 1 B per weight + fp32 scale per block of 32 (Q8_0's
+# zero point is MatMulNBits' implicit 128: no zero-point input).
+CPU_INT8_HEAD_BYTES_PER_WEIGHT = 1.0 + 4.0 / 32
 INT4_GROUP_BYTES_GPU_SCALE = 2.0
 INT4_GROUP_BYTES_GPU_ZERO_POINT = 0.5
 

@@ -141,14 +141,14 @@ def test_floors_from_the_estimate_by_hand():
     recipe = load_recipe(resolve_recipe_path("smollm2-135m-cpu"), check_files=False)
     f = peers_floors.floors_for(recipe, smol, 30e9, 179e9)
     # int4 decode weights read per step (test_estimate: 4-bit GEMMs + groups + 8-bit head + norms)
-    assert f.decode_weight_read_bytes == 114_160_896
+    assert f.decode_weight_read_bytes == 111_617_280
     # TPOT at 16 prompt tokens: mean context 16 + 32 = 48 tokens x 46,080 B of fp32 KV
-    assert f.tpot_s[16] == pytest.approx((114_160_896 + 48 * 46_080) / 30e9)
+    assert f.tpot_s[16] == pytest.approx((111_617_280 + 48 * 46_080) / 30e9)
     # TTFT at 512 tokens: compute-bound, 117,850,374,144 FLOP (test_estimate's hand count)
     assert f.ttft_s[512] == pytest.approx(117_850_374_144 / 179e9)
     # 8 x 128-token prefills, then 64 batch-8 decode steps at 160 tokens of context: compute-bound,
     # 8 x (2 x 106,168,320 GEMM weights + 30 x 4 x 9 x 64 x 160 attention + 2 x 576 x 49,152 logits)
-    # = 8 x 280,018,944 FLOP at 179 GFLOP/s (12.5 ms) > (114.2 MB + 8 x 160 x 46,080 B) / 30 GB/s (5.8 ms)
+    # = 8 x 280,018,944 FLOP at 179 GFLOP/s (12.5 ms) > (111.6 MB + 8 x 160 x 46,080 B) / 30 GB/s (5.7 ms)
     step = 8 * 280_018_944 / 179e9
     assert f.tps == pytest.approx(8 * 64 / (8 * f.ttft_s[128] + 64 * step))
     assert peers_floors.Floors.from_dict(json.loads(json.dumps(f.to_dict()))) == f
@@ -167,7 +167,7 @@ def test_int8_floor_for_int8_activations_only():
     assert f.gemm_compute == "int8" and f.int8_ops_per_s == 400e9
     assert f.ttft_s[512] == pytest.approx(117_850_374_144 / 400e9)  # the same FLOP at the int8 peak
     # the bandwidth-bound decode floor does not move
-    assert f.tpot_s[16] == pytest.approx((114_160_896 + 48 * 46_080) / 30e9)
+    assert f.tpot_s[16] == pytest.approx((111_617_280 + 48 * 46_080) / 30e9)
     fp32_acts = recipe.model_copy(update={"engine": recipe.engine.model_copy(update={"ort_accuracy_level": 0})})
     g = peers_floors.floors_for(fp32_acts, smol, 30e9, 179e9, 400e9)
     assert g.gemm_compute == "fp32" and g.ttft_s[512] == pytest.approx(117_850_374_144 / 179e9)

@@ -150,20 +150,21 @@ def test_smollm2_int4_cpu_weights_and_shared_artifact():
     c = config(SMOLLM2)
     n_lin = 30 * (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536)
     assert linear_params(c) == n_lin == 106_168_320
-    head = 49152 * 576 + (49152 * 576 // 32) * 5  # tied Q8_0 embedding -> 8-bit head (+ scale, zp)
-    assert head == 32_735_232
-    # exact Q4_1: 4-bit codes; per group fp32 scale + 4-bit zero point + fp32 min
+    head = 49152 * 576 + (49152 * 576 // 32) * 4  # tied Q8_0 embedding -> 8-bit head (+ fp32 scale)
+    assert head == 31_850_496
+    # exact Q4_1: 4-bit codes; per group fp32 scale + fp32 offset (no zero-point input)
     w = phase_weights(c, "int4", "cpu", group_size=32, cpu_float_zero_points="exact")
     assert w.linear_bytes == n_lin // 2 == 53_084_160
-    assert w.int4_group_bytes == (n_lin // 32) * 17 // 2 == 28_200_960
+    assert w.int4_group_bytes == (n_lin // 32) * 8 == 26_542_080
     assert w.activation_dtype == "fp32" and w.embedding_bytes == 49152 * 576 * 4
     assert w.lm_head_bytes == head
-    assert w.total_bytes == 53_084_160 + 28_200_960 + 113_246_208 + head + 61 * 576 * 4 == 227_407_104
+    assert w.total_bytes == 53_084_160 + 26_542_080 + 113_246_208 + head + 61 * 576 * 4 == 224_863_488
     # int8 re-coded Q4_1 (engine.ort_float_zero_points: int8): 1 B per weight; fp32 scale + uint8 zp
     w = phase_weights(c, "int4", "cpu", group_size=32, cpu_float_zero_points="int8")
     assert (w.linear_bytes, w.int4_group_bytes) == (n_lin, (n_lin // 32) * 5) == (106_168_320, 16_588_800)
-    # an artifact built this way had a weights.data of 272,502,784 B (rotary tables, masks: +1.3 %)
-    assert w.total_bytes == 106_168_320 + 16_588_800 + 113_246_208 + head + 61 * 576 * 4 == 268_879_104
+    # an artifact built this way had a weights.data of 272,502,784 B (rotary tables, masks; and
+    # then the head's uint8 zero points: +1.7 %)
+    assert w.total_bytes == 106_168_320 + 16_588_800 + 113_246_208 + head + 61 * 576 * 4 == 267_994_368
     assert w.step_read_bytes == w.total_bytes - 113_246_208  # the fp32 table is only gathered
     # one weights.data: the int4 GEMMs and the 8-bit head are added to the fp32 prefill weights
     pre = phase_weights(c, "fp32", "cpu")
@@ -215,17 +216,17 @@ def test_estimate_cpu_smollm2_by_hand():
     c = r.model.architecture.to_model_config()
     e = estimate(r, c, get_target("cpu", host=HOST))
     assert e.kv_bytes_per_token == 46_080
-    assert e.engine_weight_bytes == 538_060_032 + 53_084_160 + 28_200_960 + 32_735_232 == 652_080_384
+    assert e.engine_weight_bytes == 538_060_032 + 53_084_160 + 26_542_080 + 31_850_496 == 649_536_768
     assert e.kv_pool_num_blocks == 513 and e.kv_pool_bytes == 513 * 16 * 46_080
     assert e.kv_pool_max_sequences == 512 // 128 == 4
     ttft, tpot = e.latencies  # p50 of each (the budgets are p50)
     assert (ttft.metric, ttft.prompt_tokens) == ("ttft_ms", 511)
     assert ttft.bound == "compute"
     assert ttft.floor_ms == pytest.approx(prefill_flops(c, 511) / 179e9 * 1e3)
-    # decode at 512 tokens of context, batch 1: (114.2 MB read per step: 4-bit GEMMs + groups +
+    # decode at 512 tokens of context, batch 1: (111.6 MB read per step: 4-bit GEMMs + groups +
     # the 8-bit head + norms; + 512 x 46,080 B of KV) / 30 GB/s
     assert tpot.metric == "tpot_ms" and tpot.bound == "memory"
-    assert tpot.floor_ms == pytest.approx((114_160_896 + 512 * 46_080) / 30e9 * 1e3) == pytest.approx(4.5918, abs=1e-4)
+    assert tpot.floor_ms == pytest.approx((111_617_280 + 512 * 46_080) / 30e9 * 1e3) == pytest.approx(4.5070, abs=1e-4)
     assert e.fits and e.exit_code == 0 and not e.warnings
 
 
@@ -312,7 +313,7 @@ def test_cli_smollm2_cpu_reads_gguf_metadata_only(tmp_path, monkeypatch, no_meas
     monkeypatch.chdir(tmp_path)
     res = CliRunner().invoke(main, ["estimate", "smollm2-135m-cpu"])
     assert res.exit_code == 0, res.output
-    assert "46,080 B" in res.output and "227.4 MB" in res.output  # INT4 both phases: one copy
+    assert "46,080 B" in res.output and "224.9 MB" in res.output  # INT4 both phases: one copy
     assert "30.0 GB/s (measured)" in res.output
 
 
@@ -408,7 +409,7 @@ def test_json_document_keeps_its_flat_keys():
     # the flat names read the small records: 513 blocks x 16 tokens x 46,080 B, 4 sequences of 2048 tokens
     assert d["kv_pool_bytes"] == e.kv.pool_bytes == 513 * 16 * 46_080
     assert d["kv_pool_max_sequences"] == e.kv.pool_max_sequences == 4
-    assert d["engine_weight_bytes"] == e.weights.engine_bytes == 652_080_384
+    assert d["engine_weight_bytes"] == e.weights.engine_bytes == 649_536_768
     assert d["activation_bytes"] == e.activations.prefill_bytes + e.activations.decode_bytes
 
 

@@ -167,15 +167,22 @@ def _gemm_model(K, N, G, packed, scales, zp):
     return m
 
 
-@pytest.mark.parametrize("zp_kind", ["none", "uint8", "float-q4_1"])
+@pytest.mark.parametrize("zp_kind", ["none", "uint8", "uint8-all-8", "float-all-8", "float-q4_1"])
 @pytest.mark.parametrize("N", [1, 3, 40])
 def test_int4_gemm_lowering_matches_reference(zp_kind, N):
+    """Against the NumPy reference; zero points that are all 8 (given or implicit) and GGUF Q4_1's
+    float ones (offset d*(8 - zp) in the correction term) run MatMulNBits without a zero-point
+    input (its symmetric kernel)."""
     rng = np.random.default_rng(N)
     K, G = 64, 32
     w = rng.standard_normal((N, K)).astype(np.float32)
     if zp_kind == "none":
         packed, scales, _ = int4_pack.quantize_rtn(w, G, symmetric=True)
         zp = None
+    elif zp_kind in ("uint8-all-8", "float-all-8"):  # symmetric blocks with their zero points spelled out
+        packed, scales, _ = int4_pack.quantize_rtn(w, G, symmetric=True)
+        eights = np.full((N, K // G), 8, np.uint8)
+        zp = int4_pack.pack_zero_points_uint8(eights) if zp_kind == "uint8-all-8" else eights.astype(np.float32)
     elif zp_kind == "uint8":
         packed, scales, zp = int4_pack.quantize_rtn(w, G, symmetric=False)
     else:  # a GGUF Q4_1 tensor: float zero points
@@ -189,6 +196,8 @@ def test_int4_gemm_lowering_matches_reference(zp_kind, N):
     m = lower_for_ort(_gemm_model(K, N, G, packed, scales, zp), accuracy_level=0)
     ops = [n.op_type for n in m.graph.node]
     assert "MatMulNBits" in ops and "Int4Gemm" not in ops
+    (nbits,) = [n for n in m.graph.node if n.op_type == "MatMulNBits"]
+    assert len(nbits.input) == (4 if zp_kind == "uint8" else 3)
     sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
     got = sess.run(None, {"A": a})[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
