@@ -40,9 +40,9 @@ measures, and prints one JSON line):
 - Peak resident memory of each worker (``getrusage``); trtpipe's is compared with
   1.3 x (weights.data bytes + KV pool bytes).
 
-Interleaving: rounds of ``for engine in rotate(engines, round): run one worker``. Every engine
-runs once per round, back to back, so machine drift hits all alike; the order rotates so no engine
-always runs first. The machine is shared, so each worker also measures the CPU time other processes
+Interleaving: rounds of ``for engine in round_order(engines, round): run one worker``. Every
+engine runs once per round, 5 s apart, so machine drift hits all alike; the order rotates and is
+reversed every other round, so no engine always runs first or right after the same neighbour. The machine is shared, so each worker also measures the CPU time other processes
 took while it measured (``ForeignLoad``); a run during which they held more than
 ``--max-foreign-load`` cores (default 0.3) is kept in the raw numbers but left out of the medians.
 Rounds go on until every engine has ``--repeats`` clean runs (default 3), up to ``--max-rounds``

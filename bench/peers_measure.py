@@ -1,8 +1,9 @@
 """bench/peers.py, the measurement side: run each engine's worker in interleaved rounds, wait for
 the shared machine to calm down, keep the clean runs, and take medians.
 
-Interleaving: rounds of ``for engine in rotate(engines, round): run one worker``, so machine drift
-hits all alike and no engine always runs first. A run during which other processes held more than
+Interleaving: rounds of ``for engine in round_order(engines, round): run one worker`` (rotated,
+reversed every other round, :data:`SETTLE_S` seconds between workers), so machine drift hits all
+alike and no engine always runs first or after the same neighbour. A run during which other processes held more than
 ``max_foreign_load`` cores is kept in the raw numbers but left out of the medians.
 """
 
@@ -173,6 +174,21 @@ def _print_run(r: int, e: str, res: dict, max_foreign_load: float) -> None:
     )
 
 
+# Seconds between two workers: the previous one's teardown (transformers' ~1 GB) is not charged
+# to the next. Measured 2026-12-01 on a Zen 3: trtpipe's TPOT at 512 tokens was 23-31 ms in the
+# four runs that started right after transformers-fp32 and 19-22 ms in the two that ran first.
+SETTLE_S = 5.0
+
+
+def round_order(engines: list[str], r: int) -> list[str]:
+    """Round ``r``'s order: the engines rotated by ``r``, reversed in odd rounds, so every engine
+    runs first as often as the others and follows its neighbour on either side in turn (a plain
+    rotation kept the same predecessor for every engine in every round)."""
+    k = r % max(1, len(engines))
+    order = engines[k:] + engines[:k]
+    return order[::-1] if r % 2 else order
+
+
 def run_rounds(
     runnable: list[str],
     runs: dict[str, list[dict]],
@@ -202,10 +218,11 @@ def run_rounds(
             break
         t0_round = time.monotonic()
         wait_quiet(wait_quiet_s, max_foreign_load)
-        k = r % max(1, len(runnable))
-        for e in runnable[k:] + runnable[:k]:
+        for i, e in enumerate(round_order(runnable, r)):
             if runs[e] and all("error" in x for x in runs[e]):
                 continue  # failed on its first try: do not spend more time on it
+            if i:
+                time.sleep(SETTLE_S)
             res = run_worker(e, spec_file, worker_timeout_s)
             res["round"] = r
             runs[e].append(res)

@@ -231,3 +231,17 @@ def test_spread_is_the_worst_length_over_runs():
     runs = [_run((0.03, 0.2, 0.9), (0.010, 0.010, 0.012), 100.0), _run((0.03, 0.2, 0.9), (0.011, 0.010, 0.015), 100.0)]
     assert peers_measure.summarize({"x": runs})["x"]["spread"] == pytest.approx(0.015 / 0.012)
     assert peers_measure.summarize({"x": runs[:1]})["x"]["spread"] is None
+
+
+def test_round_order_shuffles_neighbours():
+    """Rotated, reversed every other round: every engine's predecessor changes between rounds (a
+    plain rotation kept it: the engine after the heaviest one was always the same)."""
+    import peers_measure
+
+    engines = ["trtpipe", "llama.cpp", "ortgenai-int4", "ortgenai-fp32", "transformers-fp32"]
+    orders = [peers_measure.round_order(engines, r) for r in range(4)]
+    assert orders[0] == engines and all(sorted(o) == sorted(engines) for o in orders)
+    assert orders[1] == ["trtpipe", "transformers-fp32", "ortgenai-fp32", "ortgenai-int4", "llama.cpp"]
+    for e in engines:
+        before = {o[o.index(e) - 1] for o in orders if o.index(e) > 0}
+        assert len(before) >= 2 or sum(o.index(e) == 0 for o in orders) >= 2, (e, before)
