@@ -37,22 +37,24 @@ measures, and prints one JSON line):
   tokens / wall time. trtpipe: continuous batching; onnxruntime-genai and transformers: one static
   batch of 8 (same prompt length, so no padding); llama-cpp-python: one after another (its Python
   API has no multi-sequence batch).
-- Peak resident memory of each worker (``getrusage``); trtpipe's is compared with
-  1.3 x (weights.data bytes + KV pool bytes).
+- Peak resident memory of each worker (its own ``VmHWM``); trtpipe's is compared with
+  1.1 x (weights.data bytes + KV pool bytes).
 
 Interleaving: rounds of ``for engine in round_order(engines, round): run one worker``. Every
 engine runs once per round, 5 s apart, so machine drift hits all alike; the order rotates and is
-reversed every other round, so no engine always runs first or right after the same neighbour. The machine is shared, so each worker also measures the CPU time other processes
-took while it measured (``ForeignLoad``); a run during which they held more than
+reversed every other round, so no engine always runs first or right after the same neighbour.
+The machine is shared, so each worker also measures the CPU time other processes took while it
+measured (``ForeignLoad``); a run during which they held more than
 ``--max-foreign-load`` cores (default 0.3) is kept in the raw numbers but left out of the medians.
 Rounds go on until every engine has ``--repeats`` clean runs (default 3), up to ``--max-rounds``
 (6) and ``--max-minutes`` (15); before each round the script waits up to ``--wait-quiet`` seconds
 for the other jobs to calm down. Reported numbers are medians over each engine's clean runs.
 
 Floors (bench/peers_floors.py): the estimate's roofline (trtpipe.pipeline.estimate) for the
-artifact's recipe and model at this host's bandwidth and FLOP/s, measured once at the start of a run
-and kept in the raw results. "% of floor" is floor / measured x 100: 100 % would be running at the
-physical limit (fp32 compute for the prefill, so kernels with int8 activations may beat it).
+artifact's recipe and model at this host's read bandwidth and GEMM peak (bench/host_peaks.py: the
+int8 peak when the artifact's INT4 GEMMs take int8 activations, else fp32), measured once at the
+start of a run and kept in the raw results. "% of floor" is floor / measured x 100: 100 % would be
+running at the physical limit.
 
 At the end ``bench/profile_decode.py`` splits trtpipe's batch-1 decode step (engine vs Python),
 and everything is written to docs/benchmarks.md; its hand-written analysis section is kept.

@@ -175,12 +175,20 @@ class SloChunkPolicy:
             f"slo: TPOT budget {self.tpot_budget_ms:g} ms{cap}; measured step cost: prefill "
             f"{c.prefill_s[0] * 1e3:.1f} ms + {c.prefill_s[1] * 1e3:.3f} ms/token, decode "
             f"{c.decode_s[0] * 1e3:.1f} ms + {c.decode_s[1] * 1e3:.2f} ms/sequence"
-            f"{', one call per mixed step' if c.fused else ''}"
+            f"{', one call per mixed step' if c.fused else ''}{_fused_terms(c)}"
             f"{f', host now {self.host_factor:.2f}x slower than then' if self.host_factor != 1.0 else ''} (model error "
             f"{c.error_ms:.1f} ms, {c.rel_error:.0%}); prefill chunk by decode batch at "
             f"{context_per_seq} tokens of context: {chunks} tokens (never below one block = "
             f"{self.block_size}); no decode running: {self.max_num_tokens} tokens"
         )
+
+
+def _fused_terms(c: StepCostModel) -> str:
+    """The fused mixed-step coefficients for :meth:`SloChunkPolicy.describe` ('' without them)."""
+    if c.fused_s is None:
+        return ""
+    f0, f1, f2 = (x * 1e3 for x in c.fused_s)
+    return f" ({f0:.1f} ms + {f1:.3f} ms/token + {f2:.1f} ms/decode row)"
 
 
 def fcfs_description(why: str, max_num_tokens: int, itl_budget_ms: float | None = None) -> str:

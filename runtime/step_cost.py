@@ -9,9 +9,11 @@ model of the work it does (least squares over a few timed calls, :func:`calibrat
     step_s            = prefill_s (if n > 0) + decode_s (if b > 0)
 
 A *fused* engine (``fused``: the step's decode tokens ride in the prefill call as 1-token rows,
-:class:`~trtpipe.runtime.llm.LLM`'s ``fuse_mixed_steps``) pays one call's intercept::
+:class:`~trtpipe.runtime.llm.LLM`'s ``fuse_mixed_steps``) pays one call's intercept, with
+coefficients of its own fit on fused calls (``fused_s``; a decode row there costs a few ms, not
+a decode call's per-sequence ``d1``, which the earlier form charged)::
 
-    step_s (n > 0, b > 0, fused) = prefill_s(n, ctx) + d1 * b + d2 * C
+    step_s (n > 0, b > 0, fused) = f0 + f1 * n + p2 * n * (ctx + n/2) + f2 * b + d2 * C
 
 ``p1``/``d1`` are the weight-bound GEMM terms, ``p2``/``d2`` the attention terms (a chunk's
 queries read ``ctx + n/2`` keys on average). The model's stated error is measured on calls that
@@ -41,7 +43,7 @@ from trtpipe.runtime.host_cpu import host_id
 from trtpipe.runtime.kv_planning import cdiv
 
 STEP_COST_FILE = "step_cost.json"
-FORMAT_VERSION = 2  # 2: the ``fused`` field
+FORMAT_VERSION = 3  # 2: the ``fused`` field; 3: ``fused_s`` (older files are measured again)
 
 
 class StepSample(NamedTuple):
@@ -68,6 +70,7 @@ class StepCostModel:
     num_threads: int | None = None
     calibration_s: float = 0.0
     fused: bool = False  # mixed steps are one prefill call (see the module docstring)
+    fused_s: tuple[float, float, float] | None = None  # f0 [s], f1 [s/prompt token], f2 [s/decode row]
 
     def prefill_time_s(self, num_tokens: int, context: int = 0) -> float:
         """Predicted prefill call time for ``num_tokens`` tokens after ``context`` computed ones."""
@@ -103,7 +106,12 @@ class StepCostModel:
         if prefill == 0.0 or batch <= 0 or not self.fused:
             return prefill + self.decode_time_s(batch, context_sum)
         _d0, d1, d2 = self.decode_s
-        return prefill + d1 * batch + d2 * context_sum
+        if self.fused_s is None:
+            return prefill + d1 * batch + d2 * context_sum
+        f0, f1, f2 = self.fused_s
+        p2 = self.prefill_s[2]
+        tokens = sum(f1 * n + p2 * n * (c + n / 2) for n, c in chunks if n > 0)
+        return f0 + tokens + f2 * batch + d2 * context_sum
 
     def to_json(self) -> str:
         return json.dumps({"format_version": FORMAT_VERSION, **asdict(self)}, indent=2)
@@ -115,6 +123,8 @@ class StepCostModel:
             raise ValueError("step_cost.json: unknown format_version")
         d["prefill_s"] = tuple(d["prefill_s"])
         d["decode_s"] = tuple(d["decode_s"])
+        if d.get("fused_s") is not None:
+            d["fused_s"] = tuple(d["fused_s"])
         return cls(**d)
 
 
@@ -127,17 +137,28 @@ def fit(
     context_sum, seconds)``. Needs at least 3 distinct samples of each.
     """
 
-    def solve(rows: list[list[float]], y: list[float]) -> tuple[float, float, float]:
-        a, b = np.asarray(rows, np.float64), np.asarray(y, np.float64)
-        coef = np.linalg.lstsq(a, b, rcond=None)[0]
-        coef = np.maximum(coef, 0.0)
-        # Refit the intercept after clamping, so the model passes through the data's mean.
-        coef[0] = max(0.0, float(np.mean(b - a[:, 1:] @ coef[1:])))
-        return tuple(float(c) for c in coef)  # type: ignore[return-value]
-
-    p = solve([[1.0, n, n * (c + n / 2)] for n, c, _ in prefill_samples], [s for *_, s in prefill_samples])
-    d = solve([[1.0, b, c] for b, c, _ in decode_samples], [s for *_, s in decode_samples])
+    p = _solve([[1.0, n, n * (c + n / 2)] for n, c, _ in prefill_samples], [s for *_, s in prefill_samples])
+    d = _solve([[1.0, b, c] for b, c, _ in decode_samples], [s for *_, s in decode_samples])
     return StepCostModel(prefill_s=p, decode_s=d)
+
+
+def fit_fused(model: StepCostModel, samples: Sequence[tuple[int, int, int, int, float]]) -> StepCostModel:
+    """``model`` with ``fused=True`` and ``fused_s`` fit (least squares, clamped like :func:`fit`)
+    on fused mixed calls ``(num_tokens, context, batch, context_sum, seconds)``, after taking out
+    the attention terms of the separate fits (``p2``, ``d2``). Needs 3 distinct samples."""
+    p2, d2 = model.prefill_s[2], model.decode_s[2]
+    rows = [[1.0, n, b] for n, _c, b, _cs, _s in samples]
+    y = [s - p2 * n * (c + n / 2) - d2 * cs for n, c, _b, cs, s in samples]
+    return StepCostModel(**{**asdict(model), "fused": True, "fused_s": _solve(rows, y)})
+
+
+def _solve(rows: list[list[float]], y: list[float]) -> tuple[float, float, float]:
+    a, b = np.asarray(rows, np.float64), np.asarray(y, np.float64)
+    coef = np.linalg.lstsq(a, b, rcond=None)[0]
+    coef = np.maximum(coef, 0.0)
+    # Refit the intercept after clamping, so the model passes through the data's mean.
+    coef[0] = max(0.0, float(np.mean(b - a[:, 1:] @ coef[1:])))
+    return tuple(float(c) for c in coef)  # type: ignore[return-value]
 
 
 def with_error(
@@ -170,7 +191,9 @@ PREFILL_FIT = ((8, 0), (16, 0), (32, 0), (64, 0), (96, 0), (32, 384))
 PREFILL_HELD = ((24, 0), (48, 128))
 DECODE_FIT = ((1, 32), (4, 32), (8, 32), (4, 256))
 DECODE_HELD = ((2, 128), (6, 64))
-# (chunk tokens, chunk context, decodes, context per decode): held-out fused mixed calls
+# (chunk tokens, chunk context, decodes, context per decode): fused mixed calls, fit / held out;
+# the chunk sizes the slo policy picks next to 1-4 decodes
+FUSED_FIT = ((8, 0, 1, 64), (16, 0, 1, 64), (32, 0, 1, 64), (16, 0, 4, 64), (48, 0, 2, 128), (32, 256, 2, 256))
 FUSED_HELD = ((16, 128, 2, 128), (48, 0, 4, 64))
 # Each call timed this many times, the fastest kept: with 2, a calibration on the shared 2-core
 # Zen 3 host (2026-12-01 17:50) fit a 33 ms prefill intercept with a 41 ms (48 %) held-out error,
@@ -190,8 +213,8 @@ def calibrate(
 ) -> StepCostModel:
     """Time a few prefill and decode calls of ``engine`` and fit a :class:`StepCostModel`.
 
-    ``fused``: the runtime fuses mixed steps; a few fused calls (``FUSED_HELD``) are timed too
-    and count in the stated error.
+    ``fused``: the runtime fuses mixed steps; fused calls are timed too (``FUSED_FIT`` for
+    ``fused_s``, :func:`fit_fused`; ``FUSED_HELD`` count in the stated error).
 
     The calls write dummy KV into blocks taken from ``block_pool`` with ``allocate`` (so no
     block any request owns, and no cached block, is touched; cached ones are evicted) and given
@@ -239,6 +262,8 @@ def calibrate(
     try:
         timed(engine.prefill, PrefillBatch.from_scheduled([chunk(8, 0)]))  # warm-up
         model = fit(prefill(PREFILL_FIT), decode(DECODE_FIT))
+        if fused:
+            model = fit_fused(model, mixed(FUSED_FIT))
         held_p, held_d, held_f = prefill(PREFILL_HELD), decode(DECODE_HELD), mixed(FUSED_HELD)
     finally:
         block_pool.free(ids)
@@ -313,4 +338,4 @@ def load_or_calibrate(
     return model
 
 
-__all__ = ["STEP_COST_FILE", "StepCostModel", "calibrate", "fit", "load_or_calibrate", "with_error"]
+__all__ = ["STEP_COST_FILE", "StepCostModel", "calibrate", "fit", "fit_fused", "load_or_calibrate", "with_error"]

@@ -11,7 +11,7 @@ from trtpipe.runtime.request import Request, SamplingParams
 from trtpipe.runtime.schedule import DecodeProgress
 from trtpipe.runtime.scheduler import Scheduler
 from trtpipe.runtime.slo_policy import HOST_FACTOR_MIN_STEPS, HOST_FACTOR_WINDOW, SloChunkPolicy, check_budget_ms
-from trtpipe.runtime.step_cost import StepCostModel, StepSample, fit, with_error
+from trtpipe.runtime.step_cost import StepCostModel, StepSample, fit, fit_fused, with_error
 
 # prefill 2 ms + 1 ms/token; decode 5 ms + 1 ms/sequence (no attention terms)
 COST = StepCostModel(prefill_s=(0.002, 0.001, 0.0), decode_s=(0.005, 0.001, 0.0), error_ms=1.5)
@@ -200,6 +200,27 @@ def test_fused_step_pays_one_intercept_and_gets_bigger_chunks_by_hand():
     held = with_error(fused, [], [], [(32, 0, 2, 200, 0.037)])
     assert held.error_ms == pytest.approx(1.0) and held.fused
     assert StepCostModel.from_json(held.to_json()) == held
+
+
+def test_fused_coefficients_fit_on_fused_calls_by_hand():
+    """A fused call's own fit: intercept, per prompt token and per decode row (the decode call's
+    per-sequence cost does not apply to a 1-token row riding in the prefill call)."""
+    sep = StepCostModel(prefill_s=(0.015, 0.002, 1e-7), decode_s=(0.010, 0.006, 2e-6))
+    # truth: 14 ms + 2 ms/token + 3 ms/decode row, plus the separate fits' attention terms
+    truth = StepCostModel(**{**sep.__dict__, "fused": True, "fused_s": (0.014, 0.002, 0.003)})
+    calls = [(8, 0, 1, 64), (16, 0, 1, 64), (32, 0, 1, 64), (16, 0, 4, 256), (48, 0, 2, 256), (32, 256, 2, 512)]
+    samples = [(n, c, b, cs, truth.step_time_s([(n, c)], b, cs)) for n, c, b, cs in calls]
+    got = fit_fused(sep, samples)
+    assert got.fused and got.fused_s == pytest.approx((0.014, 0.002, 0.003), rel=1e-6)
+    # 32 tokens at context 256 next to 2 decodes holding 512 tokens, by hand:
+    # 14 + 64 + 0.1 us x 32 x (256 + 16) + 6 + 2 us x 512 = 84 + 0.8704 + 1.024 ms
+    assert got.step_time_s([(32, 256)], 2, 512) * 1e3 == pytest.approx(84.0 + 0.8704 + 1.024)
+    # the earlier form charged each decode row the decode call's 6 ms: 15 + 64 + 0.8704 + 12 + 1.024
+    assert sep.__class__(**{**sep.__dict__, "fused": True}).step_time_s([(32, 256)], 2, 512) * 1e3 == pytest.approx(
+        15 + 64 + 0.8704 + 12 + 1.024
+    )
+    assert StepCostModel.from_json(got.to_json()) == got
+    assert "3.0 ms/decode row" in SloChunkPolicy(got, 50, 16, 512).describe(8)
 
 
 def test_scheduler_caps_prefill_while_decodes_run_and_not_otherwise():
