@@ -143,21 +143,34 @@ def _lower_int4_gemm(
             **dict(nbits, bits=8),
         )
         return
-    # w = d*(q - zp) = d*(q - c) + d*(c - zp), c = MatMulNBits' implicit zero point (2^(bits-1)):
-    # MatMulNBits without a zero-point input runs the symmetric kernel, which ONNX Runtime's
-    # CPU GEMV runs faster than the one with explicit zero points; the offset d*(c - zp) per
-    # block goes into the correction term.
-    c = float(2 ** (bits - 1))
+    _lower_float_zero_points_exact(b, inputs, list(node.output), zp, scales, nbits, blocksums)
+
+
+def _lower_float_zero_points_exact(
+    b: NodeBuilder,
+    inputs: list[str],
+    outputs: list[str],
+    zp: np.ndarray,
+    scales: np.ndarray,
+    nbits: dict,
+    blocksums: dict,
+) -> None:
+    """The exact form of blocks with float zero points (see :func:`_lower_int4_gemm`):
+    ``w = d*(q - zp) = d*(q - c) + d*(c - zp)``, ``c`` = MatMulNBits' implicit zero point
+    (``2^(bits-1)``). MatMulNBits without a zero-point input runs the symmetric kernel, which ONNX
+    Runtime's CPU GEMV runs faster than the one with explicit zero points; the offset
+    ``d*(c - zp)`` per block goes into the correction term ``blocksum(A) @ offsets``."""
+    K, G = nbits["K"], nbits["block_size"]
+    c = float(2 ** (nbits["bits"] - 1))
     mins_t = np.ascontiguousarray(((c - zp.astype(np.float32)) * scales.astype(np.float32)).T)  # [K/G, N]
-    n_groups = K // G
     mins = b.const(mins_t, np.float32, hint="mins_t")
     y = b.op("MatMulNBits", inputs[:3], "matmul_nbits", domain=MS_DOMAIN, **nbits)
     key = (inputs[0], G)
     if key not in blocksums:
-        r = b.op("Reshape", [inputs[0], b.const([-1, n_groups, G])], "a_groups")
+        r = b.op("Reshape", [inputs[0], b.const([-1, K // G, G])], "a_groups")
         blocksums[key] = b.op("ReduceSum", [r, b.const([-1])], "a_blocksum", keepdims=0)  # [M, K/G]
     corr = b.op("MatMul", [blocksums[key], mins], "mins_term")
-    b.op("Add", [y, corr], "add_mins", outputs=list(node.output))
+    b.op("Add", [y, corr], "add_mins", outputs=outputs)
 
 
 def requantize_float_zp_to_uint8_8bit(
