@@ -17,15 +17,19 @@ copy bandwidth          NumPy ``copyto`` of 256 MiB: (read + write bytes) / s (w
 fp32 peak               ``MatMul`` [1024, 2048] x [2048, 2048] float32 (MLAS SGEMM): 2MNK FLOP / s
 int8 peak               ``MatMulInteger`` [1024, 2048] uint8 x [2048, 2048] int8 (MLAS QGEMM: AVX2
                         ``vpmaddubsw``, AVX-512 VNNI ``vpdpbusd`` where the CPU has it): 2MNK op / s
-int4 GEMM, M=256        ``MatMulNBits`` K=576, N=3072, block 32, uint8 zero points, accuracy level
-                        4 (int8 activations): the kernel trtpipe's INT4 prefill runs; 2MNK op / s
+int4 GEMM, M=256        ``MatMulNBits`` K=576, N=3072, block 32, no zero-point input (its
+                        symmetric kernel, which trtpipe's exact Q4_1 form and onnxruntime-genai
+                        int4 run), accuracy level 4 (int8 activations); 2MNK op / s
 int4 GEMV, M=1          40 such GEMMs with their own weights (44 MB, more than the L3 cache) at
-                        M = 1: weight bytes (codes + fp32 scales + zero points) / s
+                        M = 1: weight bytes (codes + fp32 scales) / s
 =====================  ==========================================================================
 
 The prefill floor of an INT4 artifact whose GEMMs take int8 activations (``accuracy_level`` 4,
 the cpu default) is its FLOP at the **int8** peak, several times below the fp32 one on a CPU with
-VNNI; ``bench/peers_floors.py`` uses these rates.
+VNNI; ``bench/peers_floors.py`` uses these rates. The host is shared: a probe that ran while other
+processes held the cores reports less than the peak (the script says so when the 1-minute load
+average was above 0.5, or when the GEMV read faster than the bandwidth probe); run it again on a
+quiet machine. About 5-10 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ class HostPeaks:
             f"copy bandwidth     {self.copy_bytes_per_s / 1e9:7.1f} GB/s   (NumPy copy, read + write bytes)",
             f"fp32 peak          {self.fp32_flops_per_s / 1e9:7.0f} GFLOP/s (MatMul 1024x2048x2048)",
             f"int8 peak          {self.int8_ops_per_s / 1e9:7.0f} GOP/s   (MatMulInteger u8 x s8 1024x2048x2048)",
-            f"int4 GEMM, M=256   {self.int4_gemm_ops_per_s / 1e9:7.0f} GOP/s   (MatMulNBits 576x3072, accuracy 4)",
+            f"int4 GEMM, M=256   {self.int4_gemm_ops_per_s / 1e9:7.0f} GOP/s   (MatMulNBits 576x3072, no zero points, accuracy 4)",
             f"int4 GEMV, M=1     {self.int4_gemv_bytes_per_s / 1e9:7.1f} GB/s   (the same, weight bytes read / s)",
         ]
 
@@ -150,23 +154,16 @@ def _int4_rates(threads: int) -> tuple[float, float]:
     for i in range(NUM_GEMV_WEIGHTS):
         codes = rng.integers(0, 256, (n, blocks, block // 2), dtype=np.uint8)
         scales = rng.random(n * blocks, dtype=np.float32) * 0.01
-        zero_points = np.full((n, (blocks + 1) // 2), 0x88, np.uint8)
-        inits += [
-            numpy_helper.from_array(codes, f"b{i}"),
-            numpy_helper.from_array(scales, f"s{i}"),
-            numpy_helper.from_array(zero_points, f"z{i}"),
-        ]
+        inits += [numpy_helper.from_array(codes, f"b{i}"), numpy_helper.from_array(scales, f"s{i}")]
         attrs = dict(K=k, N=n, bits=4, block_size=block, accuracy_level=4)
         nodes.append(
-            helper.make_node(
-                "MatMulNBits", ["a", f"b{i}", f"s{i}", f"z{i}"], [f"y{i}"], domain="com.microsoft", **attrs
-            )
+            helper.make_node("MatMulNBits", ["a", f"b{i}", f"s{i}"], [f"y{i}"], domain="com.microsoft", **attrs)
         )
         outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, ["m", n]))
-    weight_bytes = NUM_GEMV_WEIGHTS * (n * blocks * (block // 2) + n * blocks * 4 + n * ((blocks + 1) // 2))
+    weight_bytes = NUM_GEMV_WEIGHTS * (n * blocks * (block // 2) + n * blocks * 4)
     a_info = [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["m", k])]
     many = _session(nodes, a_info, outputs, inits, threads)
-    one_gemm = _session(nodes[:1], a_info, outputs[:1], inits[:3], threads)
+    one_gemm = _session(nodes[:1], a_info, outputs[:1], inits[:2], threads)
     big = rng.standard_normal((256, k), dtype=np.float32)
     row = rng.standard_normal((1, k), dtype=np.float32)
     gemm = 2 * 256 * n * k / _best_s(lambda: one_gemm.run(None, {"a": big}))
@@ -188,11 +185,41 @@ def measure_peaks(threads: int = 2) -> HostPeaks:
     )
 
 
+def _threads(text: str) -> int:
+    """argparse type: an intra-op thread count from 1 to this machine's CPU count."""
+    import os
+
+    cpus = os.cpu_count() or 1
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= n <= cpus:
+        raise argparse.ArgumentTypeError(f"{n}: expected 1..{cpus} (this machine's CPUs); the engines use 2")
+    return n
+
+
+def warnings(peaks: HostPeaks, load_1m: float) -> list[str]:
+    """Why these figures may be below the peaks: a busy host, or a GEMV that read faster than the
+    bandwidth probe (which only happens when the bandwidth probe was slowed)."""
+    out = []
+    if load_1m > 0.5:
+        out.append(f"warning: 1-minute load average {load_1m:.2f}: other processes shared the cores; rerun when quiet")
+    if peaks.int4_gemv_bytes_per_s > peaks.read_bytes_per_s:
+        out.append("warning: the GEMV read faster than the bandwidth probe: the host was busy during it; rerun")
+    return out
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--threads", type=int, default=2, help="intra-op threads of every probe (default 2)")
+    import os
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--threads", type=_threads, default=2, help="intra-op threads of every probe, 1..CPU count (default 2)"
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = ap.parse_args()
+    load_before = os.getloadavg()[0]
     peaks = measure_peaks(args.threads)
     if args.json:
         print(json.dumps(peaks.to_dict()))
@@ -200,7 +227,7 @@ def main() -> None:
     from trtpipe.runtime.host_cpu import host_id
 
     print(f"{host_id()}, {args.threads} threads, fastest of {REPEATS} runs per probe")
-    print("\n".join(peaks.lines()))
+    print("\n".join(peaks.lines() + warnings(peaks, load_before)))
 
 
 if __name__ == "__main__":

@@ -224,7 +224,7 @@ def run_rounds(
             if i:
                 time.sleep(SETTLE_S)
             res = run_worker(e, spec_file, worker_timeout_s)
-            res["round"] = r
+            res["round"], res["position"] = r, i
             runs[e].append(res)
             _print_run(r, e, res, max_foreign_load)
         t_round = time.monotonic() - t0_round
