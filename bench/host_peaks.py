@@ -108,12 +108,6 @@ def _read_bandwidth(threads: int) -> float:
     return x.nbytes / _best_s(lambda: s.run(None, {"x": x}))
 
 
-def _copy_bandwidth() -> float:
-    src = np.ones(256 * 2**20 // 4, dtype=np.float32)
-    dst = np.empty_like(src)
-    return 2 * src.nbytes / _best_s(lambda: np.copyto(dst, src))
-
-
 def _matmul_rate(threads: int, integer: bool) -> float:
     from onnx import TensorProto, helper, numpy_helper
 
@@ -172,12 +166,15 @@ def _int4_rates(threads: int) -> tuple[float, float]:
 
 
 def measure_peaks(threads: int = 2) -> HostPeaks:
-    """Run every probe once (~5-10 s on 2 cores)."""
+    """Run every probe once (~5-10 s on 2 cores); the copy bandwidth is the estimate's own
+    :func:`trtpipe.pipeline.targets.measure_host` figure."""
+    from trtpipe.pipeline.targets import measure_host
+
     gemm, gemv = _int4_rates(threads)
     return HostPeaks(
         threads,
         _read_bandwidth(threads),
-        _copy_bandwidth(),
+        measure_host(refresh=True).bandwidth_bytes_per_s,
         _matmul_rate(threads, integer=False),
         _matmul_rate(threads, integer=True),
         gemm,

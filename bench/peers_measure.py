@@ -3,8 +3,9 @@ the shared machine to calm down, keep the clean runs, and take medians.
 
 Interleaving: rounds of ``for engine in round_order(engines, round): run one worker`` (rotated,
 reversed every other round, :data:`SETTLE_S` seconds between workers), so machine drift hits all
-alike and no engine always runs first or after the same neighbour. A run during which other processes held more than
-``max_foreign_load`` cores is kept in the raw numbers but left out of the medians.
+alike and no engine always runs first or after the same neighbour. A run during which other
+processes held more than ``max_foreign_load`` cores is kept in the raw numbers but left out of
+the medians.
 """
 
 from __future__ import annotations
