@@ -17,8 +17,10 @@ Contents
 
 KV pool layout (per layer)::
 
-    key_cache[NB, BS, KVH, D]      NB physical blocks of BS token slots each
-        slot s  ->  block s // BS, offset s % BS
+    key_cache[KVH, NB, BS, D]      per kv head: NB physical blocks of BS token slots each
+        slot s  ->  block s // BS, offset s % BS (the same slot in every kv head)
+    Head-major so that gathering a sequence's blocks (axis 1) yields ``[KVH, S, MB*BS, D]``,
+    which attention multiplies without any transpose (docs/contracts.md).
     block_tables[s, i] = physical block of logical block i of sequence s
     token at position p of sequence s lives in slot block_tables[s, p // BS] * BS + p % BS
 
@@ -86,7 +88,7 @@ def paged_attention(
     Args:
         query: ``[T, H*D]`` float32|float16, RoPE already applied.
         key, value: ``[T, KVH*D]`` same dtype as query; this step's new tokens (RoPE applied to K).
-        key_cache, value_cache: ``[NB, BS, KVH, D]`` float32|float16. Never mutated.
+        key_cache, value_cache: ``[KVH, NB, BS, D]`` float32|float16 (head-major). Never mutated.
         slot_mapping: ``[T]`` int64, where token t is written: ``block_id*BS + position % BS``.
         block_tables: ``[S, MB]`` int64, logical block i of seq s -> physical block id
             (padding entries are 0, the null block, and are never read).
@@ -155,12 +157,12 @@ def paged_attention(
             block_tables,
             slot_mapping[start:end],
             start,
-            NB=key_cache.shape[0],
+            NB=key_cache.shape[1],
             BS=BS,
             W=W,
         )
-        k = kc32[slots // BS, slots % BS]  # [L, KVH, D]
-        v = vc32[slots // BS, slots % BS]
+        k = kc32[:, slots // BS, slots % BS].transpose(1, 0, 2)  # [L, KVH, D]
+        v = vc32[:, slots // BS, slots % BS].transpose(1, 0, 2)
         output[start:end] = _attend(q32[start:end], k, v, positions, keys_pos, H // KVH, scale, W)
     return output.reshape(T, H * D).astype(query.dtype), key_cache_out, value_cache_out
 
@@ -248,9 +250,9 @@ def _check_attention_shapes(
     for name, arr in (("key", key), ("value", value)):
         if arr.shape != (T, KVH * D):
             raise shape_error(name, arr.shape, f"[T, num_kv_heads*head_size] = [{T}, {KVH * D}]")
-    if key_cache.ndim != 4 or key_cache.shape[1:] != (BS, KVH, D):
+    if key_cache.ndim != 4 or key_cache.shape[0] != KVH or key_cache.shape[2:] != (BS, D):
         raise shape_error(
-            "key_cache", key_cache.shape, f"[NB, block_size, num_kv_heads, head_size] = [NB, {BS}, {KVH}, {D}]"
+            "key_cache", key_cache.shape, f"[num_kv_heads, NB, block_size, head_size] = [{KVH}, NB, {BS}, {D}]"
         )
     if value_cache.shape != key_cache.shape:
         raise shape_error("value_cache", value_cache.shape, f"the key_cache shape {key_cache.shape}")
@@ -276,7 +278,7 @@ def _write_kv(
     BS: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """New caches equal to the inputs with token t's K/V at slot ``slot_mapping[t]``."""
-    NB, _, KVH, D = key_cache.shape
+    KVH, NB, _, D = key_cache.shape
     T = key.shape[0]
     key_cache_out = key_cache.copy()
     value_cache_out = value_cache.copy()
@@ -287,8 +289,8 @@ def _write_kv(
             f"slot_mapping[{t}]={int(slot_mapping[t])} is outside the pool [0, NB*block_size) = [0, {NB * BS})"
         )
     blk, off = slot_mapping // BS, slot_mapping % BS
-    key_cache_out[blk, off] = key.reshape(T, KVH, D).astype(key_cache.dtype)
-    value_cache_out[blk, off] = value.reshape(T, KVH, D).astype(value_cache.dtype)
+    key_cache_out[:, blk, off] = key.reshape(T, KVH, D).transpose(1, 0, 2).astype(key_cache.dtype)
+    value_cache_out[:, blk, off] = value.reshape(T, KVH, D).transpose(1, 0, 2).astype(value_cache.dtype)
     return key_cache_out, value_cache_out
 
 

@@ -33,7 +33,7 @@ from trtpipe.runtime.errors import ArtifactError
 from trtpipe.runtime.model_config import ModelConfig
 from trtpipe.runtime.runtime_options import RuntimeOptions, parse_runtime_options
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: head-major KV pool [kv_heads_l, num_blocks, block_size, head_dim]
 MANIFEST_NAME = "manifest.json"
 
 
@@ -65,7 +65,9 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 @dataclass(frozen=True)
 class KVLayout:
-    """Per-layer paged KV pool: K and V arrays of ``[num_blocks, block_size, kv_heads_l, head_dim]``.
+    """Per-layer paged KV pool: K and V arrays of ``[kv_heads_l, num_blocks, block_size, head_dim]``
+    (head-major since format 2, docs/contracts.md: attention reads a sequence's blocks without
+    transposes).
 
     Block 0 is the null block. ``num_blocks`` includes it.
     """
@@ -78,7 +80,7 @@ class KVLayout:
     sliding_window: int  # 0 = off (all layers share one window here)
 
     def layer_shape(self, layer: int) -> tuple[int, int, int, int]:
-        return (self.num_blocks, self.block_size, self.layer_num_kv_heads[layer], self.head_dim)
+        return (self.layer_num_kv_heads[layer], self.num_blocks, self.block_size, self.head_dim)
 
     @property
     def pool_bytes(self) -> int:

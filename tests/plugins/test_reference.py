@@ -41,8 +41,8 @@ class _Batch:
     def __init__(self, rng, *, H, KVH, D, BS, NB, MB, chunks, dtype=np.float32, W=0):
         # chunks: list of (num_cached, num_new) per sequence
         self.H, self.KVH, self.D, self.BS, self.W = H, KVH, D, BS, W
-        self.key_cache = rng.standard_normal((NB, BS, KVH, D)).astype(dtype)  # garbage
-        self.value_cache = rng.standard_normal((NB, BS, KVH, D)).astype(dtype)
+        self.key_cache = rng.standard_normal((KVH, NB, BS, D)).astype(dtype)  # garbage, head-major
+        self.value_cache = rng.standard_normal((KVH, NB, BS, D)).astype(dtype)
         free = list(rng.permutation(np.arange(1, NB)))  # block 0 = null block
         S = len(chunks)
         self.block_tables = np.zeros((S, MB), dtype=np.int64)
@@ -61,8 +61,8 @@ class _Batch:
             for j in range(ctx):
                 slot = self.block_tables[s, j // BS] * BS + j % BS
                 if j < cached:  # history already in the pool
-                    self.key_cache[slot // BS, slot % BS] = kh[j]
-                    self.value_cache[slot // BS, slot % BS] = vh[j]
+                    self.key_cache[:, slot // BS, slot % BS] = kh[j]
+                    self.value_cache[:, slot // BS, slot % BS] = vh[j]
                 else:
                     slots.append(slot)
                     k.append(kh[j].reshape(-1))
@@ -134,18 +134,20 @@ def test_paged_attention_matches_naive_ragged_gqa(W):
 
 
 def test_paged_attention_writes_copies_and_never_mutates_inputs():
+    """Head-major pool: kv head h of the token at slot s is ``cache[h, s // BS, s % BS]``."""
     rng = np.random.default_rng(1)
-    b = _Batch(rng, H=2, KVH=1, D=4, BS=2, NB=10, MB=4, chunks=[(2, 3), (0, 1)])
+    b = _Batch(rng, H=4, KVH=2, D=4, BS=2, NB=10, MB=4, chunks=[(2, 3), (0, 1)])
     kc_in, vc_in = b.key_cache.copy(), b.value_cache.copy()
     _, kc, vc = b.run()
     np.testing.assert_array_equal(b.key_cache, kc_in)
     np.testing.assert_array_equal(b.value_cache, vc_in)
-    blk, off = b.slot_mapping // 2, b.slot_mapping % 2
-    np.testing.assert_array_equal(kc[blk, off].reshape(len(b.slot_mapping), -1), b.key)
-    np.testing.assert_array_equal(vc[blk, off].reshape(len(b.slot_mapping), -1), b.value)
+    for t, slot in enumerate(b.slot_mapping):
+        for h in range(2):  # key row t = [head 0's D values, head 1's D values]
+            np.testing.assert_array_equal(kc[h, slot // 2, slot % 2], b.key[t, h * 4 : (h + 1) * 4])
+            np.testing.assert_array_equal(vc[h, slot // 2, slot % 2], b.value[t, h * 4 : (h + 1) * 4])
     untouched = np.ones(10 * 2, bool)
     untouched[b.slot_mapping] = False
-    np.testing.assert_array_equal(kc.reshape(20, -1)[untouched], kc_in.reshape(20, -1)[untouched])
+    np.testing.assert_array_equal(kc.reshape(2, 20, -1)[:, untouched], kc_in.reshape(2, 20, -1)[:, untouched])
 
 
 def test_paged_attention_explicit_scale_and_mha():
@@ -174,11 +176,11 @@ def test_sliding_window_visibility_exact(W):
     k_all = np.zeros((ctx, 1, D), np.float32)
     v_all = np.eye(ctx, dtype=np.float32)[:, None, :]
     bt = np.array([[3, 1, 2]], np.int64)
-    kc = np.zeros((4, BS, 1, D), np.float32)
-    vc = np.zeros((4, BS, 1, D), np.float32)
+    kc = np.zeros((1, 4, BS, D), np.float32)
+    vc = np.zeros((1, 4, BS, D), np.float32)
     slots = np.array([bt[0, j // BS] * BS + j % BS for j in range(ctx)])
     for j in range(first):
-        vc[slots[j] // BS, slots[j] % BS] = v_all[j]
+        vc[:, slots[j] // BS, slots[j] % BS] = v_all[j]
     out, _, _ = R.paged_attention(
         q,
         k_all[first:].reshape(n, D),
@@ -232,7 +234,9 @@ def test_paged_attention_errors():
     with pytest.raises(OpError, match="key"):
         run(1, b.key[:-1])
     with pytest.raises(OpError, match="key_cache"):
-        run(3, b.key_cache[:, :2])
+        run(3, b.key_cache[:, :, :2])  # block_size 2, not 4
+    with pytest.raises(OpError, match=r"key_cache.*\[num_kv_heads, NB, block_size, head_size\]"):
+        run(3, b.key_cache.transpose(1, 0, 2, 3))  # the old [NB, ..] order: 8 is not KVH 2
     with pytest.raises(OpError, match="value_cache"):
         run(4, b.value_cache[:-1])
     with pytest.raises(OpError, match="dtype"):
