@@ -89,7 +89,7 @@ def _dummy(ref: LlamaReference, phase: str, block_size: int):
     NB = 8  # pool blocks; block tables below are [S=2, MB=3]
     kv = []
     for i in range(c.num_layers):
-        shape = (NB, block_size, c.layer_num_kv_heads[i], c.head_dim)
+        shape = (c.layer_num_kv_heads[i], NB, block_size, c.head_dim)  # head-major pool
         kv += [torch.zeros(shape), torch.zeros(shape)]
     i64 = lambda x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
     bt = i64([[1, 2, 0], [3, 0, 0]])
@@ -116,7 +116,7 @@ def _phase_module(ref: LlamaReference, phase: str, num_kv: int) -> tuple[nn.Modu
     S = torch.export.Dim("num_seqs", min=1, max=1024)
     MB = torch.export.Dim("max_blocks", min=1, max=1 << 14)
     NB = torch.export.Dim("num_blocks", min=2, max=1 << 22)
-    kv_ds = tuple({0: NB} for _ in range(num_kv))
+    kv_ds = tuple({1: NB} for _ in range(num_kv))  # [KVH_i, NB, BS, D]
     if phase == "prefill":
         return _Prefill(ref), PREFILL_INPUTS, ({0: T}, {0: T}, {0: T}, {0: S, 1: MB}, {0: S}, {0: S + 1}, {0: S}, kv_ds)
     if phase == "decode":

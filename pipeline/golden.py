@@ -180,7 +180,7 @@ def reference_greedy(
     nb = blocks_for_tokens(total, block_size) + 1  # + the null block 0
     caches = []
     for i in range(c.num_layers):
-        shape = (nb, block_size, c.layer_num_kv_heads[i], c.head_dim)
+        shape = (c.layer_num_kv_heads[i], nb, block_size, c.head_dim)  # head-major pool
         caches += [torch.zeros(shape), torch.zeros(shape)]
     table = np.arange(1, nb, dtype=np.int64)[None, :]
     slot = lambda p: table[0, p // block_size] * block_size + p % block_size  # noqa: E731

@@ -44,14 +44,14 @@ def render_graph_io_markdown() -> str:
         dt, shape, meaning = _SHAPES[name]
         lines.append(f"| `{name}` | {dt} | {shape} | yes | {'yes' if name in DECODE_INPUTS else 'no'} | {meaning} |")
     lines += [
-        "| `past_key.{i}`, `past_value.{i}` | float32 (or the KV dtype) | [NB, BS, KVH_i, D] | yes | yes | layer i's KV pool |",
+        "| `past_key.{i}`, `past_value.{i}` | float32 (or the KV dtype) | [KVH_i, NB, BS, D] | yes | yes | layer i's KV pool |",
         "",
         "## Outputs",
         "",
         "| name | dtype | shape | meaning |",
         "|---|---|---|---|",
         "| `logits` | float32 | [S, V] | next-token logits of each sequence's last token (no lm_head work on other tokens) |",
-        "| `present_key.{i}`, `present_value.{i}` | as past | [NB, BS, KVH_i, D] | the pool with this step's K/V written at `slot_mapping` |",
+        "| `present_key.{i}`, `present_value.{i}` | as past | [KVH_i, NB, BS, D] | the pool with this step's K/V written at `slot_mapping` |",
         "",
         "## In-place KV",
         "",

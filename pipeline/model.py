@@ -284,7 +284,7 @@ class LlamaReference(nn.Module):
         context_lens: torch.Tensor,  # [S] int64
         query_start_loc: torch.Tensor,  # [S+1] int64
         last_token_indices: torch.Tensor,  # [S] int64
-        kv_caches: list[torch.Tensor],  # 2 per layer: K, V [NB, BS, KVH_i, D]
+        kv_caches: list[torch.Tensor],  # 2 per layer: K, V [KVH_i, NB, BS, D] (head-major)
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Packed ragged batch over the paged KV pool -> (logits [S, V], updated caches)."""
         T = input_ids.shape[0]
@@ -312,7 +312,7 @@ class LlamaReference(nn.Module):
                 a.num_kv_heads,
                 a.head_dim,
                 a.scale,
-                kc.shape[1],
+                kc.shape[2],  # block_size: the pool is [KVH, NB, BS, D]
                 a.sliding_window,
             )
             new_caches += [kc, vc]

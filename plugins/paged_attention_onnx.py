@@ -1,14 +1,16 @@
 """``trtpipe::PagedAttention`` in standard ONNX ops, shared by the ONNX Runtime lowering and
 TensorRT's plugin-free lowering (:func:`lower_paged_attention`).
 
-1. write: ``ScatterND(key_cache, [block, offset], key)`` whose output is the graph's
+1. write: ``ScatterND(key_cache, [kv_head, block, offset], key)`` whose output is the graph's
    ``present_*`` output. ONNX Runtime binds ``past_*`` and ``present_*`` to the same buffer
    (IOBinding) and its ScatterND skips the input copy when source and target are the same
    memory, so KV is written once per token (TensorRT's ScatterND writes a new tensor instead).
-2. read: ``Gather(cache, block_tables)`` -> per-sequence keys ``[S, MB*BS, KVH, D]``; prefill
-   queries are gathered into a padded ``[S, Qmax]`` layout (decode: one query per sequence, no
-   padding); GQA is a reshape ``[S, KVH, G*Qmax, D]``; causal + window mask by ``Where``;
-   ``Softmax``; ``MatMul``; prefill gathers back to packed tokens.
+2. read: ``Gather(cache, block_tables, axis=1)`` -> per-sequence keys ``[KVH, S, MB*BS, D]``
+   (the pool is head-major, so this is already the batched-matmul layout: no K/V transposes);
+   prefill queries are gathered into a padded ``[S, Qmax]`` layout (decode: one query per
+   sequence, no padding); GQA is a reshape ``[KVH, S, G*Qmax, D]`` of the (small) queries;
+   causal + window mask by ``Where``; ``Softmax``; ``MatMul``; prefill gathers back to packed
+   tokens.
 3. mixed (``split_decode_rows``, the ONNX Runtime prefill graph): the batch's *trailing* rows
    of one query token each (decode tokens riding in a prefill call, a step's decodes fused with
    its prompt chunks) take the decode path, the leading rows the padded one, and the two outputs
@@ -24,8 +26,8 @@ masks are shared by the layers with the same window.
 
 Pool layout (per layer, K and V alike)::
 
-    cache[NB, BS, KVH, D]   block 0 = null block
-      slot = block_id * BS + position % BS  ->  (slot // BS, slot % BS)
+    cache[KVH, NB, BS, D]   block 0 = null block (head-major, docs/contracts.md)
+      slot = block_id * BS + position % BS  ->  (h, slot // BS, slot % BS) for kv head h
 
 Meaning: :func:`trtpipe.plugins.reference.paged_attention` (tests compare both lowerings to it).
 """
@@ -70,12 +72,17 @@ def lower_paged_attention(
             idx = {"pad": _index_subgraph(ib, slot_mapping, block_tables, context_lens, qsl, block_size)}
         else:
             idx = _mixed_index_subgraph(ib, slot_mapping, block_tables, context_lens, qsl, block_size)
-        idx["write_idx"] = _write_index(ib, slot_mapping, block_size)
         state.emit(ib)
         state.memo[key] = (idx, {})  # masks are reused by later layers: defined before them
     idx, masks = state.memo[key]
+    num_kv_heads = node_attributes(node)["num_kv_heads"]
+    wkey = ("paged_attention_write_index", node.input[5], block_size, num_kv_heads)
+    if wkey not in state.memo:  # per kv-head count (layers may differ), emitted before its first user
+        wb = NodeBuilder(f"/model/paged_attention_write_index_kvh{num_kv_heads}")
+        state.memo[wkey] = _write_index(wb, node.input[5], block_size, num_kv_heads)
+        state.emit(wb)
     b = NodeBuilder(node.name or node.op_type)
-    a = _attention_prologue(b, node, idx)
+    a = _attention_prologue(b, node, state.memo[wkey])
     out = node.output[0]
     if mode == "decode":
         _decode_attention(b, a, a.q, idx["dec"], masks, out)
@@ -89,13 +96,20 @@ def lower_paged_attention(
     state.emit(b)
 
 
-def _write_index(b: NodeBuilder, slot_mapping: str, block_size: int) -> str:
-    """``[T, 2]`` (block, offset) of each token's slot: the ScatterND indices of the KV write."""
+def _write_index(b: NodeBuilder, slot_mapping: str, block_size: int, num_kv_heads: int) -> str:
+    """``[KVH, T, 3]`` (kv head, block, offset) of each token's slot in every kv head: the
+    ScatterND indices of the KV write into the head-major pool ``[KVH, NB, BS, D]``."""
     c1 = b.const([1])
     bs = b.const(block_size, hint="block_size")
-    blk = b.op("Div", [slot_mapping, bs], "slot_block")
-    off = b.op("Mod", [slot_mapping, bs], "slot_offset")
-    return b.op("Concat", [b.op("Unsqueeze", [blk, c1]), b.op("Unsqueeze", [off, c1])], "write_idx", axis=1)
+    blk = b.op("Unsqueeze", [b.op("Div", [slot_mapping, bs], "slot_block"), c1])  # [T, 1]
+    off = b.op("Unsqueeze", [b.op("Mod", [slot_mapping, bs], "slot_offset"), c1])  # [T, 1]
+    blk_off = b.op("Unsqueeze", [b.op("Concat", [blk, off], "slot_block_offset", axis=1), b.const([0])])  # [1, T, 2]
+    heads = b.const(np.arange(num_kv_heads, dtype=np.int64).reshape(num_kv_heads, 1, 1), hint="kv_heads")
+    t_shape = b.op("Shape", [slot_mapping], "T_write")  # [1]
+    shape = b.op("Concat", [b.const([num_kv_heads]), t_shape, c1], "kv_head_index_shape", axis=0)
+    head_idx = b.op("Expand", [heads, shape], "kv_head_index")  # [KVH, T, 1]
+    shape2 = b.op("Concat", [b.const([num_kv_heads]), t_shape, b.const([2])], axis=0)
+    return b.op("Concat", [head_idx, b.op("Expand", [blk_off, shape2])], "write_idx", axis=2)
 
 
 def _key_positions(b: NodeBuilder, block_tables: str, block_size: int) -> tuple[str, str]:
@@ -228,9 +242,10 @@ class _Head:
     vc: str
 
 
-def _attention_prologue(b: NodeBuilder, node: onnx.NodeProto, idx: dict) -> _Head:
+def _attention_prologue(b: NodeBuilder, node: onnx.NodeProto, write_idx: str) -> _Head:
     """Read the attributes, check GQA, and write this step's K/V into the pool in place
-    (ScatterND at ``write_idx``, for every token of the batch; see the module docstring)."""
+    (ScatterND at ``write_idx [KVH, T, 3]`` with updates ``[KVH, T, D]``, for every token of the
+    batch; see the module docstring)."""
     a = node_attributes(node)
     H, KVH, D = a["num_heads"], a["num_kv_heads"], a["head_size"]
     W = a.get("sliding_window", 0)
@@ -239,10 +254,11 @@ def _attention_prologue(b: NodeBuilder, node: onnx.NodeProto, idx: dict) -> _Hea
         raise OpError(f"PagedAttention {node.name}: num_heads {H} is not a multiple of num_kv_heads {KVH}")
     q, k, v, kc, vc = node.input[:5]
     _out, kc_out, vc_out = node.output
-    write_idx = idx["write_idx"]
     T_kvh_d = b.const([-1, KVH, D])
-    b.op("ScatterND", [kc, write_idx, b.op("Reshape", [k, T_kvh_d])], "write_k", outputs=[kc_out])
-    b.op("ScatterND", [vc, write_idx, b.op("Reshape", [v, T_kvh_d])], "write_v", outputs=[vc_out])
+    k_h = b.op("Transpose", [b.op("Reshape", [k, T_kvh_d])], "key_head_major", perm=[1, 0, 2])  # [KVH, T, D]
+    v_h = b.op("Transpose", [b.op("Reshape", [v, T_kvh_d])], "value_head_major", perm=[1, 0, 2])
+    b.op("ScatterND", [kc, write_idx, k_h], "write_k", outputs=[kc_out])
+    b.op("ScatterND", [vc, write_idx, v_h], "write_v", outputs=[vc_out])
     return _Head(H, KVH, D, H // KVH, W, scale, q, kc_out, vc_out)
 
 
@@ -256,23 +272,25 @@ def _shape(b: NodeBuilder, shared: dict, *parts: Any) -> str:
 
 
 def _keys_values(b: NodeBuilder, a: _Head, idx: dict[str, str], shared: dict) -> tuple[str, str]:
-    """``(k_t [S, KVH, D, L], v_t [S, KVH, L, D])`` of the path's rows, gathered by block table."""
-    s_l_kvh_d = _shape(b, shared, idx["S"], idx["L"], a.KVH, a.D)
-    ks = b.op("Reshape", [b.op("Gather", [a.kc, idx["block_tables"]], "gather_k", axis=0), s_l_kvh_d])
-    vs = b.op("Reshape", [b.op("Gather", [a.vc, idx["block_tables"]], "gather_v", axis=0), s_l_kvh_d])
-    return b.op("Transpose", [ks], "k_t", perm=[0, 2, 3, 1]), b.op("Transpose", [vs], "v_t", perm=[0, 2, 1, 3])
+    """``(k_t [KVH, S, D, L], v [KVH, S, L, D])`` of the path's rows: one Gather along the pool's
+    block axis (``[KVH, S, MB, BS, D]``) and a reshape; ``k_t`` is a last-two-axes Transpose
+    that ONNX Runtime folds into its MatMul (``FusedMatMul`` transB), so no copy."""
+    kvh_s_l_d = _shape(b, shared, a.KVH, idx["S"], idx["L"], a.D)
+    ks = b.op("Reshape", [b.op("Gather", [a.kc, idx["block_tables"]], "gather_k", axis=1), kvh_s_l_d])
+    vs = b.op("Reshape", [b.op("Gather", [a.vc, idx["block_tables"]], "gather_v", axis=1), kvh_s_l_d])
+    return b.op("Transpose", [ks], "k_t", perm=[0, 1, 3, 2]), vs
 
 
 def _padded_attention(b: NodeBuilder, a: _Head, q: str, idx: dict[str, str], masks: dict, out: str | None) -> str:
-    """Packed queries -> padded ``[S, KVH, G*Qmax, D]`` -> attention -> packed ``[T, H*D]``."""
+    """Packed queries -> padded ``[KVH, S, G*Qmax, D]`` -> attention -> packed ``[T, H*D]``."""
     KVH, G, D = a.KVH, a.G, a.D
     if ("pad", a.W) not in masks:  # shared by the layers with the same window
         m = idx["causal"]
         if a.W > 0:
             lo = b.op("Sub", [idx["qpos3"], b.const(a.W)])
             m = b.op("And", [m, b.op("Greater", [idx["key_pos"], lo], "in_window")], f"mask_w{a.W}")
-        masks[("pad", a.W)] = b.op("Unsqueeze", [m, b.const([1, 2])], f"mask5d_w{a.W}")  # [S, 1, 1, Qmax, L]
-    kt, vt = _keys_values(b, a, idx, masks)
+        masks[("pad", a.W)] = b.op("Unsqueeze", [m, b.const([0, 2])], f"mask5d_w{a.W}")  # [1, S, 1, Qmax, L]
+    kt, vs = _keys_values(b, a, idx, masks)
     S, qmax, L = idx["S"], idx["qmax"], idx["L"]
     if ("g_times_qmax", G) not in masks:
         masks[("g_times_qmax", G)] = b.op("Mul", [qmax, b.const([G])], "g_times_qmax")
@@ -280,32 +298,34 @@ def _padded_attention(b: NodeBuilder, a: _Head, q: str, idx: dict[str, str], mas
     qs = b.op("Mul", [q, b.const(a.scale, np.float32)], "q_scaled")
     qp = b.op("Gather", [qs, idx["tok_flat"]], "q_pad", axis=0)
     qp = b.op("Reshape", [qp, _shape(b, masks, S, qmax, KVH, G, D)])
-    qp = b.op("Transpose", [qp], "q_t", perm=[0, 2, 3, 1, 4])  # [S, KVH, G, Qmax, D]
-    qp = b.op("Reshape", [qp, _shape(b, masks, S, KVH, gq, D)])
-    scores = b.op("MatMul", [qp, kt], "scores")  # [S, KVH, G*Qmax, L]
-    sc5 = b.op("Reshape", [scores, _shape(b, masks, S, KVH, G, qmax, L)])
+    qp = b.op("Transpose", [qp], "q_t", perm=[2, 0, 3, 1, 4])  # [KVH, S, G, Qmax, D]
+    qp = b.op("Reshape", [qp, _shape(b, masks, KVH, S, gq, D)])
+    scores = b.op("MatMul", [qp, kt], "scores")  # [KVH, S, G*Qmax, L]
+    sc5 = b.op("Reshape", [scores, _shape(b, masks, KVH, S, G, qmax, L)])
     sc5 = b.op("Where", [masks[("pad", a.W)], sc5, b.const(-np.inf, np.float32)], "masked_scores")
     probs = b.op("Softmax", [sc5], "probs", axis=-1)
-    probs = b.op("Reshape", [probs, _shape(b, masks, S, KVH, gq, L)])
-    o = b.op("MatMul", [probs, vt], "attn")  # [S, KVH, G*Qmax, D]
-    o = b.op("Reshape", [o, _shape(b, masks, S, KVH, G, qmax, D)])
-    o = b.op("Transpose", [o], "o_t", perm=[0, 3, 1, 2, 4])  # [S, Qmax, KVH, G, D]
+    probs = b.op("Reshape", [probs, _shape(b, masks, KVH, S, gq, L)])
+    o = b.op("MatMul", [probs, vs], "attn")  # [KVH, S, G*Qmax, D]
+    o = b.op("Reshape", [o, _shape(b, masks, KVH, S, G, qmax, D)])
+    o = b.op("Transpose", [o], "o_t", perm=[1, 3, 0, 2, 4])  # [S, Qmax, KVH, G, D]
     o = b.op("Reshape", [o, b.const([-1, a.H * D])])
     return b.op("Gather", [o, idx["pad_index"]], "unpad", axis=0, outputs=[out] if out else None)
 
 
 def _decode_attention(b: NodeBuilder, a: _Head, q: str, idx: dict[str, str], masks: dict, out: str | None) -> str:
-    """One query token per row: scores ``[S, KVH, G, L]`` without any padding or re-packing."""
+    """One query token per row: scores ``[KVH, S, G, L]`` without any padding or re-packing."""
     if ("dec", a.W) not in masks:
         m = idx["causal"]
         if a.W > 0:  # j > pos - W  <=>  j >= ctx - W
             lo = b.op("Sub", [idx["ctx"], b.const(a.W)])
             m = b.op("And", [m, b.op("GreaterOrEqual", [idx["key_pos"], lo])], f"mask_w{a.W}")
-        masks[("dec", a.W)] = b.op("Unsqueeze", [m, b.const([1, 2])], f"mask4d_w{a.W}")  # [S, 1, 1, L]
-    kt, vt = _keys_values(b, a, idx, masks)
+        masks[("dec", a.W)] = b.op("Unsqueeze", [m, b.const([0, 2])], f"mask4d_w{a.W}")  # [1, S, 1, L]
+    kt, vs = _keys_values(b, a, idx, masks)
     qs = b.op("Reshape", [b.op("Mul", [q, b.const(a.scale, np.float32)], "q_scaled"), b.const([-1, a.KVH, a.G, a.D])])
-    scores = b.op("MatMul", [qs, kt], "scores")  # [S, KVH, G, L]
+    qs = b.op("Transpose", [qs], "q_t", perm=[1, 0, 2, 3])  # [KVH, S, G, D]
+    scores = b.op("MatMul", [qs, kt], "scores")  # [KVH, S, G, L]
     scores = b.op("Where", [masks[("dec", a.W)], scores, b.const(-np.inf, np.float32)], "masked_scores")
     probs = b.op("Softmax", [scores], "probs", axis=-1)
-    o = b.op("MatMul", [probs, vt], "attn")  # [S, KVH, G, D]
+    o = b.op("MatMul", [probs, vs], "attn")  # [KVH, S, G, D]
+    o = b.op("Transpose", [o], "o_t", perm=[1, 0, 2, 3])  # [S, KVH, G, D]
     return b.op("Reshape", [o, b.const([-1, a.H * a.D])], "attn_flat", outputs=[out] if out else None)

@@ -43,8 +43,8 @@ OP_SPECS: dict[str, dict[str, Any]] = {
             ("query", "T", False, "[T, H*D], RoPE applied"),
             ("key", "T", False, "[T, KVH*D] new tokens' K, RoPE applied"),
             ("value", "T", False, "[T, KVH*D] new tokens' V"),
-            ("key_cache", "T_CACHE", False, "[NB, BS, KVH, D]"),
-            ("value_cache", "T_CACHE", False, "[NB, BS, KVH, D]"),
+            ("key_cache", "T_CACHE", False, "[KVH, NB, BS, D] head-major"),
+            ("value_cache", "T_CACHE", False, "[KVH, NB, BS, D]"),
             ("slot_mapping", "T_INDEX", False, "[T] where token t is written: block_id*BS + pos % BS"),
             ("block_tables", "T_INDEX", False, "[S, MB] logical -> physical block; padding 0"),
             ("context_lens", "T_INDEX", False, "[S] tokens in the pool after this step"),
@@ -180,8 +180,8 @@ def _infer_paged_attention(ctx: Any) -> None:
     _check_dims("PagedAttention", "key", _dims(ctx.get_input_type(1)), [T, kvd])
     _check_dims("PagedAttention", "value", _dims(ctx.get_input_type(2)), [T, kvd])
     kc = _dims(ctx.get_input_type(3))
-    _check_dims("PagedAttention", "key_cache", kc, [None, BS, KVH, D])
-    _check_dims("PagedAttention", "value_cache", _dims(ctx.get_input_type(4)), kc or [None, BS, KVH, D])
+    _check_dims("PagedAttention", "key_cache", kc, [KVH, None, BS, D])
+    _check_dims("PagedAttention", "value_cache", _dims(ctx.get_input_type(4)), kc or [KVH, None, BS, D])
     _check_dims("PagedAttention", "slot_mapping", _dims(ctx.get_input_type(5)), [T])
     _copy_type(ctx, 0, 0)
     _copy_type(ctx, 3, 1)

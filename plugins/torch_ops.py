@@ -36,15 +36,15 @@ def paged_attention(
     sliding_window: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Paged GQA attention; see docs/contracts.md. Shapes: query [T, H*D], key/value [T, KVH*D],
-    caches [NB, BS, KVH, D], slot_mapping [T], block_tables [S, MB], context_lens [S],
+    caches [KVH, NB, BS, D] (head-major), slot_mapping [T], block_tables [S, MB], context_lens [S],
     query_start_loc [S+1] (int64). Returns (output [T, H*D], key_cache_out, value_cache_out)."""
     T = query.shape[0]
     D = head_size
     kc = key_cache.clone()
     vc = value_cache.clone()
-    nb, bs = kc.shape[0], kc.shape[1]
-    kc.view(nb * bs, num_kv_heads, D)[slot_mapping] = key.view(T, num_kv_heads, D).to(kc.dtype)
-    vc.view(nb * bs, num_kv_heads, D)[slot_mapping] = value.view(T, num_kv_heads, D).to(vc.dtype)
+    nb, bs = kc.shape[1], kc.shape[2]
+    kc.view(num_kv_heads, nb * bs, D)[:, slot_mapping] = key.view(T, num_kv_heads, D).transpose(0, 1).to(kc.dtype)
+    vc.view(num_kv_heads, nb * bs, D)[:, slot_mapping] = value.view(T, num_kv_heads, D).transpose(0, 1).to(vc.dtype)
     scale = scale if scale != 0.0 else 1.0 / math.sqrt(D)
     group = num_heads // num_kv_heads
     out = torch.empty(T, num_heads, D, dtype=query.dtype)
@@ -57,8 +57,8 @@ def paged_attention(
         L = int(context_lens[s])
         j = torch.arange(L)
         slots = block_tables[s, j // block_size] * block_size + j % block_size
-        k = kc.view(nb * bs, num_kv_heads, D)[slots].float()  # [L, KVH, D]
-        v = vc.view(nb * bs, num_kv_heads, D)[slots].float()
+        k = kc.view(num_kv_heads, nb * bs, D)[:, slots].transpose(0, 1).float()  # [L, KVH, D]
+        v = vc.view(num_kv_heads, nb * bs, D)[:, slots].transpose(0, 1).float()
         k = k.repeat_interleave(group, dim=1)  # [L, H, D]
         v = v.repeat_interleave(group, dim=1)
         q = q_all[t0:t1]  # [n, H, D]

@@ -2,7 +2,7 @@
 
 Follows vLLM v1 ``BlockPool`` (``vllm/v1/core/block_pool.py``), prefix caching included:
 
-* Block ids index the first axis of every layer's K/V cache ``[num_blocks, block_size, ...]``.
+* Block ids index the block axis of every layer's K/V cache ``[kv_heads, num_blocks, block_size, head_dim]``.
 * Block 0 is the *null block*: never handed out, so a block table can use 0 for "no block here"
   (padding, or a sliding-window block that was released) and the attention op still reads a
   valid address, which the mask then ignores.

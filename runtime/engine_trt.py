@@ -17,7 +17,7 @@ Layouts (``manifest.options.layout``):
   prefill and 1 for decode, two execution contexts on the one engine (weights held once).
   Decode batches are fed as one-token prefill chunks (``query_start_loc = arange(S+1)``).
 
-KV pool (per layer K and V, ``[num_blocks, block_size, kv_heads_l, head_dim]``, device memory):
+KV pool (per layer K and V, ``[kv_heads_l, num_blocks, block_size, head_dim]``, device memory):
 with plugins, ``PagedKVWrite`` writes in place and ``past_*``/``present_*`` are bound to the
 same buffer. Plugin-free graphs write the pool through ``ScatterND``, which produces a new
 tensor, so the engine keeps two pools and swaps them after every step (ping-pong)::

@@ -16,7 +16,7 @@ from trtpipe.runtime.manifest import KVLayout
 
 
 class KVPool:
-    """Per-layer K/V arrays ``[num_blocks, block_size, kv_heads_l, head_dim]`` (zeros at start)."""
+    """Per-layer K/V arrays ``[kv_heads_l, num_blocks, block_size, head_dim]`` (zeros at start)."""
 
     def __init__(self, layout: KVLayout):
         self.layout = layout

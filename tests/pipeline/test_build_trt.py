@@ -100,7 +100,7 @@ def test_input_shapes_from_graph_dims():
         [
             ("input_ids", ["num_seqs"]),
             ("block_tables", ["num_seqs", "max_blocks"]),
-            ("past_key.0", ["num_blocks", 16, 3, 64]),
+            ("past_key.0", [3, "num_blocks", 16, 64]),
         ],
         dims,
         where="decode",
@@ -108,7 +108,7 @@ def test_input_shapes_from_graph_dims():
     assert shapes == {
         "input_ids": [[1], [64], [128]],
         "block_tables": [[1, 1], [64, 128], [128, 512]],
-        "past_key.0": [[100, 16, 3, 64]] * 3,
+        "past_key.0": [[3, 100, 16, 64]] * 3,
     }
     with pytest.raises(BuildError, match="'mystery'.*no optimization profile"):
         input_shapes([("x", ["mystery"])], dims, where="decode")
@@ -119,12 +119,12 @@ def _plans(r, nb=64):
         "prefill": [
             ("input_ids", ["num_tokens"]),
             ("block_tables", ["num_seqs", "max_blocks"]),
-            ("past_key.0", ["num_blocks", 16, 3, 64]),
+            ("past_key.0", [3, "num_blocks", 16, 64]),
         ],
         "decode": [
             ("input_ids", ["num_seqs"]),
             ("block_tables", ["num_seqs", "max_blocks"]),
-            ("past_key.0", ["num_blocks", 16, 3, 64]),
+            ("past_key.0", [3, "num_blocks", 16, 64]),
         ],
     }
     return [
@@ -360,7 +360,7 @@ def test_build_spec_is_complete(split_spec):
     assert set(plans) == {"prefill", "decode"}
     pre = plans["prefill"]["profiles"][0]["shapes"]
     assert pre["input_ids"] == [[1], [256], [256]] and pre["query_start_loc"] == [[2], [2], [9]]
-    assert pre["past_key.1"] == [[64, 16, 3, 64]] * 3
+    assert pre["past_key.1"] == [[3, 64, 16, 64]] * 3
     dec = plans["decode"]["profiles"][0]["shapes"]
     assert dec["block_tables"] == [[1, 1], [4, 32], [8, 32]] and "query_start_loc" not in dec
     assert spec["duplicated_weights_bytes"] > 49152 * 576 * 2  # the fp16 embedding, in both plans

@@ -58,8 +58,8 @@ def _paged_attention_model(elem=TP.FLOAT, cache_elem=None, q_dim=4 * 8, attrs=No
         _vi("query", elem, ["T", q_dim]),
         _vi("key", elem, ["T", 16]),
         _vi("value", elem, ["T", 16]),
-        _vi("key_cache", cache_elem, ["NB", 16, 2, 8]),
-        _vi("value_cache", cache_elem, ["NB", 16, 2, 8]),
+        _vi("key_cache", cache_elem, [2, "NB", 16, 8]),
+        _vi("value_cache", cache_elem, [2, "NB", 16, 8]),
         _vi("slot_mapping", TP.INT64, ["T"]),
         _vi("block_tables", TP.INT64, ["S", "MB"]),
         _vi("context_lens", TP.INT64, ["S"]),
@@ -82,8 +82,8 @@ def test_paged_attention_check_and_infer():
     vi = {v.name: v for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
     assert _shape(vi["attn"]) == ["T", 32] and vi["attn"].type.tensor_type.elem_type == TP.FLOAT
     assert _shape(vi["out"]) == ["T", 32]
-    assert _shape(vi["key_cache_out"]) == ["NB", 16, 2, 8]
-    assert _shape(vi["value_cache_out"]) == ["NB", 16, 2, 8]
+    assert _shape(vi["key_cache_out"]) == [2, "NB", 16, 8]
+    assert _shape(vi["value_cache_out"]) == [2, "NB", 16, 8]
 
 
 def test_paged_attention_float16_and_mixed_cache_dtype():

@@ -37,8 +37,8 @@ def _attention_model(window: int = 0, dtype=TensorProto.FLOAT) -> onnx.ModelProt
         helper.make_tensor_value_info("query", f, ["T", H * D]),
         helper.make_tensor_value_info("key", f, ["T", KVH * D]),
         helper.make_tensor_value_info("value", f, ["T", KVH * D]),
-        helper.make_tensor_value_info("past_key.0", f, ["NB", BS, KVH, D]),
-        helper.make_tensor_value_info("past_value.0", f, ["NB", BS, KVH, D]),
+        helper.make_tensor_value_info("past_key.0", f, [KVH, "NB", BS, D]),
+        helper.make_tensor_value_info("past_value.0", f, [KVH, "NB", BS, D]),
         helper.make_tensor_value_info("slot_mapping", i64, ["T"]),
         helper.make_tensor_value_info("block_tables", i64, ["S", "MB"]),
         helper.make_tensor_value_info("context_lens", i64, ["S"]),
@@ -46,8 +46,8 @@ def _attention_model(window: int = 0, dtype=TensorProto.FLOAT) -> onnx.ModelProt
     ]
     outs = [
         helper.make_tensor_value_info("out", f, ["T", H * D]),
-        helper.make_tensor_value_info("present_key.0", f, ["NB", BS, KVH, D]),
-        helper.make_tensor_value_info("present_value.0", f, ["NB", BS, KVH, D]),
+        helper.make_tensor_value_info("present_key.0", f, [KVH, "NB", BS, D]),
+        helper.make_tensor_value_info("present_value.0", f, [KVH, "NB", BS, D]),
     ]
     node = helper.make_node(
         "PagedAttention",
@@ -70,8 +70,8 @@ def _attention_model(window: int = 0, dtype=TensorProto.FLOAT) -> onnx.ModelProt
 
 def _attention_step(rng):
     """Two sequences: 5 cached + 3 new tokens, and 0 cached + 2 new (block 0 is the null block)."""
-    kc = rng.standard_normal((NB, BS, KVH, D)).astype(np.float32)
-    vc = rng.standard_normal((NB, BS, KVH, D)).astype(np.float32)
+    kc = rng.standard_normal((KVH, NB, BS, D)).astype(np.float32)
+    vc = rng.standard_normal((KVH, NB, BS, D)).astype(np.float32)
     bt = np.array([[3, 7, 0], [5, 0, 0]], np.int64)
     cl = np.array([8, 2], np.int64)
     qsl = np.array([0, 3, 5], np.int64)
