@@ -126,10 +126,12 @@ def _time_ms(torch, fn, warmup: int = 10, iters: int = 50) -> float:
 
 
 def _paged_case(rng, H, KVH, D, BS, NB, chunks, dtype):
+    """One packed step for plugins/reference.py: per sequence (cached, new) tokens; the caches are
+    the head-major pool ``[KVH, NB, BS, D]`` (docs/contracts.md)."""
     from trtpipe.runtime.kv_planning import blocks_for_tokens
 
-    kc = rng.standard_normal((NB, BS, KVH, D)).astype(dtype)
-    vc = rng.standard_normal((NB, BS, KVH, D)).astype(dtype)
+    kc = rng.standard_normal((KVH, NB, BS, D)).astype(dtype)
+    vc = rng.standard_normal((KVH, NB, BS, D)).astype(dtype)
     free = list(rng.permutation(np.arange(1, NB)))
     S = len(chunks)
     MB = max(blocks_for_tokens(c + n, BS) for c, n in chunks)
@@ -145,6 +147,28 @@ def _paged_case(rng, H, KVH, D, BS, NB, chunks, dtype):
     k = rng.standard_normal((T, KVH * D)).astype(dtype)
     v = rng.standard_normal((T, KVH * D)).astype(dtype)
     return q, k, v, kc, vc, np.array(slots, np.int64), bt, cl, qsl
+
+
+def _plugin_paged_attention(torch, targs: list, kw: dict, dn: str, *, decode: bool) -> tuple:
+    """The TensorRT plugin wrapper kernels on ``targs`` (the :func:`_paged_case` step as device
+    tensors) in the plugins' argument order (inputs, extra scalars, outputs): PagedKVWrite (extra
+    NB), then PagedAttention (extras [S,] MB, NB), as the two plugin nodes. Returns ``(output,
+    key cache after the write)``."""
+    from trtpipe.plugins import trt_plugins as TP
+
+    q, k, v, kc, vc, sm, bt, cl, qsl = targs
+    KVH, NB = kc.shape[0], kc.shape[1]  # head-major [KVH, NB, BS, D]
+    T, S, MB = q.shape[0], bt.shape[0], bt.shape[1]
+    write_attrs = dict(num_kv_heads=kw["num_kv_heads"], head_size=kw["head_size"], block_size=kw["block_size"])
+    fn, _, c, warps = TP.kernel_config("PagedKVWrite", write_attrs, dn)
+    fn[(T,)](k, v, kc, vc, sm, NB, kc, vc, **c, num_warps=warps)
+    fn, _, c, warps = TP.kernel_config("PagedAttention", dict(kw, scale=0.0, decode=int(decode)), dn, tactic=1)
+    out = torch.empty_like(q)
+    if decode:
+        fn[(S, KVH)](q, kc, vc, bt, cl, qsl, MB, NB, out, **c, num_warps=warps)
+    else:
+        fn[(T // c["BLOCK_Q"] + S, KVH)](q, kc, vc, bt, cl, qsl, S, MB, NB, out, **c, num_warps=warps)
+    return out, kc
 
 
 def check_correctness(torch, device: str = "cuda") -> list[tuple[str, float, float, bool]]:
@@ -172,22 +196,11 @@ def check_correctness(torch, device: str = "cuda") -> list[tuple[str, float, flo
                 err = float(np.abs(out.float().cpu().numpy() - ref[0].astype(np.float32)).max())
                 kerr = float(np.abs(kco.float().cpu().numpy() - ref[1].astype(np.float32)).max())
                 rows.append((f"triton paged_attention {label} {dn} W={W}", err, tol, err <= tol and kerr == 0))
-                # TensorRT plugin wrapper kernels: write, then attention (as the two plugin nodes)
-                q, k, v, kc, vc, sm, bt, cl, qsl = (g(a) for a in args)
-                T, S, MB = q.shape[0], bt.shape[0], bt.shape[1]
-                fn, _, c, warps = TP.kernel_config(
-                    "PagedKVWrite", dict(num_kv_heads=KVH, head_size=D, block_size=BS), dn
-                )
-                fn[(T,)](k, v, kc, vc, sm, kc, vc, **c, num_warps=warps)
-                attrs = dict(kw, scale=0.0, decode=int(label == "decode"))
-                fn, _, c, warps = TP.kernel_config("PagedAttention", attrs, dn, tactic=1)
-                out = torch.empty_like(q)
-                if label == "decode":
-                    fn[(S, KVH)](q, kc, vc, bt, cl, qsl, MB, out, **c, num_warps=warps)
-                else:
-                    fn[(T // c["BLOCK_Q"] + S, KVH)](q, kc, vc, bt, cl, qsl, S, MB, out, **c, num_warps=warps)
+                out, kco = _plugin_paged_attention(torch, [g(a) for a in args], kw, dn, decode=label == "decode")
                 err = float(np.abs(out.float().cpu().numpy() - ref[0].astype(np.float32)).max())
-                rows.append((f"plugin PagedKVWrite+PagedAttention {label} {dn} W={W}", err, tol, err <= tol))
+                kerr = float(np.abs(kco.float().cpu().numpy() - ref[1].astype(np.float32)).max())
+                good = err <= tol and kerr == 0
+                rows.append((f"plugin PagedKVWrite+PagedAttention {label} {dn} W={W}", err, tol, good))
         K, N, G = 512, 384, 32
         w = rng.standard_normal((N, K)).astype(np.float32)
         packed, scales, zp = P.quantize_rtn(w, G, symmetric=False)
@@ -225,7 +238,7 @@ def bench_decode_attention(
         for batch in batches:
             mb = ctx // BS
             nb = batch * mb + 1
-            kc = torch.randn((nb, BS, KVH, D), dtype=torch.float16, device=dev)
+            kc = torch.randn((KVH, nb, BS, D), dtype=torch.float16, device=dev)  # head-major pool
             vc = torch.randn_like(kc)
             bt = (torch.randperm(nb - 1, device=dev)[: batch * mb] + 1).view(batch, mb).to(torch.int64)
             cl = torch.full((batch,), ctx, dtype=torch.int64, device=dev)

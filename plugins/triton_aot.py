@@ -1,6 +1,9 @@
 """Ahead-of-time compilation of the Triton kernels (:mod:`trtpipe.plugins.triton_kernels`) to
 cubin/PTX for a given SM without a GPU: :data:`AOT_KERNELS` (name -> kernel, signature, default
 constexprs) and :func:`aot_compile`. Tests compile every kernel for sm_80 / sm_87 / sm_90 with it.
+The paged-attention kernels take the head-major KV pool ``[KVH, NB, BS, D]`` and its head
+stride ``stride_cache_head = NB * BS * D`` as an ``i64`` runtime argument (pools need not fit
+in 2**31 elements; NB is not a compile-time constant).
 
 This module imports triton at module level (import it lazily), never torch.
 """
@@ -36,10 +39,12 @@ AOT_KERNELS: dict[str, tuple[Any, Any, dict[str, Any]]] = {
             "slot_mapping_ptr": "*i64",
             "stride_key_t": "i64",
             "stride_value_t": "i64",
+            "stride_cache_head": "i64",
             "KVH_D": "constexpr",
+            "HEAD_SIZE": "constexpr",
             "BLOCK": "constexpr",
         },
-        {"KVH_D": 3 * 64, "BLOCK": 256},
+        {"KVH_D": 3 * 64, "HEAD_SIZE": 64, "BLOCK": 256},
     ),
     "paged_attention_decode": (
         paged_attention_decode_kernel,
@@ -55,6 +60,7 @@ AOT_KERNELS: dict[str, tuple[Any, Any, dict[str, Any]]] = {
             "stride_q": "i64",
             "stride_out": "i64",
             "stride_bt": "i64",
+            "stride_cache_head": "i64",
             **{
                 k: "constexpr"
                 for k in ("NUM_KV_HEADS", "HEAD_SIZE", "BLOCK_SIZE", "GROUP", "GROUP_PAD", "D_PAD", "BLOCK_N")
@@ -78,6 +84,7 @@ AOT_KERNELS: dict[str, tuple[Any, Any, dict[str, Any]]] = {
             "stride_q": "i64",
             "stride_out": "i64",
             "stride_bt": "i64",
+            "stride_cache_head": "i64",
             **{
                 k: "constexpr"
                 for k in (

@@ -26,8 +26,11 @@ Numerics: softmax, scores and accumulators are float32. ``tl.dot`` runs on the i
 (fp16 -> tensor cores, fp32 accumulate); float32 inputs use ``input_precision="ieee"``
 by default (no TF32 truncation), overridable with ``input_precision``.
 
-KV pool: ``[NB, BS, KVH, D]`` contiguous, so slot ``s`` starts at element ``s * KVH * D``.
-Offsets are computed in int64 (block tables and slots are int64).
+KV pool (per layer, docs/contracts.md): head-major ``[KVH, NB, BS, D]`` contiguous, so kv head
+``h`` of slot ``s`` starts at element ``h * stride_cache_head + s * D`` with ``stride_cache_head =
+NB * BS * D`` (a runtime argument: the pool size is not a compile-time constant). Offsets are
+computed in int64 (block tables and slots are int64; the kv head index is widened before it
+multiplies the head stride, so pools over 2**31 elements address correctly).
 
 This module imports triton at module level (it is the Triton module; import it lazily), never
 torch. It is a plugin ABI source (:data:`trtpipe.plugins.versions.PLUGIN_ABI_SOURCES`). Exception
@@ -59,23 +62,27 @@ __all__ = [
 def write_kv_cache_kernel(
     key_ptr,  # [T, KVH*D] rows of this step's K
     value_ptr,  # [T, KVH*D]
-    key_cache_ptr,  # [NB, BS, KVH, D] contiguous
-    value_cache_ptr,  # [NB, BS, KVH, D] contiguous
+    key_cache_ptr,  # [KVH, NB, BS, D] contiguous (head-major)
+    value_cache_ptr,  # [KVH, NB, BS, D] contiguous
     slot_mapping_ptr,  # [T] int64
     stride_key_t,  # elements between rows of key
     stride_value_t,
+    stride_cache_head,  # elements between kv heads of the pool: NB * BS * D
     KVH_D: tl.constexpr,  # num_kv_heads * head_size
+    HEAD_SIZE: tl.constexpr,
     BLOCK: tl.constexpr,  # next power of two >= KVH_D
 ):
-    """Grid (T,). Token t's K/V row goes to slot slot_mapping[t]; a negative slot is skipped
-    (vLLM's padding convention; the reference rejects it)."""
+    """Grid (T,). Token t's K/V row (kv head h = element // D) goes to slot slot_mapping[t] of
+    head h: element ``h * stride_cache_head + slot * D + element % D``; a negative slot is
+    skipped (vLLM's padding convention; the reference rejects it)."""
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + t)
     offs = tl.arange(0, BLOCK)
     mask = (offs < KVH_D) & ((offs * 0 + slot) >= 0)  # explicit broadcast (interpreter)
     k = tl.load(key_ptr + t * stride_key_t + offs, mask=mask)
     v = tl.load(value_ptr + t * stride_value_t + offs, mask=mask)
-    dst = slot * KVH_D + offs
+    head = (offs // HEAD_SIZE).to(tl.int64)
+    dst = head * stride_cache_head + slot * HEAD_SIZE + offs % HEAD_SIZE
     tl.store(key_cache_ptr + dst, k.to(key_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(value_cache_ptr + dst, v.to(value_cache_ptr.dtype.element_ty), mask=mask)
 
@@ -88,22 +95,22 @@ def _kv_tile(
     j0,
     lo,
     hi,
-    kvh,
+    head_off,
     d,
     dmask,
-    NUM_KV_HEADS: tl.constexpr,
     HEAD_SIZE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Keys ``j = j0 .. j0+BLOCK_N-1`` of sequence s for kv head ``kvh``: ``(j [N], jvalid [N] =
-    lo <= j < hi, element offsets of their K/V rows in the pool [N, D_PAD], load mask)``. Block
-    table entries of invalid keys are never read (they may lie outside the window's blocks)."""
+    """Keys ``j = j0 .. j0+BLOCK_N-1`` of sequence s in the kv head whose pool starts at element
+    ``head_off`` (int64, ``kvh * stride_cache_head``): ``(j [N], jvalid [N] = lo <= j < hi,
+    element offsets of their K/V rows in the pool [N, D_PAD], load mask)``. Block table entries
+    of invalid keys are never read (they may lie outside the window's blocks)."""
     j = j0 + tl.arange(0, BLOCK_N)
     jvalid = (j >= lo) & (j < hi)
     blk = tl.load(block_tables_ptr + s * stride_bt + j // BLOCK_SIZE, mask=jvalid, other=0)
     slot = blk * BLOCK_SIZE + j % BLOCK_SIZE
-    kv_off = slot[:, None] * (NUM_KV_HEADS * HEAD_SIZE) + kvh * HEAD_SIZE + d[None, :]
+    kv_off = head_off + slot[:, None] * HEAD_SIZE + d[None, :]
     kv_mask = jvalid[:, None] & dmask[None, :]
     return j, jvalid, kv_off, kv_mask
 
@@ -131,7 +138,7 @@ def _online_softmax_step(m_i, l_i, scores):
 def paged_attention_decode_kernel(
     out_ptr,  # [S, H*D]
     query_ptr,  # [S, H*D], token s belongs to sequence s
-    key_cache_ptr,  # [NB, BS, KVH, D]
+    key_cache_ptr,  # [KVH, NB, BS, D] contiguous (head-major)
     value_cache_ptr,
     block_tables_ptr,  # [S, MB] int64
     context_lens_ptr,  # [S] int64 (query position = context_len - 1)
@@ -140,7 +147,8 @@ def paged_attention_decode_kernel(
     stride_q,  # elements between query rows
     stride_out,
     stride_bt,  # MB
-    NUM_KV_HEADS: tl.constexpr,
+    stride_cache_head,  # elements between kv heads of the pool: NB * BS * D
+    NUM_KV_HEADS: tl.constexpr,  # the grid's axis 1 (addressing uses stride_cache_head)
     HEAD_SIZE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,  # KV page size (tokens per block)
     GROUP: tl.constexpr,  # num_heads // num_kv_heads
@@ -165,10 +173,11 @@ def paged_attention_decode_kernel(
     q = q * scale
     lo = tl.where(sliding_window > 0, tl.maximum(pos - sliding_window + 1, 0), 0)
     start = (lo // BLOCK_N) * BLOCK_N
+    head_off = kvh.to(tl.int64) * stride_cache_head  # this kv head's [NB, BS, D] pool
     m_i, l_i, acc = _online_softmax_init(GROUP_PAD, D_PAD)  # running max, sum, weighted values
     for j0 in range(start, ctx, BLOCK_N):
         j, jvalid, kv_off, kv_mask = _kv_tile(
-            block_tables_ptr, s, stride_bt, j0, lo, ctx, kvh, d, dmask, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, BLOCK_N
+            block_tables_ptr, s, stride_bt, j0, lo, ctx, head_off, d, dmask, HEAD_SIZE, BLOCK_SIZE, BLOCK_N
         )
         k = tl.load(key_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)  # [N, D]
         scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [G, N]
@@ -187,7 +196,7 @@ def paged_attention_decode_kernel(
 def paged_attention_prefill_kernel(
     out_ptr,  # [T, H*D]
     query_ptr,  # [T, H*D] packed ragged chunks
-    key_cache_ptr,  # [NB, BS, KVH, D] (this step's K/V already written)
+    key_cache_ptr,  # [KVH, NB, BS, D] contiguous (this step's K/V already written)
     value_cache_ptr,
     block_tables_ptr,  # [S, MB] int64
     context_lens_ptr,  # [S] int64, tokens in the pool after this step
@@ -198,7 +207,8 @@ def paged_attention_prefill_kernel(
     stride_q,
     stride_out,
     stride_bt,
-    NUM_KV_HEADS: tl.constexpr,
+    stride_cache_head,  # elements between kv heads of the pool: NB * BS * D
+    NUM_KV_HEADS: tl.constexpr,  # the grid's axis 1 (addressing uses stride_cache_head)
     HEAD_SIZE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     GROUP: tl.constexpr,
@@ -249,11 +259,12 @@ def paged_attention_prefill_kernel(
     j_end = tl.where(tile_has_rows, last_pos + 1, 0)
     j_lo = tl.where(sliding_window > 0, tl.maximum(first_pos + q_start - sliding_window + 1, 0), 0)
     start = (j_lo // BLOCK_N) * BLOCK_N
+    head_off = kvh.to(tl.int64) * stride_cache_head  # this kv head's [NB, BS, D] pool
 
     m_i, l_i, acc = _online_softmax_init(BLOCK_M, D_PAD)  # running max, sum, weighted values
     for j0 in range(start, j_end, BLOCK_N):
         j, jvalid, kv_off, kv_mask = _kv_tile(
-            block_tables_ptr, s, stride_bt, j0, j_lo, j_end, kvh, d, dmask, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, BLOCK_N
+            block_tables_ptr, s, stride_bt, j0, j_lo, j_end, head_off, d, dmask, HEAD_SIZE, BLOCK_SIZE, BLOCK_N
         )
         k = tl.load(key_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)  # [N, D]
         scores = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * scale  # [M, N]

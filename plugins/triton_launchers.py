@@ -55,20 +55,34 @@ def _attention_attrs(
     return num_heads // num_kv_heads, (float(scale) or 1.0 / math.sqrt(head_size))
 
 
-def _check_cache(key_cache: Any, value_cache: Any, block_size: int, num_kv_heads: int, head_size: int) -> None:
-    want = (block_size, num_kv_heads, head_size)
+def _check_cache(key_cache: Any, value_cache: Any, block_size: int, num_kv_heads: int, head_size: int) -> int:
+    """Check both caches are contiguous head-major ``[KVH, NB, BS, D]`` pools of one shape and
+    return ``stride_cache_head`` (``NB * BS * D`` elements between kv heads). Raises
+    :class:`OpError` naming the cache, its shape and the expected one."""
+    want = f"a contiguous [num_kv_heads, NB, block_size, head_size] = [{num_kv_heads}, NB, {block_size}, {head_size}]"
     for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
-        if c.dim() != 4 or tuple(c.shape[1:]) != want or not c.is_contiguous():
-            raise OpError(
-                f"{name}: shape {tuple(c.shape)}, expected a contiguous [NB, {block_size}, {num_kv_heads}, {head_size}]"
-            )
+        head_major = c.dim() == 4 and c.shape[0] == num_kv_heads and tuple(c.shape[2:]) == (block_size, head_size)
+        if not head_major or not c.is_contiguous():
+            layout = "" if c.dim() != 4 or c.is_contiguous() else " (not contiguous)"
+            raise OpError(f"{name}: shape {tuple(c.shape)}{layout}, expected {want} (head-major KV pool)")
+    if value_cache.shape != key_cache.shape:
+        raise OpError(
+            f"value_cache: shape {tuple(value_cache.shape)}, expected the key_cache shape {tuple(key_cache.shape)}"
+        )
+    return int(key_cache.stride(0))
 
 
 def write_kv_cache(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any) -> None:
-    """Write K/V rows ``[T, KVH*D]`` into the caches ``[NB, BS, KVH, D]`` at ``slot_mapping [T]``
-    (int64), in place. Negative slots are skipped."""
+    """Write K/V rows ``[T, KVH*D]`` into the head-major caches ``[KVH, NB, BS, D]`` at
+    ``slot_mapping [T]`` (int64), in place: kv head h of token t lands at
+    ``cache[h, slot // BS, slot % BS]``. Negative slots are skipped. Raises :class:`OpError` on
+    a shape mismatch or a non-contiguous cache."""
     T = key.shape[0]
-    kvh_d = key_cache.shape[2] * key_cache.shape[3]
+    if key_cache.dim() != 4:
+        raise OpError(f"key_cache: shape {tuple(key_cache.shape)}, expected [num_kv_heads, NB, block_size, head_size]")
+    kvh, _, bs, d = (int(x) for x in key_cache.shape)
+    stride_cache_head = _check_cache(key_cache, value_cache, bs, kvh, d)
+    kvh_d = kvh * d
     if key.shape != (T, kvh_d) or value.shape != (T, kvh_d) or slot_mapping.shape != (T,):
         raise OpError(
             f"write_kv_cache: key {tuple(key.shape)}, value {tuple(value.shape)}, slot_mapping "
@@ -86,7 +100,9 @@ def write_kv_cache(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_
         slot_mapping,
         key.stride(0),
         value.stride(0),
+        stride_cache_head,
         KVH_D=kvh_d,
+        HEAD_SIZE=d,
         BLOCK=next_pow2(kvh_d),
     )
 
@@ -108,11 +124,12 @@ def paged_attention_decode(
     block_n: int | None = None,
 ) -> Any:
     """Decode attention: ``query [S, H*D]`` (token s is sequence s's newest token, position
-    ``context_lens[s]-1``, its K/V already in the pool) -> ``out [S, H*D]`` in query's dtype."""
+    ``context_lens[s]-1``, its K/V already in the head-major pool ``[KVH, NB, BS, D]``) ->
+    ``out [S, H*D]`` in query's dtype."""
     import torch
 
     group, scale = _attention_attrs(num_heads, num_kv_heads, head_size, scale, block_size, sliding_window)
-    _check_cache(key_cache, value_cache, block_size, num_kv_heads, head_size)
+    stride_cache_head = _check_cache(key_cache, value_cache, block_size, num_kv_heads, head_size)
     S = block_tables.shape[0]
     if query.shape != (S, num_heads * head_size) or query.stride(1) != 1:
         raise OpError(f"query: shape {tuple(query.shape)}, expected [S, H*D] = [{S}, {num_heads * head_size}]")
@@ -133,6 +150,7 @@ def paged_attention_decode(
         query.stride(0),
         out.stride(0),
         block_tables.stride(0),
+        stride_cache_head,
         NUM_KV_HEADS=num_kv_heads,
         HEAD_SIZE=head_size,
         BLOCK_SIZE=block_size,
@@ -174,11 +192,12 @@ def paged_attention_prefill(
     input_precision: str | None = None,
 ) -> Any:
     """Prefill attention over packed ragged chunks (``query [T, H*D]``, ``query_start_loc
-    [S+1]``), this step's K/V already in the pool. ``out [T, H*D]`` in query's dtype."""
+    [S+1]``), this step's K/V already in the head-major pool ``[KVH, NB, BS, D]``. ``out [T, H*D]``
+    in query's dtype."""
     import torch
 
     group, scale = _attention_attrs(num_heads, num_kv_heads, head_size, scale, block_size, sliding_window)
-    _check_cache(key_cache, value_cache, block_size, num_kv_heads, head_size)
+    stride_cache_head = _check_cache(key_cache, value_cache, block_size, num_kv_heads, head_size)
     T, S = query.shape[0], block_tables.shape[0]
     if query.shape != (T, num_heads * head_size) or query.stride(1) != 1:
         raise OpError(f"query: shape {tuple(query.shape)}, expected [T, H*D] = [T, {num_heads * head_size}]")
@@ -203,6 +222,7 @@ def paged_attention_prefill(
         query.stride(0),
         out.stride(0),
         block_tables.stride(0),
+        stride_cache_head,
         NUM_KV_HEADS=num_kv_heads,
         HEAD_SIZE=head_size,
         BLOCK_SIZE=block_size,
@@ -235,7 +255,8 @@ def paged_attention(
     sliding_window: int = 0,
     max_query_len: int | None = None,
 ) -> tuple[Any, Any, Any]:
-    """``trtpipe::PagedAttention`` on torch tensors: write K/V in place, then attention.
+    """``trtpipe::PagedAttention`` on torch tensors (caches head-major ``[KVH, NB, BS, D]``,
+    contiguous): write K/V in place, then attention.
 
     Returns ``(output, key_cache, value_cache)`` with the caches being the (updated) inputs,
     the in-place aliasing backends use. ``max_query_len == 1`` (decode batch: one token per

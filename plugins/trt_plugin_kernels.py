@@ -5,7 +5,10 @@ dtype and tactic, and their ahead-of-time compilation to PTX (no GPU needed).
 Kernel ABI. TensorRT launches an AOT kernel with ``(inputs..., extra scalar args..., outputs...)``.
 The kernels in :mod:`trtpipe.plugins.triton_kernels` take outputs first and runtime strides, so
 each plugin has a small wrapper ``@triton.jit`` kernel in that order that calls the shared
-kernel body with strides fixed at compile time (contiguous tensors). Triton >= 3.3 appends two
+kernel body with strides fixed at compile time (contiguous tensors). The KV pools are head-major
+``[KVH, NB, BS, D]``: NB varies with the pool a runtime sizes, so the KV plugins take it as an
+extra scalar (``num_blocks``, from ``key_cache``'s axis 1) and widen ``num_blocks * BS * D`` to
+int64 in the kernel (the head stride). Triton >= 3.3 appends two
 hidden pointer parameters (global and profile scratch); they are unused when the kernel needs
 no scratch (checked), and :func:`strip_unused_params` removes them from the PTX entry so the
 parameter list is exactly what TensorRT passes.
@@ -51,14 +54,28 @@ def kv_write_plugin_kernel(
     key_cache_ptr,
     value_cache_ptr,
     slot_mapping_ptr,  # inputs
+    num_blocks,  # extra: NB (key_cache [KVH, NB, BS, D] axis 1)
     key_cache_out_ptr,
     value_cache_out_ptr,  # outputs (same memory as key_cache / value_cache)
     KVH_D: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """Grid (T,). Rows of key/value are contiguous ([T, KVH*D])."""
+    """Grid (T,). Rows of key/value are contiguous ([T, KVH*D]); caches head-major [KVH, NB, BS, D]."""
+    stride_cache_head = num_blocks.to(tl.int64) * (BLOCK_SIZE * HEAD_SIZE)
     write_kv_cache_kernel(
-        key_ptr, value_ptr, key_cache_out_ptr, value_cache_out_ptr, slot_mapping_ptr, KVH_D, KVH_D, KVH_D, BLOCK
+        key_ptr,
+        value_ptr,
+        key_cache_out_ptr,
+        value_cache_out_ptr,
+        slot_mapping_ptr,
+        KVH_D,
+        KVH_D,
+        stride_cache_head,
+        KVH_D,
+        HEAD_SIZE,
+        BLOCK,
     )
 
 
@@ -70,7 +87,8 @@ def attention_decode_plugin_kernel(
     block_tables_ptr,
     context_lens_ptr,
     query_start_loc_ptr,  # inputs
-    max_blocks,  # extra: MB (block-table row stride)
+    max_blocks,  # extras: MB (block-table row stride),
+    num_blocks,  # NB (key_cache [KVH, NB, BS, D] axis 1)
     out_ptr,  # output
     SCALE: tl.constexpr,
     WINDOW: tl.constexpr,
@@ -86,6 +104,7 @@ def attention_decode_plugin_kernel(
     HD: tl.constexpr = NUM_KV_HEADS * GROUP * HEAD_SIZE
     window = tl.full((), WINDOW, tl.int32)
     scale = tl.full((), SCALE, tl.float32)
+    stride_cache_head = num_blocks.to(tl.int64) * (BLOCK_SIZE * HEAD_SIZE)
     paged_attention_decode_kernel(
         out_ptr,
         query_ptr,
@@ -98,6 +117,7 @@ def attention_decode_plugin_kernel(
         HD,
         HD,
         max_blocks,
+        stride_cache_head,
         NUM_KV_HEADS,
         HEAD_SIZE,
         BLOCK_SIZE,
@@ -117,7 +137,8 @@ def attention_prefill_plugin_kernel(
     context_lens_ptr,
     query_start_loc_ptr,  # inputs
     num_seqs,
-    max_blocks,  # extras: S, MB
+    max_blocks,
+    num_blocks,  # extras: S, MB, NB (key_cache [KVH, NB, BS, D] axis 1)
     out_ptr,  # output
     SCALE: tl.constexpr,
     WINDOW: tl.constexpr,
@@ -135,6 +156,7 @@ def attention_prefill_plugin_kernel(
     HD: tl.constexpr = NUM_KV_HEADS * GROUP * HEAD_SIZE
     window = tl.full((), WINDOW, tl.int32)
     scale = tl.full((), SCALE, tl.float32)
+    stride_cache_head = num_blocks.to(tl.int64) * (BLOCK_SIZE * HEAD_SIZE)
     paged_attention_prefill_kernel(
         out_ptr,
         query_ptr,
@@ -149,6 +171,7 @@ def attention_prefill_plugin_kernel(
         HD,
         HD,
         max_blocks,
+        stride_cache_head,
         NUM_KV_HEADS,
         HEAD_SIZE,
         BLOCK_SIZE,
@@ -225,19 +248,21 @@ def kernel_config(plugin: str, attrs: dict[str, Any], dtype: str, tactic: int = 
 
 def _kv_write_config(attrs: dict[str, Any], f: str) -> tuple[Any, dict, dict, int]:
     """PagedKVWrite's :func:`kernel_config` (``f``: the Triton float pointer type)."""
-    kvh_d = int(attrs["num_kv_heads"]) * int(attrs["head_size"])
+    head_size = int(attrs["head_size"])
+    kvh_d = int(attrs["num_kv_heads"]) * head_size
+    c = {"KVH_D": kvh_d, "HEAD_SIZE": head_size, "BLOCK_SIZE": int(attrs["block_size"]), "BLOCK": next_pow2(kvh_d)}
     sig = {
         "key_ptr": f,
         "value_ptr": f,
         "key_cache_ptr": f,
         "value_cache_ptr": f,
         "slot_mapping_ptr": "*i64",
+        "num_blocks": "i32",
         "key_cache_out_ptr": f,
         "value_cache_out_ptr": f,
-        "KVH_D": "constexpr",
-        "BLOCK": "constexpr",
+        **{k: "constexpr" for k in c},
     }
-    return kv_write_plugin_kernel, sig, {"KVH_D": kvh_d, "BLOCK": next_pow2(kvh_d)}, 4
+    return kv_write_plugin_kernel, sig, c, 4
 
 
 def _attention_config(attrs: dict[str, Any], dtype: str, f: str, tactic: int) -> tuple[Any, dict, dict, int]:
@@ -260,12 +285,13 @@ def _attention_config(attrs: dict[str, Any], dtype: str, f: str, tactic: int) ->
     }
     if int(attrs.get("decode", 0)):
         c["BLOCK_N"] = max(16, min(64, next_pow2(max(1, 8192 // (c["GROUP_PAD"] * c["D_PAD"])))))
-        sig = {**ins, "max_blocks": "i32", "out_ptr": f, **{k: "constexpr" for k in c}}
+        sig = {**ins, "max_blocks": "i32", "num_blocks": "i32", "out_ptr": f, **{k: "constexpr" for k in c}}
         return attention_decode_plugin_kernel, sig, c, 4
     c["BLOCK_Q"] = max(1, 64 // c["GROUP_PAD"])
     c["BLOCK_N"] = PREFILL_TACTICS.get(tactic, 32)
     c["INPUT_PRECISION"] = "ieee" if dtype == "fp32" else "tf32"
-    sig = {**ins, "num_seqs": "i32", "max_blocks": "i32", "out_ptr": f, **{k: "constexpr" for k in c}}
+    sig = {**ins, "num_seqs": "i32", "max_blocks": "i32", "num_blocks": "i32", "out_ptr": f}
+    sig.update({k: "constexpr" for k in c})
     return attention_prefill_plugin_kernel, sig, c, 4
 
 

@@ -7,11 +7,16 @@ Plugins (namespace ``trtpipe``, version ``1``; their graph nodes come from
 plugin          inputs -> outputs                                         kernel (triton_kernels.py)
 ==============  ========================================================  ==========================
 PagedKVWrite    key, value, key_cache, value_cache, slot_mapping          write_kv_cache_kernel
-                -> key_cache_out, value_cache_out (aliased: in place)
+                -> key_cache_out, value_cache_out (aliased: in place)     (extra: NB)
 PagedAttention  query, key_cache, value_cache, block_tables,              decode=1: paged_attention_
                 context_lens, query_start_loc -> output                   decode_kernel; 0: ..._prefill
+                                                                          (extras: [S,] MB, NB)
 Int4Gemm        A, B, scales, zero_points (float) -> Y                    int4_gemm_kernel (ZP_MODE 2)
 ==============  ========================================================  ==========================
+
+KV caches are head-major ``[KVH, NB, BS, D]`` per layer (docs/contracts.md); NB comes from
+``key_cache``'s axis 1 and reaches the kernels as an extra scalar (``num_blocks``), so one plan
+serves any pool size its optimization profile allows.
 
 ``register`` describes outputs symbolically; ``aot_impl`` compiles the Triton kernel to PTX at
 engine build time, so the plan embeds it and runs without Python (TensorRT >= 10.7);
@@ -120,7 +125,8 @@ def _launch(trtp: Any, name: str, ptx: str, grid: tuple, k: Any, extras: tuple) 
 
 
 def _register_kv_write(trtp: Any, trt: Any) -> Any:
-    """PagedKVWrite: outputs alias the caches (in-place write); grid (T,)."""
+    """PagedKVWrite: outputs alias the caches ``[KVH, NB, BS, D]`` (in-place write); grid (T,),
+    extra scalar NB."""
     if TYPE_CHECKING:  # tensorrt.plugin is untyped and passed in: its descriptors are Any to mypy
         TensorDesc: TypeAlias = Any
     else:  # tensorrt.plugin reads the annotations as objects at registration
@@ -166,13 +172,14 @@ def _register_kv_write(trtp: Any, trt: Any) -> Any:
     ) -> tuple[str, str, trtp.KernelLaunchParams, trtp.SymExprs]:
         attrs = dict(num_kv_heads=num_kv_heads, head_size=head_size, block_size=block_size)
         name, ptx, k = compile_plugin_kernel("PagedKVWrite", attrs, _dtype_name(trt, key.dtype), cc=_TARGET_CC["cc"])
-        return _launch(trtp, name, ptx, (key.shape_expr[0],), k, ())
+        return _launch(trtp, name, ptx, (key.shape_expr[0],), k, (key_cache.shape_expr[1],))
 
     return paged_kv_write_desc
 
 
 def _register_attention(trtp: Any, trt: Any) -> Any:
-    """PagedAttention: output like the query; decode grid (S, KVH), prefill (T // BLOCK_Q + S, KVH)."""
+    """PagedAttention: output like the query; caches ``[KVH, NB, BS, D]``; decode grid (S, KVH),
+    prefill (T // BLOCK_Q + S, KVH)."""
     if TYPE_CHECKING:  # tensorrt.plugin is untyped and passed in: its descriptors are Any to mypy
         TensorDesc: TypeAlias = Any
     else:  # tensorrt.plugin reads the annotations as objects at registration
@@ -221,7 +228,8 @@ def _register_attention(trtp: Any, trt: Any) -> Any:
 
 def _register_attention_aot(trtp: Any, trt: Any) -> None:
     """PagedAttention's ``aot_impl`` (registered after its ``register``): decode grid (S, KVH),
-    prefill (T // BLOCK_Q + S, KVH)."""
+    extras (MB, NB); prefill (T // BLOCK_Q + S, KVH), extras (S, MB, NB). NB is ``key_cache``'s
+    axis 1 (head-major ``[KVH, NB, BS, D]``)."""
     if TYPE_CHECKING:  # tensorrt.plugin is untyped and passed in: its descriptors are Any to mypy
         TensorDesc: TypeAlias = Any
     else:  # tensorrt.plugin reads the annotations as objects at registration
@@ -258,10 +266,11 @@ def _register_attention_aot(trtp: Any, trt: Any) -> None:
         dt = _dtype_name(trt, query.dtype)
         name, ptx, k = compile_plugin_kernel("PagedAttention", attrs, dt, cc=_TARGET_CC["cc"], tactic=tactic)
         S, MB = block_tables.shape_expr[0], block_tables.shape_expr[1]
+        NB = key_cache.shape_expr[1]
         if decode:
-            return _launch(trtp, name, ptx, (S, num_kv_heads), k, (MB,))
+            return _launch(trtp, name, ptx, (S, num_kv_heads), k, (MB, NB))
         bq = kernel_config("PagedAttention", attrs, dt, tactic)[2]["BLOCK_Q"]
-        return _launch(trtp, name, ptx, (query.shape_expr[0] // bq + S, num_kv_heads), k, (S, MB))
+        return _launch(trtp, name, ptx, (query.shape_expr[0] // bq + S, num_kv_heads), k, (S, MB, NB))
 
 
 def _register_int4_gemm(trtp: Any, trt: Any) -> Any:

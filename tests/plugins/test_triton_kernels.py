@@ -51,11 +51,12 @@ POISON = 1  # physical block filled with NaN: reading it anywhere shows up as Na
 def _batch(rng, *, H, KVH, D, BS, NB, MB, chunks, dtype=np.float32, W=0):
     """A packed step for the reference: per sequence (num_cached, num_new). Block 0 (null) and
     block POISON hold NaN; table padding points at 0, blocks wholly outside every query's window
-    at POISON, so any read of an unneeded block poisons the output."""
-    kc = rng.standard_normal((NB, BS, KVH, D)).astype(dtype)
-    vc = rng.standard_normal((NB, BS, KVH, D)).astype(dtype)
-    kc[[0, POISON]] = np.nan
-    vc[[0, POISON]] = np.nan
+    at POISON, so any read of an unneeded block poisons the output. Caches are head-major
+    ``[KVH, NB, BS, D]``."""
+    kc = rng.standard_normal((KVH, NB, BS, D)).astype(dtype)
+    vc = rng.standard_normal((KVH, NB, BS, D)).astype(dtype)
+    kc[:, [0, POISON]] = np.nan
+    vc[:, [0, POISON]] = np.nan
     free = list(rng.permutation(np.arange(2, NB)))
     S = len(chunks)
     bt = np.zeros((S, MB), np.int64)
@@ -165,25 +166,58 @@ def interp_prefill_tilings_mha_and_group8(block_q, block_n):
 
 def interp_write_kv_cache_exact_and_skips_negative_slots():
     rng = np.random.default_rng(3)
-    kc = torch.zeros((4, 2, 2, 4))
-    vc = torch.zeros((4, 2, 2, 4))
+    kc = torch.zeros((2, 4, 2, 4))  # [KVH, NB, BS, D]
+    vc = torch.zeros((2, 4, 2, 4))
     key = torch.from_numpy(rng.standard_normal((3, 8)).astype(np.float32))
     value = torch.from_numpy(rng.standard_normal((3, 8)).astype(np.float32))
     TL.write_kv_cache(key, value, kc, vc, torch.tensor([5, -1, 0]))
-    np.testing.assert_array_equal(kc[2, 1].reshape(8).numpy(), key[0].numpy())
-    np.testing.assert_array_equal(vc[0, 0].reshape(8).numpy(), value[2].numpy())
+    np.testing.assert_array_equal(kc[:, 2, 1].reshape(8).numpy(), key[0].numpy())
+    np.testing.assert_array_equal(vc[:, 0, 0].reshape(8).numpy(), value[2].numpy())
     assert int((kc != 0).sum()) == 16  # the skipped token wrote nothing
+
+
+def interp_write_kv_cache_head_major_by_hand():
+    # KVH=2, NB=3, BS=2, D=4: token t's kv head h goes to cache[h, slot // 2, slot % 2], i.e. flat
+    # element h * (NB*BS*D = 24) + slot * 4; every other element keeps its sentinel
+    key = torch.arange(1, 17, dtype=torch.float32).reshape(2, 8)  # token 0: 1..8, token 1: 9..16
+    value = -key
+    kc = torch.full((2, 3, 2, 4), 100.0)
+    vc = torch.full((2, 3, 2, 4), 100.0)
+    TL.write_kv_cache(key, value, kc, vc, torch.tensor([3, 4]))  # token 0 -> block 1 pos 1, token 1 -> block 2 pos 0
+    flat = kc.reshape(-1)
+    assert flat[12:16].tolist() == [1, 2, 3, 4]  # head 0 of slot 3: 0 * 24 + 3 * 4
+    assert flat[36:40].tolist() == [5, 6, 7, 8]  # head 1 of slot 3: 1 * 24 + 3 * 4
+    assert flat[16:20].tolist() == [9, 10, 11, 12]  # head 0 of slot 4
+    assert flat[40:44].tolist() == [13, 14, 15, 16]  # head 1 of slot 4
+    assert kc[1, 1, 1].tolist() == [5, 6, 7, 8] and kc[0, 2, 0].tolist() == [9, 10, 11, 12]
+    written = torch.zeros(48, dtype=torch.bool)
+    for lo in (12, 16, 36, 40):
+        written[lo : lo + 4] = True
+    assert (flat[~written] == 100.0).all()  # nothing else changed
+    vflat = vc.reshape(-1)
+    assert torch.equal(vflat[written], -flat[written]) and (vflat[~written] == 100.0).all()
+
+
+_D4_BS2 = dict(head_size=4, block_size=2)
 
 
 def interp_launcher_errors():
     q = torch.zeros((2, 8))
-    kc = torch.zeros((4, 2, 1, 4))
+    kc = torch.zeros((1, 4, 2, 4))  # [KVH=1, NB=4, BS=2, D=4]
     bt = torch.zeros((2, 2), dtype=torch.int64)
     cl = torch.ones(2, dtype=torch.int64)
     with pytest.raises(OpError, match="num_kv_heads"):
         TL.paged_attention_decode(q, kc, kc, bt, cl, num_heads=2, num_kv_heads=3, head_size=4, block_size=2)
     with pytest.raises(OpError, match="key_cache"):
         TL.paged_attention_decode(q, kc, kc, bt, cl, num_heads=2, num_kv_heads=1, head_size=4, block_size=4)
+    old = torch.zeros((4, 2, 2, 4))  # the pre-format-2 token-major [NB, BS, KVH, D] pool
+    with pytest.raises(OpError, match=r"key_cache: shape \(4, 2, 2, 4\), expected .* \[2, NB, 2, 4\]"):
+        TL.paged_attention_decode(torch.zeros((2, 16)), old, old, bt, cl, num_heads=4, num_kv_heads=2, **_D4_BS2)
+    strided = torch.zeros((1, 4, 2, 8))[..., :4]  # right shape [1, 4, 2, 4], not contiguous
+    with pytest.raises(OpError, match=r"value_cache: .*not contiguous"):
+        TL.paged_attention_decode(q, kc, strided, bt, cl, num_heads=2, num_kv_heads=1, **_D4_BS2)
+    with pytest.raises(OpError, match="value_cache"):
+        TL.write_kv_cache(torch.zeros((1, 4)), torch.zeros((1, 4)), kc, strided, torch.zeros(1, dtype=torch.int64))
     with pytest.raises(OpError, match="K=48 is not a multiple"):
         TL.int4_gemm(
             torch.zeros((1, 48)),

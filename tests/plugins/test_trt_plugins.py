@@ -45,9 +45,9 @@ CASES = [
 ]
 # TensorRT's launch order: inputs, extra scalar args, outputs
 ABI = {
-    "PagedKVWrite": (5, 0, 2),
-    "PagedAttention.decode": (6, 1, 1),
-    "PagedAttention.prefill": (6, 2, 1),
+    "PagedKVWrite": (5, 1, 2),  # extra: NB
+    "PagedAttention.decode": (6, 2, 1),  # extras: MB, NB
+    "PagedAttention.prefill": (6, 3, 1),  # extras: S, MB, NB
     "Int4Gemm": (4, 1, 1),
 }
 
@@ -119,9 +119,10 @@ H, KVH, D, BS, NB = 6, 2, 32, 8, 12
 
 
 def _step(rng, chunks):
-    """Packed step: per sequence (cached, new) tokens; fresh random blocks per sequence."""
-    kc = rng.standard_normal((NB, BS, KVH, D)).astype(np.float32)
-    vc = rng.standard_normal((NB, BS, KVH, D)).astype(np.float32)
+    """Packed step: per sequence (cached, new) tokens; fresh random blocks per sequence; caches
+    head-major [KVH, NB, BS, D]."""
+    kc = rng.standard_normal((KVH, NB, BS, D)).astype(np.float32)
+    vc = rng.standard_normal((KVH, NB, BS, D)).astype(np.float32)
     free = list(range(1, NB))
     S = len(chunks)
     MB = max(-(-(c + n) // BS) for c, n in chunks)
@@ -148,16 +149,16 @@ def _write_then_attend(args, window, decode):
     T, S, MB = q.shape[0], bt.shape[0], bt.shape[1]
     tk, tv = _t(kc), _t(vc)
     fn, _, c, _ = TP.kernel_config("PagedKVWrite", dict(num_kv_heads=KVH, head_size=D, block_size=BS), "fp32")
-    fn[(T,)](_t(k), _t(v), tk, tv, _t(sm), tk, tv, **c)  # outputs alias the inputs
+    fn[(T,)](_t(k), _t(v), tk, tv, _t(sm), NB, tk, tv, **c)  # outputs alias the inputs
     attrs = dict(
         num_heads=H, num_kv_heads=KVH, head_size=D, scale=0.0, block_size=BS, sliding_window=window, decode=int(decode)
     )
     fn, _, c, _ = TP.kernel_config("PagedAttention", attrs, "fp32", tactic=1)
     out = torch.zeros(T, H * D)
     if decode:
-        fn[(S, KVH)](_t(q), tk, tv, _t(bt), _t(cl), _t(qsl), MB, out, **c)
+        fn[(S, KVH)](_t(q), tk, tv, _t(bt), _t(cl), _t(qsl), MB, NB, out, **c)
     else:
-        fn[(T // c["BLOCK_Q"] + S, KVH)](_t(q), tk, tv, _t(bt), _t(cl), _t(qsl), S, MB, out, **c)
+        fn[(T // c["BLOCK_Q"] + S, KVH)](_t(q), tk, tv, _t(bt), _t(cl), _t(qsl), S, MB, NB, out, **c)
     return out.numpy(), tk.numpy(), tv.numpy()
 
 
@@ -288,7 +289,7 @@ def _desc(trt, trtp, shape, dtype):
 def test_output_descriptors_alias_and_dtypes(registered):
     trt, trtp, descs = registered
     f16, i64 = trt.float16, trt.int64
-    k, kc, sm = _desc(trt, trtp, (5, 192), f16), _desc(trt, trtp, (8, 16, 3, 64), f16), _desc(trt, trtp, (5,), i64)
+    k, kc, sm = _desc(trt, trtp, (5, 192), f16), _desc(trt, trtp, (3, 8, 16, 64), f16), _desc(trt, trtp, (5,), i64)
     kc_out, vc_out = descs["trtpipe::PagedKVWrite"](k, k, kc, kc, sm, 3, 64, 16)
     assert kc_out.get_aliased() is kc and vc_out.get_aliased() is kc  # written in place
     q, bt = _desc(trt, trtp, (5, 576), f16), _desc(trt, trtp, (2, 3), i64)
@@ -331,13 +332,13 @@ def test_aot_impl_returns_ptx_for_the_target(registered):
     assert isinstance(launch, trtp.KernelLaunchParams)
     q, kc, bt, cl = (
         _desc(trt, trtp, (5, 576), f16),
-        _desc(trt, trtp, (8, 16, 3, 64), f16),
+        _desc(trt, trtp, (3, 8, 16, 64), f16),  # [KVH, NB, BS, D]
         _desc(trt, trtp, (2, 3), i64),
         _desc(trt, trtp, (2,), i64),
     )
     name, ptx, _, extras = reg["trtpipe::PagedAttention"].aot_impl_func(
         q, kc, kc, bt, cl, _desc(trt, trtp, (3,), i64), 9, 3, 64, 0.0, 16, 0, 1, (q,), 1
     )
-    assert name == "attention_decode_plugin_kernel" and len(extras) == 1
+    assert name == "attention_decode_plugin_kernel" and len(extras) == 2  # MB, NB
     combos = reg["trtpipe::Int4Gemm"].autotune_func(a, None, None, None, (y,))
     assert len(combos) == 1
