@@ -281,3 +281,33 @@ def test_torch_int4_gemm_op_unpacks_nibbles_like_the_reference(zp_kind):
         G,
     )
     np.testing.assert_allclose(got.numpy(), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("decode", [True, False], ids=["decode", "prefill"])
+def test_head_major_pool_reaches_attention_without_a_copy(tmp_path, decode):
+    """The head-major pool's gathered blocks ``[KVH, S, L, D]`` feed both attention MatMuls
+    directly: after ONNX Runtime's graph optimizations no Transpose reads a gathered K or V
+    (the K^T of the scores is folded into ``FusedMatMul`` transB), so per layer and step the
+    pool is copied once (the Gather), not twice as with the old ``[NB, BS, KVH, D]`` layout."""
+    rng = np.random.default_rng(3)
+    chunks = [(5, 1), (20, 1)] if decode else [(5, 3), (0, 6)]
+    b = _Batch(rng, H=6, KVH=2, D=8, BS=4, NB=16, MB=8, chunks=chunks)
+    m = lower_for_ort(_pa_model(b), decode=decode, split_decode_rows=False)
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    g = onnx.load(str(tmp_path / "optimized.onnx")).graph
+    producer = {o: n for n in g.node for o in n.output}
+
+    def from_pool_gather(name: str) -> bool:  # through Reshapes back to a Gather of a cache
+        n = producer.get(name)
+        while n is not None and n.op_type == "Reshape":
+            n = producer.get(n.input[0])
+        return n is not None and n.op_type == "Gather" and n.input[0].endswith("cache_out")
+
+    assert [n for n in g.node if n.op_type == "Transpose" and from_pool_gather(n.input[0])] == []
+    scores = [n for n in g.node if n.op_type == "FusedMatMul" and from_pool_gather(n.input[1])]
+    assert len(scores) == 1
+    assert {a.name: helper.get_attribute_value(a) for a in scores[0].attribute}.get("transB") == 1
+    values = [n for n in g.node if n.op_type == "MatMul" and from_pool_gather(n.input[1])]
+    assert len(values) == 1
