@@ -56,8 +56,9 @@ def lower_paged_attention(
     layout. ``split_decode_rows`` (prefill graphs only): trailing 1-token rows take the decode
     path (module docstring, 3.). The index subgraph of the node's (slot_mapping, block_tables,
     context_lens, query_start_loc, block_size) is emitted once, before the first layer reading
-    it, under ``/model/paged_attention_index``. Raises :class:`OpError` when num_heads is not a
-    multiple of num_kv_heads.
+    it, under ``/model/paged_attention_index``; the KV write's ``[KVH, T, 3]`` index once per
+    kv-head count, under ``/model/paged_attention_write_index_kvh{KVH}``. Raises
+    :class:`OpError` when num_heads is not a multiple of num_kv_heads.
     """
     block_size = node_attributes(node)["block_size"]
     mode = "decode" if decode else ("mixed" if split_decode_rows else "prefill")

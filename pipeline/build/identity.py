@@ -31,8 +31,10 @@ def rebuild_command(recipe: Recipe, artifact_root: str | Path = "artifacts") -> 
 
 def inputs_hash(recipe: Recipe, model_path: Path) -> str:
     """sha256 over what determines the artifact: the recipe's build hash, the model file(s) (name,
-    size, mtime), the trtpipe version, the op ABI hash and the ONNX Runtime version."""
+    size, mtime), the trtpipe version, the artifact format (the KV pool layout), the op ABI hash
+    and the ONNX Runtime version."""
     from trtpipe.plugins.schema import op_schema_abi_hash
+    from trtpipe.runtime.manifest import FORMAT_VERSION
 
     h = hashlib.sha256()
     h.update(build_hash(recipe).encode())  # budgets/description edits do not force a rebuild
@@ -42,6 +44,7 @@ def inputs_hash(recipe: Recipe, model_path: Path) -> str:
         # size + mtime + name keep this fast for 100 MB+ files; the manifest holds real hashes
         h.update(f"{f.name}:{st.st_size}:{int(st.st_mtime)}".encode())
     h.update(TRTPIPE_VERSION.encode())
+    h.update(f"format {FORMAT_VERSION}".encode())  # a layout change rebuilds GPU build specs too
     h.update(op_schema_abi_hash().encode())
     try:
         import onnxruntime

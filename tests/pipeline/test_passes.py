@@ -52,7 +52,7 @@ def _run(model, phase, decode):
         lower_for_ort(model, decode=decode).SerializeToString(), providers=["CPUExecutionProvider"]
     )
     past, present = kv_names(1)
-    kc = np.zeros((6, 4, 2, 16), np.float32)
+    kc = np.zeros((2, 6, 4, 16), np.float32)  # [KVH, NB, BS, D]
     vc = np.zeros_like(kc)
     if phase == "prefill":
         feeds = dict(

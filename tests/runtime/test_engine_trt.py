@@ -15,7 +15,7 @@ from trtpipe.plugins.versions import plugin_abi_hash
 from trtpipe.runtime.cuda_device import cuda_device_info
 from trtpipe.runtime.engine_trt import TrtEngine, TrtRuntimeFacts, check_trt_fingerprint
 from trtpipe.runtime.errors import ArtifactError
-from trtpipe.runtime.manifest import GraphEntry, KVLayout, Manifest
+from trtpipe.runtime.manifest import FORMAT_VERSION, GraphEntry, KVLayout, Manifest
 from trtpipe.runtime.model_config import ModelConfig
 
 
@@ -44,7 +44,7 @@ def _manifest(**backend) -> Manifest:
         **backend,
     }
     return Manifest(
-        format_version=1,
+        format_version=FORMAT_VERSION,
         trtpipe_version="0.1.0",
         recipe_name="smollm2-135m-a100",
         recipe_hash="r" * 64,
