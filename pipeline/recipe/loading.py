@@ -160,7 +160,12 @@ def resolve_recipe_path(name_or_path: str | Path) -> Path:
         return shipped
     names = shipped_recipe_names()
     close = difflib.get_close_matches(str(name_or_path), names, n=1)
-    fix = f"did you mean '{close[0]}'?" if close else f"use a path or one of {names}"
+    if close:
+        fix = f"did you mean '{close[0]}'?"
+    elif p.suffix in (".yaml", ".yml") or len(p.parts) > 1:  # meant as a path: say it is missing
+        fix = f"no such file or folder: {p}; check the path, or use one of the shipped recipes {names}"
+    else:
+        fix = f"use a path or one of {names}"
     raise RecipeError(
         str(name_or_path), [RecipeProblem("", NO_VALUE, "a recipe file or the name of a shipped recipe", fix)]
     )

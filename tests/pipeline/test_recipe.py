@@ -607,3 +607,13 @@ def test_recipe_package_imports_go_one_way():
         "assert not hasattr(r, 'DTYPE_BYTES')"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_missing_recipe_path_says_no_such_file(tmp_path):
+    """A path that does not exist is named as missing (not only 'expected a shipped recipe');
+    a near-miss name still gets its did-you-mean."""
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(RecipeError, match=f"no such file or folder: {missing}"):
+        resolve_recipe_path(missing)
+    with pytest.raises(RecipeError, match="did you mean 'smollm2-135m-cpu'"):
+        resolve_recipe_path("smollm2-135m-cpux")
