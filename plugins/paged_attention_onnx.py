@@ -56,11 +56,12 @@ def lower_paged_attention(
     layout. ``split_decode_rows`` (prefill graphs only): trailing 1-token rows take the decode
     path (module docstring, 3.). The index subgraph of the node's (slot_mapping, block_tables,
     context_lens, query_start_loc, block_size) is emitted once, before the first layer reading
-    it, under ``/model/paged_attention_index``; the KV write's ``[KVH, T, 3]`` index once per
+    it, under ``/model/paged_attention_index``; the KV write's ``[T, KVH, 3]`` index once per
     kv-head count, under ``/model/paged_attention_write_index_kvh{KVH}``. Raises
     :class:`OpError` when num_heads is not a multiple of num_kv_heads.
     """
-    block_size = node_attributes(node)["block_size"]
+    attrs = node_attributes(node)
+    block_size = attrs["block_size"]
     mode = "decode" if decode else ("mixed" if split_decode_rows else "prefill")
     key = ("paged_attention_index", tuple(node.input[5:9]), block_size, mode)
     if key not in state.memo:
@@ -76,14 +77,14 @@ def lower_paged_attention(
         state.emit(ib)
         state.memo[key] = (idx, {})  # masks are reused by later layers: defined before them
     idx, masks = state.memo[key]
-    num_kv_heads = node_attributes(node)["num_kv_heads"]
+    num_kv_heads = attrs["num_kv_heads"]
     wkey = ("paged_attention_write_index", node.input[5], block_size, num_kv_heads)
     if wkey not in state.memo:  # per kv-head count (layers may differ), emitted before its first user
         wb = NodeBuilder(f"/model/paged_attention_write_index_kvh{num_kv_heads}")
         state.memo[wkey] = _write_index(wb, node.input[5], block_size, num_kv_heads)
         state.emit(wb)
     b = NodeBuilder(node.name or node.op_type)
-    a = _attention_prologue(b, node, state.memo[wkey])
+    a = _attention_prologue(b, node, attrs, state.memo[wkey])
     out = node.output[0]
     if mode == "decode":
         _decode_attention(b, a, a.q, idx["dec"], masks, out)
@@ -98,18 +99,19 @@ def lower_paged_attention(
 
 
 def _write_index(b: NodeBuilder, slot_mapping: str, block_size: int, num_kv_heads: int) -> str:
-    """``[KVH, T, 3]`` (kv head, block, offset) of each token's slot in every kv head: the
-    ScatterND indices of the KV write into the head-major pool ``[KVH, NB, BS, D]``."""
+    """``[T, KVH, 3]`` (kv head, block, offset) of each token's slot in every kv head: the
+    ScatterND indices of the KV write into the head-major pool ``[KVH, NB, BS, D]``, ordered so
+    that the updates are this step's K/V rows as they come, ``[T, KVH, D]`` (no transpose)."""
     c1 = b.const([1])
     bs = b.const(block_size, hint="block_size")
     blk = b.op("Unsqueeze", [b.op("Div", [slot_mapping, bs], "slot_block"), c1])  # [T, 1]
     off = b.op("Unsqueeze", [b.op("Mod", [slot_mapping, bs], "slot_offset"), c1])  # [T, 1]
-    blk_off = b.op("Unsqueeze", [b.op("Concat", [blk, off], "slot_block_offset", axis=1), b.const([0])])  # [1, T, 2]
-    heads = b.const(np.arange(num_kv_heads, dtype=np.int64).reshape(num_kv_heads, 1, 1), hint="kv_heads")
+    blk_off = b.op("Unsqueeze", [b.op("Concat", [blk, off], "slot_block_offset", axis=1), c1])  # [T, 1, 2]
+    heads = b.const(np.arange(num_kv_heads, dtype=np.int64).reshape(1, num_kv_heads, 1), hint="kv_heads")
     t_shape = b.op("Shape", [slot_mapping], "T_write")  # [1]
-    shape = b.op("Concat", [b.const([num_kv_heads]), t_shape, c1], "kv_head_index_shape", axis=0)
-    head_idx = b.op("Expand", [heads, shape], "kv_head_index")  # [KVH, T, 1]
-    shape2 = b.op("Concat", [b.const([num_kv_heads]), t_shape, b.const([2])], axis=0)
+    shape = b.op("Concat", [t_shape, b.const([num_kv_heads, 1])], "kv_head_index_shape", axis=0)
+    head_idx = b.op("Expand", [heads, shape], "kv_head_index")  # [T, KVH, 1]
+    shape2 = b.op("Concat", [t_shape, b.const([num_kv_heads, 2])], axis=0)
     return b.op("Concat", [head_idx, b.op("Expand", [blk_off, shape2])], "write_idx", axis=2)
 
 
@@ -243,11 +245,10 @@ class _Head:
     vc: str
 
 
-def _attention_prologue(b: NodeBuilder, node: onnx.NodeProto, write_idx: str) -> _Head:
-    """Read the attributes, check GQA, and write this step's K/V into the pool in place
-    (ScatterND at ``write_idx [KVH, T, 3]`` with updates ``[KVH, T, D]``, for every token of the
-    batch; see the module docstring)."""
-    a = node_attributes(node)
+def _attention_prologue(b: NodeBuilder, node: onnx.NodeProto, a: dict[str, Any], write_idx: str) -> _Head:
+    """Take the node's attributes ``a`` (:func:`node_attributes`), check GQA, and write this
+    step's K/V into the pool in place (ScatterND at ``write_idx [T, KVH, 3]`` with updates
+    ``[T, KVH, D]``, for every token of the batch; see the module docstring)."""
     H, KVH, D = a["num_heads"], a["num_kv_heads"], a["head_size"]
     W = a.get("sliding_window", 0)
     scale = a.get("scale", 0.0) or 1.0 / float(np.sqrt(D))
@@ -256,10 +257,10 @@ def _attention_prologue(b: NodeBuilder, node: onnx.NodeProto, write_idx: str) ->
     q, k, v, kc, vc = node.input[:5]
     _out, kc_out, vc_out = node.output
     T_kvh_d = b.const([-1, KVH, D])
-    k_h = b.op("Transpose", [b.op("Reshape", [k, T_kvh_d])], "key_head_major", perm=[1, 0, 2])  # [KVH, T, D]
-    v_h = b.op("Transpose", [b.op("Reshape", [v, T_kvh_d])], "value_head_major", perm=[1, 0, 2])
-    b.op("ScatterND", [kc, write_idx, k_h], "write_k", outputs=[kc_out])
-    b.op("ScatterND", [vc, write_idx, v_h], "write_v", outputs=[vc_out])
+    k_rows = b.op("Reshape", [k, T_kvh_d], "key_rows")  # [T, KVH, D]
+    v_rows = b.op("Reshape", [v, T_kvh_d], "value_rows")
+    b.op("ScatterND", [kc, write_idx, k_rows], "write_k", outputs=[kc_out])
+    b.op("ScatterND", [vc, write_idx, v_rows], "write_v", outputs=[vc_out])
     return _Head(H, KVH, D, H // KVH, W, scale, q, kc_out, vc_out)
 
 

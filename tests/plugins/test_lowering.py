@@ -291,7 +291,8 @@ def test_head_major_pool_reaches_attention_without_a_copy(tmp_path, decode):
     """The head-major pool's gathered blocks ``[KVH, S, L, D]`` feed both attention MatMuls
     directly: after ONNX Runtime's graph optimizations no Transpose reads a gathered K or V
     (the K^T of the scores is folded into ``FusedMatMul`` transB), so per layer and step the
-    pool is copied once (the Gather), not twice as with the old ``[NB, BS, KVH, D]`` layout."""
+    pool is copied once (the Gather), not twice as with the old ``[NB, BS, KVH, D]`` layout; and
+    the KV write needs no Transpose of this step's rows either."""
     rng = np.random.default_rng(3)
     chunks = [(5, 1), (20, 1)] if decode else [(5, 3), (0, 6)]
     b = _Batch(rng, H=6, KVH=2, D=8, BS=4, NB=16, MB=8, chunks=chunks)
@@ -314,3 +315,7 @@ def test_head_major_pool_reaches_attention_without_a_copy(tmp_path, decode):
     assert {a.name: helper.get_attribute_value(a) for a in scores[0].attribute}.get("transB") == 1
     values = [n for n in g.node if n.op_type == "MatMul" and from_pool_gather(n.input[1])]
     assert len(values) == 1
+    # the write takes this step's K/V rows as they come ([T, KVH, D] updates at [T, KVH, 3] indices)
+    writes = [n for n in g.node if n.op_type == "ScatterND"]
+    assert len(writes) == 2
+    assert [producer[n.input[2]].op_type for n in writes if n.input[2] in producer] in ([], ["Reshape", "Reshape"])
