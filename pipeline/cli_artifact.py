@@ -86,9 +86,11 @@ def missing_artifact_error(recipe: Recipe, art: Path) -> ArtifactError:
     """The "nothing built here" error of every deploy-side command: the absolute folder looked
     in, how the root is chosen, and the three fixes (build, point the root, pass the artifact
     folder the way the running command takes it: :func:`artifact_dir_fix`)."""
+    from trtpipe.pipeline.build.identity import build_command
+
     return ArtifactError(
         f"no artifact for recipe {recipe.name!r} in {art.resolve()} (artifacts root: {ROOT_SOURCES}). "
-        f"Fix: run `trtpipe build {recipe.origin}` first, or point --artifacts / ${ARTIFACTS_ENV} "
+        f"Fix: run `{build_command(recipe, art.parent.parent)}` first, or point --artifacts / ${ARTIFACTS_ENV} "
         f"at the folder it was built in, or pass the artifact folder: {artifact_dir_fix()}."
     )
 
@@ -99,6 +101,7 @@ def check_artifact_matches_recipe(manifest: Manifest, recipe: Recipe, artifact_d
     Compares :func:`build_hash` with ``manifest.build_info["build_hash"]`` when the build recorded
     it, else :func:`recipe_hash` with ``manifest.recipe_hash``. Raises :class:`ArtifactError`.
     """
+    from trtpipe.pipeline.build.identity import artifact_dir_for, build_command
     from trtpipe.pipeline.recipe import build_hash, recipe_hash
 
     have_build = (manifest.build_info or {}).get("build_hash")
@@ -107,11 +110,14 @@ def check_artifact_matches_recipe(manifest: Manifest, recipe: Recipe, artifact_d
     else:
         want, have, what = recipe_hash(recipe), manifest.recipe_hash, "recipe hash"
     if want != have:
+        root = artifact_dir.parent.parent  # the root when artifact_dir is <root>/<recipe>/<target>
+        in_root = artifact_dir_for(recipe, root) == artifact_dir
+        rebuild = build_command(recipe, root if in_root else "artifacts")
         raise ArtifactError(
             f"artifact {artifact_dir} was built from recipe {manifest.recipe_name!r} with {what} "
             f"{have[:12]}, but {recipe.origin} ({recipe.name!r}) hashes to {want[:12]}: the recipe "
             f"changed since the build, or this is another recipe's artifact. Fix: rebuild with "
-            f"`trtpipe build {recipe.origin}`, or pass the recipe the artifact was built from."
+            f"`{rebuild}`, or pass the recipe the artifact was built from."
         )
 
 

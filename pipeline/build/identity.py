@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import shlex
 from pathlib import Path
 
 from trtpipe.pipeline.recipe import Recipe, build_hash
@@ -15,18 +16,24 @@ def artifact_dir_for(recipe: Recipe, root: str | Path = "artifacts") -> Path:
 
 
 def rebuild_command(recipe: Recipe, artifact_root: str | Path = "artifacts") -> str:
-    """``trtpipe build ... --force`` that rebuilds ``recipe`` into ``artifact_root``: a shipped
-    recipe by name, any other by its absolute path; ``--artifacts`` unless it is ./artifacts."""
+    """``trtpipe build ... --force`` that rebuilds ``recipe`` into ``artifact_root``
+    (:func:`build_command`)."""
+    return build_command(recipe, artifact_root) + " --force"
+
+
+def build_command(recipe: Recipe, artifact_root: str | Path = "artifacts") -> str:
+    """``trtpipe build ...`` that builds ``recipe`` into ``artifact_root``: a shipped recipe by
+    name, any other by its absolute path; ``--artifacts`` unless it is ./artifacts."""
     from trtpipe.pipeline.recipe import RECIPES_DIR
 
     origin = Path(recipe.origin)
     target = recipe.name
     if origin.is_file() and origin.resolve().parent != RECIPES_DIR.resolve():
         target = str(origin.resolve())
-    cmd = f"trtpipe build {target}"
+    cmd = f"trtpipe build {shlex.quote(target)}"
     if Path(artifact_root).resolve() != Path("artifacts").resolve():
-        cmd += f" --artifacts {Path(artifact_root).resolve()}"
-    return cmd + " --force"
+        cmd += f" --artifacts {shlex.quote(str(Path(artifact_root).resolve()))}"
+    return cmd
 
 
 def inputs_hash(recipe: Recipe, model_path: Path) -> str:

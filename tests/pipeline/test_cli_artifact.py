@@ -83,6 +83,7 @@ def test_missing_artifact_gives_every_command_the_same_three_fixes(tmp_path, arg
     assert code == 2
     assert f"no artifact for recipe '{RECIPE}' in {tmp_path}/{RECIPE}/cpu" in out
     assert (
-        f"recipes/{RECIPE}.yaml` first, or point --artifacts / $TRTPIPE_ARTIFACTS at the folder it was "
+        f"Fix: run `trtpipe build {RECIPE} --artifacts {tmp_path.resolve()}` first, or point --artifacts / "
+        "$TRTPIPE_ARTIFACTS at the folder it was "
         f"built in, or pass the artifact folder: {fix}." in out
     )
