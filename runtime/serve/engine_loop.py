@@ -265,11 +265,12 @@ class EngineLoop:
             served.sink(Delta(text, ids))
 
     def _finish(self, served: _Served, out: RequestOutput) -> None:
-        served.sink(Final(out))
+        # metrics first: a client that scrapes /metrics right after its last chunk finds its request
         try:
             self._on_finished(out)
         except Exception:  # metrics must never take the engine down
             log.exception("on_finished failed")
+        served.sink(Final(out))
 
 
 __all__ = ["EngineLoop", "EngineBusy", "Delta", "Final"]

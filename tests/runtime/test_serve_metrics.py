@@ -227,3 +227,30 @@ def test_engine_error_fails_the_step_frees_kv_then_dead_loop_turns_health_503(se
         health = h.get(url + "/health")
         assert health.status_code == 503 and health.json()["status"] == "dead"
         assert h.post(url + "/v1/completions", json=body).status_code == 503
+
+
+def test_a_request_is_observed_before_its_client_sees_the_end(default_artifact):
+    """A client that scrapes /metrics right after its final chunk finds its request counted: the
+    engine thread calls ``on_finished`` (the Prometheus observation) before it hands the request's
+    ``Final`` event to the client's sink (both run in the engine thread, so the order is exact)."""
+    from trtpipe.runtime.llm import LLM
+    from trtpipe.runtime.request import SamplingParams
+    from trtpipe.runtime.serve.engine_loop import EngineLoop, Final
+
+    llm = LLM(default_artifact)
+    observed: list[str] = []
+    at_final: list[list[str]] = []
+    done = threading.Event()
+
+    def sink(event) -> None:
+        if isinstance(event, Final):
+            at_final.append(list(observed))
+            done.set()
+
+    engine = EngineLoop(llm, max_queued_requests=4, on_finished=lambda out: observed.append(out.request_id)).start()
+    try:
+        rid = engine.submit(llm.tokenizer.encode("Hello"), SamplingParams(max_new_tokens=2, ignore_eos=True), sink)
+        assert done.wait(60), "the request did not finish"
+        assert at_final == [[rid]]
+    finally:
+        engine.shutdown(0)
