@@ -86,8 +86,21 @@ def missing_artifact_error(recipe: Recipe, art: Path) -> ArtifactError:
     """The "nothing built here" error of every deploy-side command: the absolute folder looked
     in, how the root is chosen, and the three fixes (build, point the root, pass the artifact
     folder the way the running command takes it: :func:`artifact_dir_fix`)."""
-    from trtpipe.pipeline.build.identity import build_command
+    import shlex
 
+    from trtpipe.pipeline.build.identity import build_command
+    from trtpipe.runtime.manifest import MANIFEST_NAME
+
+    root = art.parent.parent
+    # a root that is an artifact folder, or the recipe folder above one: the folder `build` printed
+    for inner, outer in ((root, root.parent.parent), (root / recipe.target, root.parent)):
+        if (inner / MANIFEST_NAME).is_file():
+            return ArtifactError(
+                f"the artifacts root {root.resolve()} is itself an artifact folder (or the recipe folder "
+                f"above one), not a root of <root>/<recipe>/<target> folders; no artifact in {art.resolve()}. "
+                f"Fix: pass its root, --artifacts {shlex.quote(str(outer.resolve()))}, or the artifact "
+                f"folder itself: {artifact_dir_fix(inner)}."
+            )
     return ArtifactError(
         f"no artifact for recipe {recipe.name!r} in {art.resolve()} (artifacts root: {ROOT_SOURCES}). "
         f"Fix: run `{build_command(recipe, art.parent.parent)}` first, or point --artifacts / ${ARTIFACTS_ENV} "
@@ -112,12 +125,16 @@ def check_artifact_matches_recipe(manifest: Manifest, recipe: Recipe, artifact_d
     if want != have:
         root = artifact_dir.parent.parent  # the root when artifact_dir is <root>/<recipe>/<target>
         in_root = artifact_dir_for(recipe, root) == artifact_dir
-        rebuild = build_command(recipe, root if in_root else "artifacts")
+        rebuild = f"`{build_command(recipe, root if in_root else 'artifacts')}`"
+        if in_root:  # the build writes where this artifact is
+            rebuild += f" (it replaces this artifact; to keep both, give {recipe.origin} another `name:`)"
+        else:
+            rebuild += f" (it builds into {artifact_dir_for(recipe, Path('artifacts').resolve())}; pass that folder)"
         raise ArtifactError(
-            f"artifact {artifact_dir} was built from recipe {manifest.recipe_name!r} with {what} "
+            f"artifact {artifact_dir.resolve()} was built from recipe {manifest.recipe_name!r} with {what} "
             f"{have[:12]}, but {recipe.origin} ({recipe.name!r}) hashes to {want[:12]}: the recipe "
             f"changed since the build, or this is another recipe's artifact. Fix: rebuild with "
-            f"`{rebuild}`, or pass the recipe the artifact was built from."
+            f"{rebuild}, or pass the recipe the artifact was built from."
         )
 
 

@@ -87,3 +87,18 @@ def test_missing_artifact_gives_every_command_the_same_three_fixes(tmp_path, arg
         "$TRTPIPE_ARTIFACTS at the folder it was "
         f"built in, or pass the artifact folder: {fix}." in out
     )
+
+
+@pytest.mark.parametrize("given", ["artifact", "recipe folder"])
+@pytest.mark.parametrize("command", [["info", RECIPE], ["generate", RECIPE, "hi"], ["validate", RECIPE]])
+def test_artifacts_root_that_is_an_artifact_names_its_root_not_a_nested_build(tmp_path, given, command):
+    """``--artifacts`` given the folder ``build`` printed (or the recipe folder above it): the fix
+    is the real root (or the artifact itself), never a build nested inside the artifact."""
+    d = _built(tmp_path, "cpu")
+    wrong = d / "cpu" if given == "artifact" else d
+    code, out = _run(*command, "--artifacts", wrong)
+    assert code == 2
+    assert f"the artifacts root {wrong.resolve()} is itself an artifact folder" in out
+    assert f"Fix: pass its root, --artifacts {tmp_path.resolve()}, or the artifact folder itself: " in out
+    assert f"{(d / 'cpu').resolve().as_posix()}" in out.split("artifact folder itself: ")[1]
+    assert "trtpipe build" not in out

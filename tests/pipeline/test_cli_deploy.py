@@ -95,13 +95,26 @@ def test_every_command_refuses_an_artifact_of_another_recipe(command, arts, tmp_
     res = invoke(*[a.format(r=recipe) for a in command], "--artifacts", arts, input="hi\n")
     assert res.exit_code == 2, res.output
     assert MISMATCH in res.stderr and "hashes to" in res.stderr
-    # the fix builds into the root the command was given, not ./artifacts
+    # the fix builds into the root the command was given, not ./artifacts, and says what it replaces
+    assert "(it replaces this artifact; to keep both, give" in " ".join(res.stderr.split())
     assert f"`trtpipe build {Path(recipe).resolve()} --artifacts {Path(arts).resolve()}`" in " ".join(
         res.stderr.split()
     )
     # the unchanged recipe is accepted (info is enough to show it)
     ok = invoke("info", CPU_RECIPE, "--artifacts", arts)
     assert ok.exit_code == 0, ok.output
+
+
+def test_mismatch_with_an_artifact_outside_a_root_says_where_the_fix_builds(default_artifact, tmp_path):
+    """``validate RECIPE --artifact DIR`` with DIR not at <root>/<recipe>/<target>: the fix's build
+    goes to ./artifacts, and the message says so (it cannot build into DIR)."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.symlink_to(Path(default_artifact).resolve(), target_is_directory=True)
+    recipe = recipe_copy(tmp_path, decode="fp32")
+    res = invoke("validate", recipe, "--artifact", elsewhere)
+    assert res.exit_code == 2, res.output
+    said = " ".join(res.stderr.split())
+    assert f"`trtpipe build {Path(recipe).resolve()}` (it builds into {Path('artifacts').resolve()}/" in said
 
 
 # ---------------------------------------------------------------------------------------------
