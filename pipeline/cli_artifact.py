@@ -84,8 +84,9 @@ def not_an_artifact_dir(folder: str | Path) -> ArtifactError:
 
 def missing_artifact_error(recipe: Recipe, art: Path) -> ArtifactError:
     """The "nothing built here" error of every deploy-side command: the absolute folder looked
-    in, how the root is chosen, and the three fixes (build, point the root, pass the artifact
-    folder the way the running command takes it: :func:`artifact_dir_fix`)."""
+    in, how the root is chosen, and the three fixes (build into that root, point the root, pass
+    the artifact folder the way the running command takes it: :func:`artifact_dir_fix`). A root
+    that is itself an artifact folder (or the recipe folder above one) gets its real root instead."""
     import shlex
 
     from trtpipe.pipeline.build.identity import build_command
@@ -103,7 +104,7 @@ def missing_artifact_error(recipe: Recipe, art: Path) -> ArtifactError:
             )
     return ArtifactError(
         f"no artifact for recipe {recipe.name!r} in {art.resolve()} (artifacts root: {ROOT_SOURCES}). "
-        f"Fix: run `{build_command(recipe, art.parent.parent)}` first, or point --artifacts / ${ARTIFACTS_ENV} "
+        f"Fix: run `{build_command(recipe, root)}` first, or point --artifacts / ${ARTIFACTS_ENV} "
         f"at the folder it was built in, or pass the artifact folder: {artifact_dir_fix()}."
     )
 
