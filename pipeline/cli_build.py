@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -10,6 +11,12 @@ import click
 from trtpipe.pipeline.cli_artifact import artifacts_option
 from trtpipe.pipeline.cli_common import EXIT_NEEDS_TARGET, fail, load_recipe_arg
 from trtpipe.plugins.errors import TrtpipeError
+
+
+def _plain_log(msg: str) -> None:
+    """A build step's line where stderr is no terminal: rich's log wrapped it at 80 columns and
+    tagged it with a source line (``cli_build.py:66``)."""
+    click.echo(f"[{time.strftime('%H:%M:%S')}] {msg}", err=True)
 
 
 @click.command("build")
@@ -59,14 +66,17 @@ def build_cmd(recipe: str, artifact_root: str, force: bool, from_spec: str | Non
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
         r = load_recipe_arg(recipe)
-        console = Console(stderr=True)
-        with console.status(f"building {r.name} for {r.target} ...") as status:
+        console = Console(stderr=True, log_path=False)
+        if not console.is_terminal:  # a CI log or a pipe: one unwrapped "[HH:MM:SS] step" line per step
+            res = build(r, artifact_root, force=force, log=_plain_log)
+        else:
+            with console.status(f"building {r.name} for {r.target} ...") as status:
 
-            def log(msg: str) -> None:  # a spinner on the long steps, a timestamped line per step
-                console.log(msg)
-                status.update(msg)
+                def log(msg: str) -> None:  # a spinner on the long steps, a timestamped line per step
+                    console.log(msg)
+                    status.update(msg)
 
-            res = build(r, artifact_root, force=force, log=log)
+                res = build(r, artifact_root, force=force, log=log)
         if not res.skipped:
             click.echo(f"built {res.artifact_dir} in {res.seconds:.1f} s")
     except BuildNeedsTarget as e:

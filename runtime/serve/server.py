@@ -143,6 +143,18 @@ def _load(cfg: ServeConfig, state: ServeState, url: str, echo: Callable[[str], N
     )
 
 
+def _announce_listening(
+    server: uvicorn.Server, url: str, echo: Callable[[str], None], serving_over: threading.Event
+) -> None:
+    """Say "listening at" once the socket is bound (with --port 0, the port the OS picked), not
+    before: a bind that fails (address in use) then prints only uvicorn's reason and trtpipe's
+    error, where a "listening" line printed up front contradicted them."""
+    while not server.started:
+        if serving_over.wait(0.02):
+            return
+    echo(f"trtpipe serve: listening at {bound_url(server, url)} (/health answers 503 until the ready line)")
+
+
 def _never_raising(echo: Callable[[str], None]) -> Callable[[str], None]:
     """``echo`` that drops a line it cannot write: with stderr's reader gone (``serve ... | head``,
     a log collector that died) a write raises BrokenPipeError, which killed the drain thread before
@@ -181,14 +193,19 @@ def serve(cfg: ServeConfig, echo: Callable[[str], None] | None = None) -> int:
             server.should_exit = True
 
     server.on_signal = lambda: threading.Thread(target=drain, name="trtpipe-drain", daemon=True).start()
-    free = " (port 0: a free one, named on the ready line)" if cfg.port == 0 else ""
-    echo(f"trtpipe serve: listening at {url}{free} (loading {cfg.artifact_dir} ...; /health answers 503 while loading)")
+    echo(f"trtpipe serve: starting at {url} (loading {cfg.artifact_dir} ...)")
+    serving_over = threading.Event()
+    threading.Thread(
+        target=_announce_listening, args=(server, url, echo, serving_over), name="trtpipe-listen", daemon=True
+    ).start()
     threading.Thread(target=_load, args=(cfg, state, url, echo, server), name="trtpipe-load", daemon=True).start()
     try:
         server.run()
     except SystemExit:  # uvicorn exits 3 (its STARTUP_FAILURE, trtpipe's "finish on the target") when bind fails
         if server.started:
             raise
+    finally:
+        serving_over.set()
     if not server.started:
         echo(
             f"trtpipe serve: error: --host {cfg.host} --port {cfg.port}: could not listen there (uvicorn's "

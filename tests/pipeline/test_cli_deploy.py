@@ -263,6 +263,28 @@ def test_gpu_build_that_stops_at_its_spec_exits_3(monkeypatch, tmp_path, gguf_pa
     assert invoke("build", RECIPES_DIR / "smollm2-135m-a100.yaml", "--artifacts", tmp_path).exit_code == 2
 
 
+def test_build_log_off_a_terminal_is_one_unwrapped_line_per_step(monkeypatch, tmp_path):
+    """In a CI log (stderr no terminal) rich's log wrapped steps at 80 columns and tagged them
+    with its source line (cli_build.py:66)."""
+    import re
+    from types import SimpleNamespace
+
+    import trtpipe.pipeline.build as B
+
+    step = "lowering decode.onnx for onnxruntime: " + "x" * 90  # longer than 80 columns
+
+    def fake_build(recipe, root, *, force, log):
+        log(step)
+        return SimpleNamespace(skipped=False, artifact_dir=tmp_path / "a", seconds=1.5)
+
+    monkeypatch.setattr(B, "build", fake_build)
+    res = invoke("build", CPU_RECIPE, "--artifacts", tmp_path)
+    assert res.exit_code == 0, res.output
+    assert re.search(r"^\[\d\d:\d\d:\d\d\] " + re.escape(step) + "$", res.stderr, re.M), res.stderr
+    assert "cli_build.py" not in res.stderr
+    assert f"built {tmp_path / 'a'} in 1.5 s" in res.stdout
+
+
 # ---------------------------------------------------------------------------------------------
 # Item: prompt input, flags in errors, the max_seq_len note, info, recipes
 # ---------------------------------------------------------------------------------------------

@@ -347,3 +347,5 @@ def test_models_tokenize_detokenize_health(server):
         assert chat.json()["count"] == 37
         assert h.get(server.url + "/health").status_code == 200
     assert server.health_while_loading == 503  # probed between "listening" and "ready"
+    said = [ln.split(": ", 1)[1].split(" (")[0] for ln in server.lines if ln.startswith("trtpipe serve: ")]
+    assert said.index(f"listening at {server.url}") < said.index(f"ready at {server.url}"), server.lines

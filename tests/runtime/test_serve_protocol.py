@@ -159,6 +159,7 @@ def test_serve_on_a_port_in_use_is_a_usage_error(tmp_path):
         held.close()
     assert code == 2
     assert any(f"--port {port}: could not listen" in ln and "Fix: pass a free --port" in ln for ln in lines), lines
+    assert not any("listening at" in ln for ln in lines), lines  # it was printed before the bind failed
 
 
 def test_bound_url_names_the_port_actually_bound():
