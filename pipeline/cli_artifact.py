@@ -113,10 +113,11 @@ def check_artifact_matches_recipe(manifest: Manifest, recipe: Recipe, artifact_d
     """Refuse an artifact built from another recipe (or an older version of this one).
 
     Compares :func:`build_hash` with ``manifest.build_info["build_hash"]`` when the build recorded
-    it, else :func:`recipe_hash` with ``manifest.recipe_hash``. Raises :class:`ArtifactError`.
+    it, else :func:`recipe_hash` with ``manifest.recipe_hash``. Raises :class:`ArtifactError`,
+    naming the settings that differ where the build recorded ``build_info["build_fields"]``.
     """
     from trtpipe.pipeline.build.identity import artifact_dir_for, build_command
-    from trtpipe.pipeline.recipe import build_hash, recipe_hash
+    from trtpipe.pipeline.recipe import build_fields, build_hash, changed_fields, recipe_hash
 
     have_build = (manifest.build_info or {}).get("build_hash")
     if have_build is not None:
@@ -131,11 +132,16 @@ def check_artifact_matches_recipe(manifest: Manifest, recipe: Recipe, artifact_d
             rebuild += f" (it replaces this artifact; to keep both, give {recipe.origin} another `name:`)"
         else:
             rebuild += f" (it builds into {artifact_dir_for(recipe, Path('artifacts').resolve())}; pass that folder)"
+        built_fields = (manifest.build_info or {}).get("build_fields")  # CPU builds since 2026-12-02
+        changes = changed_fields(built_fields, build_fields(recipe)) if isinstance(built_fields, dict) else []
+        if changes and have_build is not None:
+            why = f"these build settings differ from the build's: {'; '.join(changes)}"
+        else:
+            why = "the recipe changed since the build, or this is another recipe's artifact"
         raise ArtifactError(
             f"artifact {artifact_dir.resolve()} was built from recipe {manifest.recipe_name!r} with {what} "
-            f"{have[:12]}, but {recipe.origin} ({recipe.name!r}) hashes to {want[:12]}: the recipe "
-            f"changed since the build, or this is another recipe's artifact. Fix: rebuild with "
-            f"{rebuild}, or pass the recipe the artifact was built from."
+            f"{have[:12]}, but {recipe.origin} ({recipe.name!r}) hashes to {want[:12]}: {why}. Fix: "
+            f"rebuild with {rebuild}, or pass the recipe the artifact was built from."
         )
 
 

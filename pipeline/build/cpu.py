@@ -24,7 +24,7 @@ from trtpipe.pipeline.build.package import (
     staging_dir,
     write_graphs_shared,
 )
-from trtpipe.pipeline.recipe import Recipe, build_hash, recipe_hash
+from trtpipe.pipeline.recipe import Recipe, build_fields, build_hash, recipe_hash
 from trtpipe.plugins.versions import TRTPIPE_VERSION
 from trtpipe.runtime.manifest import FORMAT_VERSION, MANIFEST_NAME, GraphEntry, Manifest, atomic_write_text, sha256_file
 
@@ -125,6 +125,7 @@ def cpu_manifest(
         },
         build_info={
             "build_hash": build_hash(recipe),
+            "build_fields": build_fields(recipe),  # names the changed settings on a mismatch
             "rebuild_command": rebuild_command(recipe, artifact_root),
             "timings_s": timings,
             "model_source": str(recipe.resolve_source().path),

@@ -16,18 +16,44 @@ def _sha256_canonical(doc: Any) -> str:
     return hashlib.sha256(canon.encode("utf-8")).hexdigest()
 
 
-def build_hash(recipe: Recipe) -> str:
-    """sha256 (hex) of the recipe's build-relevant fields: all but ``description``,
-    ``kv_cache.prefix_caching`` and ``scheduler`` (runtime settings) and the ``validate`` section
-    (scenarios, budgets and the correctness threshold do not change what ``trtpipe build`` writes;
-    ``validate.correctness.num_tokens`` only sets the golden length, which
-    :func:`~trtpipe.pipeline.validate.check_correctness` reads from golden.json itself)."""
+def build_fields(recipe: Recipe) -> dict[str, Any]:
+    """The recipe's build-relevant settings as JSON (what :func:`build_hash` hashes): all but
+    ``description``, ``kv_cache.prefix_caching`` and ``scheduler`` (runtime settings) and the
+    ``validate`` section (scenarios, budgets and the correctness threshold do not change what
+    ``trtpipe build`` writes; ``validate.correctness.num_tokens`` only sets the golden length, which
+    :func:`~trtpipe.pipeline.validate.check_correctness` reads from golden.json itself). A build
+    records it in the manifest so a mismatch can name the settings that changed."""
     d = recipe.model_dump(mode="json", by_alias=True)
     d.pop("validate", None)
     d.pop("description", None)
     d["kv_cache"].pop("prefix_caching", None)  # runtime settings: the same artifact serves both
     d.pop("scheduler", None)
-    return _sha256_canonical(d)
+    return d
+
+
+def build_hash(recipe: Recipe) -> str:
+    """sha256 (hex) of :func:`build_fields`."""
+    return _sha256_canonical(build_fields(recipe))
+
+
+_ABSENT = object()
+
+
+def changed_fields(built: dict[str, Any], now: dict[str, Any], prefix: str = "") -> list[str]:
+    """``'precision.decode: "int4" -> "fp32"'`` for each setting (dotted path, sorted) whose value
+    differs between two :func:`build_fields` records; a setting one side lacks reads ``(none)``."""
+    out: list[str] = []
+    for key in sorted(set(built) | set(now)):
+        a, b, path = built.get(key, _ABSENT), now.get(key, _ABSENT), f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += changed_fields(a, b, path + ".")
+        elif a != b:
+            out.append(f"{path}: {_shown(a)} -> {_shown(b)}")
+    return out
+
+
+def _shown(value: Any) -> str:
+    return "(none)" if value is _ABSENT else json.dumps(value)
 
 
 def recipe_hash(recipe: Recipe) -> str:

@@ -18,7 +18,7 @@ import yaml
 from click.testing import CliRunner
 
 from trtpipe.pipeline.cli import main
-from trtpipe.pipeline.recipe import RECIPES_DIR, load_recipe, recipe_hash
+from trtpipe.pipeline.recipe import RECIPES_DIR, build_fields, changed_fields, load_recipe, recipe_hash
 from trtpipe.pipeline.validate import (
     ValidateUsageError,
     build_hash,
@@ -145,6 +145,35 @@ def test_artifact_match_full_hash_then_build_hash(tmp_path):
     bigger = load_recipe(write_recipe(tmp_path, max_num_tokens=256))
     with pytest.raises(ArtifactError, match="build hash"):
         check_artifact_matches_recipe(manifest, bigger, tmp_path)
+
+
+def test_artifact_mismatch_names_the_build_settings_that_changed(tmp_path):
+    """A build records build_fields; the mismatch error names each setting that differs (the
+    new-user trial had to diff the recipe by hand), and keeps the generic reason without them."""
+    recipe = load_recipe(write_recipe(tmp_path))
+    built = {"build_hash": build_hash(recipe), "build_fields": build_fields(recipe)}
+    manifest = SimpleNamespace(recipe_name=recipe.name, recipe_hash=recipe_hash(recipe), build_info=built)
+    bigger = load_recipe(write_recipe(tmp_path, max_num_tokens=256))
+    assert recipe.max_num_tokens != 256
+    with pytest.raises(ArtifactError) as e:
+        check_artifact_matches_recipe(manifest, bigger, tmp_path)
+    assert f"these build settings differ from the build's: max_num_tokens: {recipe.max_num_tokens} -> 256." in str(
+        e.value
+    )
+    manifest.build_info = {"build_hash": build_hash(recipe)}  # built before build_fields were recorded
+    with pytest.raises(ArtifactError, match="the recipe changed since the build, or this is another recipe's"):
+        check_artifact_matches_recipe(manifest, bigger, tmp_path)
+
+
+def test_changed_fields_dotted_paths_and_absent_settings():
+    built = {"name": "a", "precision": {"decode": "int4", "prefill": "int4"}, "kv_cache": {"block_size": 16}}
+    now = {"name": "a", "precision": {"decode": "fp32", "prefill": "int4"}, "kv_cache": {}, "engine": {"x": 1}}
+    assert changed_fields(built, now) == [
+        'engine: (none) -> {"x": 1}',
+        "kv_cache.block_size: 16 -> (none)",
+        'precision.decode: "int4" -> "fp32"',
+    ]
+    assert changed_fields(built, built) == []
 
 
 def test_select_scenarios_order_and_unknown_names(tmp_path):
