@@ -85,8 +85,9 @@ def not_an_artifact_dir(folder: str | Path) -> ArtifactError:
 def missing_artifact_error(recipe: Recipe, art: Path) -> ArtifactError:
     """The "nothing built here" error of every deploy-side command: the absolute folder looked
     in, how the root is chosen, and the three fixes (build into that root, point the root, pass
-    the artifact folder the way the running command takes it: :func:`artifact_dir_fix`). A root
-    that is itself an artifact folder (or the recipe folder above one) gets its real root instead."""
+    the artifact folder the way the running command takes it: :func:`artifact_dir_fix`), and
+    whether the root exists and which ``<recipe>/<target>`` artifacts it holds. A root that is
+    itself an artifact folder (or the recipe folder above one) gets its real root instead."""
     import shlex
 
     from trtpipe.pipeline.build.identity import build_command
@@ -102,9 +103,15 @@ def missing_artifact_error(recipe: Recipe, art: Path) -> ArtifactError:
                 f"Fix: pass its root, --artifacts {shlex.quote(str(outer.resolve()))}, or the artifact "
                 f"folder itself: {artifact_dir_fix(inner)}."
             )
+    if not root.is_dir():
+        there = f"the artifacts root {root.resolve()} does not exist"
+    else:
+        held = sorted(p.parent.relative_to(root).as_posix() for p in root.glob(f"*/*/{MANIFEST_NAME}"))
+        shown = ", ".join(held[:8]) + (f" and {len(held) - 8} more" if len(held) > 8 else "")
+        there = f"the root holds {shown}" if held else "the root holds no artifacts"
     return ArtifactError(
-        f"no artifact for recipe {recipe.name!r} in {art.resolve()} (artifacts root: {ROOT_SOURCES}). "
-        f"Fix: run `{build_command(recipe, root)}` first, or point --artifacts / ${ARTIFACTS_ENV} "
+        f"no artifact for recipe {recipe.name!r} in {art.resolve()}: {there} (artifacts root: "
+        f"{ROOT_SOURCES}). Fix: run `{build_command(recipe, root)}` first, or point --artifacts / ${ARTIFACTS_ENV} "
         f"at the folder it was built in, or pass the artifact folder: {artifact_dir_fix()}."
     )
 

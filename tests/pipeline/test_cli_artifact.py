@@ -81,12 +81,25 @@ def test_load_manifest_outside_the_cli_says_pass_the_folder(tmp_path):
 def test_missing_artifact_gives_every_command_the_same_three_fixes(tmp_path, argv, fix):
     code, out = _run(*argv, "--artifacts", tmp_path)
     assert code == 2
-    assert f"no artifact for recipe '{RECIPE}' in {tmp_path}/{RECIPE}/cpu" in out
+    assert f"no artifact for recipe '{RECIPE}' in {tmp_path}/{RECIPE}/cpu: the root holds no artifacts" in out
     assert (
         f"Fix: run `trtpipe build {RECIPE} --artifacts {tmp_path.resolve()}` first, or point --artifacts / "
         "$TRTPIPE_ARTIFACTS at the folder it was "
         f"built in, or pass the artifact folder: {fix}." in out
     )
+
+
+def test_missing_artifact_says_whether_the_root_exists_and_what_it_holds(tmp_path):
+    """A missing root read like an empty one (new-user trial); a root with other builds lists them."""
+    code, out = _run("info", RECIPE, "--artifacts", tmp_path / "nowhere")
+    assert code == 2
+    assert f"in {tmp_path}/nowhere/{RECIPE}/cpu: the artifacts root {tmp_path}/nowhere does not exist" in out
+    for name in ("other/cpu", "other/orin", f"{RECIPE}/a100"):
+        (tmp_path / name).mkdir(parents=True)
+        (tmp_path / name / "manifest.json").write_text("{}")
+    code, out = _run("info", RECIPE, "--artifacts", tmp_path)
+    assert code == 2
+    assert f"cpu: the root holds other/cpu, other/orin, {RECIPE}/a100 (artifacts root:" in out
 
 
 @pytest.mark.parametrize("given", ["artifact", "recipe folder"])
