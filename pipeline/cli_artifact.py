@@ -121,10 +121,11 @@ def check_artifact_matches_recipe(manifest: Manifest, recipe: Recipe, artifact_d
 
     Compares :func:`build_hash` with ``manifest.build_info["build_hash"]`` when the build recorded
     it, else :func:`recipe_hash` with ``manifest.recipe_hash``. Raises :class:`ArtifactError`,
-    naming the settings that differ where the build recorded ``build_info["build_fields"]``.
+    naming the settings that differ where the build recorded ``build_info["build_fields"]`` (and
+    they hash to its build hash).
     """
     from trtpipe.pipeline.build.identity import artifact_dir_for, build_command
-    from trtpipe.pipeline.recipe import build_fields, build_hash, changed_fields, recipe_hash
+    from trtpipe.pipeline.recipe import build_fields, build_hash, changed_fields, recipe_hash, sha256_canonical
 
     have_build = (manifest.build_info or {}).get("build_hash")
     if have_build is not None:
@@ -140,8 +141,9 @@ def check_artifact_matches_recipe(manifest: Manifest, recipe: Recipe, artifact_d
         else:
             rebuild += f" (it builds into {artifact_dir_for(recipe, Path('artifacts').resolve())}; pass that folder)"
         built_fields = (manifest.build_info or {}).get("build_fields")  # CPU builds since 2026-12-02
-        changes = changed_fields(built_fields, build_fields(recipe)) if isinstance(built_fields, dict) else []
-        if changes and have_build is not None:
+        trusted = isinstance(built_fields, dict) and sha256_canonical(built_fields) == have_build
+        changes = changed_fields(built_fields, build_fields(recipe)) if trusted else []
+        if changes:
             why = f"these build settings differ from the build's: {'; '.join(changes)}"
         else:
             why = "the recipe changed since the build, or this is another recipe's artifact"

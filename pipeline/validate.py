@@ -21,8 +21,11 @@ Artifact/recipe match: the artifact must come from this recipe. When the manifes
 and scenarios can be edited without a rebuild; otherwise the full recipe hash is compared.
 
 The correctness check is :mod:`trtpipe.pipeline.validate_correctness` (a typed
-:class:`CorrectnessResult`); the console output and the gate line :mod:`trtpipe.pipeline.validate_output`;
-over HTTP :mod:`trtpipe.pipeline.validate_http`.
+:class:`CorrectnessResult`); one scenario's run :mod:`trtpipe.pipeline.validate_scenario`; the
+console output and the gate line :mod:`trtpipe.pipeline.validate_output`; over HTTP
+:mod:`trtpipe.pipeline.validate_http`. Under the ``slo`` policy each scenario's steps are
+summarized as planned-vs-measured step times (:class:`~trtpipe.runtime.step_cost_error.StepCostError`,
+report.json ``env.step_cost_error``).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from trtpipe.pipeline.recipe import (
 )
 from trtpipe.pipeline.validate_correctness import CorrectnessResult, check_correctness, load_golden
 from trtpipe.pipeline.validate_output import finish_report, gate_of_reports, print_scenario
+from trtpipe.pipeline.validate_scenario import run_scenario
 from trtpipe.plugins.errors import TrtpipeError
 from trtpipe.runtime.errors import KVLeakError
 from trtpipe.runtime.host_cpu import cpu_identity
@@ -92,83 +96,6 @@ def select_scenarios(recipe: Recipe, names: Sequence[str]) -> list[Scenario]:
         )
     wanted = set(names)
     return [s for s in recipe.validation.scenarios if not wanted or s.name in wanted]
-
-
-def _describe(spec) -> str:
-    def rng(lo_hi):
-        lo, hi = lo_hi
-        return f"{lo}" if lo == hi else f"{lo}-{hi}"
-
-    arrivals = (
-        f"Poisson {spec.arrival_rate_per_s:g} req/s"
-        if spec.arrival_rate_per_s is not None
-        else f"closed loop, concurrency {spec.concurrency}"
-    )
-    prompts = (
-        f"{len(spec.prompts)} prompts from a file"
-        if spec.prompts is not None
-        else f"prompts {rng(spec.prompt_tokens)} tokens"
-    )
-    return (
-        f"{spec.num_warmup_requests} warm-up + {spec.num_requests} measured requests, {arrivals}, "
-        f"{prompts}, outputs {rng(spec.output_tokens)} tokens, seed {spec.seed}"
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# Scenarios
-# ---------------------------------------------------------------------------------------------
-
-
-def run_scenario(
-    llm: Any,
-    scenario: Scenario,
-    spec: Any,
-    err: Any,
-    run: Any = None,
-    tokenizer: Any = None,
-    chat_template: str | None = None,
-):
-    """Run one scenario's workload (progress on ``err``); its :class:`ScenarioReport`.
-
-    ``run(items, concurrency, on_request_done)`` replaces the in-process ``run_workload(llm, ...)``
-    (``validate --url`` passes the HTTP runner), ``tokenizer`` the LLM's (same return shapes) and
-    ``chat_template`` the manifest's (for ``chat`` workloads; ``llm`` None).
-    """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from trtpipe.runtime.budgets import evaluate_budgets
-    from trtpipe.runtime.metrics import summarize
-    from trtpipe.runtime.report import ScenarioReport
-    from trtpipe.runtime.workload import make_workload, run_workload
-
-    err.print(f"scenario {scenario.name}: {_describe(spec)}")
-    items = make_workload(
-        spec,
-        tokenizer or llm.tokenizer,
-        chat_template=chat_template if llm is None else llm.manifest.model.chat_template,
-    )
-    run = run or (
-        lambda items, concurrency, on_request_done: run_workload(
-            llm, items, concurrency, on_request_done=on_request_done
-        )
-    )
-    t = time.perf_counter()
-    with Progress(
-        TextColumn("  {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-        disable=not err.is_terminal,
-    ) as bar:
-        task = bar.add_task(f"{scenario.name} (after {spec.num_warmup_requests} warm-up)", total=spec.num_requests)
-        metrics, wall_s, stats = run(items, spec.concurrency, lambda done, total: bar.update(task, completed=done))
-    summary = summarize(metrics, wall_s, stats)
-    results = evaluate_budgets(summary, scenario.budgets.runtime_budgets())
-    err.print(f"  done in {time.perf_counter() - t:.1f} s")
-    return ScenarioReport(scenario.name, summary, tuple(results), tuple(metrics))
 
 
 def _env(llm: Any, recipe: Recipe, art: Path, threads: int | None) -> dict:
@@ -368,14 +295,24 @@ def _run_correctness(llm: Any, r: Recipe, golden: dict, out: Any, err: Any) -> C
 def _run_scenarios(
     llm: Any, r: Recipe, specs: Sequence[tuple[Scenario, Any]], env: dict, out: Any, err: Any
 ) -> list[Any]:
-    """Each scenario with its prefill-chunking budget set first (recorded in ``env``)."""
+    """Each scenario with its prefill-chunking budget set first (recorded in ``env``); under the
+    ``slo`` policy, how well the step-cost model planned its steps (warm-up included) after it
+    (``env["step_cost_error"]``, :class:`~trtpipe.runtime.step_cost_error.StepCostError`)."""
+    from trtpipe.runtime.step_cost_error import StepCostError
+
     reports = []
-    env["prefill_chunking"] = {}
+    env["prefill_chunking"], env["step_cost_error"] = {}, {}
     for scenario, spec in specs:
-        why = llm.set_tpot_budget(*scenario_slo_budgets_ms(r, scenario))
+        tpot_ms, itl_ms = scenario_slo_budgets_ms(r, scenario)
+        why = llm.set_tpot_budget(tpot_ms, itl_ms)
         env["prefill_chunking"][scenario.name] = why
         err.print(f"scenario {scenario.name}: prefill chunks: {why}")
+        llm.step_cost_log.clear()
         reports.append(run_scenario(llm, scenario, spec, err))
+        if llm.step_cost_log:  # the slo policy logs its steps
+            cost = StepCostError.of(llm.step_cost_log, itl_ms)
+            env["step_cost_error"][scenario.name] = cost.to_dict()
+            err.print(f"  {cost.line()}")
         print_scenario(out, reports[-1])
     return reports
 

@@ -35,10 +35,10 @@ from trtpipe.pipeline.validate import (
     load_recipe_for_validate,
     print_scenario,
     report_dir,
-    run_scenario,
     scenario_workload_spec,
     select_scenarios,
 )
+from trtpipe.pipeline.validate_scenario import run_scenario
 
 MEASURED_BY = (
     "client over HTTP: streamed POST /v1/completions; TTFT = request sent -> first non-empty text "

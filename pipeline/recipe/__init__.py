@@ -25,7 +25,7 @@ The package, one job per module (imports go down this list, never up):
     schema.py           the Recipe model (sections + derived settings)
     pydantic_errors.py  pydantic ValidationError -> RecipeProblem lines with fixes
     loading.py          YAML file / shipped name -> Recipe
-    hashing.py          recipe_hash, build_hash, build_fields, changed_fields
+    hashing.py          recipe_hash, build_hash, build_fields, changed_fields, sha256_canonical
     workload.py         a validate scenario -> the runtime's WorkloadSpec
 
 Units are in the names: ``*_ms`` milliseconds, ``*_mib`` MiB (2**20 bytes), ``*_per_s`` per second,
@@ -35,7 +35,7 @@ Units are in the names: ``*_ms`` milliseconds, ``*_mib`` MiB (2**20 bytes), ``*_
 from trtpipe.pipeline.recipe.base import KVDtype, Phase, Precision, Target
 from trtpipe.pipeline.recipe.checks import check_recipe_against_model
 from trtpipe.pipeline.recipe.errors import MISSING, NO_VALUE, RecipeError, RecipeProblem
-from trtpipe.pipeline.recipe.hashing import build_fields, build_hash, changed_fields, recipe_hash
+from trtpipe.pipeline.recipe.hashing import build_fields, build_hash, changed_fields, recipe_hash, sha256_canonical
 from trtpipe.pipeline.recipe.kv_plan import kv_block_bytes, plan_kv_num_blocks
 from trtpipe.pipeline.recipe.loading import (
     DEFAULT_RECIPE_NAME,
@@ -74,5 +74,6 @@ __all__ = [
     "recipe_hash",
     "resolve_recipe_path",
     "scenario_workload_spec",
+    "sha256_canonical",
     "shipped_recipe_names",
 ]

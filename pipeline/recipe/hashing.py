@@ -11,7 +11,8 @@ from typing import Any
 from trtpipe.pipeline.recipe.schema import Recipe
 
 
-def _sha256_canonical(doc: Any) -> str:
+def sha256_canonical(doc: Any) -> str:
+    """sha256 (hex) of ``doc`` as canonical JSON (sorted keys, no spaces, ASCII)."""
     canon = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canon.encode("utf-8")).hexdigest()
 
@@ -33,7 +34,7 @@ def build_fields(recipe: Recipe) -> dict[str, Any]:
 
 def build_hash(recipe: Recipe) -> str:
     """sha256 (hex) of :func:`build_fields`."""
-    return _sha256_canonical(build_fields(recipe))
+    return sha256_canonical(build_fields(recipe))
 
 
 _ABSENT = object()
@@ -62,4 +63,4 @@ def recipe_hash(recipe: Recipe) -> str:
     Stable across key order, comments and spelling out a default; changes with any setting.
     Where the file lives is not part of it.
     """
-    return _sha256_canonical(recipe.model_dump(mode="json", by_alias=True))
+    return sha256_canonical(recipe.model_dump(mode="json", by_alias=True))

@@ -85,7 +85,7 @@ def fake_artifact(tmp_path: Path, recipe_path: Path, source: Path) -> Path:
             (art / f.name).symlink_to(f)
     m = json.loads((source / "manifest.json").read_text())
     m["recipe"] = {"name": recipe.name, "hash": recipe_hash(recipe)}
-    m.setdefault("build_info", {})["build_hash"] = build_hash(recipe)
+    m.setdefault("build_info", {}).update(build_hash=build_hash(recipe), build_fields=build_fields(recipe))
     (art / "manifest.json").write_text(json.dumps(m))
     return art
 
@@ -160,6 +160,9 @@ def test_artifact_mismatch_names_the_build_settings_that_changed(tmp_path):
     assert f"these build settings differ from the build's: max_num_tokens: {recipe.max_num_tokens} -> 256." in str(
         e.value
     )
+    manifest.build_info = {**built, "build_fields": {**built["build_fields"], "max_num_tokens": 1}}
+    with pytest.raises(ArtifactError, match="the recipe changed since the build"):  # fields not of that hash
+        check_artifact_matches_recipe(manifest, bigger, tmp_path)
     manifest.build_info = {"build_hash": build_hash(recipe)}  # built before build_fields were recorded
     with pytest.raises(ArtifactError, match="the recipe changed since the build, or this is another recipe's"):
         check_artifact_matches_recipe(manifest, bigger, tmp_path)
@@ -250,7 +253,9 @@ def test_cli_refuses_artifact_of_another_recipe(tmp_path, default_artifact):
     art = fake_artifact(tmp_path, write_recipe(tmp_path), default_artifact)  # built "for" the test recipe
     res = invoke("smollm2-135m-cpu", "--artifact", art)
     assert res.exit_code == 2
-    assert "changed since the build" in res.output and "trtpipe build" in res.output
+    out = " ".join(res.output.split())
+    assert 'these build settings differ from the build\'s: name: "validate-test" -> "smollm2-135m-cpu".' in out
+    assert "trtpipe build" in out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,6 +307,11 @@ def test_validate_passes_and_writes_report(tiny):
     for name in ("ttft_vs_prompt_len.png", "tpot_cdf.png", "itl_cdf.png", "kv_occupancy.png"):
         assert (out / name).read_bytes()[:8] == PNG_MAGIC
     assert "Scenario `ok`" in (out / "report.md").read_text()
+    # the slo policy (the recipe's) planned every step: 16 tokens, at most 2 per step (concurrency 2)
+    cost = doc["env"]["step_cost_error"]["ok"]
+    assert cost["num_steps"] >= 8 and 0 <= cost["rel_error_p50"] <= cost["rel_error_p90"]
+    assert cost["mixed_over_itl_budget"] == cost["decode_only_over_itl_budget"] == 0  # ITL budget 20 s
+    assert f"slo steps: {cost['num_steps']} ({cost['num_mixed_steps']} mixed)" in res.output
 
 
 @pytest.mark.slow
