@@ -9,6 +9,7 @@ staging folders of builds that were killed.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -136,8 +137,10 @@ def publish_artifact(tmp: Path, final: Path, log: Callable[[str], None] | None =
 def keep_previous_reports(old: Path, new: Path) -> Path | None:
     """Move ``old/validate/`` into ``new/validate/previous-<old build hash[:12]>/``.
 
-    Reports the old artifact itself kept (``previous-*``) move up beside it, so history stays one
-    level deep. Returns the new folder, or None when the old artifact had no reports.
+    Reports the old artifact itself kept (``previous-*``) move up beside it first, so history
+    stays one level deep; where a rebuild from the same inputs finds its name taken (the hash of
+    an earlier build), the folder is ``previous-<hash>-2``, ``-3``, ... Nothing is overwritten or
+    dropped. Returns the new folder, or None when the old artifact had no reports.
     """
     src = old / "validate"
     if not src.is_dir() or not any(src.iterdir()):
@@ -148,12 +151,17 @@ def keep_previous_reports(old: Path, new: Path) -> Path | None:
     except (OSError, ValueError, KeyError, TypeError):
         tag = "unknown"
     dst_root = new / "validate"
+    dst_root.mkdir(parents=True, exist_ok=True)
+    for p in sorted(src.glob("previous-*")):  # earlier history, one level deep
+        os.replace(p, dst_root / p.name)
     dst = dst_root / f"previous-{str(tag)[:12]}"
-    dst.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(2):
+        if not dst.exists():
+            break
+        dst = dst_root / f"previous-{str(tag)[:12]}-{n}"
+    dst.mkdir()
     for p in sorted(src.iterdir()):
-        target = dst_root / p.name if p.name.startswith("previous-") else dst / p.name
-        if not target.exists():
-            os.replace(p, target)
+        os.replace(p, dst / p.name)
     return dst
 
 

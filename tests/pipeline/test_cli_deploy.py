@@ -218,8 +218,23 @@ def test_publish_keeps_the_previous_validate_reports(tmp_path):
     assert (final / "validate" / "previous-000000000000" / "report.json").read_text() == "oldest"
     assert (final / "manifest.json").read_text() == "{}" and not tmp.exists()
     assert said == [f"kept the previous artifact's validate reports in {kept}"]
+    # a rebuild from the same inputs (same build hash): the reports kept last time stay, the
+    # newer ones go to previous-<hash>-2 (the second build --force of a new-user trial lost them)
+    (final / "validate" / "report.json").write_text("newer")
+    tmp.mkdir()
+    (tmp / "manifest.json").write_text((final / "manifest.json").read_text())
+    (final / "manifest.json").write_text(
+        json.dumps({"recipe": {"name": NAME, "hash": "r" * 64}, "build_info": {"build_hash": "abcdef0123456789" * 4}})
+    )
+    kept2 = publish_artifact(tmp, final, said.append)
+    assert kept2 == final / "validate" / "previous-abcdef012345-2"
+    assert (kept2 / "report.json").read_text() == "newer"
+    assert (final / "validate" / "previous-abcdef012345" / "report.json").read_text() == "old"
+    assert (final / "validate" / "previous-abcdef012345" / "scenarios-chat" / "report.json").read_text() == "old chat"
+    assert (final / "validate" / "previous-000000000000" / "report.json").read_text() == "oldest"
     # nothing to keep: no folder, no message
     tmp.mkdir()
+    (tmp / "manifest.json").write_text("{}")
     (final / "validate").rename(tmp_path / "moved")
     said.clear()
     assert publish_artifact(tmp, final, said.append) is None and said == []
