@@ -129,7 +129,11 @@ def check_artifact_matches_recipe(manifest: Manifest, recipe: Recipe, artifact_d
 
     have_build = (manifest.build_info or {}).get("build_hash")
     if have_build is not None:
-        want, have, what = build_hash(recipe), have_build, "build hash (all but description/validate)"
+        want, have, what = (
+            build_hash(recipe),
+            have_build,
+            "build hash (all but description, validate and the runtime settings)",
+        )
     else:
         want, have, what = recipe_hash(recipe), manifest.recipe_hash, "recipe hash"
     if want != have:

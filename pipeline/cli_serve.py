@@ -50,7 +50,13 @@ def _need_serve_extra() -> None:
     show_default=True,
     help="Address to listen on (127.0.0.1: this machine only; 0.0.0.0: every interface).",
 )
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port.")
+@click.option(
+    "--port",
+    default=8000,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="TCP port; 0: any free port (the listening line names it).",
+)
 @click.option(
     "--max-queued-requests",
     default=64,

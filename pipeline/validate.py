@@ -50,7 +50,7 @@ from trtpipe.pipeline.recipe import (
     scenario_workload_spec,
 )
 from trtpipe.pipeline.validate_correctness import CorrectnessResult, check_correctness, load_golden
-from trtpipe.pipeline.validate_output import finish_report, gate_of_reports, print_scenario
+from trtpipe.pipeline.validate_output import finish_report, gate_of_reports, print_scenario, validate_consoles
 from trtpipe.pipeline.validate_scenario import run_scenario
 from trtpipe.plugins.errors import TrtpipeError
 from trtpipe.runtime.errors import KVLeakError
@@ -183,14 +183,11 @@ def run_validate(
     Raises :class:`TrtpipeError` (CLI exit 2) for a bad recipe, an unknown scenario, a missing,
     corrupted or mismatched artifact, or an artifact without golden outputs.
     """
-    from rich.console import Console
-
     r = load_recipe_for_validate(recipe)
     chosen = select_scenarios(r, list(dict.fromkeys(scenarios)))  # repeated --scenario runs once
     specs = [(s, scenario_workload_spec(r, s)) for s in chosen]
     art, golden = _open_artifact(r, artifact_dir, artifact_root)
-    out = Console(stderr=as_json, highlight=False)  # tables; stderr when stdout carries JSON
-    err = Console(stderr=True, highlight=False)  # progress
+    out, err = validate_consoles(as_json)  # tables (stderr when stdout carries JSON), progress
     llm = _load_llm(r, art, threads, err)
     env = _env(llm, r, art, threads)
     correctness = _run_correctness(llm, r, golden, out, err)

@@ -109,6 +109,26 @@ def server_base_url(url: str) -> str:
     return base[:-3] if base.endswith("/v1") else base
 
 
+def _serve_command(url: str, recipe: Recipe) -> str:
+    """``trtpipe serve RECIPE`` listening where ``url`` points (--host/--port when not the defaults)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    cmd = f"trtpipe serve {recipe.name}"
+    if parts.hostname and parts.hostname != "127.0.0.1":
+        cmd += f" --host {parts.hostname}"
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return cmd + (f" --port {port}" if port != 8000 else "")
+
+
+_MODELS_FIX = {
+    401: "pass the server's --api-key",
+    403: "pass the server's --api-key",
+    404: "this is not an OpenAI-compatible server (no /v1/models): check the host and port of --url",
+    503: "the server is still loading: wait until its /health answers 200",
+}
+
+
 def _served_model(url: str, recipe: Recipe, headers: dict[str, str]) -> str:
     import httpx
 
@@ -117,14 +137,21 @@ def _served_model(url: str, recipe: Recipe, headers: dict[str, str]) -> str:
     except httpx.HTTPError as e:
         raise ValidateUsageError(
             f"--url {url}: cannot reach the server ({e}). Fix: start it with "
-            f"`trtpipe serve {recipe.name}` or pass --serve."
+            f"`{_serve_command(url, recipe)}` or pass --serve."
         ) from None
-    if r.status_code != 200:
+    body = " ".join(r.text.split())
+    body = body if len(body) <= 200 else body[:200] + " ..."
+    try:
+        doc = r.json() if r.status_code == 200 else None
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        fix = _MODELS_FIX.get(r.status_code, "check that --url is a `trtpipe serve` (an OpenAI-compatible server)")
         raise ValidateUsageError(
-            f"--url {url}: GET /v1/models answered HTTP {r.status_code} ({r.text[:200]}). "
-            "Fix: pass --api-key if the server needs one, or wait until /health is 200."
+            f"--url {url}: GET /v1/models answered HTTP {r.status_code}"
+            f"{' without a JSON model list' if r.status_code == 200 else ''} ({body}). Fix: {fix}."
         )
-    names = [m.get("id") for m in r.json().get("data", [])]
+    names = [m.get("id") for m in doc.get("data", []) if isinstance(m, dict)]
     if recipe.name not in names:
         raise ValidateUsageError(
             f"--url {url} serves {names}, not recipe {recipe.name!r}. Fix: validate the "
@@ -218,9 +245,8 @@ def run_validate_http(
     one serving another model."""
     from contextlib import nullcontext
 
-    from rich.console import Console
-
     from trtpipe.pipeline.build import artifact_dir_for
+    from trtpipe.pipeline.validate_output import validate_consoles
     from trtpipe.runtime.serve.http_client import HttpTokenizer
 
     if (url is None) == (not serve):
@@ -230,8 +256,7 @@ def run_validate_http(
     chosen = select_scenarios(r, list(dict.fromkeys(scenarios)))
     specs = [(s, scenario_workload_spec(r, s)) for s in chosen]
     art = Path(artifact_dir) if artifact_dir is not None else artifact_dir_for(r, artifact_root)
-    out = Console(stderr=as_json, highlight=False)
-    err = Console(stderr=True, highlight=False)
+    out, err = validate_consoles(as_json)  # tables (stderr when stdout carries JSON), progress
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     with served(art, threads, recipe=r) if serve else nullcontext(url) as base:
         err.print(f"validate {r.name} over HTTP at {base}" + (" (started by --serve)" if serve else ""))

@@ -14,6 +14,19 @@ from typing import Any
 from trtpipe.runtime.budgets import Gate
 
 
+def validate_consoles(as_json: bool) -> tuple[Any, Any]:
+    """``(out, err)`` rich consoles of ``validate``: tables on stdout (stderr when stdout carries
+    JSON), progress on stderr. Off a terminal (a CI log, a pipe) they are 160 columns wide: at
+    rich's default 80 a summary line or a fix was split mid-sentence."""
+    from rich.console import Console
+
+    consoles = Console(stderr=as_json, highlight=False), Console(stderr=True, highlight=False)
+    for c in consoles:
+        if not c.is_terminal:
+            c.width = 160
+    return consoles
+
+
 def gate_of_reports(reports: Sequence[Any], correctness_passed: bool | None) -> Gate:
     """The gate over every scenario's budget rows, ``correctness_passed`` (None: not checked) and the
     KV leak check (None when no scenario ran it). ``reports``: :class:`~trtpipe.runtime.report.ScenarioReport`."""

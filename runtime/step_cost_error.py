@@ -59,23 +59,26 @@ class StepCostError:
         )
 
     def line(self) -> str:
-        """One line for a console: ``slo steps: 412 (96 mixed); planned-time error p50 12 %, p90 31 % (mixed:
-        p50 18 %, p90 40 %); over the ITL budget: 3 mixed, 0 decode-only``."""
+        """One line for a console: ``slo steps: 412, 96 mixed (prefill beside decodes); step-cost
+        model x host factor vs measured step time: off by p50 12 %, p90 31 % (mixed steps: p50 18 %,
+        p90 40 %); over the ITL budget: 3 mixed, 0 decode-only steps``."""
         if not self.num_steps:
             return "slo steps: none logged"
 
         def pct(x: float | None) -> str:
             return "-" if x is None else f"{100 * x:.0f} %"
 
+        mixed = f"{self.num_mixed_steps} mixed (prefill beside decodes)" if self.num_mixed_steps else "none mixed"
         text = (
-            f"slo steps: {self.num_steps} ({self.num_mixed_steps} mixed); planned-time error p50 "
-            f"{pct(self.rel_error_p50)}, p90 {pct(self.rel_error_p90)} (mixed: p50 {pct(self.mixed_rel_error_p50)}, "
-            f"p90 {pct(self.mixed_rel_error_p90)})"
+            f"slo steps: {self.num_steps}, {mixed}; step-cost model x host factor vs measured step time: "
+            f"off by p50 {pct(self.rel_error_p50)}, p90 {pct(self.rel_error_p90)}"
         )
+        if self.num_mixed_steps:
+            text += f" (mixed steps: p50 {pct(self.mixed_rel_error_p50)}, p90 {pct(self.mixed_rel_error_p90)})"
         if self.mixed_over_itl_budget is not None:
             text += (
                 f"; over the ITL budget: {self.mixed_over_itl_budget} mixed, "
-                f"{self.decode_only_over_itl_budget} decode-only"
+                f"{self.decode_only_over_itl_budget} decode-only steps"
             )
         return text
 

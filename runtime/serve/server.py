@@ -209,8 +209,8 @@ def serve(cfg: ServeConfig, echo: Callable[[str], None] | None = None) -> int:
     if not server.started:
         echo(
             f"trtpipe serve: error: --host {cfg.host} --port {cfg.port}: could not listen there (uvicorn's "
-            "line above says why: address in use, unknown host). Fix: pass a free --port (0: any free "
-            "port) or a local --host."
+            "line above says why, e.g. the address is already in use or the host is unknown). Fix: pass a "
+            "free --port (0: any free port) or a local --host."
         )
         return EXIT_USAGE
     if state.engine is not None:

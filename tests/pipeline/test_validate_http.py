@@ -158,3 +158,56 @@ def test_serve_flag_starts_the_server_with_the_recipes_runtime_settings(tmp_path
             "overridden: prefix_caching=False, scheduler_policy=slo, tpot_budget_ms=50.0, itl_budget_ms=100.0" in text
         )
         assert "prefix caching off; scheduler slo; prefill chunks: slo: TPOT budget 50 ms; ITL budget 100 ms" in text
+
+
+@pytest.mark.parametrize(
+    "status, body, fix",
+    [
+        (
+            404,
+            "<!DOCTYPE HTML>\n<html>" + "x" * 400 + "</html>",
+            "this is not an OpenAI-compatible server (no /v1/models)",
+        ),
+        (401, '{"error": "bad key"}', "pass the server's --api-key"),
+        (503, "loading", "the server is still loading: wait until its /health answers 200"),
+        (200, "<html>not json</html>", "check that --url is a `trtpipe serve`"),
+    ],
+)
+def test_url_that_is_not_a_trtpipe_server_says_why_and_cuts_the_body(monkeypatch, status, body, fix):
+    """A new-user trial pointed --url at `python -m http.server`: the 404's whole HTML page was
+    printed and the fix said to pass --api-key."""
+    import httpx
+
+    from trtpipe.pipeline.recipe import load_recipe, resolve_recipe_path
+    from trtpipe.pipeline.validate import ValidateUsageError
+    from trtpipe.pipeline.validate_http import _served_model
+
+    recipe = load_recipe(resolve_recipe_path("smollm2-135m-cpu"), check_files=False)
+    monkeypatch.setattr(httpx, "get", lambda url, **kw: httpx.Response(status, text=body))
+    with pytest.raises(ValidateUsageError) as e:
+        _served_model("http://127.0.0.1:18433", recipe, {})
+    msg = str(e.value)
+    assert msg.startswith(f"--url http://127.0.0.1:18433: GET /v1/models answered HTTP {status}")
+    assert f"Fix: {fix}" in msg and len(msg) < 420 and "\n" not in msg
+
+
+def test_unreachable_url_names_a_serve_command_listening_there(monkeypatch):
+    import httpx
+
+    from trtpipe.pipeline.recipe import load_recipe, resolve_recipe_path
+    from trtpipe.pipeline.validate import ValidateUsageError
+    from trtpipe.pipeline.validate_http import _served_model
+
+    recipe = load_recipe(resolve_recipe_path("smollm2-135m-cpu"), check_files=False)
+
+    def refused(url, **kw):
+        raise httpx.ConnectError("connection refused")
+
+    monkeypatch.setattr(httpx, "get", refused)
+    for url, cmd in (
+        ("http://127.0.0.1:1", "trtpipe serve smollm2-135m-cpu --port 1"),
+        ("http://127.0.0.1:8000", "trtpipe serve smollm2-135m-cpu"),
+        ("http://localhost:9000", "trtpipe serve smollm2-135m-cpu --host localhost --port 9000"),
+    ):
+        with pytest.raises(ValidateUsageError, match=f"Fix: start it with `{cmd}` or pass --serve."):
+            _served_model(url, recipe, {})

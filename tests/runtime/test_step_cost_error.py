@@ -28,14 +28,17 @@ def test_errors_are_of_the_planned_time_and_mixed_steps_are_counted_apart():
     assert e.mixed_rel_error_p90 == pytest.approx(0.245)
     assert (e.mixed_over_itl_budget, e.decode_only_over_itl_budget) == (1, 1)  # prefill-only: no token gap
     assert e.line() == (
-        "slo steps: 5 (2 mixed); planned-time error p50 25 %, p90 40 % (mixed: p50 22 %, p90 24 %); "
-        "over the ITL budget: 1 mixed, 1 decode-only"
+        "slo steps: 5, 2 mixed (prefill beside decodes); step-cost model x host factor vs measured step "
+        "time: off by p50 25 %, p90 40 % (mixed steps: p50 22 %, p90 24 %); over the ITL budget: 1 mixed, "
+        "1 decode-only steps"
     )
 
 
 def test_without_an_itl_budget_or_steps():
     e = StepCostError.of(SAMPLES[2:4])
     assert (e.num_mixed_steps, e.mixed_rel_error_p50, e.mixed_over_itl_budget) == (0, None, None)
-    assert e.line().endswith("(mixed: p50 -, p90 -)")
+    assert e.line() == (
+        "slo steps: 2, none mixed; step-cost model x host factor vs measured step time: off by p50 25 %, p90 45 %"
+    )
     assert StepCostError.of([]).line() == "slo steps: none logged"
     assert StepCostError.of([]).to_dict()["num_steps"] == 0
