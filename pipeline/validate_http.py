@@ -99,13 +99,22 @@ def served(
 def server_base_url(url: str) -> str:
     """``--url`` as the server's root: ``http(s)://host:port`` without a final ``/`` or ``/v1``
     (the OpenAI ``base_url`` a user copies from the README works too). Raises
-    :class:`ValidateUsageError` for a URL without an http:// or https:// scheme."""
+    :class:`ValidateUsageError` for a URL without an http:// or https:// scheme or with a port
+    outside 0-65535."""
+    from urllib.parse import urlsplit
+
     base = url.strip().rstrip("/")
     if not base.lower().startswith(("http://", "https://")):
         raise ValidateUsageError(
             f"--url {url!r}: expected an http:// or https:// URL of a `trtpipe serve`. "
             "Fix: pass e.g. --url http://127.0.0.1:8000"
         )
+    try:
+        urlsplit(base).port  # noqa: B018 - raises for a port outside 0-65535 or not a number
+    except ValueError as e:
+        raise ValidateUsageError(
+            f"--url {url!r}: {e}. Fix: pass the port `trtpipe serve` listens on, e.g. --url http://127.0.0.1:8000"
+        ) from None
     return base[:-3] if base.endswith("/v1") else base
 
 

@@ -168,6 +168,13 @@ def test_validate_url_takes_the_server_root_or_the_openai_base_url():
     res = invoke("validate", NAME, "--url", "127.0.0.1:8000", "--scenario", "chat")
     assert res.exit_code == 2
     assert "expected an http:// or https:// URL" in res.stderr and "--url http://127.0.0.1:8000" in res.stderr
+    for bad, why in (
+        ("http://127.0.0.1:99999", "Port out of range 0-65535"),
+        ("http://h:abc", "Port could not be cast"),
+    ):
+        res = invoke("validate", NAME, "--url", bad, "--scenario", "chat")  # was a ValueError traceback
+        assert res.exit_code == 2, res.output
+        assert f"--url '{bad}': {why}" in res.stderr and "Fix: pass the port `trtpipe serve` listens on" in res.stderr
 
 
 def test_goodput_time_must_be_positive(tmp_path, monkeypatch):
