@@ -7,7 +7,7 @@ in the raw results so ``--from-json`` reproduces the report):
 
 * TTFT at n prompt tokens: ``max(prefill FLOP / FLOP/s, bytes / bandwidth)`` (compute-bound), at
   the **int8** peak when the artifact's INT4 GEMMs quantize activations to int8
-  (``engine.ort_accuracy_level: 4``, the cpu default), else at the fp32 peak;
+  (``engine.ort_accuracy_level`` 4 in prefill), else at the fp32 peak (the cpu default);
 * TPOT at n prompt tokens: one decode step at the mean context of the 64 generated tokens
   (n + 32): the decode weights and that context's KV read once, over the bandwidth;
 * throughput of 8 x (128 + 64): the 8 prefills, then 64 batch-8 decode steps at context 160.
@@ -64,10 +64,10 @@ class Floors:
 
 
 def int8_activations(recipe) -> bool:
-    """Whether the recipe's cpu GEMMs run int8 dot products: INT4 weights in both phases with
-    ``engine.ort_accuracy_level: 4`` (MatMulNBits quantizes each activation block to int8)."""
-    p = recipe.precision
-    return p.prefill == p.decode == "int4" and recipe.engine.ort_accuracy_level == 4
+    """Whether the recipe's cpu prefill GEMMs (the compute-bound ones the floors use) run int8 dot
+    products: INT4 prefill weights with ``engine.ort_accuracy_level`` 4 for prefill (MatMulNBits
+    quantizes each activation block to int8)."""
+    return recipe.precision.prefill == "int4" and recipe.engine.accuracy_level("prefill") == 4
 
 
 def floors_for(

@@ -33,11 +33,38 @@ import numpy as np
 from trtpipe.pipeline.model_config_override import with_sliding_window
 from trtpipe.runtime.kv_planning import blocks_for_tokens
 
+
+@dataclass(frozen=True)
+class GoldenPrompt:
+    """One golden prompt: ``text``, chat-templated (one user turn) when ``chat`` and the model
+    has a template, else fed as raw text (a completion)."""
+
+    text: str
+    chat: bool = True
+
+
+# The golden set: the README's and docs' example prompts (chat-templated where they are) and
+# prompts of the kinds the validate scenarios serve (questions, code, lists, summaries, raw
+# completions). validate compares the artifact with the fp32 reference over all of them.
 GOLDEN_PROMPTS = (
-    "What is the capital of France?",
-    "Write a Python function that returns the n-th Fibonacci number.",
-    "Explain in two sentences why the sky is blue.",
-    "List three uses of a paperclip.",
+    GoldenPrompt("What is the capital of France?"),  # README: generate, chat, the openai snippet
+    GoldenPrompt("Why is the sky blue?"),  # README: generate from stdin
+    GoldenPrompt("Tell me a story."),  # README: LLM.stream
+    GoldenPrompt("Once upon a time", chat=False),  # README: completions stream
+    GoldenPrompt("The capital of France is", chat=False),  # tests, /tokenize example
+    GoldenPrompt("Write a Python function that returns the n-th Fibonacci number."),
+    GoldenPrompt("Explain in two sentences why the sky is blue."),
+    GoldenPrompt("List three uses of a paperclip."),
+    GoldenPrompt("def fibonacci(n):", chat=False),
+    GoldenPrompt("Once upon a time, in a land far away,", chat=False),
+    GoldenPrompt("Translate 'good morning' into Spanish."),
+    GoldenPrompt("What is 12 times 7?"),
+    GoldenPrompt("Summarize the plot of Romeo and Juliet in one paragraph."),
+    GoldenPrompt("Give me three tips for writing clean code."),
+    GoldenPrompt("Write a haiku about the ocean."),
+    GoldenPrompt("How do I reverse a list in Python?"),
+    GoldenPrompt("The first lighthouses were not towers at all but", chat=False),
+    GoldenPrompt("What are the symptoms of the common cold?"),
 )
 GOLDEN_CACHE_DIR = Path(".cache") / "golden"  # under the artifacts root
 REFERENCE_DESCRIPTION = "torch fp32 (dequantized weights)"
@@ -68,7 +95,7 @@ class GoldenKey:
     model_sha256: str  # content of the model file (or of every file of a folder, sorted by name)
     model_config_sha256: str  # the loaded ModelConfig (layers, heads, rope, eos...) as JSON
     precision: str  # the reference's weight precision ("fp32")
-    prompts: tuple[str, ...]
+    prompts: tuple[GoldenPrompt, ...]
     layer_sliding_window: tuple[int, ...]  # after the recipe's sliding_window override
     reference_code_sha256: str
 
@@ -103,7 +130,11 @@ def reference_code_sha256() -> str:
 
 
 def golden_key(
-    loaded, sliding_window: int | None = None, *, precision: str = "fp32", prompts: Sequence[str] = GOLDEN_PROMPTS
+    loaded,
+    sliding_window: int | None = None,
+    *,
+    precision: str = "fp32",
+    prompts: Sequence[GoldenPrompt] = GOLDEN_PROMPTS,
 ) -> GoldenKey:
     """The key of ``loaded`` (a :class:`~trtpipe.pipeline.weights.LoadedModel`) with the recipe's
     ``sliding_window`` override (None: the model's own windows)."""
@@ -208,13 +239,14 @@ def record_golden(
     chat_template: str | None,
     num_tokens: int,
     *,
-    prompts: Sequence[str] = GOLDEN_PROMPTS,
+    prompts: Sequence[GoldenPrompt] = GOLDEN_PROMPTS,
     log: Callable[[str], None] = lambda s: None,
     progress_every_s: float = PROGRESS_EVERY_S,
 ) -> dict:
-    """Greedy continuations and top-5 logits of ``prompts`` (chat-templated when the model has a
-    template) from the fp32 reference. Logs each prompt and, at most every ``progress_every_s``
-    seconds, the token count, rate and time left of the running prompt."""
+    """Greedy continuations, top-5 logits and the top-2 margin (logits, top-1 minus top-2) at
+    each generated position of ``prompts`` (chat-templated where the prompt says so and the model
+    has a template) from the fp32 reference. Logs each prompt and, at most every
+    ``progress_every_s`` seconds, the token count, rate and time left of the running prompt."""
     from tokenizers import Tokenizer
 
     from trtpipe.runtime.chat import default_chat_messages, render_chat
@@ -222,8 +254,9 @@ def record_golden(
     tok = Tokenizer.from_str(tokenizer_json)
     eos = set(ref_fp32.config.eos_token_ids)
     out = []
-    for i, prompt in enumerate(prompts):
-        text = render_chat(chat_template, default_chat_messages(prompt)) if chat_template else prompt
+    for i, gp in enumerate(prompts):
+        chat = gp.chat and bool(chat_template)
+        text = render_chat(chat_template, default_chat_messages(gp.text)) if chat else gp.text
         ids = tok.encode(text, add_special_tokens=True).ids
         log(f"golden prompt {i + 1}/{len(prompts)} ({len(ids)} prompt tokens, up to {num_tokens} new) ...")
         t0 = last = time.perf_counter()
@@ -245,7 +278,10 @@ def record_golden(
         for row in logits:
             k = np.argsort(-row)[:5]
             top.append([[int(j), float(row[j])] for j in k])
-        out.append({"prompt": prompt, "prompt_ids": ids, "output_ids": gen, "top5": top})
+        margins = [round(t[0][1] - t[1][1], 6) for t in top]
+        out.append(
+            {"prompt": gp.text, "chat": chat, "prompt_ids": ids, "output_ids": gen, "top5": top, "top2_margin": margins}
+        )
         log(f"  golden prompt {i + 1}/{len(prompts)}: {len(gen)} tokens in {time.perf_counter() - t0:.1f} s")
     return {"reference": REFERENCE_DESCRIPTION, "num_tokens": num_tokens, "sequences": out}
 
@@ -256,7 +292,13 @@ def truncate_golden(golden: dict, num_tokens: int) -> dict:
     if golden["num_tokens"] < num_tokens:
         raise ValueError(f"a {golden['num_tokens']}-token recording cannot serve {num_tokens} tokens")
     seqs = [
-        {**s, "output_ids": s["output_ids"][:num_tokens], "top5": s["top5"][:num_tokens]} for s in golden["sequences"]
+        {
+            **s,
+            "output_ids": s["output_ids"][:num_tokens],
+            "top5": s["top5"][:num_tokens],
+            **({"top2_margin": s["top2_margin"][:num_tokens]} if "top2_margin" in s else {}),
+        }
+        for s in golden["sequences"]
     ]
     return {**golden, "num_tokens": num_tokens, "sequences": seqs}
 
@@ -317,6 +359,7 @@ __all__ = [
     "GOLDEN_CACHE_DIR",
     "GOLDEN_PROMPTS",
     "GoldenKey",
+    "GoldenPrompt",
     "cache_path",
     "cached_golden",
     "golden_for_build",

@@ -286,6 +286,8 @@ def _run_correctness(llm: Any, r: Recipe, golden: dict, out: Any, err: Any) -> C
         correctness = dataclasses.replace(correctness, passed=False, notes=notes)
         err.print(str(e), markup=False)
     out.print(correctness.line())
+    for line in correctness.failures():
+        out.print(f"  {line}", markup=False)
     return correctness
 
 

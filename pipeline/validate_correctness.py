@@ -35,24 +35,48 @@ class ExactSequence:
 
 
 @dataclass(frozen=True)
+class Flip:
+    """One teacher-forced position where the engine's argmax differs from the reference's token."""
+
+    position: int  # 0 = the first generated token
+    reference_margin: float | None  # the reference's top-1 minus top-2 logit there (None: not recorded)
+    got: int  # the engine's argmax
+    want: int  # the reference's token
+
+
+@dataclass(frozen=True)
 class AgreementSequence:
     """One golden sequence checked by teacher-forced argmax agreement."""
 
     prompt: str
     tokens: int
     agreement: float  # fraction of positions whose argmax equals the golden id, rounded to 4 places
-    max_reference_top1_gap_at_mismatch: float | None  # reference logit gap top1-top2 where they differ
+    first_token_ok: bool  # the first generated token equals the reference's
+    flips: tuple[Flip, ...]  # every disagreement, with the reference's margin there
+    max_reference_top1_gap_at_mismatch: float | None  # the largest of those margins
 
 
 @dataclass(frozen=True)
 class Agreement:
-    """Teacher-forced agreement over all checked positions and the gate it was held to."""
+    """Teacher-forced agreement over all checked positions and the gates it was held to."""
 
     agreement: float  # agreeing / total
     agreeing_tokens: int
     threshold: float
     threshold_key: str  # the recipe key of the threshold (validate.correctness.<key>)
     in_reference_top5: int  # positions whose prediction is in the reference's top 5
+    num_sequences: int
+    first_tokens_ok: int  # sequences whose first generated token equals the reference's
+    tie_threshold_logits: float
+    non_tie_flips: int  # disagreements where the reference margin >= tie_threshold_logits (or unknown)
+    strict: bool  # the first-token and non-tie checks apply (False: the plugin-free variant's gate)
+
+    @property
+    def passed(self) -> bool:
+        """The gates of the module docstring."""
+        if self.agreement < self.threshold:
+            return False
+        return not self.strict or (self.non_tie_flips == 0 and self.first_tokens_ok == self.num_sequences)
 
 
 @dataclass(frozen=True)
@@ -92,6 +116,10 @@ class CorrectnessResult:
                 passed=self.passed,
                 margin=round(a.agreement - a.threshold, 6),
                 in_reference_top5=f"{a.in_reference_top5}/{self.num_tokens}",
+                first_tokens=f"{a.first_tokens_ok}/{a.num_sequences}",
+                tie_threshold_logits=a.tie_threshold_logits,
+                non_tie_flips=a.non_tie_flips,
+                strict=a.strict,
             )
         out.update(num_tokens=self.num_tokens, sequences=[dataclasses.asdict(s) for s in self.sequences])
         if self.notes:
@@ -105,16 +133,46 @@ class CorrectnessResult:
         verdict = "[green]PASS[/green]" if self.passed else "[red]FAIL[/red]"
         a = self.agreement
         if a is not None:
+            strict = (
+                f"; first tokens {a.first_tokens_ok}/{a.num_sequences}, flips at reference margin >= "
+                f"{a.tie_threshold_logits:g}: {a.non_tie_flips}"
+                if a.strict
+                else ""
+            )
             return (
                 f"correctness ({self.precision}): teacher-forced agreement {a.agreement:.4f} "
                 f"({a.agreeing_tokens}/{self.num_tokens} tokens) vs min {a.threshold:g}, margin "
-                f"{a.agreement - a.threshold:+.4f}: {verdict}"
+                f"{a.agreement - a.threshold:+.4f}{strict}: {verdict}"
             )
         num_ok = sum(s.exact for s in self.sequences)  # type: ignore[union-attr]
         return (
             f"correctness ({self.precision}): exact greedy ids on {num_ok}/{len(self.sequences)} golden "
             f"sequences: {verdict}"
         )
+
+    def failures(self) -> list[str]:
+        """One line per failed check (empty when it passed): what differed and where."""
+        a = self.agreement
+        if a is None or self.passed:
+            return []
+        out = []
+        if a.agreement < a.threshold:
+            out.append(f"agreement {a.agreement:.4f} < {a.threshold:g} ({a.threshold_key})")
+        if a.strict:
+            for s in self.sequences:
+                assert isinstance(s, AgreementSequence)
+                if not s.first_token_ok:
+                    f0 = s.flips[0]
+                    out.append(
+                        f"{s.prompt!r}: first token {f0.got} != reference {f0.want} (margin {f0.reference_margin})"
+                    )
+                for f in s.flips:
+                    if f.position and (f.reference_margin is None or f.reference_margin >= a.tie_threshold_logits):
+                        out.append(
+                            f"{s.prompt!r}: token {f.position} {f.got} != reference {f.want} at reference margin "
+                            f"{f.reference_margin} >= tie threshold {a.tie_threshold_logits:g}"
+                        )
+        return out
 
 
 def load_golden(manifest: Any) -> dict:
@@ -155,30 +213,44 @@ def _exact_sequences(llm: Any, seqs: Sequence[dict], num_tokens: int) -> tuple[E
     return tuple(rows)
 
 
-def _agreement_sequences(
-    llm: Any, seqs: Sequence[dict], num_tokens: int
-) -> tuple[tuple[AgreementSequence, ...], int, int]:
-    """Per-sequence rows, agreeing positions and positions in the reference's top 5."""
+def reference_margins(seq: dict) -> list[float | None]:
+    """The reference's top-1 minus top-2 logit at each generated position of a golden sequence:
+    ``top2_margin`` when recorded, else from ``top5`` (None where neither has two entries)."""
+    if "top2_margin" in seq:
+        return [float(m) for m in seq["top2_margin"]]
+    return [t[0][1] - t[1][1] if len(t) > 1 else None for t in seq.get("top5") or []]
+
+
+def _agreement_sequences(llm: Any, seqs: Sequence[dict], num_tokens: int) -> tuple[tuple[AgreementSequence, ...], int]:
+    """Per-sequence rows and the positions in the reference's top 5."""
     from trtpipe.runtime import teacher_forcing
 
-    rows, agree, in_top5 = [], 0, 0
+    rows, in_top5 = [], 0
     for s in seqs:
         want = [int(t) for t in s["output_ids"][:num_tokens]]
         frac, preds = teacher_forcing.teacher_forced_agreement(llm, s["prompt_ids"], want)
         top5 = s.get("top5") or []
         in_top5 += sum(1 for i, p in enumerate(preds) if i < len(top5) and p in [int(t) for t, _ in top5[i]])
+        margins = reference_margins(s)
         # How close the reference itself was to its runner-up where we disagree: near-ties
-        # (small gaps) are quantization noise, large gaps point at a real error.
-        gaps = [
-            top5[i][0][1] - top5[i][1][1]
+        # (small margins) are rounding noise, large margins point at a real error.
+        flips = tuple(
+            Flip(i, None if i >= len(margins) or margins[i] is None else round(margins[i], 4), p, w)
             for i, (p, w) in enumerate(zip(preds, want))
-            if p != w and i < len(top5) and len(top5[i]) > 1
-        ]
-        rows.append(
-            AgreementSequence(s.get("prompt", ""), len(want), round(frac, 4), round(max(gaps), 4) if gaps else None)
+            if p != w
         )
-        agree += sum(p == w for p, w in zip(preds, want))
-    return tuple(rows), agree, in_top5
+        known = [f.reference_margin for f in flips if f.reference_margin is not None]
+        rows.append(
+            AgreementSequence(
+                s.get("prompt", ""),
+                len(want),
+                round(frac, 4),
+                preds[0] == want[0],
+                flips,
+                max(known) if known else None,
+            )
+        )
+    return tuple(rows), in_top5
 
 
 def agreement_threshold(llm: Any, spec: CorrectnessSpec) -> tuple[float, str]:
@@ -193,7 +265,7 @@ def agreement_threshold(llm: Any, spec: CorrectnessSpec) -> tuple[float, str]:
 
 def _notes(spec: CorrectnessSpec, golden: dict, num_seqs: int) -> str | None:
     notes = []
-    if num_seqs < spec.num_sequences:
+    if spec.num_sequences is not None and num_seqs < spec.num_sequences:
         notes.append(f"num_sequences {spec.num_sequences} asked, golden.json holds {num_seqs}")
     if golden.get("num_tokens") is not None and golden["num_tokens"] < spec.num_tokens:
         notes.append(
@@ -226,14 +298,28 @@ def check_correctness(llm: Any, recipe: Recipe, golden: dict) -> CorrectnessResu
             sequences=rows,
             **common,
         )
-    arows, agree, in_top5 = _agreement_sequences(llm, seqs, spec.num_tokens)
+    arows, in_top5 = _agreement_sequences(llm, seqs, spec.num_tokens)
     total = sum(r.tokens for r in arows)
+    agree = total - sum(len(r.flips) for r in arows)
     threshold, key = agreement_threshold(llm, spec)
+    tie = spec.tie_threshold_logits
+    agreement = Agreement(
+        agree / total,
+        agree,
+        threshold,
+        key,
+        in_top5,
+        num_sequences=len(arows),
+        first_tokens_ok=sum(r.first_token_ok for r in arows),
+        tie_threshold_logits=tie,
+        non_tie_flips=sum(1 for r in arows for f in r.flips if f.reference_margin is None or f.reference_margin >= tie),
+        strict=key == "int4_teacher_forced_agreement_min",
+    )
     return CorrectnessResult(
-        method="teacher-forced argmax agreement",
-        passed=agree / total >= threshold,
+        method="teacher-forced argmax agreement, first tokens and non-tie flips",
+        passed=agreement.passed,
         num_tokens=total,
         sequences=arows,
-        agreement=Agreement(agree / total, agree, threshold, key, in_top5),
+        agreement=agreement,
         **common,
     )

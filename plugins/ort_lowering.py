@@ -28,7 +28,7 @@ from trtpipe.plugins.graph_rewrite import (
     node_attributes,
     rewrite_custom_nodes,
 )
-from trtpipe.plugins.int4_pack import check_group_size, pack_zero_points_uint8, unpack_int4_codes
+from trtpipe.plugins.int4_pack import check_group_size, pack_int4, pack_zero_points_uint8, unpack_int4_codes
 from trtpipe.plugins.paged_attention_onnx import lower_paged_attention
 
 __all__ = ["MS_DOMAIN", "FLOAT_ZERO_POINT_MODES", "lower_for_ort", "requantize_float_zp_to_uint8_8bit"]
@@ -107,6 +107,9 @@ def _lower_int4_gemm(
     inputs = list(node.input)
     zp_name = inputs[3] if len(inputs) > 3 else ""
     zp = inits.get(zp_name) if zp_name else None
+    if nbits["bits"] == 8 and accuracy_level < 4:
+        _lower_8bit_fp32_activations(b, inputs, list(node.output), zp, inits, nbits, blocksums)
+        return
     if zp is None or zp.dtype == np.uint8:
         if zp is not None and nbits["bits"] == 4 and np.all(zp == 0x88):  # every packed zero point is 8
             inputs = inputs[:3]  # the implicit zero point: the faster symmetric kernel, same values
@@ -165,12 +168,66 @@ def _lower_float_zero_points_exact(
     mins_t = np.ascontiguousarray(((c - zp.astype(np.float32)) * scales.astype(np.float32)).T)  # [K/G, N]
     mins = b.const(mins_t, np.float32, hint="mins_t")
     y = b.op("MatMulNBits", inputs[:3], "matmul_nbits", domain=MS_DOMAIN, **nbits)
-    key = (inputs[0], G)
-    if key not in blocksums:
-        r = b.op("Reshape", [inputs[0], b.const([-1, K // G, G])], "a_groups")
-        blocksums[key] = b.op("ReduceSum", [r, b.const([-1])], "a_blocksum", keepdims=0)  # [M, K/G]
-    corr = b.op("MatMul", [blocksums[key], mins], "mins_term")
+    corr = b.op("MatMul", [_blocksum(b, inputs[0], K, G, blocksums), mins], "mins_term")
     b.op("Add", [y, corr], "add_mins", outputs=outputs)
+
+
+def _lower_8bit_fp32_activations(
+    b: NodeBuilder,
+    inputs: list[str],
+    outputs: list[str],
+    zp: np.ndarray | None,
+    inits: _InitializerView,
+    nbits: dict,
+    blocksums: dict,
+) -> None:
+    """8-bit blocks (the GGUF Q8_0 LM head) with fp32 activations, exactly, as two 4-bit GEMMs.
+
+    ONNX Runtime's CPU MatMulNBits has no fp32-activation kernel for ``bits=8``: with
+    ``accuracy_level`` 0 it dequantizes all of B on every call (measured on a Zen 4 for the
+    SmolLM2 head, K=576, N=49152: 95 ms per call at M=1, against 0.9 ms with int8 activations),
+    which made every fp32-activation step ~10x slower. Its 4-bit fp32-activation kernel is fast
+    (1.0 ms at M=1 for the same shape), so each 8-bit code is split into its nibbles,
+    ``q8 = 16*hi + lo``, and with MatMulNBits' implicit 4-bit zero point 8::
+
+        w = d*(q8 - z) = 16d*(hi - 8) + d*(lo - 8) + d*(136 - z)
+        Y = MatMulNBits4(A, hi, 16d) + MatMulNBits4(A, lo, d) + blocksum(A) @ (d*(136 - z))^T
+
+    exact in real arithmetic (``16d`` is exact in fp32); the per-block offset shares the
+    ``blocksum`` term of :func:`_lower_float_zero_points_exact`. ``zp`` [N, K/G] (uint8 or
+    float; None = the implicit 128). Weight bytes: the same codes, two scale arrays.
+    """
+    K, N, G = nbits["K"], nbits["N"], nbits["block_size"]
+    q8 = inits[inputs[1]].reshape(N, K).astype(np.uint8)
+    d = inits[inputs[2]].astype(np.float32).reshape(N, K // G)
+    z = np.full((N, K // G), 128.0, np.float32) if zp is None else zp.astype(np.float32).reshape(N, K // G)
+    four = dict(nbits, bits=4)
+    y_hi = b.op(
+        "MatMulNBits",
+        [inputs[0], b.const(pack_int4(q8 >> 4, G), np.uint8, hint="b_hi"), b.const(16 * d, np.float32, hint="d_hi")],
+        "matmul_nbits_hi",
+        domain=MS_DOMAIN,
+        **four,
+    )
+    y_lo = b.op(
+        "MatMulNBits",
+        [inputs[0], b.const(pack_int4(q8 & 15, G), np.uint8, hint="b_lo"), b.const(d, np.float32, hint="d_lo")],
+        "matmul_nbits_lo",
+        domain=MS_DOMAIN,
+        **four,
+    )
+    offsets = b.const(np.ascontiguousarray((d * (136.0 - z)).T), np.float32, hint="offsets_t")  # [K/G, N]
+    corr = b.op("MatMul", [_blocksum(b, inputs[0], K, G, blocksums), offsets], "offset_term")
+    b.op("Add", [b.op("Add", [y_hi, y_lo], "add_nibbles"), corr], "add_offsets", outputs=outputs)
+
+
+def _blocksum(b: NodeBuilder, a: str, K: int, G: int, blocksums: dict) -> str:
+    """``blocksum(A)[.., g]`` = sum of A over K-group g, [M, K/G]; built once per (A, G)."""
+    key = (a, G)
+    if key not in blocksums:
+        r = b.op("Reshape", [a, b.const([-1, K // G, G])], "a_groups")
+        blocksums[key] = b.op("ReduceSum", [r, b.const([-1])], "a_blocksum", keepdims=0)
+    return blocksums[key]
 
 
 def requantize_float_zp_to_uint8_8bit(

@@ -149,6 +149,17 @@ def read_model_from_manifest(manifest: Any) -> DecodeReadModel | None:
     if not weight_bytes:
         return None
     precision = manifest.graphs["decode"].precision
+    read_bytes = manifest.build_info.get("decode_weight_read_bytes")
+    if read_bytes:  # counted on the graph that runs decode steps at build time (cpu artifacts)
+        c = manifest.model
+        return DecodeReadModel(
+            int(read_bytes),
+            dtype(manifest.kv.dtype).itemsize,
+            c.head_dim,
+            tuple(c.layer_num_kv_heads),
+            tuple(c.layer_sliding_window),
+            "the decode graph's weights minus gathered-only tables (build_info.decode_weight_read_bytes)",
+        )
     act = precision if precision != "int4" else ("fp32" if manifest.target.get("name") == "cpu" else "fp16")
     return decode_read_model(
         manifest.model, manifest.kv.dtype, int(weight_bytes), act, manifest.runtime_options.get("shared_initializers")

@@ -33,10 +33,33 @@ TOKENIZER_FILE = "tokenizer.json"
 
 def ort_decode_graph(recipe: Recipe) -> str:
     """The graph ONNX Runtime runs decode steps through (``engine.ort_sessions``): ``prefill``
-    (one session) for ``one``, or for ``auto`` when both phases share a precision; else ``decode``."""
+    (one session) for ``one``, or for ``auto`` when both phases share a precision and a MatMulNBits
+    accuracy level (the same graph would serve both); else ``decode``."""
     sessions = recipe.engine.ort_sessions
-    same = recipe.precision.prefill == recipe.precision.decode
+    same = recipe.precision.prefill == recipe.precision.decode and recipe.engine.accuracy_level(
+        "prefill"
+    ) == recipe.engine.accuracy_level("decode")
     return "prefill" if sessions == "one" or (sessions == "auto" and same) else "decode"
+
+
+def graph_weight_read_bytes(model: Any) -> int:
+    """Initializer bytes one run of ``model`` (an ``onnx.ModelProto``, initializers inline or
+    external) reads: every initializer but those only ``Gather``-ed (an embedding table of which a
+    step reads a few rows). The decode figure (``build_info.decode_weight_read_bytes``) is what
+    the runtime's decode-bandwidth line divides by TPOT."""
+    from onnx import numpy_helper
+
+    consumers: dict[str, set[str]] = {}
+    for n in model.graph.node:
+        for x in n.input:
+            consumers.setdefault(x, set()).add(n.op_type)
+    total = 0
+    for t in model.graph.initializer:
+        if consumers.get(t.name, set()) == {"Gather"}:
+            continue
+        ext = {e.key: e.value for e in t.external_data}
+        total += int(ext["length"]) if "length" in ext else numpy_helper.to_array(t).nbytes
+    return total
 
 
 def build_cpu(
@@ -67,7 +90,10 @@ def build_cpu(
         (tmp / TOKENIZER_FILE).write_text(loaded.tokenizer_json or "", encoding="utf-8")
         if golden:
             timings["golden_s"] = write_golden(recipe, model, exported, artifact_root, tmp, log=log)[1]
-        manifest = cpu_manifest(recipe, model, tmp, inputs_hash, shared, artifact_root, timings, golden=golden)
+        decode_graph = lowered.graphs[ort_decode_graph(recipe)]
+        manifest = cpu_manifest(
+            recipe, model, tmp, inputs_hash, shared, artifact_root, timings, golden=golden, decode_graph=decode_graph
+        )
         atomic_write_text(tmp / MANIFEST_NAME, manifest.to_json())
         publish_artifact(tmp, final, log)
     return timings
@@ -83,8 +109,10 @@ def cpu_manifest(
     timings: dict[str, Any],
     *,
     golden: bool,
+    decode_graph: Any,
 ) -> Manifest:
-    """The manifest of a CPU artifact whose files are all in ``out_dir`` (hashed here)."""
+    """The manifest of a CPU artifact whose files are all in ``out_dir`` (hashed here);
+    ``decode_graph``: the lowered graph that runs decode steps (its weight bytes are recorded)."""
     import onnxruntime
 
     from trtpipe.pipeline.export import DECODE_INPUTS, PREFILL_INPUTS, kv_names
@@ -123,14 +151,22 @@ def cpu_manifest(
             "ort_decode_graph": ort_decode_graph(recipe),
             "ort_fused_steps": recipe.engine.ort_fused_steps,
         },
-        build_info={
-            "build_hash": build_hash(recipe),
-            "build_fields": build_fields(recipe),  # names the changed settings on a mismatch
-            "rebuild_command": rebuild_command(recipe, artifact_root),
-            "timings_s": timings,
-            "model_source": str(recipe.resolve_source().path),
-            "host": platform.node(),
-            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "weights_bytes": (out_dir / DATA_FILE).stat().st_size,
-        },
+        build_info=_build_info(recipe, out_dir, artifact_root, timings, decode_graph),
     )
+
+
+def _build_info(
+    recipe: Recipe, out_dir: Path, artifact_root: Path, timings: dict[str, Any], decode_graph: Any
+) -> dict[str, Any]:
+    """The manifest's ``build_info``: how, where and from what the artifact was built."""
+    return {
+        "build_hash": build_hash(recipe),
+        "build_fields": build_fields(recipe),  # names the changed settings on a mismatch
+        "rebuild_command": rebuild_command(recipe, artifact_root),
+        "timings_s": timings,
+        "model_source": str(recipe.resolve_source().path),
+        "host": platform.node(),
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "weights_bytes": (out_dir / DATA_FILE).stat().st_size,
+        "decode_weight_read_bytes": graph_weight_read_bytes(decode_graph),
+    }

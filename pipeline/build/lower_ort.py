@@ -49,7 +49,7 @@ def lower_ort(recipe: Recipe, exported: ExportedGraphs) -> OrtGraphs:
         model, fused = optimize_for_ort(raw)
         graphs[phase] = lower_for_ort(
             model,
-            accuracy_level=recipe.engine.ort_accuracy_level,
+            accuracy_level=recipe.engine.accuracy_level(phase),
             decode=phase == "decode",
             float_zero_points=recipe.engine.ort_float_zero_points,
             split_decode_rows=phase == "prefill" and recipe.engine.ort_fused_steps,

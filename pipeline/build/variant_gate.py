@@ -40,7 +40,7 @@ def gate_requantized_variant(
     minimum = plugin_free_agreement_min(recipe)
     t = time.perf_counter()
     log(
-        f"measuring the plugin-free variant's weights ({mode}): teacher-forced on {c.num_sequences} golden "
+        f"measuring the plugin-free variant's weights ({mode}): teacher-forced on {len(golden['sequences'][: c.num_sequences])} golden "
         f"sequences x {c.num_tokens} tokens (torch reference, fp32 activations, CPU) ..."
     )
     ref = requantized_reference(ref_int4, mode, weight_dtype=recipe.activation_dtype("prefill"))

@@ -63,6 +63,45 @@ def _kv_issues(r: Recipe) -> list[Issue]:
     return out
 
 
+def _ort_session_issues(r: Recipe) -> list[Issue]:
+    """One ONNX Runtime session (``ort_sessions: one``) or fused mixed steps need one graph for
+    both phases: one precision (and, for one session, one MatMulNBits accuracy level)."""
+    out: list[Issue] = []
+    if r.engine.ort_sessions == "one" and r.precision.prefill != r.precision.decode:
+        out.append(
+            Issue(
+                ("engine", "ort_sessions"),
+                "one",
+                "the same precision in both phases (decode runs through the prefill "
+                f"graph), got prefill={r.precision.prefill} and decode={r.precision.decode}",
+                "use `ort_sessions: two` (or auto), or set both phases to one precision",
+            )
+        )
+    levels = {ph: r.engine.accuracy_level(ph) for ph in ("prefill", "decode")}
+    if r.engine.ort_sessions == "one" and r.precision.prefill == r.precision.decode and len(set(levels.values())) > 1:
+        out.append(
+            Issue(
+                ("engine", "ort_sessions"),
+                "one",
+                "one MatMulNBits accuracy level for both phases (decode runs through the prefill graph), "
+                f"got engine.ort_accuracy_level prefill={levels['prefill']} and decode={levels['decode']}",
+                "use `ort_sessions: two` (or auto), or one value: `ort_accuracy_level: 0` (or 4)",
+            )
+        )
+    if r.engine.ort_fused_steps and r.precision.prefill != r.precision.decode:
+        out.append(
+            Issue(
+                ("engine", "ort_fused_steps"),
+                True,
+                "the same precision in both phases (a mixed step's decode tokens run through the "
+                f"prefill graph, other steps' through the decode graph), got prefill={r.precision.prefill} "
+                f"and decode={r.precision.decode}",
+                "set `ort_fused_steps: false`, or set both phases to one precision",
+            )
+        )
+    return out
+
+
 def _cpu_target_issues(r: Recipe) -> list[Issue]:
     """No bf16 and no TensorRT settings on the cpu target; one ORT session needs one precision."""
     out: list[Issue] = []
@@ -79,27 +118,7 @@ def _cpu_target_issues(r: Recipe) -> list[Issue]:
             )
     if kv.dtype == "bf16":
         out.append(Issue(("kv_cache", "dtype"), "bf16", "fp32 or fp16 on the cpu target", "use `dtype: fp32`"))
-    if r.engine.ort_sessions == "one" and r.precision.prefill != r.precision.decode:
-        out.append(
-            Issue(
-                ("engine", "ort_sessions"),
-                "one",
-                "the same precision in both phases (decode runs through the prefill "
-                f"graph), got prefill={r.precision.prefill} and decode={r.precision.decode}",
-                "use `ort_sessions: two` (or auto), or set both phases to one precision",
-            )
-        )
-    if r.engine.ort_fused_steps and r.precision.prefill != r.precision.decode:
-        out.append(
-            Issue(
-                ("engine", "ort_fused_steps"),
-                True,
-                "the same precision in both phases (a mixed step's decode tokens run through the "
-                f"prefill graph, other steps' through the decode graph), got prefill={r.precision.prefill} "
-                f"and decode={r.precision.decode}",
-                "set `ort_fused_steps: false`, or set both phases to one precision",
-            )
-        )
+    out += _ort_session_issues(r)
     if r.profiles is not None:
         out.append(
             Issue(

@@ -156,20 +156,24 @@ def test_floors_from_the_estimate_by_hand():
 
 
 def test_int8_floor_for_int8_activations_only():
-    """The default recipe's INT4 GEMMs take int8 activations (accuracy level 4): its compute floors
-    use the int8 peak; with fp32 activations (accuracy level 0) they stay at the fp32 peak."""
-    from trtpipe.pipeline.recipe import load_recipe, resolve_recipe_path
+    """INT4 GEMMs that take int8 activations in prefill (accuracy level 4) get compute floors at
+    the int8 peak; with fp32 activations (level 0, the default recipe's) they stay at the fp32 peak."""
+    import yaml
+
+    from trtpipe.pipeline.recipe import load_recipe, parse_recipe, resolve_recipe_path
     from trtpipe.runtime.model_config import ModelConfig
 
     smol = ModelConfig("llama", 30, 576, 9, 3, 64, 1536, 49152, 8192, 1e5, 1e-5, True)
-    recipe = load_recipe(resolve_recipe_path("smollm2-135m-cpu"), check_files=False)
+    default = load_recipe(resolve_recipe_path("smollm2-135m-cpu"), check_files=False)
+    data = yaml.safe_load(resolve_recipe_path("smollm2-135m-cpu").read_text())
+    data["engine"]["ort_accuracy_level"] = 4
+    recipe = parse_recipe(data)
     f = peers_floors.floors_for(recipe, smol, 30e9, 179e9, 400e9)
     assert f.gemm_compute == "int8" and f.int8_ops_per_s == 400e9
     assert f.ttft_s[512] == pytest.approx(117_850_374_144 / 400e9)  # the same FLOP at the int8 peak
     # the bandwidth-bound decode floor does not move
     assert f.tpot_s[16] == pytest.approx((111_617_280 + 48 * 46_080) / 30e9)
-    fp32_acts = recipe.model_copy(update={"engine": recipe.engine.model_copy(update={"ort_accuracy_level": 0})})
-    g = peers_floors.floors_for(fp32_acts, smol, 30e9, 179e9, 400e9)
+    g = peers_floors.floors_for(default, smol, 30e9, 179e9, 400e9)
     assert g.gemm_compute == "fp32" and g.ttft_s[512] == pytest.approx(117_850_374_144 / 179e9)
     assert "400 GOP/s int8; GEMMs at the int8 peak" in f.describe()
 

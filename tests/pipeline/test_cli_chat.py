@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import FRANCE_PROMPT
+from tests.reference_outputs import assert_text_follows_reference
 from trtpipe.pipeline.cli import main
 from trtpipe.pipeline.cli_chat import Conversation, fit_prompt, run_chat
 from trtpipe.runtime.request import SamplingParams
@@ -109,7 +110,8 @@ def test_chat_through_the_real_artifact(default_artifact):
     assert res.exit_code == 0, res.output
     answers = res.stdout.splitlines()
     assert len(answers) == 3
-    assert answers[0] == answers[2] == gen.stdout.strip() and "Paris" in answers[0]
+    assert answers[0] == answers[2] == gen.stdout.strip()
+    assert_text_follows_reference(answers[0], default_artifact, FRANCE_PROMPT, max_tokens=24)
     stats = [ln for ln in res.stderr.splitlines() if ln.startswith("[")]
     prompt_tokens = [int(ln.split("prompt ")[1].split()[0]) for ln in stats]
     assert prompt_tokens[0] == prompt_tokens[2] == 37 and prompt_tokens[1] > 37 + 5

@@ -140,18 +140,25 @@ def ref_2layer(gguf_path):
 @pytest.mark.slow
 def test_n_tokens_of_a_longer_recording_are_bit_exact(ref_2layer):
     loaded, ref = ref_2layer
-    rec = (
-        lambda n: G.record_golden(
-            ref,
-            loaded.tokenizer_json,
-            loaded.config.chat_template,
-            n,  # noqa: E731
-            prompts=G.GOLDEN_PROMPTS[:2],
-        )
+    rec = lambda n: G.record_golden(
+        ref,
+        loaded.tokenizer_json,
+        loaded.config.chat_template,
+        n,  # noqa: E731
+        prompts=(G.GoldenPrompt("What is the capital of France?"), G.GoldenPrompt("Once upon a time", chat=False)),
     )
     short, long = rec(5), rec(12)
-    assert G.truncate_golden(long, 5) == short  # ids and top-5 logits, float for float
+    assert G.truncate_golden(long, 5) == short  # ids, top-5 logits and margins, float for float
     assert len(long["sequences"][0]["output_ids"]) > 5
+    chat, raw = long["sequences"]
+    assert (chat["chat"], raw["chat"]) == (True, False)
+    assert len(chat["prompt_ids"]) == 37  # templated (TOOLCHAIN.md); the raw prompt is its 4 words
+    from tokenizers import Tokenizer
+
+    assert raw["prompt_ids"] == Tokenizer.from_str(loaded.tokenizer_json).encode("Once upon a time").ids
+    for s in long["sequences"]:
+        assert s["top2_margin"] == [round(t[0][1] - t[1][1], 6) for t in s["top5"]]
+        assert all(m >= 0 for m in s["top2_margin"])
 
 
 @pytest.mark.slow

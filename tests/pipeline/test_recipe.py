@@ -533,8 +533,19 @@ def test_yaml_exponent_without_dot_gets_a_precise_fix():
 
 def test_ort_engine_settings_resolve_and_are_checked(cpu_data):
     r = parse_recipe(copy.deepcopy(cpu_data), origin="ok.yaml")
-    assert r.engine.ort_accuracy_level == 4 and r.engine.ort_float_zero_points == "exact"
+    assert r.engine.ort_float_zero_points == "exact"
+    assert r.engine.accuracy_level("prefill") == r.engine.accuracy_level("decode") == 0
     assert r.engine.ort_sessions == "auto"
+    d = copy.deepcopy(cpu_data)
+    d["engine"] = {"ort_accuracy_level": {"prefill": 0, "decode": 4}}
+    per_phase = parse_recipe(d, origin="ok.yaml").engine
+    assert (per_phase.accuracy_level("prefill"), per_phase.accuracy_level("decode")) == (0, 4)
+    d["engine"] = {"ort_accuracy_level": {"prefill": 0, "decode": 4}, "ort_sessions": "one"}
+    err = error_of(d, lambda x: None)
+    assert_problem(err, "engine.ort_sessions", "'one'", "ort_sessions: two", "ort_accuracy_level: 0")
+    assert "prefill=0 and decode=4" in str(err)
+    d["engine"] = {"ort_accuracy_level": 2}
+    assert_problem(error_of(d, lambda x: None), "engine.ort_accuracy_level", "2")
     d = copy.deepcopy(cpu_data)
     d["engine"] = {"ort_float_zero_points": "int4"}
     assert_problem(error_of(d, lambda x: None), "engine.ort_float_zero_points", "'int4'", "did you mean 'int8'")

@@ -299,11 +299,11 @@ def test_validate_passes_and_writes_report(tiny):
     assert all(r["ttft_ms"] >= r["prefill_ms"] for r in scen["requests"])  # TTFT includes queue
     assert [b["metric"] for b in scen["budgets"]] == ["ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "output_tokens_per_s"]
     c = doc["correctness"]
-    assert c["method"] == "teacher-forced argmax agreement" and c["passed"]
-    # the default artifact (exact Q4_1, int8 activations) over the 4 golden sequences (181
-    # tokens): measured 174/181 = 0.961 (177/181 with ort_float_zero_points: int8)
-    assert c["num_sequences"] == 4 and c["num_tokens"] == 181
-    assert c["agreement"] >= 0.95
+    assert c["method"] == "teacher-forced argmax agreement, first tokens and non-tie flips" and c["passed"]
+    # the default artifact (exact Q4_1, fp32 activations) over the first 4 golden sequences
+    # (8 + 3 x 64 tokens): it computes what the reference does, measured 200/200
+    assert c["num_sequences"] == 4 and c["num_tokens"] == 200
+    assert c["first_tokens"] == "4/4" and c["non_tie_flips"] == 0 and c["agreement"] >= 0.99
     for name in ("ttft_vs_prompt_len.png", "tpot_cdf.png", "itl_cdf.png", "kv_occupancy.png"):
         assert (out / name).read_bytes()[:8] == PNG_MAGIC
     assert "Scenario `ok`" in (out / "report.md").read_text()
@@ -409,17 +409,28 @@ def test_gate_is_computed_once_and_matches_report_json(tmp_path, capsys):
 
 
 def test_correctness_result_dict_keeps_report_keys():
-    """The typed result writes the same correctness object as the free dict it replaced."""
-    from trtpipe.pipeline.validate_correctness import Agreement, AgreementSequence, CorrectnessResult, ExactSequence
+    """The typed result writes the correctness object of report.json: the agreement keys, then
+    the first-token and non-tie-flip checks."""
+    from trtpipe.pipeline.validate_correctness import (
+        Agreement,
+        AgreementSequence,
+        CorrectnessResult,
+        ExactSequence,
+        Flip,
+    )
 
     common = dict(reference="golden.json", precision="prefill int4, decode int4", settings_from="recipe")
-    rows = (AgreementSequence("p", 10, 0.9, 1.5), AgreementSequence("q", 10, 1.0, None))
+    rows = (
+        AgreementSequence("p", 10, 0.9, True, (Flip(3, 0.1, 7, 8),), 0.1),
+        AgreementSequence("q", 10, 1.0, True, (), None),
+    )
+    a = Agreement(19 / 20, 19, 0.9, "int4_teacher_forced_agreement_min", 20, 2, 2, 0.25, 0, True)
     c = CorrectnessResult(
         method="teacher-forced argmax agreement",
-        passed=True,
+        passed=a.passed,
         num_tokens=20,
         sequences=rows,
-        agreement=Agreement(19 / 20, 19, 0.9, "int4_teacher_forced_agreement_min", 20),
+        agreement=a,
         seconds=1.5,
         **common,
     )
@@ -437,18 +448,29 @@ def test_correctness_result_dict_keeps_report_keys():
         "passed",
         "margin",
         "in_reference_top5",
+        "first_tokens",
+        "tie_threshold_logits",
+        "non_tie_flips",
+        "strict",
         "num_tokens",
         "sequences",
         "seconds",
     ]
     assert (d["agreement"], d["agreeing_tokens"], d["margin"], d["in_reference_top5"]) == (0.95, "19/20", 0.05, "20/20")
+    assert (d["first_tokens"], d["non_tie_flips"], d["passed"]) == ("2/2", 0, True)
+    assert json.loads(json.dumps(d["sequences"][0]["flips"])) == [
+        {"position": 3, "reference_margin": 0.1, "got": 7, "want": 8}
+    ]
     assert d["sequences"][1] == {
         "prompt": "q",
         "tokens": 10,
         "agreement": 1.0,
+        "first_token_ok": True,
+        "flips": (),
         "max_reference_top1_gap_at_mismatch": None,
     }
-    assert "margin +0.0500" in c.line() and "PASS" in c.line()
+    assert "margin +0.0500; first tokens 2/2, flips at reference margin >= 0.25: 0" in c.line() and "PASS" in c.line()
+    assert c.failures() == []
     e = CorrectnessResult(
         method="exact greedy token ids (fp32 prefill and decode)",
         passed=False,
@@ -461,6 +483,56 @@ def test_correctness_result_dict_keeps_report_keys():
     assert (d["sequences_exact"], d["passed"], d["notes"], d["num_sequences"]) == ("1/2", False, "n", 2)
     assert d["sequences"][1] == {"prompt": "q", "tokens": 4, "exact": False, "first_mismatch": 2}
     assert "1/2 golden sequences" in e.line() and "FAIL" in e.line()
+
+
+def _golden_seq(prompt, want, margins):
+    return {"prompt": prompt, "prompt_ids": [1, 2], "output_ids": want, "top5": [], "top2_margin": margins}
+
+
+@pytest.mark.parametrize(
+    "preds, passed, fails",
+    [
+        # the engine picks the runner-up only where the reference was a near-tie (0.1 < 0.25): pass
+        ([[5, 6, 9, 8], [5, 6, 7, 8]], True, []),
+        # a flip where the reference margin is 0.3 >= 0.25: fail, whatever the agreement
+        (
+            [[5, 6, 7, 9], [5, 6, 7, 8]],
+            False,
+            ["'a': token 3 9 != reference 8 at reference margin 0.3 >= tie threshold 0.25"],
+        ),
+        # the first token differs at a near-tie (margin 0.05): still a failure (it decides the answer)
+        ([[5, 6, 7, 8], [4, 6, 7, 8]], False, ["'b': first token 4 != reference 5 (margin 0.05)"]),
+    ],
+)
+def test_correctness_gate_fails_on_a_first_token_or_a_non_tie_flip(monkeypatch, preds, passed, fails):
+    """Agreement 7/8 >= 0.8 in every case; the first-token and tie-threshold checks decide, with
+    each failure named (prompt, position, the two ids and the reference's margin)."""
+    from trtpipe.pipeline.recipe import parse_recipe, resolve_recipe_path
+    from trtpipe.pipeline.validate_correctness import check_correctness
+    from trtpipe.runtime import teacher_forcing
+
+    golden = {
+        "sequences": [
+            _golden_seq("a", [5, 6, 7, 8], [1.0, 2.0, 0.1, 0.3]),
+            _golden_seq("b", [5, 6, 7, 8], [0.05, 1, 1, 1]),
+        ]
+    }
+    calls = iter(preds)
+
+    def fake(llm, prompt_ids, want):
+        got = next(calls)
+        return sum(g == w for g, w in zip(got, want)) / len(want), got
+
+    monkeypatch.setattr(teacher_forcing, "teacher_forced_agreement", fake)
+    data = yaml.safe_load(resolve_recipe_path("smollm2-135m-cpu").read_text())
+    data["validate"]["correctness"] = {
+        "int4_teacher_forced_agreement_min": 0.8,
+        "tie_threshold_logits": 0.25,
+        "num_tokens": 4,
+    }
+    res = check_correctness(object(), parse_recipe(data, origin="r.yaml"), golden)
+    assert res.agreement.agreement == 7 / 8 and res.passed is passed and res.failures() == fails
+    assert res.agreement.first_tokens_ok == (1 if "first token" in "".join(fails) else 2)
 
 
 def test_kv_leak_after_the_correctness_check_fails_it_instead_of_crashing(monkeypatch, tmp_path):

@@ -232,6 +232,41 @@ def test_q4_1_int8_requant_lowering_within_hand_bound(N):
     assert np.abs(got - want).max() > 0  # Q4_1 zero points are not multiples of 1/16 in general
 
 
+@pytest.mark.parametrize("zp_kind", ["implicit-128", "float-128", "uint8-random"])
+@pytest.mark.parametrize("M", [1, 6])
+def test_8bit_head_with_fp32_activations_is_two_4bit_gemms(zp_kind, M):
+    """bits=8 blocks (the GGUF Q8_0 LM head) at accuracy_level 0: ONNX Runtime has no
+    fp32-activation 8-bit kernel, so the lowering splits each code into nibbles, q8 = 16 hi + lo,
+    and runs two 4-bit MatMulNBits (scales 16d and d) plus the offset d*(136 - z) on the block
+    sums: the NumPy reference's values to fp32 rounding. With int8 activations (level 4) the one
+    8-bit MatMulNBits stays."""
+    rng = np.random.default_rng(M)
+    K, N, G = 96, 50, 32
+    q8 = rng.integers(0, 256, (N, K // G, G), dtype=np.uint8)
+    scales = (rng.random((N, K // G), dtype=np.float32) * 0.02 + 1e-3).astype(np.float32)
+    zp = {
+        "implicit-128": None,
+        "float-128": np.full((N, K // G), 128.0, np.float32),
+        "uint8-random": rng.integers(0, 256, (N, K // G), dtype=np.uint8),
+    }[zp_kind]
+    a = rng.standard_normal((M, K)).astype(np.float32)
+    want = R.int4_gemm(a, q8, scales, zp, K=K, N=N, group_size=G, bits=8)
+
+    def model():
+        m = _gemm_model(K, N, G, q8, scales, zp)
+        next(x for x in m.graph.node[0].attribute if x.name == "bits").i = 8
+        return m
+
+    m = lower_for_ort(model(), accuracy_level=0)
+    nbits = [n for n in m.graph.node if n.op_type == "MatMulNBits"]
+    assert [next(x.i for x in n.attribute if x.name == "bits") for n in nbits] == [4, 4]
+    assert [next(x.i for x in n.attribute if x.name == "accuracy_level") for n in nbits] == [0, 0]
+    got = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"A": a})[0]
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+    int8 = [n for n in lower_for_ort(model(), accuracy_level=4).graph.node if n.op_type == "MatMulNBits"]
+    assert [next(x.i for x in n.attribute if x.name == "bits") for n in int8] == [8]
+
+
 def test_unknown_float_zero_points_mode_is_refused():
     with pytest.raises(OpError, match="float_zero_points"):
         lower_for_ort(

@@ -28,6 +28,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.reference_outputs import assert_text_follows_reference
+
 ray = pytest.importorskip("ray")
 pytest.importorskip("fsspec")
 
@@ -317,7 +319,7 @@ def test_pull_then_generate_answers_the_france_question(first_run, tmp_path):
         timeout=300,
     )
     assert g.returncode == 0, g.stderr
-    assert "Paris" in g.stdout
+    assert_text_follows_reference(g.stdout.strip(), dest, "What is the capital of France?", max_tokens=12)
 
 
 # ----------------------------------------------------------------------------------------------
