@@ -41,10 +41,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from trtpipe.runtime.batch import DecodeBatch, PrefillBatch
-    from trtpipe.runtime.kv_planning import cdiv
+    from trtpipe.runtime.kv.planning import cdiv
     from trtpipe.runtime.llm import LLM
-    from trtpipe.runtime.schedule import ScheduledDecode, ScheduledPrefill
+    from trtpipe.runtime.sched.batch import DecodeBatch, PrefillBatch
+    from trtpipe.runtime.sched.step import ScheduledDecode, ScheduledPrefill
 
     llm = LLM(args.artifact, scheduler_policy="fcfs")
     engine, pool, bs = llm.engine, llm.block_pool, llm.kv_manager.block_size

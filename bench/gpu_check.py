@@ -128,7 +128,7 @@ def _time_ms(torch, fn, warmup: int = 10, iters: int = 50) -> float:
 def _paged_case(rng, H, KVH, D, BS, NB, chunks, dtype):
     """One packed step for plugins/reference.py: per sequence (cached, new) tokens; the caches are
     the head-major pool ``[KVH, NB, BS, D]`` (docs/contracts.md)."""
-    from trtpipe.runtime.kv_planning import blocks_for_tokens
+    from trtpipe.runtime.kv.planning import blocks_for_tokens
 
     kc = rng.standard_normal((KVH, NB, BS, D)).astype(dtype)
     vc = rng.standard_normal((KVH, NB, BS, D)).astype(dtype)

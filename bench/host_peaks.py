@@ -221,7 +221,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(peaks.to_dict()))
         return
-    from trtpipe.runtime.host_cpu import host_id
+    from trtpipe.runtime.artifact.host_cpu import host_id
 
     print(f"{host_id()}, {args.threads} threads, fastest of {REPEATS} runs per probe")
     print("\n".join(peaks.lines() + warnings(peaks, load_before)))

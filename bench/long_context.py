@@ -86,7 +86,7 @@ def reference_argmax(ids: list[int], max_seq_len: int, cache: Path) -> np.ndarra
 
 def timed_request(llm, prompt: list[int]) -> dict:
     """TTFT / TPOT / KV blocks held for one request through the scheduler (ignore_eos)."""
-    from trtpipe.runtime.request import SamplingParams
+    from trtpipe.runtime.sched.request import SamplingParams
 
     rid = llm.add_request(prompt, SamplingParams(max_new_tokens=NUM_NEW + 1, ignore_eos=True))
     t = time.perf_counter()
@@ -123,7 +123,7 @@ def main() -> None:
     a = ap.parse_args()
     contexts = [int(x) for x in a.contexts.split(",")]
     from trtpipe.runtime.llm import LLM
-    from trtpipe.runtime.teacher_forcing import teacher_forced_agreement
+    from trtpipe.runtime.measure.teacher_forcing import teacher_forced_agreement
 
     for name, path in ARTIFACTS.items():
         if not (path / "manifest.json").is_file():

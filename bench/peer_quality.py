@@ -56,7 +56,7 @@ def genai_agreement(model_dir: Path, sequences: list[dict]) -> tuple[int, int]:
 
 def trtpipe_agreement(artifact: Path, sequences: list[dict]) -> tuple[int, int]:
     from trtpipe.runtime.llm import LLM
-    from trtpipe.runtime.teacher_forcing import teacher_forced_agreement
+    from trtpipe.runtime.measure.teacher_forcing import teacher_forced_agreement
 
     llm = LLM(artifact, num_threads=2)
     agree = total = 0

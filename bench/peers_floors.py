@@ -114,7 +114,7 @@ def artifact_floors(
     """Floors of the artifact's recipe (a shipped recipe, by the manifest's name) and model facts
     (the manifest's). Raises TrtpipeError when the recipe cannot be found."""
     from trtpipe.pipeline.recipe import load_recipe, resolve_recipe_path
-    from trtpipe.runtime.manifest import load_manifest
+    from trtpipe.runtime.artifact.manifest import load_manifest
 
     m = load_manifest(artifact, verify_hashes=False)
     recipe = load_recipe(resolve_recipe_path(m.recipe_name), check_files=False)

@@ -65,7 +65,7 @@ def rtn_reference(ref4):
 def cpu_artifact_agreement(artifact: Path, golden: dict, n: int) -> tuple[int, int]:
     """(agreeing, total) teacher-forced tokens of a CPU artifact through the runtime (ONNX Runtime)."""
     from trtpipe.runtime.llm import LLM
-    from trtpipe.runtime.teacher_forcing import teacher_forced_agreement
+    from trtpipe.runtime.measure.teacher_forcing import teacher_forced_agreement
 
     llm = LLM(artifact, num_threads=2)
     agree = total = 0

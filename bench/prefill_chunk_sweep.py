@@ -24,10 +24,10 @@ def main() -> int:
     ap.add_argument("--decode-rows", type=int, default=1, help="1-token rows after the chunk (a fused mixed step)")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    from trtpipe.runtime.batch import PrefillBatch
     from trtpipe.runtime.llm import LLM
-    from trtpipe.runtime.schedule import ScheduledDecode, ScheduledPrefill
-    from trtpipe.runtime.step_cost import _fastest_s, _reserve_block_tables
+    from trtpipe.runtime.sched.batch import PrefillBatch
+    from trtpipe.runtime.sched.step import ScheduledDecode, ScheduledPrefill
+    from trtpipe.runtime.sched.step_cost import _fastest_s, _reserve_block_tables
 
     llm = LLM(args.artifact, prefix_caching=False, scheduler_policy="fcfs")
     bs = llm.kv_manager.block_size

@@ -44,8 +44,8 @@ def run_scenario(llm, recipe, scenario_name: str) -> dict:
     """One run of a recipe scenario on ``llm``: its TTFT/ITL/TPOT percentiles (ms), prefix-cache
     hits, wall time and the 1-minute load average before and after."""
     from trtpipe.pipeline.validate import scenario_workload_spec
-    from trtpipe.runtime.metrics import summarize
-    from trtpipe.runtime.workload import make_workload, run_workload
+    from trtpipe.runtime.measure.workload import make_workload, run_workload
+    from trtpipe.runtime.metrics.request_metrics import summarize
 
     spec = scenario_workload_spec(recipe, recipe.validation.scenario(scenario_name))
     items = make_workload(spec, llm.tokenizer, chat_template=llm.manifest.model.chat_template)
@@ -130,7 +130,7 @@ def main() -> int:
     args = _parser().parse_args()
     from trtpipe.pipeline.recipe import load_recipe
     from trtpipe.runtime.llm import LLM
-    from trtpipe.runtime.step_cost import STEP_COST_FILE
+    from trtpipe.runtime.sched.step_cost import STEP_COST_FILE
 
     if args.remeasure_cost:
         (Path(args.artifact) / STEP_COST_FILE).unlink(missing_ok=True)

@@ -53,7 +53,7 @@ def _wrap_ort_runs(llm) -> list[float]:
 def decode_steps(llm, ids: list[int], num_steps: int, ort_times: list[float]) -> list[tuple[float, float, float]]:
     """Run one request: its prefill step, then ``num_steps`` decode steps; per decode step
     returns (step_s, engine_s, ort_run_s)."""
-    from trtpipe.runtime.request import SamplingParams
+    from trtpipe.runtime.sched.request import SamplingParams
 
     llm.add_request(ids, SamplingParams(max_new_tokens=num_steps + 1, ignore_eos=True))
     llm.step()  # prefill (+ first token)
@@ -168,8 +168,8 @@ def time_decode(llm, ids: list[int], num_steps: int, num_runs: int, threads: int
     """The three nested timers over ``num_runs`` runs of ``num_steps`` decode steps (after a
     warm-up): trimmed means per step, the slowest 10 % dropped (preemption by other processes on
     the shared cores), so the parts add up: step = ort run + engine wrapper + runtime overhead.
-    Also the achieved decode bandwidth (:mod:`trtpipe.runtime.decode_bandwidth`) at the mean context."""
-    from trtpipe.runtime.decode_bandwidth import decode_bandwidth, read_model_from_manifest
+    Also the achieved decode bandwidth (:mod:`trtpipe.runtime.metrics.decode_bandwidth`) at the mean context."""
+    from trtpipe.runtime.metrics.decode_bandwidth import decode_bandwidth, read_model_from_manifest
 
     ort_times = _wrap_ort_runs(llm)
     decode_steps(llm, ids, 8, ort_times)  # warm-up
@@ -202,7 +202,7 @@ def pyinstrument_profile(llm, ids: list[int], num_steps: int, top_lines: int, re
         from pyinstrument import Profiler
     except ImportError:
         return ["(pyinstrument is not installed: pip install pyinstrument)"]
-    from trtpipe.runtime.request import SamplingParams
+    from trtpipe.runtime.sched.request import SamplingParams
 
     llm.add_request(ids, SamplingParams(max_new_tokens=num_steps + 1, ignore_eos=True))
     llm.step()  # prefill, outside the profile
@@ -231,7 +231,7 @@ def print_text(res: dict) -> None:
     print(f"    engine wrapper     {ms(wrapper)}   ({wrapper / step * 100:.1f} %)")
     print(f"  runtime overhead     {ms(overhead)}   ({overhead / step * 100:.1f} %; target <= 10 %)")
     if res.get("decode_bandwidth"):
-        from trtpipe.runtime.decode_bandwidth import DecodeBandwidth
+        from trtpipe.runtime.metrics.decode_bandwidth import DecodeBandwidth
 
         print(f"  {DecodeBandwidth.from_dict(res['decode_bandwidth']).describe()}")
     if res["pyinstrument_top"]:

@@ -24,7 +24,7 @@ from trtpipe.runtime.errors import ArtifactError
 
 if TYPE_CHECKING:
     from trtpipe.pipeline.recipe import Recipe
-    from trtpipe.runtime.manifest import Manifest
+    from trtpipe.runtime.artifact.manifest import Manifest
 
 ARTIFACTS_ENV = "TRTPIPE_ARTIFACTS"
 DEFAULT_ARTIFACTS_ROOT = "artifacts"
@@ -75,9 +75,9 @@ def artifact_dir_fix(path: str | Path = "DIR") -> str:
 
 
 def not_an_artifact_dir(folder: str | Path) -> ArtifactError:
-    """:func:`~trtpipe.runtime.manifest.not_an_artifact_error` with the fix worded for the running
+    """:func:`~trtpipe.runtime.artifact.manifest.not_an_artifact_error` with the fix worded for the running
     command (the built folder below ``folder`` passed the way this command takes it)."""
-    from trtpipe.runtime.manifest import not_an_artifact_error
+    from trtpipe.runtime.artifact.manifest import not_an_artifact_error
 
     return not_an_artifact_error(folder, artifact_dir_fix)
 
@@ -91,7 +91,7 @@ def missing_artifact_error(recipe: Recipe, art: Path) -> ArtifactError:
     import shlex
 
     from trtpipe.pipeline.build.identity import build_command
-    from trtpipe.runtime.manifest import MANIFEST_NAME
+    from trtpipe.runtime.artifact.manifest import MANIFEST_NAME
 
     root = art.parent.parent
     # a root that is an artifact folder, or the recipe folder above one: the folder `build` printed
@@ -161,7 +161,7 @@ def check_artifact_matches_recipe(manifest: Manifest, recipe: Recipe, artifact_d
 def artifact_for_recipe(recipe: Recipe, artifact_root: str | Path) -> Path:
     """``<root>/<recipe>/<target>``, checked to exist and to be built from ``recipe``."""
     from trtpipe.pipeline.build import artifact_dir_for
-    from trtpipe.runtime.manifest import MANIFEST_NAME, load_manifest
+    from trtpipe.runtime.artifact.manifest import MANIFEST_NAME, load_manifest
 
     art = artifact_dir_for(recipe, artifact_root)
     if not (art / MANIFEST_NAME).is_file():

@@ -126,7 +126,7 @@ def generate_cmd(
 def _request_stats(llm, out) -> str:
     """``[stop] 24 tokens, TTFT 80.1 ms, TPOT 11.2 ms`` plus the achieved decode tokens/s and read
     bandwidth (and its share of a GPU target's, from the target table)."""
-    from trtpipe.runtime.decode_bandwidth import request_decode_note
+    from trtpipe.runtime.metrics.decode_bandwidth import request_decode_note
 
     m = out.metrics
     tpot = f"{m.tpot_s * 1e3:.1f} ms" if m.tpot_s is not None else "n/a (1 token)"

@@ -84,7 +84,7 @@ def info_cmd(recipe_or_artifact: str, artifact_root: str, as_json: bool) -> None
     from rich.console import Console
     from rich.table import Table
 
-    from trtpipe.runtime.manifest import load_manifest
+    from trtpipe.runtime.artifact.manifest import load_manifest
 
     try:
         m = load_manifest(resolve_artifact(recipe_or_artifact, artifact_root))

@@ -155,7 +155,7 @@ def serve_cmd(
     from trtpipe.plugins.errors import TrtpipeError
 
     _need_serve_extra()
-    from trtpipe.runtime.manifest import load_manifest
+    from trtpipe.runtime.artifact.manifest import load_manifest
     from trtpipe.runtime.serve.server import ServeConfig, serve
 
     try:

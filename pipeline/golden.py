@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from trtpipe.pipeline.model_config_override import with_sliding_window
-from trtpipe.runtime.kv_planning import blocks_for_tokens
+from trtpipe.runtime.kv.planning import blocks_for_tokens
 
 
 @dataclass(frozen=True)
@@ -249,7 +249,7 @@ def record_golden(
     ``progress_every_s`` seconds, the token count, rate and time left of the running prompt."""
     from tokenizers import Tokenizer
 
-    from trtpipe.runtime.chat import default_chat_messages, render_chat
+    from trtpipe.runtime.artifact.chat_template import default_chat_messages, render_chat
 
     tok = Tokenizer.from_str(tokenizer_json)
     eos = set(ref_fp32.config.eos_token_ids)
@@ -334,7 +334,7 @@ def cached_golden(
     """The golden outputs for ``key`` with ``num_tokens`` tokens: from the cache under
     ``artifact_root`` when an entry with at least that many tokens exists, else ``record(num_tokens)``
     (written to the cache atomically). Returns (golden, reused)."""
-    from trtpipe.runtime.manifest import atomic_write_text
+    from trtpipe.runtime.artifact.manifest import atomic_write_text
 
     path = cache_path(artifact_root, key)
     golden = _read_entry(path, key, log)

@@ -1,5 +1,5 @@
 """``trtpipe validate --goodput``: per Poisson scenario, the highest arrival rate whose budgets
-hold (:func:`trtpipe.runtime.goodput.find_goodput` over runs of the scenario), with a plot of the
+hold (:func:`trtpipe.runtime.measure.goodput.find_goodput` over runs of the scenario), with a plot of the
 budgeted latency percentiles against the rate.
 
 A :class:`ProbeRunner` says how one run goes: in-process (``LLM``, :func:`in_process_runner`) or
@@ -29,7 +29,7 @@ class ProbeRunner:
 
 
 def in_process_runner(llm: Any) -> ProbeRunner:
-    from trtpipe.runtime.workload import run_workload
+    from trtpipe.runtime.measure.workload import run_workload
 
     return ProbeRunner(llm.tokenizer, llm.manifest.model.chat_template, lambda items: run_workload(llm, items, None))
 
@@ -38,7 +38,7 @@ def http_runner(
     url: str, model: str, tokenizer: Any, chat_template: str | None, api_key: str | None = None
 ) -> ProbeRunner:
     """Probes against a running ``trtpipe serve`` (timed at the client, as ``validate --url``)."""
-    from trtpipe.runtime.serve.http_client import run_workload_http
+    from trtpipe.runtime.measure.http_client import run_workload_http
 
     return ProbeRunner(
         tokenizer, chat_template, lambda items: run_workload_http(url, model, items, None, api_key=api_key)
@@ -46,10 +46,10 @@ def http_runner(
 
 
 def _probe_fn(runner: ProbeRunner, scenario: Any, spec: Any, err: Any):
-    from trtpipe.runtime.budgets import evaluate_budgets
-    from trtpipe.runtime.goodput import ProbeResult
-    from trtpipe.runtime.metrics import summarize
-    from trtpipe.runtime.workload import make_workload
+    from trtpipe.runtime.measure.budgets import evaluate_budgets
+    from trtpipe.runtime.measure.goodput import ProbeResult
+    from trtpipe.runtime.measure.workload import make_workload
+    from trtpipe.runtime.metrics.request_metrics import summarize
 
     budgets = scenario.budgets.runtime_budgets()
     probe_ids = itertools.count()
@@ -129,9 +129,9 @@ def run_goodput(
     ``goodput.json`` and ``goodput.png`` into ``out_dir``; print a table. Closed-loop scenarios
     (``concurrency``) have no arrival rate to search and are skipped, with a note.
     ``before_each(scenario)`` runs before a scenario's search (e.g. to set its TPOT budget)."""
-    from trtpipe.runtime.goodput import find_goodput
-    from trtpipe.runtime.manifest import atomic_write_text
-    from trtpipe.runtime.report import atomic_write_bytes
+    from trtpipe.runtime.artifact.manifest import atomic_write_text
+    from trtpipe.runtime.measure.goodput import find_goodput
+    from trtpipe.runtime.measure.report.document import atomic_write_bytes
 
     results, limits = [], {}
     for scenario, spec in chosen:

@@ -17,7 +17,7 @@ import numpy as np
 
 from trtpipe.pipeline.gguf_loader import ModelLoadError
 from trtpipe.pipeline.weights import LoadedModel, WeightTensor
-from trtpipe.runtime.model_config import ModelConfig, RopeScaling
+from trtpipe.runtime.artifact.model_config import ModelConfig, RopeScaling
 
 _ARCHS = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
 

@@ -32,7 +32,7 @@ from trtpipe.plugins import int4_pack
 from trtpipe.plugins.dtypes import FLOAT_NAMES
 from trtpipe.plugins.errors import OpError
 from trtpipe.plugins.reference import rope_cos_sin, unpack_zero_points_uint8
-from trtpipe.runtime.model_config import ModelConfig
+from trtpipe.runtime.artifact.model_config import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from trtpipe.runtime.model_config import ModelConfig
+from trtpipe.runtime.artifact.model_config import ModelConfig
 
 
 def with_sliding_window(config: ModelConfig, sliding_window: int | None) -> ModelConfig:

@@ -11,7 +11,7 @@ Exit codes (:func:`run_validate` returns them; the CLI exits with them): 0 every
 correctness and the KV leak check passed; 1 any failed; usage, recipe and artifact errors raise
 :class:`TrtpipeError`, which the CLI turns into 2.
 
-Metrics follow DESIGN.md "Metrics" (see :mod:`trtpipe.runtime.metrics`): TTFT from the scheduled
+Metrics follow DESIGN.md "Metrics" (see :mod:`trtpipe.runtime.metrics.request_metrics`): TTFT from the scheduled
 arrival, so queueing is included; the prefill-only time is reported beside it; TPOT excludes the
 first token; ITL is over all token gaps; percentiles interpolate linearly (numpy's default).
 
@@ -24,7 +24,7 @@ The correctness check is :mod:`trtpipe.pipeline.validate_correctness` (a typed
 :class:`CorrectnessResult`); one scenario's run :mod:`trtpipe.pipeline.validate_scenario`; the
 console output and the gate line :mod:`trtpipe.pipeline.validate_output`; over HTTP
 :mod:`trtpipe.pipeline.validate_http`. Under the ``slo`` policy each scenario's steps are
-summarized as planned-vs-measured step times (:class:`~trtpipe.runtime.step_cost_error.StepCostError`,
+summarized as planned-vs-measured step times (:class:`~trtpipe.runtime.measure.step_cost_error.StepCostError`,
 report.json ``env.step_cost_error``).
 """
 
@@ -53,8 +53,8 @@ from trtpipe.pipeline.validate_correctness import CorrectnessResult, check_corre
 from trtpipe.pipeline.validate_output import finish_report, gate_of_reports, print_scenario, validate_consoles
 from trtpipe.pipeline.validate_scenario import run_scenario
 from trtpipe.plugins.errors import TrtpipeError
+from trtpipe.runtime.artifact.host_cpu import cpu_identity
 from trtpipe.runtime.errors import KVLeakError
-from trtpipe.runtime.host_cpu import cpu_identity
 
 
 class ValidateUsageError(TrtpipeError, ValueError):
@@ -225,8 +225,8 @@ def _write_report(
     """report.json, report.md and the plots (:func:`report_dir`), with each scenario's achieved decode
     bandwidth (and its share of a GPU target's; the cpu target's is not measured here)."""
     from trtpipe.pipeline.targets import get_target
-    from trtpipe.runtime.decode_bandwidth import read_model_from_manifest
-    from trtpipe.runtime.report import write_report
+    from trtpipe.runtime.measure.report.document import write_report
+    from trtpipe.runtime.metrics.decode_bandwidth import read_model_from_manifest
 
     peak_bw = None if r.target == "cpu" else get_target(r.target).bandwidth_bytes_per_s
     return write_report(
@@ -247,7 +247,7 @@ def _open_artifact(
     """The artifact folder and its golden outputs, after the cheap checks (it exists, it was built
     from this recipe); the LLM re-verifies the files when it loads them."""
     from trtpipe.pipeline.build import artifact_dir_for
-    from trtpipe.runtime.manifest import load_manifest
+    from trtpipe.runtime.artifact.manifest import load_manifest
 
     art = Path(artifact_dir) if artifact_dir is not None else artifact_dir_for(r, artifact_root)
     if not (art / "manifest.json").is_file():
@@ -296,8 +296,8 @@ def _run_scenarios(
 ) -> list[Any]:
     """Each scenario with its prefill-chunking budget set first (recorded in ``env``); under the
     ``slo`` policy, how well the step-cost model planned its steps (warm-up included) after it
-    (``env["step_cost_error"]``, :class:`~trtpipe.runtime.step_cost_error.StepCostError`)."""
-    from trtpipe.runtime.step_cost_error import StepCostError
+    (``env["step_cost_error"]``, :class:`~trtpipe.runtime.measure.step_cost_error.StepCostError`)."""
+    from trtpipe.runtime.measure.step_cost_error import StepCostError
 
     reports = []
     env["prefill_chunking"], env["step_cost_error"] = {}, {}

@@ -203,7 +203,7 @@ def load_golden(manifest: Any) -> dict:
 
 
 def _exact_sequences(llm: Any, seqs: Sequence[dict], num_tokens: int) -> tuple[ExactSequence, ...]:
-    from trtpipe.runtime.teacher_forcing import first_mismatch, greedy_ids
+    from trtpipe.runtime.measure.teacher_forcing import first_mismatch, greedy_ids
 
     rows = []
     for s in seqs:
@@ -223,7 +223,7 @@ def reference_margins(seq: dict) -> list[float | None]:
 
 def _agreement_sequences(llm: Any, seqs: Sequence[dict], num_tokens: int) -> tuple[tuple[AgreementSequence, ...], int]:
     """Per-sequence rows and the positions in the reference's top 5."""
-    from trtpipe.runtime import teacher_forcing
+    from trtpipe.runtime.measure import teacher_forcing
 
     rows, in_top5 = [], 0
     for s in seqs:

@@ -2,7 +2,7 @@
 ``trtpipe serve``, measured at the client through streaming HTTP.
 
     recipe ──► scenarios ──► make_workload (tokenized by the server's /tokenize)
-           ──► run_workload_http (runtime/serve/http_client.py: TTFT = request sent -> first
+           ──► run_workload_http (runtime/measure/http_client.py: TTFT = request sent -> first
                non-empty text chunk; TPOT/ITL from chunk arrival times)
            ──► summarize ─► evaluate_budgets ─► the same report, plots and gate as in-process
                (written to <artifact>/validate/http/...; ``env.measured_by`` says how)
@@ -172,8 +172,8 @@ def _served_model(url: str, recipe: Recipe, headers: dict[str, str]) -> str:
 def _local_chat_template(artifact_dir: Path) -> str | None:
     """The model's chat template from the artifact's manifest when it is on this machine (chat
     workloads render prompts client-side); None when the client has no copy of the artifact."""
+    from trtpipe.runtime.artifact.manifest import load_manifest
     from trtpipe.runtime.errors import ArtifactError
-    from trtpipe.runtime.manifest import load_manifest
 
     try:
         return load_manifest(artifact_dir).model.chat_template
@@ -186,7 +186,7 @@ def _run_scenarios(
 ) -> list:
     """Run each (scenario, workload spec) against the server at ``base`` in order, printing each
     scenario's table as it finishes; returns their ScenarioReports."""
-    from trtpipe.runtime.serve.http_client import run_workload_http
+    from trtpipe.runtime.measure.http_client import run_workload_http
 
     reports = []
     for scenario, spec in specs:
@@ -215,9 +215,9 @@ def _client_env(base: str, serve: bool) -> dict:
 
 
 def _write_http_report(out_dir: Path, r: Recipe, reports: list, base: str, serve: bool):
-    """:func:`~trtpipe.runtime.report.write_report` of the HTTP run into ``out_dir`` (correctness is not
+    """:func:`~trtpipe.runtime.measure.report.document.write_report` of the HTTP run into ``out_dir`` (correctness is not
     checked over HTTP; env = the client machine); returns its ReportPaths."""
-    from trtpipe.runtime.report import write_report
+    from trtpipe.runtime.measure.report.document import write_report
 
     correctness = {
         "method": "not checked over HTTP (needs the engine's logits); run `trtpipe validate "
@@ -256,7 +256,7 @@ def run_validate_http(
 
     from trtpipe.pipeline.build import artifact_dir_for
     from trtpipe.pipeline.validate_output import validate_consoles
-    from trtpipe.runtime.serve.http_client import HttpTokenizer
+    from trtpipe.runtime.measure.http_client import HttpTokenizer
 
     if (url is None) == (not serve):
         raise ValidateUsageError("pass exactly one of --url URL (a running server) and --serve (start one).")

@@ -2,7 +2,7 @@
 line (rich markup; the tables go to stderr when stdout carries ``--json``).
 
 The gate is computed once, from the scenario reports and the correctness verdict
-(:func:`gate_of_reports`, the rule of :class:`trtpipe.runtime.budgets.Gate`), and printed as is.
+(:func:`gate_of_reports`, the rule of :class:`trtpipe.runtime.measure.budgets.Gate`), and printed as is.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from trtpipe.runtime.budgets import Gate
+from trtpipe.runtime.measure.budgets import Gate
 
 
 def validate_consoles(as_json: bool) -> tuple[Any, Any]:
@@ -29,7 +29,7 @@ def validate_consoles(as_json: bool) -> tuple[Any, Any]:
 
 def gate_of_reports(reports: Sequence[Any], correctness_passed: bool | None) -> Gate:
     """The gate over every scenario's budget rows, ``correctness_passed`` (None: not checked) and the
-    KV leak check (None when no scenario ran it). ``reports``: :class:`~trtpipe.runtime.report.ScenarioReport`."""
+    KV leak check (None when no scenario ran it). ``reports``: :class:`~trtpipe.runtime.measure.report.document.ScenarioReport`."""
     leaks = [r.summary.kv_leak_free for r in reports if r.summary.kv_leak_free is not None]
     results = [b for r in reports for b in r.budget_results]
     return Gate.of(results, correctness_passed, all(leaks) if leaks else None)
@@ -38,7 +38,7 @@ def gate_of_reports(reports: Sequence[Any], correctness_passed: bool | None) -> 
 def _metrics_table(name: str, summary: Any):
     from rich.table import Table
 
-    from trtpipe.runtime.metrics import LATENCY_METRICS, PERCENTILES
+    from trtpipe.runtime.metrics.request_metrics import LATENCY_METRICS, PERCENTILES
 
     t = Table(title=f"scenario {name}: latency (ms)", title_justify="left")
     t.add_column("metric")
@@ -79,7 +79,7 @@ def _summary_line(s: Any) -> str:
 
 def print_scenario(out: Any, rep: Any) -> None:
     """The latency table, the run facts and the budget table (measured, limit, margin, result)."""
-    from trtpipe.runtime.report import render_rich_table
+    from trtpipe.runtime.measure.report.document import render_rich_table
 
     out.print(_metrics_table(rep.name, rep.summary))
     out.print(_summary_line(rep.summary))

@@ -51,10 +51,10 @@ def run_scenario(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from trtpipe.runtime.budgets import evaluate_budgets
-    from trtpipe.runtime.metrics import summarize
-    from trtpipe.runtime.report import ScenarioReport
-    from trtpipe.runtime.workload import make_workload, run_workload
+    from trtpipe.runtime.measure.budgets import evaluate_budgets
+    from trtpipe.runtime.measure.report.records import ScenarioReport
+    from trtpipe.runtime.measure.workload import make_workload, run_workload
+    from trtpipe.runtime.metrics.request_metrics import summarize
 
     err.print(f"scenario {scenario.name}: {_describe(spec)}")
     items = make_workload(

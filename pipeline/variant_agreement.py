@@ -11,7 +11,7 @@ teacher-forced over the golden sequences::
     prompt + golden[:-1] ──forward_dense (one pass, fp32 activations)──► logits [L, V]
     argmax at positions len(prompt)-1 .. L-1  vs  golden output ids      -> agree / total
 
-This is the measure ``trtpipe validate`` gates on (runtime/teacher_forcing.py feeds the same
+This is the measure ``trtpipe validate`` gates on (runtime/measure/teacher_forcing.py feeds the same
 tokens step by step through the engines); here it runs in fp32 activations on the CPU, not in
 TensorRT's fp16 (docs/tensorrt.md says what ran).
 """

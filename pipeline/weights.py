@@ -1,7 +1,7 @@
 """Loaded model weights: float arrays or raw GGUF quantized blocks, under Hugging Face names.
 
 Both loaders (GGUF and Hugging Face folders) produce a :class:`LoadedModel`: a
-:class:`~trtpipe.runtime.model_config.ModelConfig` plus a dict of :class:`WeightTensor` keyed by
+:class:`~trtpipe.runtime.artifact.model_config.ModelConfig` plus a dict of :class:`WeightTensor` keyed by
 Hugging Face Llama parameter names (``model.layers.3.self_attn.q_proj.weight``...). Quantized GGUF
 tensors keep their raw blocks so INT4 recipes can repack Q4_0/Q4_1 exactly instead of
 re-quantizing; :meth:`WeightTensor.to_float` dequantizes on demand with the ``gguf`` package.
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from trtpipe.runtime.model_config import ModelConfig
+from trtpipe.runtime.artifact.model_config import ModelConfig
 
 
 @dataclass(frozen=True)

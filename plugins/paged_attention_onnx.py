@@ -17,7 +17,7 @@ TensorRT's plugin-free lowering (:func:`lower_paged_attention`).
    are concatenated in token order. Without it a 1-token row is padded to the longest chunk's
    ``Qmax`` and costs a whole chunk's attention. Which rows are trailing is computed in the graph
    (a reverse ``CumSum`` over ``q_len != 1``), so any row order is correct; putting 1-token rows
-   last (:class:`trtpipe.runtime.batch.PrefillBatch` does) is what makes it fast. Either part may
+   last (:class:`trtpipe.runtime.sched.batch.PrefillBatch` does) is what makes it fast. Either part may
    be empty: every reshape spells its sizes out (no ``-1`` next to a zero-sized dimension).
 
 Index tensors derived from ``slot_mapping``, ``block_tables``, ``context_lens`` and

@@ -8,7 +8,7 @@ Each :meth:`step` runs the prefill engine once for the scheduled prompt chunks a
 engine once for all running sequences (continuous batching), samples, updates the scheduler, and
 turns new tokens into text with an incremental detokenizer; where the engine allows it
 (``fuses_mixed_steps``) a step with both is *one* prefill call, decodes as 1-token rows. Token
-ids and text are kept apart. Timings per request come from :mod:`trtpipe.runtime.metrics` on
+ids and text are kept apart. Timings per request come from :mod:`trtpipe.runtime.metrics.request_metrics` on
 the monotonic clock.
 """
 
@@ -23,27 +23,27 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from trtpipe.runtime.batch import DecodeBatch, PrefillBatch
-from trtpipe.runtime.block_pool import BlockPool
-from trtpipe.runtime.chat import encode_prompt
-from trtpipe.runtime.detokenizer import IncrementalDetokenizer
+from trtpipe.runtime.artifact.chat_template import encode_prompt
+from trtpipe.runtime.artifact.detokenizer import IncrementalDetokenizer
+from trtpipe.runtime.artifact.manifest import Manifest, load_manifest
+from trtpipe.runtime.artifact.tokenizer import Tokenizer
 from trtpipe.runtime.errors import RequestError
-from trtpipe.runtime.kv_manager import KVCacheManager
-from trtpipe.runtime.kv_pool import KVPool
-from trtpipe.runtime.manifest import Manifest, load_manifest
-from trtpipe.runtime.metrics import RequestTimer, StepStats
-from trtpipe.runtime.request import Request, RequestStatus, SamplingParams, prompt_length_error, require_bools
-from trtpipe.runtime.request_output import LiveRequest, RequestOutput
-from trtpipe.runtime.sampler import make_generator, sample
-from trtpipe.runtime.schedule import ScheduledDecode, ScheduledPrefill, SchedulerStep
-from trtpipe.runtime.scheduler import Scheduler
-from trtpipe.runtime.slo_policy import SloChunkPolicy, check_budget_ms, fcfs_description
-from trtpipe.runtime.step_cost import StepCostModel, StepSample, load_or_calibrate
-from trtpipe.runtime.tokenizer import Tokenizer
+from trtpipe.runtime.kv.block_pool import BlockPool
+from trtpipe.runtime.kv.cache_manager import KVCacheManager
+from trtpipe.runtime.kv.pool import KVPool
+from trtpipe.runtime.metrics.request_metrics import RequestTimer, StepStats
+from trtpipe.runtime.sample.sampler import make_generator, sample
+from trtpipe.runtime.sched.batch import DecodeBatch, PrefillBatch
+from trtpipe.runtime.sched.request import Request, RequestStatus, SamplingParams, prompt_length_error, require_bools
+from trtpipe.runtime.sched.request_output import LiveRequest, RequestOutput
+from trtpipe.runtime.sched.scheduler import Scheduler
+from trtpipe.runtime.sched.slo_policy import SloChunkPolicy, check_budget_ms, fcfs_description
+from trtpipe.runtime.sched.step import ScheduledDecode, ScheduledPrefill, SchedulerStep
+from trtpipe.runtime.sched.step_cost import StepCostModel, StepSample, load_or_calibrate
 
 if TYPE_CHECKING:  # engines import their backends (onnxruntime, tensorrt) when constructed
-    from trtpipe.runtime.engine_ort import OrtEngine
-    from trtpipe.runtime.engine_trt import TrtEngine
+    from trtpipe.runtime.engines.ort import OrtEngine
+    from trtpipe.runtime.engines.trt import TrtEngine
 
 
 class LLM:
@@ -56,7 +56,7 @@ class LLM:
             prefix caching, on by default: outputs are the same as without it; the recipe's
             ``kv_cache.prefix_caching`` sets it in ``trtpipe validate``).
         scheduler_policy: ``slo`` (size prefill chunks so steps stay within ``tpot_budget_ms``,
-            see :mod:`trtpipe.runtime.slo_policy`) or ``fcfs``; ``slo`` without a budget is FCFS.
+            see :mod:`trtpipe.runtime.sched.slo_policy`) or ``fcfs``; ``slo`` without a budget is FCFS.
         tpot_budget_ms, itl_budget_ms: the ``slo`` policy's budgets (None = none; change them with
             :meth:`set_tpot_budget`); setting one measures the engine's step-cost model once.
         fuse_mixed_steps: a step's prompt chunks and decodes in one engine call where it can; False = two.
@@ -90,11 +90,11 @@ class LLM:
         self.pool = KVPool(m.kv)
         self.engine: OrtEngine | TrtEngine
         if m.options.backend == "ort":
-            from trtpipe.runtime.engine_ort import OrtEngine
+            from trtpipe.runtime.engines.ort import OrtEngine
 
             self.engine = OrtEngine(m, self.pool, num_threads=num_threads)
         else:
-            from trtpipe.runtime.engine_trt import TrtEngine
+            from trtpipe.runtime.engines.trt import TrtEngine
 
             self.engine = TrtEngine(m, self.pool)
         self.block_pool = BlockPool(m.kv.num_blocks)
@@ -175,7 +175,7 @@ class LLM:
     # -- requests ----------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | bytes, chat: bool = False) -> list[int]:
         """Token ids of a prompt (chat template from the model metadata when ``chat``); see
-        :func:`trtpipe.runtime.chat.encode_prompt`."""
+        :func:`trtpipe.runtime.artifact.chat_template.encode_prompt`."""
         return encode_prompt(self.tokenizer, self.manifest.model.chat_template, prompt, chat)
 
     def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:

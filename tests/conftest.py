@@ -143,7 +143,7 @@ def default_artifact(gguf_path, tmp_path_factory):
     from trtpipe.pipeline.build import build
     from trtpipe.pipeline.recipe import load_recipe, resolve_recipe_path
     from trtpipe.plugins.errors import TrtpipeError
-    from trtpipe.runtime.manifest import load_manifest
+    from trtpipe.runtime.artifact.manifest import load_manifest
 
     recipe = load_recipe(resolve_recipe_path("smollm2-135m-cpu"))
     repo = Path(__file__).resolve().parents[1] / "artifacts" / "smollm2-135m-cpu" / "cpu"

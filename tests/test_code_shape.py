@@ -66,20 +66,12 @@ def _module_name(path: Path) -> str:
 
 
 def _imports(path: Path, module: str) -> set[str]:
-    """trtpipe modules imported by ``path`` at module level or in functions (absolute and relative)."""
+    """trtpipe modules imported by ``path`` at module level, in functions or under ``if
+    TYPE_CHECKING:`` (absolute and relative)."""
     out = set()
     is_pkg = path.name == "__init__.py"
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    typing_only = {
-        id(n)
-        for b in ast.walk(tree)
-        if isinstance(b, ast.If) and "TYPE_CHECKING" in ast.unparse(b.test)
-        for s in b.body
-        for n in ast.walk(s)
-    }
     for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names if a.name.startswith("trtpipe.")}
         elif isinstance(node, ast.ImportFrom):
@@ -96,17 +88,44 @@ def _imports(path: Path, module: str) -> set[str]:
 
 def test_no_import_circles_between_modules():
     """Import graph of trtpipe modules (imports inside functions count too: a lazy import hides a
-    circle, it does not remove it; ``if TYPE_CHECKING:`` imports do not run and do not count),
-    re-export ``__init__`` files left out."""
+    circle, it does not remove it; so do ``if TYPE_CHECKING:`` imports: a type-only circle is the
+    same tangle to a reader), re-export ``__init__`` files left out."""
+    assert not _cycles(_module_graph()), "import circles:\n" + "\n".join(
+        " -> ".join(c) for c in _cycles(_module_graph())
+    )
+
+
+def _wing(module: str) -> str:
+    """The folder a module lives in (``trtpipe.runtime.kv.pool`` -> ``trtpipe.runtime.kv``); a
+    module at the top of its package is its own wing (``trtpipe.runtime.llm``)."""
+    parts = module.split(".")
+    return ".".join(parts[:3]) if len(parts) > 3 else module
+
+
+def test_wings_import_one_way():
+    """Folders are floors: no two wings import each other, directly or around a loop (what the
+    structure drawing shows as an arrow running back up), type-only imports included."""
+    graph: dict[str, set[str]] = {}
+    for m, deps in _module_graph().items():
+        graph.setdefault(_wing(m), set()).update(_wing(d) for d in deps if _wing(d) != _wing(m))
+    cycles = _cycles(graph)
+    assert not cycles, "wings that import each other:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def _module_graph() -> dict[str, set[str]]:
     files = [p for p in _code_files() if p.parts[len(ROOT.parts)] in PACKAGE_OF and p.name != "__init__.py"]
     modules = {_module_name(p): p for p in files}
-    graph = {m: {i for i in _imports(p, m) if i in modules and i != m} for m, p in modules.items()}
-    cycles, state = [], {}
+    return {m: {i for i in _imports(p, m) if i in modules and i != m} for m, p in modules.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
 
     def visit(m: str, stack: list[str]) -> None:
         state[m] = 1
         stack.append(m)
-        for n in sorted(graph[m]):
+        for n in sorted(graph.get(m, ())):
             if state.get(n) == 1:
                 cycles.append(stack[stack.index(n) :] + [n])
             elif n not in state:
@@ -117,4 +136,4 @@ def test_no_import_circles_between_modules():
     for m in sorted(graph):
         if m not in state:
             visit(m, [])
-    assert not cycles, "import circles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+    return cycles

@@ -43,7 +43,7 @@ from trtpipe.pipeline.golden import GOLDEN_PROMPTS, golden_for_build, reference_
 from trtpipe.pipeline.recipe import Recipe
 from trtpipe.plugins.errors import TrtpipeError
 from trtpipe.plugins.versions import TRTPIPE_VERSION
-from trtpipe.runtime.manifest import MANIFEST_NAME, load_manifest
+from trtpipe.runtime.artifact.manifest import MANIFEST_NAME, load_manifest
 
 _remove_stale_temp_dirs = remove_stale_temp_dirs  # the name tests and older callers use
 

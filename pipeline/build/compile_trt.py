@@ -30,7 +30,7 @@ from trtpipe.plugins.versions import (
     TRTPIPE_VERSION,
     trt_has_python_plugins,
 )
-from trtpipe.runtime.manifest import (
+from trtpipe.runtime.artifact.manifest import (
     FORMAT_VERSION,
     MANIFEST_NAME,
     GraphEntry,

@@ -26,7 +26,14 @@ from trtpipe.pipeline.build.package import (
 )
 from trtpipe.pipeline.recipe import Recipe, build_fields, build_hash, recipe_hash
 from trtpipe.plugins.versions import TRTPIPE_VERSION
-from trtpipe.runtime.manifest import FORMAT_VERSION, MANIFEST_NAME, GraphEntry, Manifest, atomic_write_text, sha256_file
+from trtpipe.runtime.artifact.manifest import (
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    GraphEntry,
+    Manifest,
+    atomic_write_text,
+    sha256_file,
+)
 
 TOKENIZER_FILE = "tokenizer.json"
 

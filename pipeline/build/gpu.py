@@ -49,7 +49,7 @@ from trtpipe.pipeline.build.variant_gate import gate_requantized_variant, plugin
 from trtpipe.pipeline.recipe import Recipe, recipe_hash
 from trtpipe.pipeline.targets import GPU_BUILD_TARGETS
 from trtpipe.plugins.versions import TRTPIPE_VERSION
-from trtpipe.runtime.manifest import atomic_write_text, sha256_file
+from trtpipe.runtime.artifact.manifest import atomic_write_text, sha256_file
 
 TIMING_CACHE_DIR = ".trt_timing_cache"  # beside the recipe folders: reused by every build of a target
 

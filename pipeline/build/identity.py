@@ -41,7 +41,7 @@ def inputs_hash(recipe: Recipe, model_path: Path) -> str:
     size, mtime), the trtpipe version, the artifact format (the KV pool layout), the op ABI hash
     and the ONNX Runtime version."""
     from trtpipe.plugins.schema import op_schema_abi_hash
-    from trtpipe.runtime.manifest import FORMAT_VERSION
+    from trtpipe.runtime.artifact.manifest import FORMAT_VERSION
 
     h = hashlib.sha256()
     h.update(build_hash(recipe).encode())  # budgets/description edits do not force a rebuild

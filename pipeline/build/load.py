@@ -15,8 +15,8 @@ from trtpipe.pipeline.model_config_override import with_sliding_window
 from trtpipe.pipeline.recipe import Recipe, check_recipe_against_model, plan_kv_num_blocks
 from trtpipe.pipeline.weights import LoadedModel
 from trtpipe.plugins.dtypes import DTYPES
-from trtpipe.runtime.manifest import KVLayout
-from trtpipe.runtime.model_config import ModelConfig
+from trtpipe.runtime.artifact.manifest import KVLayout
+from trtpipe.runtime.artifact.model_config import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trtpipe.plugins.dtypes import DTYPES
-from trtpipe.runtime.manifest import MANIFEST_NAME
+from trtpipe.runtime.artifact.manifest import MANIFEST_NAME
 
 DATA_FILE = "weights.data"
 DATA_ALIGN_BYTES = 4096  # page-aligned tensors: mmap-friendly

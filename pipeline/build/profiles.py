@@ -19,7 +19,7 @@ from typing import Any
 
 from trtpipe.pipeline.build.errors import BuildError
 from trtpipe.pipeline.recipe import Recipe
-from trtpipe.runtime.kv_planning import cdiv
+from trtpipe.runtime.kv.planning import cdiv
 
 # dim_param names the exporter gives (pipeline/export.py) -> profile dimension
 DIM_NAMES = {"num_tokens": "T", "num_seqs": "S", "num_seqs + 1": "S+1", "max_blocks": "MB", "num_blocks": "NB"}

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtpipe.runtime.manifest import Manifest
+from trtpipe.runtime.artifact.manifest import Manifest
 
 
 @dataclass(frozen=True)

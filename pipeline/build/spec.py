@@ -22,8 +22,8 @@ from typing import Any
 from trtpipe.pipeline.build.errors import BuildError
 from trtpipe.pipeline.build.profiles import PlanSpec
 from trtpipe.plugins.versions import TRT_PLUGINS_MIN_VERSION, TRT_PLUGINS_REQUIREMENT
-from trtpipe.runtime.manifest import KVLayout
-from trtpipe.runtime.model_config import ModelConfig
+from trtpipe.runtime.artifact.manifest import KVLayout
+from trtpipe.runtime.artifact.model_config import ModelConfig
 
 SPEC_NAME = "build_spec.json"
 SPEC_VERSION = 1

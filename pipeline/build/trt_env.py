@@ -23,7 +23,7 @@ class TrtEnvironment:
 
 def probe_environment() -> TrtEnvironment:
     """Import-probe TensorRT and Triton and query GPU 0 (ctypes CUDA runtime); never raises."""
-    from trtpipe.runtime.cuda_device import cuda_device_info
+    from trtpipe.runtime.engines.cuda_device import cuda_device_info
 
     version = err = None
     try:

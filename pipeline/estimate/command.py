@@ -70,7 +70,7 @@ def _load_validate_report(
 ) -> tuple[dict | None, Path, str | None]:
     """(report or None, its path, a note when it exists but cannot be read)."""
     from trtpipe.runtime.errors import ArtifactError
-    from trtpipe.runtime.report import load_report, validate_dir
+    from trtpipe.runtime.measure.report.document import load_report, validate_dir
 
     path = validate_dir(artifact_root, recipe.name, family) / "report.json"
     if not path.is_file():
@@ -85,9 +85,9 @@ def _chunking_notes(recipe: Recipe, family: str, artifact_root: str | Path) -> l
     """The prefill chunk each scenario gets under ``scheduler.policy``, and why: from the
     artifact's measured step-cost model (``step_cost.json``) when there is one."""
     from trtpipe.pipeline.validate import scenario_slo_budgets_ms
-    from trtpipe.runtime.report import validate_dir
-    from trtpipe.runtime.slo_policy import SloChunkPolicy
-    from trtpipe.runtime.step_cost import STEP_COST_FILE, StepCostModel
+    from trtpipe.runtime.measure.report.document import validate_dir
+    from trtpipe.runtime.sched.slo_policy import SloChunkPolicy
+    from trtpipe.runtime.sched.step_cost import STEP_COST_FILE, StepCostModel
 
     path = validate_dir(artifact_root, recipe.name, family).parent / STEP_COST_FILE
     try:

@@ -23,7 +23,7 @@ from trtpipe.pipeline.model_config_override import with_sliding_window
 from trtpipe.pipeline.recipe import Recipe
 from trtpipe.pipeline.targets import TargetSpec, compute_dtype
 from trtpipe.plugins.dtypes import dtype
-from trtpipe.runtime.model_config import ModelConfig
+from trtpipe.runtime.artifact.model_config import ModelConfig
 
 
 def windowed_config(recipe: Recipe, config: ModelConfig) -> ModelConfig:
@@ -64,7 +64,7 @@ def roofline(recipe: Recipe, config: ModelConfig, target: TargetSpec) -> Rooflin
 def estimate(recipe: Recipe, config: ModelConfig, target: TargetSpec, report: dict | None = None) -> Estimate:
     """Estimate ``recipe`` (with the model facts ``config``) on ``target``.
 
-    ``report``: a validate report.json document (:func:`trtpipe.runtime.report.load_report`)
+    ``report``: a validate report.json document (:func:`trtpipe.runtime.measure.report.document.load_report`)
     whose measured percentiles are attached to the latency rows. Pure: no I/O.
     """
     fam = target.family

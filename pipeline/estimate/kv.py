@@ -2,7 +2,7 @@
 
 ``2 x kv_heads_l x head_dim x dtype`` bytes per token and layer, a sliding-window layer holding at
 most ``window`` tokens; the pool is the recipe's (:func:`~trtpipe.pipeline.recipe.plan_kv_num_blocks`),
-block arithmetic from :mod:`trtpipe.runtime.kv_planning` (the KV manager's own rules).
+block arithmetic from :mod:`trtpipe.runtime.kv.planning` (the KV manager's own rules).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from trtpipe.pipeline.estimate.model_counts import kv_bytes_per_sequence
 from trtpipe.pipeline.estimate.weights import activation_dtype
 from trtpipe.pipeline.recipe import Recipe, plan_kv_num_blocks
 from trtpipe.plugins.dtypes import dtype
-from trtpipe.runtime.kv_planning import blocks_per_sequence
-from trtpipe.runtime.model_config import ModelConfig
+from trtpipe.runtime.artifact.model_config import ModelConfig
+from trtpipe.runtime.kv.planning import blocks_per_sequence
 
 
 @dataclass(frozen=True)

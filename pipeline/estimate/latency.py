@@ -4,7 +4,7 @@ A step takes ``max(FLOP / FLOP/s, bytes / (bytes/s))``: at achievable rates for 
 (the scenario's decode batch), at peak rates and batch 1 for the physical floor (a budget below it
 cannot be met by any engine). Prompt and output lengths at a percentile come from the scenario's
 distribution (fixed, or discrete uniform); prompts from a file have no length before tokenization.
-A decode step reads what :class:`~trtpipe.runtime.decode_bandwidth.DecodeReadModel` counts, the
+A decode step reads what :class:`~trtpipe.runtime.metrics.decode_bandwidth.DecodeReadModel` counts, the
 same bytes the runtime divides by TPOT to report achieved bandwidth.
 """
 
@@ -20,9 +20,9 @@ from trtpipe.pipeline.estimate.units import fmt_ms
 from trtpipe.pipeline.estimate.weights import PhaseWeights
 from trtpipe.pipeline.recipe import Recipe, Scenario
 from trtpipe.pipeline.targets import TargetSpec
-from trtpipe.runtime.decode_bandwidth import DecodeReadModel
-from trtpipe.runtime.kv_planning import cdiv
-from trtpipe.runtime.model_config import ModelConfig
+from trtpipe.runtime.artifact.model_config import ModelConfig
+from trtpipe.runtime.kv.planning import cdiv
+from trtpipe.runtime.metrics.decode_bandwidth import DecodeReadModel
 
 
 def roofline_s(flops: float, num_bytes: float, flops_per_s: float, bytes_per_s: float) -> float:

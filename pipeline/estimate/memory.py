@@ -22,7 +22,7 @@ from trtpipe.pipeline.estimate.weights import PhaseWeights, activation_dtype, en
 from trtpipe.pipeline.recipe import Recipe
 from trtpipe.pipeline.targets import TargetSpec
 from trtpipe.plugins.dtypes import dtype
-from trtpipe.runtime.model_config import ModelConfig
+from trtpipe.runtime.artifact.model_config import ModelConfig
 
 SCORE_BYTES = 4  # attention scores / softmax are float32 (docs/contracts.md)
 LOGIT_BYTES = 4

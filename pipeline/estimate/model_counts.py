@@ -1,15 +1,15 @@
 """Model facts -> counts: parameters, FLOP per step, KV bytes per sequence.
 
-Exact integer counts from a :class:`~trtpipe.runtime.model_config.ModelConfig` (no weights read).
+Exact integer counts from a :class:`~trtpipe.runtime.artifact.model_config.ModelConfig` (no weights read).
 Layers may differ in KV heads and sliding window; a window of 0 means full attention. The KV byte
-count has its home in :mod:`trtpipe.runtime.decode_bandwidth` (the runtime reports achieved
+count has its home in :mod:`trtpipe.runtime.metrics.decode_bandwidth` (the runtime reports achieved
 bandwidth with it); the functions here apply it to a whole model.
 """
 
 from __future__ import annotations
 
-from trtpipe.runtime import decode_bandwidth
-from trtpipe.runtime.model_config import ModelConfig
+from trtpipe.runtime.artifact.model_config import ModelConfig
+from trtpipe.runtime.metrics import decode_bandwidth
 
 
 def linear_params(config: ModelConfig) -> int:

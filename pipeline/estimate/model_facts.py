@@ -8,7 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from trtpipe.pipeline.recipe import Recipe
-from trtpipe.runtime.model_config import ModelConfig
+from trtpipe.runtime.artifact.model_config import ModelConfig
 
 
 @lru_cache(maxsize=8)

@@ -13,7 +13,7 @@ from trtpipe.pipeline.estimate.units import fmt_bytes, fmt_flops, fmt_ms
 from trtpipe.pipeline.estimate.weights import PhaseWeights
 from trtpipe.pipeline.recipe import Recipe
 from trtpipe.pipeline.targets import compute_dtype
-from trtpipe.runtime.model_config import ModelConfig
+from trtpipe.runtime.artifact.model_config import ModelConfig
 
 LATENCY_COLUMNS = (
     ("scenario", "left"),

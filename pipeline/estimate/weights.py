@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from trtpipe.pipeline.estimate.model_counts import bias_params, linear_params, norm_params
 from trtpipe.plugins.dtypes import dtype
-from trtpipe.runtime.decode_bandwidth import weight_read_bytes
-from trtpipe.runtime.model_config import ModelConfig
+from trtpipe.runtime.artifact.model_config import ModelConfig
+from trtpipe.runtime.metrics.decode_bandwidth import weight_read_bytes
 
 INT4_BITS_BYTES = 0.5  # two 4-bit codes per byte
 # Per-group overhead of INT4 weights (one group = group_size weights along K of one row): cpu
@@ -53,7 +53,7 @@ class PhaseWeights:
     def step_read_bytes(self) -> int:
         """Bytes one forward step reads: everything but the embedding table, of which it only
         gathers a few rows, unless the table is also the (tied) lm_head
-        (:func:`trtpipe.runtime.decode_bandwidth.weight_read_bytes`)."""
+        (:func:`trtpipe.runtime.metrics.decode_bandwidth.weight_read_bytes`)."""
         return weight_read_bytes(self.total_bytes, self.embedding_bytes, embedding_is_lm_head=self.lm_head_bytes == 0)
 
 

@@ -117,7 +117,7 @@ def write_matrix(
     results: Sequence[CellResult], out_dir: str | Path, *, store_url: str, address: str | None, wall_s: float
 ) -> MatrixPaths:
     """Write ``matrix.md`` and ``matrix.json`` into ``out_dir`` (created)."""
-    from trtpipe.runtime.manifest import atomic_write_text
+    from trtpipe.runtime.artifact.manifest import atomic_write_text
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
 Steps: read the store record (``latest`` or a given build hash) -> download into a hidden
 ``.<dest>.pull-<pid>`` folder, checking every file against the record's sha256 -> the runtime's
-own checks on that folder (:func:`trtpipe.runtime.manifest.load_manifest`: manifest files'
+own checks on that folder (:func:`trtpipe.runtime.artifact.manifest.load_manifest`: manifest files'
 sha256, format version, backend version, op-schema ABI hash, platform) -> the manifest names
 the requested recipe, target and build hash -> swap it in as ``dest`` (a previous artifact there
 is replaced only when the new one passed every check).
@@ -50,7 +50,7 @@ def pull(
     runtime's ``ArtifactError`` (the artifact does not fit this device: the message says what
     differs). On any error ``dest`` is left as it was.
     """
-    from trtpipe.runtime.manifest import load_manifest
+    from trtpipe.runtime.artifact.manifest import load_manifest
 
     store = ArtifactStore(store_url)
     store.require_exists(recipe)

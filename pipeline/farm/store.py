@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from trtpipe.plugins.errors import TrtpipeError
-from trtpipe.runtime.manifest import sha256_file
+from trtpipe.runtime.artifact.manifest import sha256_file
 
 RECORD_NAME = "published.json"
 LATEST_NAME = "latest"

@@ -222,7 +222,7 @@ def _build(
 def _check_manifest(spec: CellSpec, art: Path, base: CellResult) -> tuple[CellResult, CellResult | None]:
     """(base with the manifest's sha256, the "error" result when the artifact records another
     build hash than the driver computed: the node runs another trtpipe version)."""
-    from trtpipe.runtime.manifest import load_manifest, sha256_file
+    from trtpipe.runtime.artifact.manifest import load_manifest, sha256_file
 
     m = load_manifest(art, verify_hashes=True)
     if (m.build_info or {}).get("build_hash") != spec.build_hash:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from trtpipe.pipeline.recipe.errors import Issue, RecipeError, issue_to_problem
 from trtpipe.pipeline.recipe.kv_plan import kv_block_bytes
 from trtpipe.pipeline.recipe.schema_build import TRT_ONLY_ENGINE_KEYS
-from trtpipe.runtime.model_config import ModelConfig
+from trtpipe.runtime.artifact.model_config import ModelConfig
 
 if TYPE_CHECKING:
     from trtpipe.pipeline.recipe.schema import Recipe

@@ -33,7 +33,7 @@ from trtpipe.pipeline.recipe.schema_build import (
     SchedulerSpec,
 )
 from trtpipe.pipeline.recipe.schema_validate import ValidateSpec
-from trtpipe.runtime.kv_planning import blocks_for_tokens
+from trtpipe.runtime.kv.planning import blocks_for_tokens
 
 
 class Recipe(Spec):

@@ -10,7 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from trtpipe.pipeline.recipe.base import KVDtype, Phase, Precision, Spec, is_pow2, nearest_pow2
 from trtpipe.pipeline.recipe.errors import MISSING, Issue, fail
-from trtpipe.runtime.model_config import ModelConfig
+from trtpipe.runtime.artifact.model_config import ModelConfig
 
 
 class Int4Spec(Spec):

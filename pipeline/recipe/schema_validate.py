@@ -1,6 +1,6 @@
 """The validate section of a recipe: scenarios (prompt and output lengths, arrivals, budgets) and
 the correctness gate. Budgets leave the recipe as the runtime's own records
-(:meth:`Budgets.runtime_budgets` -> :class:`trtpipe.runtime.budgets.Budget`), validated here once."""
+(:meth:`Budgets.runtime_budgets` -> :class:`trtpipe.runtime.measure.budgets.Budget`), validated here once."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 
 from trtpipe.pipeline.recipe.base import Name, Spec
 from trtpipe.pipeline.recipe.errors import MISSING, Issue, RecipeError, RecipeProblem, fail
-from trtpipe.runtime.budgets import LATENCY_BUDGET_METRICS, Budget
+from trtpipe.runtime.measure.budgets import LATENCY_BUDGET_METRICS, Budget
 
 
 class UniformTokens(Spec):

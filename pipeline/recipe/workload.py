@@ -1,4 +1,4 @@
-"""A recipe's validate scenario as the runtime's :class:`~trtpipe.runtime.workload.WorkloadSpec`.
+"""A recipe's validate scenario as the runtime's :class:`~trtpipe.runtime.measure.workload.WorkloadSpec`.
 
 The scenario was validated once, when the recipe was loaded (pydantic: lengths >= 1, min <= max,
 exactly one of concurrency / arrival_rate_per_s, ...), so the record is handed over without a
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from trtpipe.pipeline.recipe.schema import Recipe
 from trtpipe.pipeline.recipe.schema_validate import OutputTokens, PromptTokens, Scenario
-from trtpipe.runtime.workload import WorkloadError, WorkloadSpec
+from trtpipe.runtime.measure.workload import WorkloadError, WorkloadSpec
 
 
 def _span(spec: PromptTokens | OutputTokens) -> tuple[int, int]:

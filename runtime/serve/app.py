@@ -24,9 +24,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from trtpipe.runtime.chat import render_chat
+from trtpipe.runtime.artifact.chat_template import render_chat
 from trtpipe.runtime.errors import RequestError, TrtpipeError
-from trtpipe.runtime.request import prompt_length_error
+from trtpipe.runtime.sched.request import prompt_length_error
 from trtpipe.runtime.serve.engine_loop import Delta, EngineBusy, EngineLoop, Final
 from trtpipe.runtime.serve.prometheus import ServeMetrics
 from trtpipe.runtime.serve.protocol import (

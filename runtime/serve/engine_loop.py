@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trtpipe.runtime.llm import LLM, RequestOutput
-from trtpipe.runtime.request import SamplingParams
+from trtpipe.runtime.sched.request import SamplingParams
 
 log = logging.getLogger("trtpipe.serve")
 

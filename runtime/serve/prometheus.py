@@ -2,7 +2,7 @@
 
 Names and buckets follow vLLM v1 (``vllm/v1/metrics/loggers.py``), so dashboards written for
 ``vllm:*`` read ``trtpipe:*`` after a prefix change. The latency histograms are observed from the
-same per-request :class:`~trtpipe.runtime.metrics.RequestMetrics` that ``trtpipe validate`` reports
+same per-request :class:`~trtpipe.runtime.metrics.request_metrics.RequestMetrics` that ``trtpipe validate`` reports
 (one monotonic clock, DESIGN.md "Metrics"), when the request finishes:
 
 =============================================  ====================================================

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from trtpipe.runtime.request import SamplingParams
+from trtpipe.runtime.sched.request import SamplingParams
 
 
 class ServeError(Exception):

@@ -135,7 +135,7 @@ def test_names_other_scripts_import():
 
 def test_floors_from_the_estimate_by_hand():
     from trtpipe.pipeline.recipe import load_recipe, resolve_recipe_path
-    from trtpipe.runtime.model_config import ModelConfig
+    from trtpipe.runtime.artifact.model_config import ModelConfig
 
     smol = ModelConfig("llama", 30, 576, 9, 3, 64, 1536, 49152, 8192, 1e5, 1e-5, True)
     recipe = load_recipe(resolve_recipe_path("smollm2-135m-cpu"), check_files=False)
@@ -161,7 +161,7 @@ def test_int8_floor_for_int8_activations_only():
     import yaml
 
     from trtpipe.pipeline.recipe import load_recipe, parse_recipe, resolve_recipe_path
-    from trtpipe.runtime.model_config import ModelConfig
+    from trtpipe.runtime.artifact.model_config import ModelConfig
 
     smol = ModelConfig("llama", 30, 576, 9, 3, 64, 1536, 49152, 8192, 1e5, 1e-5, True)
     default = load_recipe(resolve_recipe_path("smollm2-135m-cpu"), check_files=False)

@@ -56,7 +56,7 @@ def test_artifacts_root_lists_recipe_target_folders(tmp_path):
 
 
 def test_load_manifest_outside_the_cli_says_pass_the_folder(tmp_path):
-    from trtpipe.runtime.manifest import load_manifest
+    from trtpipe.runtime.artifact.manifest import load_manifest
 
     d = _built(tmp_path, "cpu")
     with pytest.raises(ArtifactError, match=f"holds built targets: cpu. Fix: pass {d}/cpu instead."):

@@ -13,7 +13,7 @@ from tests.conftest import FRANCE_PROMPT
 from tests.reference_outputs import assert_text_follows_reference
 from trtpipe.pipeline.cli import main
 from trtpipe.pipeline.cli_chat import Conversation, fit_prompt, run_chat
-from trtpipe.runtime.request import SamplingParams
+from trtpipe.runtime.sched.request import SamplingParams
 
 
 class FakeLLM:

@@ -31,7 +31,7 @@ from trtpipe.pipeline.estimate import (
 )
 from trtpipe.pipeline.recipe import RECIPES_DIR, parse_recipe
 from trtpipe.pipeline.targets import GiB, HostMeasurement, get_target
-from trtpipe.runtime.model_config import ModelConfig
+from trtpipe.runtime.artifact.model_config import ModelConfig
 
 HOST = HostMeasurement(
     bandwidth_bytes_per_s=30e9,

@@ -39,8 +39,8 @@ def forced_logits(llm, prompt_ids, target_ids):
     """Engine logits with teacher forcing: prefill ``prompt_ids`` (one chunk), then one decode
     step per token of ``target_ids``. Returns [1 + len(target_ids), V] (row i predicts token i
     of the continuation)."""
-    from trtpipe.runtime.batch import DecodeBatch, PrefillBatch
-    from trtpipe.runtime.scheduler import ScheduledDecode, ScheduledPrefill
+    from trtpipe.runtime.sched.batch import DecodeBatch, PrefillBatch
+    from trtpipe.runtime.sched.scheduler import ScheduledDecode, ScheduledPrefill
 
     kv = llm.kv_manager
     sid = "forced"
@@ -86,7 +86,7 @@ def test_fp32_graphs_match_reference_logits(fp32_llm, smollm2, prompt_len):
 def test_fp32_greedy_matches_transformers(fp32_llm, hf_smollm2, france_ids):
     import torch
 
-    from trtpipe.runtime.request import SamplingParams
+    from trtpipe.runtime.sched.request import SamplingParams
 
     tok, hf = hf_smollm2
     prompts = [FRANCE_PROMPT] + OTHER_PROMPTS
@@ -103,7 +103,7 @@ def test_fp32_greedy_matches_transformers(fp32_llm, hf_smollm2, france_ids):
 def test_int4_greedy_matches_int4_reference(int4_llm, smollm2):
     from trtpipe.pipeline.build import reference_greedy
     from trtpipe.pipeline.model import build_reference_model
-    from trtpipe.runtime.request import SamplingParams
+    from trtpipe.runtime.sched.request import SamplingParams
 
     ref = build_reference_model(smollm2, "int4", 32, False, rope_table_len=1024)
     prompts = [FRANCE_PROMPT] + OTHER_PROMPTS[:2]

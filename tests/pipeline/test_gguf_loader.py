@@ -137,7 +137,7 @@ def test_cli_help_and_runtime_import_without_torch():
         "    def find_spec(self, n, p=None, t=None):\n"
         "        if n.split('.')[0] in ('torch', 'onnx', 'onnxscript', 'transformers'): raise ImportError(n)\n"
         "sys.meta_path.insert(0, B())\n"
-        "import trtpipe.runtime.llm, trtpipe.runtime.scheduler\n"
+        "import trtpipe.runtime.llm, trtpipe.runtime.sched.scheduler\n"
         "from trtpipe.pipeline.cli import main\n"
         "sys.argv = ['trtpipe', '--help']\n"
         "main()\n"

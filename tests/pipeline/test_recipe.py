@@ -24,7 +24,7 @@ from trtpipe.pipeline.recipe import (
 from trtpipe.pipeline.recipe import model_source as ms
 from trtpipe.pipeline.recipe.model_source import resolve_model_source
 from trtpipe.plugins.errors import TrtpipeError
-from trtpipe.runtime.model_config import ModelConfig
+from trtpipe.runtime.artifact.model_config import ModelConfig
 
 CPU_RECIPE = RECIPES_DIR / "smollm2-135m-cpu.yaml"
 SHIPPED = ["smollm2-135m-cpu", "smollm2-135m-orin", "smollm2-135m-a100", "llama2-7b-orin", "llama2-7b-a100"]
@@ -111,7 +111,7 @@ def test_cpu_default_recipe():
     assert r.kv_dtype == "fp32" and r.activation_dtype("decode") == "fp32"
     assert r.max_blocks_per_seq == 128
     check_recipe_against_model(r, smollm2_config())  # no error
-    from trtpipe.runtime.budgets import Budget
+    from trtpipe.runtime.measure.budgets import Budget
 
     assert r.validation.scenarios[0].budgets.runtime_budgets() == (Budget("ttft_ms", "p95", "max", 1500.0),)
 
@@ -119,7 +119,7 @@ def test_cpu_default_recipe():
 def test_runtime_budgets_are_the_runtime_records_parse_budget_makes():
     """The recipe hands the runtime its own Budget records (validated once, at the recipe edge);
     they equal what the runtime's parser makes of the same limits written as dicts."""
-    from trtpipe.runtime.budgets import Budget, parse_budget
+    from trtpipe.runtime.measure.budgets import Budget, parse_budget
 
     r = load_recipe(resolve_recipe_path("smollm2-135m-a100"), check_files=False)
     s = r.validation.scenario("summary").budgets

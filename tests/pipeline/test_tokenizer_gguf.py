@@ -24,9 +24,9 @@ from trtpipe.pipeline.tokenizer_gguf import (
     tokenizer_from_hf_folder,
 )
 from trtpipe.plugins.errors import TrtpipeError
-from trtpipe.runtime.chat import default_chat_messages, render_chat
+from trtpipe.runtime.artifact.chat_template import default_chat_messages, render_chat
+from trtpipe.runtime.artifact.tokenizer import Tokenizer as RuntimeTokenizer
 from trtpipe.runtime.errors import ArtifactError, RequestError
-from trtpipe.runtime.tokenizer import Tokenizer as RuntimeTokenizer
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

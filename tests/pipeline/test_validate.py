@@ -114,7 +114,7 @@ def test_rebuild_command_names_the_recipe_file_and_artifacts_root(tmp_path, monk
     """The "Fix:" of artifact errors must be a command that works: a recipe outside recipes/ by
     its path, a non-default artifacts root with --artifacts; manifests without it fall back."""
     from trtpipe.pipeline.build import rebuild_command
-    from trtpipe.runtime.manifest import Manifest
+    from trtpipe.runtime.artifact.manifest import Manifest
 
     monkeypatch.chdir(tmp_path)
     own = load_recipe(write_recipe(tmp_path, name="own"))
@@ -332,7 +332,7 @@ def test_validate_tight_budget_fails_with_json(tiny):
 def test_plugin_free_variant_artifact_is_gated_by_its_own_minimum(monkeypatch):
     """An Orin artifact of the plugin-free variant (asymmetric INT4 changed for TensorRT) is held to
     validate.correctness.plugin_free_teacher_forced_agreement_min; the plugin variant to the INT4 one."""
-    import trtpipe.runtime.teacher_forcing as TF
+    import trtpipe.runtime.measure.teacher_forcing as TF
     from trtpipe.pipeline.recipe import parse_recipe
     from trtpipe.pipeline.validate import check_correctness
 
@@ -376,13 +376,14 @@ def test_validate_goodput_in_process_with_json(tiny):
 def test_gate_is_computed_once_and_matches_report_json(tmp_path, capsys):
     """The gate validate prints and returns is the one computed from the scenario reports (it does
     not re-read report.json: the file is deleted before finish_report), and it equals the gate
-    report.json records for the same reports (runtime/report.py, an independent computation)."""
+    report.json records for the same reports (runtime/measure/report/document.py, an independent computation)."""
     from rich.console import Console
 
     from trtpipe.pipeline.validate import finish_report, gate_of_reports
-    from trtpipe.runtime.budgets import evaluate_budgets
-    from trtpipe.runtime.metrics import RequestTimer, summarize
-    from trtpipe.runtime.report import ScenarioReport, write_report
+    from trtpipe.runtime.measure.budgets import evaluate_budgets
+    from trtpipe.runtime.measure.report.document import write_report
+    from trtpipe.runtime.measure.report.records import ScenarioReport
+    from trtpipe.runtime.metrics.request_metrics import RequestTimer, summarize
 
     t = RequestTimer("a", prompt_tokens=8, arrival_s=0.0)
     t.on_prefill_start(0.01)
@@ -509,7 +510,7 @@ def test_correctness_gate_fails_on_a_first_token_or_a_non_tie_flip(monkeypatch, 
     each failure named (prompt, position, the two ids and the reference's margin)."""
     from trtpipe.pipeline.recipe import parse_recipe, resolve_recipe_path
     from trtpipe.pipeline.validate_correctness import check_correctness
-    from trtpipe.runtime import teacher_forcing
+    from trtpipe.runtime.measure import teacher_forcing
 
     golden = {
         "sequences": [
@@ -555,7 +556,7 @@ def test_kv_leak_after_the_correctness_check_fails_it_instead_of_crashing(monkey
     monkeypatch.setattr(V, "check_correctness", lambda llm, r, golden: ok)
     console = Console(file=open(tmp_path / "out.txt", "w"), highlight=False)
     recipe = load_recipe(CPU_RECIPE, check_files=False)
-    from trtpipe.runtime.block_pool import BlockPool
+    from trtpipe.runtime.kv.block_pool import BlockPool
 
     for used, passed in ((0, True), (3, False)):
         pool = BlockPool(9)

@@ -42,7 +42,8 @@ def test_plugin_abi_hash_covers_schemas_and_sources(tmp_path, monkeypatch):
 
 
 def test_engine_module_reexports_the_one_home():
-    from trtpipe.runtime import cuda_device, engine_trt
+    from trtpipe.runtime.engines import cuda_device
+    from trtpipe.runtime.engines import trt as engine_trt
 
     assert engine_trt.plugin_abi_hash is V.plugin_abi_hash
     assert engine_trt.cuda_device_info is cuda_device.cuda_device_info

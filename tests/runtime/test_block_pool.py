@@ -2,8 +2,8 @@
 
 import pytest
 
-from trtpipe.runtime.block_pool import NULL_BLOCK_ID, BlockPool
 from trtpipe.runtime.errors import TrtpipeError
+from trtpipe.runtime.kv.block_pool import NULL_BLOCK_ID, BlockPool
 
 
 def test_null_block_is_never_handed_out():

@@ -4,8 +4,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from trtpipe.runtime.budgets import BudgetError, BudgetResult, evaluate_budgets, gate_exit_code, parse_budget
-from trtpipe.runtime.metrics import RequestTimer, summarize
+from trtpipe.runtime.measure.budgets import BudgetError, BudgetResult, evaluate_budgets, gate_exit_code, parse_budget
+from trtpipe.runtime.metrics.request_metrics import RequestTimer, summarize
 
 
 def _req(request_id, arrival, token_times):
@@ -118,7 +118,7 @@ def test_gate_exit_code():
 def test_gate_record():
     """Gate.of: the exit code of gate_exit_code; an unchecked correctness (None) or leak check does
     not fail it; to_dict is report.json's gate object."""
-    from trtpipe.runtime.budgets import Gate
+    from trtpipe.runtime.measure.budgets import Gate
 
     ok = BudgetResult("ttft_ms", "p95", "max", 500.0, 480.0, 0.04, True)
     bad = BudgetResult("ttft_ms", "p50", "max", 250.0, 300.0, -0.2, False)

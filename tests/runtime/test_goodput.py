@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from trtpipe.runtime.goodput import ProbeResult, find_goodput
+from trtpipe.runtime.measure.goodput import ProbeResult, find_goodput
 
 
 def _queue_probe(capacity_per_s, base_ms, budget_ms):
@@ -52,8 +52,8 @@ def test_goodput_of_a_fake_engine_through_run_workload():
     queue stays short well below 10 req/s and grows without bound above it, so the goodput
     lies below capacity and close to it; the search must land in [0.5, 1.0] x capacity and
     its bracket must straddle a pass/fail change of the real runs."""
-    from trtpipe.runtime.metrics import summarize
-    from trtpipe.runtime.workload import WorkloadSpec, make_workload, run_workload
+    from trtpipe.runtime.measure.workload import WorkloadSpec, make_workload, run_workload
+    from trtpipe.runtime.metrics.request_metrics import summarize
 
     class Tok:
         def encode(self, text, add_special_tokens=True):
@@ -80,7 +80,7 @@ def test_each_probe_has_its_own_prefix_cache_salt():
     from types import SimpleNamespace
 
     from trtpipe.pipeline.goodput import ProbeRunner, _probe_fn
-    from trtpipe.runtime.workload import WorkloadSpec, run_workload
+    from trtpipe.runtime.measure.workload import WorkloadSpec, run_workload
 
     class Tok:
         def encode(self, text, add_special_tokens=True):
@@ -106,7 +106,7 @@ class FakeServer:
     """One request at a time, ``service_s`` each, one output token; time is a fake clock."""
 
     def __init__(self, service_s):
-        from trtpipe.runtime.metrics import StepStats
+        from trtpipe.runtime.metrics.request_metrics import StepStats
 
         self.t = 0.0
         self.service_s = service_s
@@ -123,7 +123,7 @@ class FakeServer:
         self.t += s
 
     def add_request(self, ids, params, arrival_s=None, cache_salt=None):
-        from trtpipe.runtime.metrics import RequestTimer
+        from trtpipe.runtime.metrics.request_metrics import RequestTimer
 
         self.salts.append(cache_salt)
         self.n += 1

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import platform
 
-from trtpipe.runtime import step_cost
-from trtpipe.runtime.host_cpu import cpu_identity, host_id
-from trtpipe.runtime.step_cost import STEP_COST_FILE, StepCostModel, load_or_calibrate
+from trtpipe.runtime.artifact.host_cpu import cpu_identity, host_id
+from trtpipe.runtime.sched import step_cost
+from trtpipe.runtime.sched.step_cost import STEP_COST_FILE, StepCostModel, load_or_calibrate
 
 ZEN3 = """processor\t: 0
 vendor_id\t: AuthenticAMD

@@ -4,10 +4,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trtpipe.runtime.block_pool import BlockPool
 from trtpipe.runtime.errors import TrtpipeError
-from trtpipe.runtime.kv_manager import KVCacheManager
-from trtpipe.runtime.kv_planning import cdiv
+from trtpipe.runtime.kv.block_pool import BlockPool
+from trtpipe.runtime.kv.cache_manager import KVCacheManager
+from trtpipe.runtime.kv.planning import cdiv
 
 
 def make(num_blocks=10, block_size=4, sliding_window=0):

@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from trtpipe.runtime.kv_pool import KVPool, zeros_without_huge_pages
-from trtpipe.runtime.manifest import KVLayout
+from trtpipe.runtime.artifact.manifest import KVLayout
+from trtpipe.runtime.kv.pool import KVPool, zeros_without_huge_pages
 
 
 def _vm_flags(address: int) -> list[str]:

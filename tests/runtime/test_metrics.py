@@ -5,7 +5,7 @@ import random
 import numpy as np
 import pytest
 
-from trtpipe.runtime.metrics import (
+from trtpipe.runtime.metrics.request_metrics import (
     PERCENTILE_METHOD,
     MetricsError,
     RequestTimer,
@@ -248,7 +248,7 @@ def test_runtime_metrics_does_not_import_torch_or_matplotlib():
     import sys
 
     code = (
-        "import sys, trtpipe.runtime.metrics, trtpipe.runtime.budgets, trtpipe.runtime.report;"
+        "import sys, trtpipe.runtime.metrics.request_metrics, trtpipe.runtime.measure.budgets, trtpipe.runtime.measure.report.document;"
         "bad = [m for m in ('torch', 'matplotlib') if m in sys.modules]; print(bad)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -9,11 +9,11 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from trtpipe.runtime.block_pool import BlockPool
-from trtpipe.runtime.kv_manager import KVCacheManager
-from trtpipe.runtime.prefix_cache import extend_block_hashes, hash_block_tokens, root_hash
-from trtpipe.runtime.request import Request, RequestStatus, SamplingParams
-from trtpipe.runtime.scheduler import Scheduler
+from trtpipe.runtime.kv.block_pool import BlockPool
+from trtpipe.runtime.kv.cache_manager import KVCacheManager
+from trtpipe.runtime.kv.prefix_cache import extend_block_hashes, hash_block_tokens, root_hash
+from trtpipe.runtime.sched.request import Request, RequestStatus, SamplingParams
+from trtpipe.runtime.sched.scheduler import Scheduler
 
 # ---- hashes --------------------------------------------------------------------------------
 

@@ -7,10 +7,9 @@ import os
 
 import pytest
 
-from trtpipe.runtime.budgets import BudgetResult, evaluate_budgets
 from trtpipe.runtime.errors import ArtifactError
-from trtpipe.runtime.metrics import PERCENTILE_METHOD, RequestTimer, StepStats, summarize
-from trtpipe.runtime.report import (
+from trtpipe.runtime.measure.budgets import BudgetResult, evaluate_budgets
+from trtpipe.runtime.measure.report.document import (
     SCHEMA_VERSION,
     ScenarioReport,
     atomic_write_bytes,
@@ -20,6 +19,7 @@ from trtpipe.runtime.report import (
     validate_dir,
     write_report,
 )
+from trtpipe.runtime.metrics.request_metrics import PERCENTILE_METHOD, RequestTimer, StepStats, summarize
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 GENERATED_AT = "2025-01-01T00:00:00+00:00"
@@ -172,7 +172,7 @@ def test_render_rich_table():
 
 @pytest.fixture
 def figures(monkeypatch):
-    from trtpipe.runtime import report_plots
+    from trtpipe.runtime.measure.report import plots as report_plots
 
     captured = []
     monkeypatch.setattr(report_plots, "_png", lambda fig: captured.append(fig) or b"")
@@ -230,7 +230,7 @@ def test_kv_occupancy_is_one_line_against_one_capacity(figures):
 
 
 def test_report_without_matplotlib_skips_plots_with_a_notice(tmp_path, monkeypatch):
-    from trtpipe.runtime import report_plots
+    from trtpipe.runtime.measure.report import plots as report_plots
 
     monkeypatch.setattr(
         report_plots.importlib.util,
@@ -248,6 +248,6 @@ def test_report_without_matplotlib_skips_plots_with_a_notice(tmp_path, monkeypat
 
 
 def _as(item):
-    from trtpipe.runtime.report import _as_scenario
+    from trtpipe.runtime.measure.report.document import _as_scenario
 
     return _as_scenario(item)

@@ -5,9 +5,9 @@ import re
 
 import pytest
 
+from trtpipe.runtime.artifact.manifest import MANIFEST_NAME, load_manifest
+from trtpipe.runtime.artifact.runtime_options import SharedInitializer, parse_runtime_options
 from trtpipe.runtime.errors import ArtifactError
-from trtpipe.runtime.manifest import MANIFEST_NAME, load_manifest
-from trtpipe.runtime.runtime_options import SharedInitializer, parse_runtime_options
 
 ORT = {
     "shared_data_file": "weights.data",

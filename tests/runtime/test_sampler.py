@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from trtpipe.runtime.errors import RequestError
-from trtpipe.runtime.request import SamplingParams
-from trtpipe.runtime.sampler import make_generator, sample
+from trtpipe.runtime.sample.sampler import make_generator, sample
+from trtpipe.runtime.sched.request import SamplingParams
 
 V = 50
 
@@ -129,7 +129,7 @@ def _hf_reference(scores, temperature, top_k, top_p):
 
 @pytest.mark.parametrize("top_k, top_p, temperature", [(0, 1.0, 1.0), (7, 1.0, 0.5), (0, 0.6, 1.3), (12, 0.9, 0.8)])
 def test_filtered_distribution_matches_hf_warpers(top_k, top_p, temperature):
-    from trtpipe.runtime.sampler import filtered_distribution
+    from trtpipe.runtime.sample.sampler import filtered_distribution
 
     for row in logits_batch(5, seed=top_k):
         ids, probs = filtered_distribution(row, SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p))

@@ -8,11 +8,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trtpipe.runtime.block_pool import BlockPool
 from trtpipe.runtime.errors import RequestError, TrtpipeError
-from trtpipe.runtime.kv_manager import KVCacheManager
-from trtpipe.runtime.request import Request, RequestStatus, SamplingParams
-from trtpipe.runtime.scheduler import ScheduledDecode, ScheduledPrefill, Scheduler
+from trtpipe.runtime.kv.block_pool import BlockPool
+from trtpipe.runtime.kv.cache_manager import KVCacheManager
+from trtpipe.runtime.sched.request import Request, RequestStatus, SamplingParams
+from trtpipe.runtime.sched.scheduler import ScheduledDecode, ScheduledPrefill, Scheduler
 
 EOS = 0
 
@@ -320,7 +320,7 @@ def _check_ownership(sched, pool, kv, arrived):
 def test_prompt_length_rule_boundary_one_rule_for_scheduler_and_llm():
     """max_seq_len bounds prompt + output: a prompt of max_seq_len - 1 tokens runs and gets
     exactly one token (then "length"); a prompt of exactly max_seq_len tokens is refused."""
-    from trtpipe.runtime.request import prompt_length_error
+    from trtpipe.runtime.sched.request import prompt_length_error
 
     assert prompt_length_error(9, 10) is None
     assert "prompt has 10 tokens; expected fewer than max_seq_len = 10" in prompt_length_error(10, 10)

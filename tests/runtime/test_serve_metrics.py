@@ -1,5 +1,5 @@
 """The Prometheus histograms of `trtpipe serve` hold exactly the per-request metrics that
-`trtpipe validate` reports (runtime/metrics.py) for the same requests: counts and sums agree.
+`trtpipe validate` reports (runtime/metrics/request_metrics.py) for the same requests: counts and sums agree.
 
 The server runs in this process (uvicorn in a thread) so the test can see each request's own
 RequestMetrics record next to the /metrics text; the engine loop is the one `trtpipe serve` uses.
@@ -234,7 +234,7 @@ def test_a_request_is_observed_before_its_client_sees_the_end(default_artifact):
     engine thread calls ``on_finished`` (the Prometheus observation) before it hands the request's
     ``Final`` event to the client's sink (both run in the engine thread, so the order is exact)."""
     from trtpipe.runtime.llm import LLM
-    from trtpipe.runtime.request import SamplingParams
+    from trtpipe.runtime.sched.request import SamplingParams
     from trtpipe.runtime.serve.engine_loop import EngineLoop, Final
 
     llm = LLM(default_artifact)

@@ -4,14 +4,14 @@ synthetic cost model, and the scheduler applying them (no model)."""
 import numpy as np
 import pytest
 
-from trtpipe.runtime.block_pool import BlockPool
 from trtpipe.runtime.errors import TrtpipeError
-from trtpipe.runtime.kv_manager import KVCacheManager
-from trtpipe.runtime.request import Request, SamplingParams
-from trtpipe.runtime.schedule import DecodeProgress
-from trtpipe.runtime.scheduler import Scheduler
-from trtpipe.runtime.slo_policy import HOST_FACTOR_MIN_STEPS, HOST_FACTOR_WINDOW, SloChunkPolicy, check_budget_ms
-from trtpipe.runtime.step_cost import StepCostModel, StepSample, fit, fit_fused, with_error
+from trtpipe.runtime.kv.block_pool import BlockPool
+from trtpipe.runtime.kv.cache_manager import KVCacheManager
+from trtpipe.runtime.sched.request import Request, SamplingParams
+from trtpipe.runtime.sched.scheduler import Scheduler
+from trtpipe.runtime.sched.slo_policy import HOST_FACTOR_MIN_STEPS, HOST_FACTOR_WINDOW, SloChunkPolicy, check_budget_ms
+from trtpipe.runtime.sched.step import DecodeProgress
+from trtpipe.runtime.sched.step_cost import StepCostModel, StepSample, fit, fit_fused, with_error
 
 # prefill 2 ms + 1 ms/token; decode 5 ms + 1 ms/sequence (no attention terms)
 COST = StepCostModel(prefill_s=(0.002, 0.001, 0.0), decode_s=(0.005, 0.001, 0.0), error_ms=1.5)

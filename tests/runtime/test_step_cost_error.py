@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trtpipe.runtime.step_cost import StepSample
-from trtpipe.runtime.step_cost_error import StepCostError
+from trtpipe.runtime.measure.step_cost_error import StepCostError
+from trtpipe.runtime.sched.step_cost import StepSample
 
 # (predicted_s, measured_s, prefill_tokens, decode_batch, host_factor)
 SAMPLES = [

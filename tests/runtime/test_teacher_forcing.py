@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from tests.reference_outputs import assert_follows_reference
-from trtpipe.runtime.block_pool import BlockPool
 from trtpipe.runtime.errors import RequestError
-from trtpipe.runtime.kv_manager import KVCacheManager
-from trtpipe.runtime.teacher_forcing import first_mismatch, greedy_ids, teacher_forced_agreement
+from trtpipe.runtime.kv.block_pool import BlockPool
+from trtpipe.runtime.kv.cache_manager import KVCacheManager
+from trtpipe.runtime.measure.teacher_forcing import first_mismatch, greedy_ids, teacher_forced_agreement
 
 V = 50
 

@@ -10,8 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from trtpipe.runtime.metrics import RequestTimer, StepStats
-from trtpipe.runtime.workload import (
+from trtpipe.runtime.measure.workload import (
     CORPUS,
     WorkItem,
     WorkloadError,
@@ -20,6 +19,7 @@ from trtpipe.runtime.workload import (
     make_workload,
     run_workload,
 )
+from trtpipe.runtime.metrics.request_metrics import RequestTimer, StepStats
 
 
 class WordTokenizer:

@@ -3,7 +3,7 @@ same tokens, in the chat template when asked."""
 
 import pytest
 
-from trtpipe.runtime.workload import WorkloadError, WorkloadSpec, make_workload
+from trtpipe.runtime.measure.workload import WorkloadError, WorkloadSpec, make_workload
 
 
 class WordTok:

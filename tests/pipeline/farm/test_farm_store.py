@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("fsspec")
 
 from trtpipe.pipeline.farm.store import LATEST_NAME, RECORD_NAME, ArtifactStore, StoreError  # noqa: E402
-from trtpipe.runtime.manifest import sha256_file  # noqa: E402
+from trtpipe.runtime.artifact.manifest import sha256_file  # noqa: E402
 
 CPU_RECIPE = "smollm2-135m-cpu"
 
@@ -128,7 +128,7 @@ def test_publish_refuses_a_folder_without_manifest(tmp_path):
 
 @pytest.fixture(scope="module")
 def published(cpu_artifact_root, tmp_path_factory):
-    from trtpipe.runtime.manifest import load_manifest
+    from trtpipe.runtime.artifact.manifest import load_manifest
 
     art = cpu_artifact_root / CPU_RECIPE / "cpu"
     m = load_manifest(art, verify_hashes=False)

@@ -1,0 +1,1 @@
+"""The engines that run a step: ONNX Runtime (CPU), TensorRT (GPU), the CUDA runtime through ctypes."""

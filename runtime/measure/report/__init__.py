@@ -1,0 +1,1 @@
+"""The validation report: report.json's document, report.md and the PNG plots."""

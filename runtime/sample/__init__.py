@@ -1,0 +1,1 @@
+"""Next-token selection from a step's logits."""

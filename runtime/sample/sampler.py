@@ -1,0 +1,104 @@
+"""Next-token sampling from logits: greedy, temperature, top-k, top-p, a generator per request.
+
+Semantics follow the Hugging Face logits warpers, applied in the order ``generate`` uses:
+``TemperatureLogitsWarper`` (divide by T), ``TopKLogitsWarper`` (keep every token whose logit is
+>= the k-th largest, so ties at the boundary survive), ``TopPLogitsWarper`` (sort ascending,
+drop the tokens whose cumulative probability is <= 1 - top_p, always keep the most likely one:
+the smallest set with mass >= top_p), then one categorical draw.
+
+Greedy rows (temperature 0) take the argmax of the raw logits: no softmax, no random number,
+the fast path for the common case. Sampling rows draw one uniform number from their own
+``np.random.Generator`` (``make_generator`` seeds it from ``SamplingParams.seed``), so a seeded
+request reproduces its tokens whatever else shares the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from trtpipe.runtime.sched.request import SamplingParams
+
+_fallback_rng = np.random.default_rng()
+
+
+def make_generator(params: SamplingParams) -> np.random.Generator:
+    """The per-request generator: ``np.random.default_rng(params.seed)`` (OS entropy if None)."""
+    return np.random.default_rng(params.seed)
+
+
+def sample(
+    logits: np.ndarray, params: Sequence[SamplingParams], generators: Sequence[np.random.Generator | None]
+) -> np.ndarray:
+    """Pick one token per row.
+
+    Args:
+        logits: ``[S, V]`` float (float32 expected; float16 is upcast), one row per sequence.
+        params: ``S`` sampling parameters (validated upstream).
+        generators: ``S`` generators; None uses a process-wide unseeded one.
+
+    Returns:
+        ``[S]`` int64 token ids.
+    """
+    logits = np.asarray(logits)
+    assert logits.ndim == 2, f"logits must be [S, V], got shape {logits.shape}"
+    num_rows = logits.shape[0]
+    assert len(params) == num_rows and len(generators) == num_rows, (
+        f"{num_rows} logit rows but {len(params)} params and {len(generators)} generators"
+    )
+    token_ids = np.empty(num_rows, dtype=np.int64)
+    greedy = np.fromiter((p.temperature == 0.0 for p in params), dtype=bool, count=num_rows)
+    if greedy.any():
+        token_ids[greedy] = np.argmax(logits[greedy], axis=-1)
+    for row in np.flatnonzero(~greedy).tolist():
+        rng = generators[row] if generators[row] is not None else _fallback_rng
+        token_ids[row] = _sample_row(logits[row], params[row], rng)
+    return token_ids
+
+
+def _sample_row(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    """One categorical draw from a ``[V]`` row after temperature, top-k and top-p."""
+    token_ids, probs = filtered_distribution(logits, params)
+    cdf = np.cumsum(probs)
+    index = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    return int(token_ids[min(index, len(token_ids) - 1)])
+
+
+def filtered_distribution(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """The distribution a sampling row draws from (temperature > 0).
+
+    Args:
+        logits: ``[V]`` float row.
+        params: temperature (> 0), top_k, top_p.
+
+    Returns:
+        ``(token_ids [K] int64, probs [K] float64)``: the tokens that survive top-k/top-p, in
+        ascending id order, and their renormalized probabilities. A row without a finite
+        maximum (all -inf, NaN, +inf) degenerates to its argmax with probability 1.
+    """
+    scores = logits.astype(np.float64) / params.temperature  # [V]
+    if not np.isfinite(scores.max()):
+        return np.array([np.argmax(scores)], dtype=np.int64), np.ones(1)
+    vocab_size = scores.shape[0]
+    candidates = np.arange(vocab_size, dtype=np.int64)  # token ids still in play
+    if 0 < params.top_k < vocab_size:
+        kth_largest = np.partition(scores, vocab_size - params.top_k)[vocab_size - params.top_k]
+        candidates = np.flatnonzero(scores >= kth_largest)
+    kept = scores[candidates]
+    if params.top_p < 1.0:
+        order = np.argsort(kept, kind="stable")  # ascending, as in TopPLogitsWarper
+        cumulative = np.cumsum(_softmax(kept[order]))
+        remove = cumulative <= 1.0 - params.top_p
+        remove[-1] = False  # min_tokens_to_keep = 1
+        keep = np.sort(order[~remove])
+        candidates, kept = candidates[keep], kept[keep]
+    return candidates, _softmax(kept)
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+__all__ = ["sample", "make_generator", "filtered_distribution"]

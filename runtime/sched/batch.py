@@ -1,0 +1,116 @@
+"""Engine input records built from a scheduler step (docs/contracts.md "Graph I/O").
+
+All index arrays are int64. Block-table rows are padded with 0 (the null block) to the longest
+row of the batch; the attention mask, not the padding, decides what is read, so a padded row
+never reads another sequence's blocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from trtpipe.runtime.sched.step import ScheduledDecode, ScheduledPrefill
+
+
+def _block_tables(rows: Sequence[Sequence[int]]) -> np.ndarray:
+    mb = max(1, max(len(r) for r in rows))
+    bt = np.zeros((len(rows), mb), np.int64)
+    for i, r in enumerate(rows):
+        bt[i, : len(r)] = r
+    return bt
+
+
+@dataclass(frozen=True)
+class PrefillBatch:
+    """A packed ragged batch of prompt chunks (no padding tokens).
+
+    input_ids, positions, slot_mapping: [T]; block_tables: [S, MB]; context_lens: [S];
+    query_start_loc: [S+1]; last_token_indices: [S]; request_ids: S ids in row order.
+
+    Row order: :meth:`from_scheduled` puts rows of one token (decode tokens riding in a prefill
+    call) after the longer chunks, keeping each group's order: the ONNX Runtime prefill graph
+    runs trailing 1-token rows through its decode attention path instead of padding them to the
+    longest chunk (``trtpipe.plugins.paged_attention_onnx``, 3.). The logits' rows follow
+    ``request_ids``, so callers map rows by id, not by the order they passed.
+    """
+
+    request_ids: tuple[str, ...]
+    input_ids: np.ndarray
+    positions: np.ndarray
+    slot_mapping: np.ndarray
+    block_tables: np.ndarray
+    context_lens: np.ndarray
+    query_start_loc: np.ndarray
+    last_token_indices: np.ndarray
+
+    @classmethod
+    def from_scheduled(cls, prefills: Sequence[ScheduledPrefill]) -> PrefillBatch:
+        prefills = [p for p in prefills if p.num_tokens != 1] + [p for p in prefills if p.num_tokens == 1]
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        lens: list[int] = []
+        for p in prefills:
+            n = len(p.token_ids)
+            ids.extend(p.token_ids)
+            pos.extend(range(p.start_position, p.start_position + n))
+            slots.extend(p.slot_mapping)
+            lens.append(n)
+        qsl = np.zeros(len(prefills) + 1, np.int64)
+        qsl[1:] = np.cumsum(lens)
+        return cls(
+            request_ids=tuple(p.request_id for p in prefills),
+            input_ids=np.asarray(ids, np.int64),
+            positions=np.asarray(pos, np.int64),
+            slot_mapping=np.asarray(slots, np.int64),
+            block_tables=_block_tables([p.block_table for p in prefills]),
+            context_lens=np.asarray([p.start_position + len(p.token_ids) for p in prefills], np.int64),
+            query_start_loc=qsl,
+            last_token_indices=qsl[1:] - 1,
+        )
+
+    def feeds(self) -> dict[str, np.ndarray]:
+        return {
+            "input_ids": self.input_ids,
+            "positions": self.positions,
+            "slot_mapping": self.slot_mapping,
+            "block_tables": self.block_tables,
+            "context_lens": self.context_lens,
+            "query_start_loc": self.query_start_loc,
+            "last_token_indices": self.last_token_indices,
+        }
+
+
+@dataclass(frozen=True)
+class DecodeBatch:
+    """One token per running sequence. All arrays [S] except block_tables [S, MB]."""
+
+    request_ids: tuple[str, ...]
+    input_ids: np.ndarray
+    positions: np.ndarray
+    slot_mapping: np.ndarray
+    block_tables: np.ndarray
+    context_lens: np.ndarray
+
+    @classmethod
+    def from_scheduled(cls, decodes: Sequence[ScheduledDecode]) -> DecodeBatch:
+        return cls(
+            request_ids=tuple(d.request_id for d in decodes),
+            input_ids=np.asarray([d.token_id for d in decodes], np.int64),
+            positions=np.asarray([d.position for d in decodes], np.int64),
+            slot_mapping=np.asarray([d.slot for d in decodes], np.int64),
+            block_tables=_block_tables([d.block_table for d in decodes]),
+            context_lens=np.asarray([d.position + 1 for d in decodes], np.int64),
+        )
+
+    def feeds(self) -> dict[str, np.ndarray]:
+        return {
+            "input_ids": self.input_ids,
+            "positions": self.positions,
+            "slot_mapping": self.slot_mapping,
+            "block_tables": self.block_tables,
+            "context_lens": self.context_lens,
+        }
