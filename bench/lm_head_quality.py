@@ -31,10 +31,11 @@ def main() -> int:
     golden_path = Path(a.artifact) / "golden.json"
     if not golden_path.is_file():
         raise SystemExit(f"{golden_path} not found. Fix: trtpipe build {Path(a.recipe).stem}")
-    from trtpipe.pipeline.build.load import load_model
-    from trtpipe.pipeline.model import QuantSpec, build_reference_model
+    from trtpipe.pipeline.model.quantize import QuantSpec
+    from trtpipe.pipeline.model.reference import build_reference_model
     from trtpipe.pipeline.recipe.loading import load_recipe
-    from trtpipe.pipeline.variant_agreement import teacher_forced_agreement_dense
+    from trtpipe.pipeline.stages.load import load_model
+    from trtpipe.pipeline.stages.tensorrt.variant_gate import teacher_forced_agreement_dense
 
     recipe = load_recipe(a.recipe)
     golden = json.loads(golden_path.read_text())

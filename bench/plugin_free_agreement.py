@@ -5,7 +5,7 @@
                                           [--recipe smollm2-135m-orin] [--num-tokens N]
 
 Runs the torch reference (fp32 activations, CPU) of the recipe's model, teacher-forced over the
-golden sequences (pipeline/variant_agreement.py), with each weight form:
+golden sequences (pipeline/stages/tensorrt/variant_gate.py), with each weight form:
 
 - fp32: the dequantized weights the golden outputs come from (a check of the method: ~1.0);
 - int4 Q4_1 exact (the plugin variant and the CPU default): the golden's own weights, not rerun;
@@ -45,7 +45,7 @@ def rtn_reference(ref4):
     round-to-nearest (absmax/7, fp32 scales) and held as float weights."""
     import copy
 
-    from trtpipe.pipeline.model import FloatLinear, Int4Linear
+    from trtpipe.pipeline.model.reference import FloatLinear, Int4Linear
     from trtpipe.plugins import int4_pack as P
     from trtpipe.plugins.reference import dequantize_int4
 
@@ -81,10 +81,10 @@ def main() -> int:
     args = _parser().parse_args()
     import torch
 
-    from trtpipe.pipeline.build import load_model
-    from trtpipe.pipeline.model import build_reference_model
+    from trtpipe.pipeline.model.reference import build_reference_model
     from trtpipe.pipeline.recipe import load_recipe, resolve_recipe_path
-    from trtpipe.pipeline.variant_agreement import requantized_reference, teacher_forced_agreement_dense
+    from trtpipe.pipeline.stages import load_model
+    from trtpipe.pipeline.stages.tensorrt.variant_gate import requantized_reference, teacher_forced_agreement_dense
 
     torch.set_num_threads(2)
     golden = json.loads(args.golden.read_text())

@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
 def run_scenario(llm, recipe, scenario_name: str) -> dict:
     """One run of a recipe scenario on ``llm``: its TTFT/ITL/TPOT percentiles (ms), prefix-cache
     hits, wall time and the 1-minute load average before and after."""
-    from trtpipe.pipeline.validate import scenario_workload_spec
+    from trtpipe.pipeline.validate.runner import scenario_workload_spec
     from trtpipe.runtime.measure.workload import make_workload, run_workload
     from trtpipe.runtime.metrics.request_metrics import summarize
 

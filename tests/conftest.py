@@ -47,7 +47,7 @@ def gguf_path() -> Path:
 @pytest.fixture(scope="session")
 def smollm2(gguf_path):
     """Our loader's view of the real model (weights + tokenizer)."""
-    from trtpipe.pipeline.gguf_loader import load_gguf
+    from trtpipe.pipeline.model.gguf import load_gguf
 
     return load_gguf(gguf_path)
 
@@ -77,7 +77,7 @@ def france_ids(hf_smollm2) -> list[int]:
 
 @pytest.fixture(scope="session")
 def ref_fp32(smollm2):
-    from trtpipe.pipeline.model import build_reference_model
+    from trtpipe.pipeline.model.reference import build_reference_model
 
     return build_reference_model(smollm2, "fp32")
 
@@ -102,7 +102,7 @@ def make_test_recipe(base_dir, name, prefill, decode, accuracy_level=4, **over):
 
 
 def _build(tmp_path_factory, recipe_fn, golden=False):
-    from trtpipe.pipeline.build import build
+    from trtpipe.pipeline.stages import build
 
     root = tmp_path_factory.mktemp("artifacts")
     res = build(recipe_fn(root), root, golden=golden, log=lambda s: None)
@@ -140,15 +140,15 @@ def int4_llm(int4_artifact):
 def default_artifact(gguf_path, tmp_path_factory):
     """The default recipe's artifact (with golden outputs): the repo's artifacts/ one when it is
     built and current, else built once into a temp folder (CI starts from a clean clone)."""
-    from trtpipe.pipeline.build import build
     from trtpipe.pipeline.recipe import load_recipe, resolve_recipe_path
+    from trtpipe.pipeline.stages import build
     from trtpipe.plugins.errors import TrtpipeError
     from trtpipe.runtime.artifact.manifest import load_manifest
 
     recipe = load_recipe(resolve_recipe_path("smollm2-135m-cpu"))
     repo = Path(__file__).resolve().parents[1] / "artifacts" / "smollm2-135m-cpu" / "cpu"
     try:
-        from trtpipe.pipeline.build import inputs_hash
+        from trtpipe.pipeline.stages import inputs_hash
 
         if load_manifest(repo, verify_hashes=False).inputs_hash == inputs_hash(recipe, recipe.resolve_source().path):
             return repo
@@ -176,8 +176,8 @@ def cpu_artifact_root(default_artifact, tmp_path_factory) -> Path:
     """An artifacts root holding a copy of ``smollm2-135m-cpu/cpu`` (the suite's default
     artifact: the checkout's own when current, else built once per session); build() confirms
     the copy is up to date and skips it."""
-    from trtpipe.pipeline.build import build
     from trtpipe.pipeline.recipe import load_recipe, resolve_recipe_path
+    from trtpipe.pipeline.stages import build
 
     root = tmp_path_factory.mktemp("cpu-artifacts")
     shutil.copytree(default_artifact, root / FARM_CPU_RECIPE / "cpu", ignore=shutil.ignore_patterns("validate", ".*"))

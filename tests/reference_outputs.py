@@ -1,7 +1,7 @@
 """What the fp32 reference answers, for tests that assert a greedy output.
 
 A test that checks a greedy text checks it against the fp32 torch reference's recording for the
-artifact under test (``golden.json``, written by the build from pipeline/golden.py's prompts), not
+artifact under test (``golden.json``, written by the build from pipeline/stages/golden.py's prompts), not
 against a string one host happened to print. The artifact's promise (recipe
 ``validate.correctness``): the first generated token equals the reference's; later tokens equal
 it until the first position where the reference's own top-2 margin is below the tie threshold,

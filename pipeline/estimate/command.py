@@ -84,7 +84,7 @@ def _load_validate_report(
 def _chunking_notes(recipe: Recipe, family: str, artifact_root: str | Path) -> list[str]:
     """The prefill chunk each scenario gets under ``scheduler.policy``, and why: from the
     artifact's measured step-cost model (``step_cost.json``) when there is one."""
-    from trtpipe.pipeline.validate import scenario_slo_budgets_ms
+    from trtpipe.pipeline.validate.runner import scenario_slo_budgets_ms
     from trtpipe.runtime.measure.report.document import validate_dir
     from trtpipe.runtime.sched.slo_policy import SloChunkPolicy
     from trtpipe.runtime.sched.step_cost import STEP_COST_FILE, StepCostModel

@@ -19,7 +19,7 @@ from trtpipe.pipeline.estimate.memory import (
 )
 from trtpipe.pipeline.estimate.result import Estimate
 from trtpipe.pipeline.estimate.weights import activation_dtype, phase_weights
-from trtpipe.pipeline.model_config_override import with_sliding_window
+from trtpipe.pipeline.model.overrides import with_sliding_window
 from trtpipe.pipeline.recipe import Recipe
 from trtpipe.pipeline.targets import TargetSpec, compute_dtype
 from trtpipe.plugins.dtypes import dtype

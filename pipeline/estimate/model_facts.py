@@ -18,7 +18,7 @@ def _gguf_config(path: str, mtime_ns: int, size: int) -> ModelConfig:
     # or dequantizing them.
     from gguf import GGUFReader
 
-    from trtpipe.pipeline.gguf_loader import ModelLoadError, config_from_gguf
+    from trtpipe.pipeline.model.gguf import ModelLoadError, config_from_gguf
 
     try:
         reader = GGUFReader(path)
@@ -37,7 +37,7 @@ def model_config_for(recipe: Recipe) -> ModelConfig:
     if src.kind == "gguf":
         st = src.path.stat()
         return _gguf_config(str(src.path), st.st_mtime_ns, st.st_size)
-    from trtpipe.pipeline.hf_loader import config_from_hf
+    from trtpipe.pipeline.model.hf import config_from_hf
 
     cfg = json.loads((src.path / "config.json").read_text(encoding="utf-8"))
     return config_from_hf(cfg, src.path)

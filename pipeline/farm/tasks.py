@@ -1,7 +1,7 @@
 """One farm cell on one node: build, validate, publish. Runs inside a Ray task.
 
 The work shells out to ``trtpipe build`` / ``trtpipe validate`` (``python -m
-trtpipe.pipeline.cli``), so a cell gets exactly the CLI's behaviour: its exit codes, its atomic
+trtpipe.pipeline.cli.main``), so a cell gets exactly the CLI's behaviour: its exit codes, its atomic
 writes, its log lines, its SIGTERM unwinding. The child gets SIGTERM when the Ray worker dies
 (``PR_SET_PDEATHSIG``), so a lost node or a cancelled task also stops its build, and a killed
 build leaves only a hidden temp folder that the next build removes.
@@ -106,7 +106,7 @@ def _die_with_parent() -> None:  # preexec_fn: SIGTERM to the child when the Ray
 def _run_cli(args: list[str], log_path: Path) -> tuple[int, str]:
     """Run ``trtpipe ARGS`` with stdout+stderr appended to ``log_path``; (exit code, stdout)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="160")
-    cmd = [sys.executable, "-m", "trtpipe.pipeline.cli", *args]
+    cmd = [sys.executable, "-m", "trtpipe.pipeline.cli.main", *args]
     with open(log_path, "a", encoding="utf-8") as log:
         log.write(f"$ trtpipe {' '.join(args)}\n")
         log.flush()

@@ -22,7 +22,7 @@ def build_fields(recipe: Recipe) -> dict[str, Any]:
     ``description``, ``kv_cache.prefix_caching`` and ``scheduler`` (runtime settings) and the
     ``validate`` section (scenarios, budgets and the correctness threshold do not change what
     ``trtpipe build`` writes; ``validate.correctness.num_tokens`` only sets the golden length, which
-    :func:`~trtpipe.pipeline.validate.check_correctness` reads from golden.json itself). A build
+    :func:`~trtpipe.pipeline.validate.runner.check_correctness` reads from golden.json itself). A build
     records it in the manifest so a mismatch can name the settings that changed."""
     d = recipe.model_dump(mode="json", by_alias=True)
     d.pop("validate", None)

@@ -10,7 +10,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from trtpipe.pipeline.recipe.errors import NO_VALUE, RecipeError, RecipeProblem
+from trtpipe.pipeline.recipe.checks import model_issues, recipe_issues
+from trtpipe.pipeline.recipe.errors import NO_VALUE, RecipeError, RecipeProblem, issue_to_problem
 from trtpipe.pipeline.recipe.pydantic_errors import problems_from_validation_error
 from trtpipe.pipeline.recipe.schema import Recipe
 
@@ -77,6 +78,11 @@ def parse_recipe(
         raise RecipeError(origin, problems_from_validation_error(err)) from None
     recipe._origin = origin
     recipe._base_dir = base_dir
+    issues = recipe_issues(recipe)  # checks across sections, once every section is valid
+    if recipe.model.architecture is not None:
+        issues += model_issues(recipe, recipe.model.architecture.to_model_config(), "model.architecture")
+    if issues:
+        raise RecipeError(origin, [issue_to_problem((), i) for i in issues])
     if check_files:
         _check_files(recipe)
     return recipe

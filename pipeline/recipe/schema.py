@@ -15,11 +15,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import Field, PrivateAttr
 
 from trtpipe.pipeline.recipe.base import KVDtype, Name, Phase, Spec, Target
-from trtpipe.pipeline.recipe.checks import model_issues, recipe_issues
-from trtpipe.pipeline.recipe.errors import fail
 from trtpipe.pipeline.recipe.model_source import ModelSource, resolve_model_source
 from trtpipe.pipeline.recipe.schema_build import (
     DecodeProfile,
@@ -63,15 +61,6 @@ class Recipe(Spec):
 
     _origin: str = PrivateAttr(default="<recipe>")
     _base_dir: Path | None = PrivateAttr(default=None)
-
-    @model_validator(mode="after")
-    def _cross_checks(self) -> Recipe:
-        issues = recipe_issues(self)
-        if self.model.architecture is not None:
-            issues += model_issues(self, self.model.architecture.to_model_config(), "model.architecture")
-        if issues:
-            raise fail(*issues)
-        return self
 
     # -- where it came from ------------------------------------------------------------------
     @property

@@ -1,6 +1,6 @@
 """``RuntimeOptions``: the manifest's ``runtime_options``, typed and checked once when it loads.
 
-The build writes these per backend (``pipeline/build/cpu.py`` for ``ort``, ``pipeline/build/gpu.py``
+The build writes these per backend (``pipeline/stages/cpu.py`` for ``ort``, ``pipeline/stages/tensorrt/gpu.py``
 for ``trt``); the engines read them from this record, never from the raw dict, so there is no
 silent default: an option the backend needs and the manifest lacks is an :class:`ArtifactError`
 naming it and the command that rebuilds the artifact. Options written only for the other

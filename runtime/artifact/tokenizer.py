@@ -1,7 +1,7 @@
 """Text <-> token ids on the deploy side: a thin wrapper around a ``tokenizers`` tokenizer.json.
 
 No torch, no transformers: the artifact carries a ``tokenizer.json`` (written by the pipeline,
-e.g. from GGUF metadata by ``trtpipe.pipeline.tokenizer_gguf``) and the BOS/EOS ids in its
+e.g. from GGUF metadata by ``trtpipe.pipeline.model.tokenizer``) and the BOS/EOS ids in its
 manifest, because a tokenizer.json does not record which tokens those are.
 
 Special tokens written in the text (``<|im_start|>``) are always matched as one token, as

@@ -30,7 +30,7 @@ from trtpipe.runtime.serve.app import ServeState, create_app
 from trtpipe.runtime.serve.engine_loop import EngineLoop
 from trtpipe.runtime.serve.prometheus import ServeMetrics
 
-EXIT_USAGE = 2  # the CLI's exit code for usage errors (trtpipe.pipeline.cli; runtime/ cannot import it)
+EXIT_USAGE = 2  # the CLI's exit code for usage errors (trtpipe.pipeline.cli.main; runtime/ cannot import it)
 
 if TYPE_CHECKING:
     from trtpipe.runtime.llm import LLM

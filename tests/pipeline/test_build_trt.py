@@ -20,18 +20,24 @@ from pathlib import Path
 
 import pytest
 
-import trtpipe.pipeline.build.gpu as GPU
-from trtpipe.pipeline.build import BuildError, BuildNeedsTarget
-from trtpipe.pipeline.build.compile_trt import build_from_spec
-from trtpipe.pipeline.build.compile_trt import choose_lowering as _choose_lowering
-from trtpipe.pipeline.build.lower_trt import duplicated_weight_bytes
-from trtpipe.pipeline.build.profiles import OptimizationProfile, PlanSpec, check_profiles, input_shapes, profile_dims
-from trtpipe.pipeline.build.rtx_smoke import rtx_smoke_build
-from trtpipe.pipeline.build.spec import SPEC_NAME, SPEC_VERSION, LoweringVariants
-from trtpipe.pipeline.build.spec import finish_requirements as _finish_requirements
-from trtpipe.pipeline.build.spec import variants_summary as _variants_summary
-from trtpipe.pipeline.build.trt_env import TrtEnvironment
+import trtpipe.pipeline.stages.tensorrt.gpu as GPU
 from trtpipe.pipeline.recipe import RECIPES_DIR, load_recipe, parse_recipe
+from trtpipe.pipeline.stages import BuildError, BuildNeedsTarget
+from trtpipe.pipeline.stages.tensorrt.compile import build_from_spec
+from trtpipe.pipeline.stages.tensorrt.compile import choose_lowering as _choose_lowering
+from trtpipe.pipeline.stages.tensorrt.env import TrtEnvironment
+from trtpipe.pipeline.stages.tensorrt.lower import duplicated_weight_bytes
+from trtpipe.pipeline.stages.tensorrt.profiles import (
+    OptimizationProfile,
+    PlanSpec,
+    check_profiles,
+    input_shapes,
+    profile_dims,
+)
+from trtpipe.pipeline.stages.tensorrt.rtx_smoke import rtx_smoke_build
+from trtpipe.pipeline.stages.tensorrt.spec import SPEC_NAME, SPEC_VERSION, LoweringVariants
+from trtpipe.pipeline.stages.tensorrt.spec import finish_requirements as _finish_requirements
+from trtpipe.pipeline.stages.tensorrt.spec import variants_summary as _variants_summary
 
 HAS_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
 
@@ -283,8 +289,8 @@ def test_spec_version_is_checked(tmp_path):
 
 @pytest.fixture(scope="module")
 def smollm2_2layer(gguf_path):
-    from trtpipe.pipeline.gguf_loader import load_gguf
-    from trtpipe.pipeline.weights import LoadedModel
+    from trtpipe.pipeline.model.gguf import load_gguf
+    from trtpipe.pipeline.model.weights import LoadedModel
 
     m = load_gguf(gguf_path)
     L = 2
@@ -474,7 +480,7 @@ def test_orin_jetpack6_variant_is_requantized_measured_and_offered(orin_jetpack6
 
 @pytest.mark.slow
 def test_orin_jetpack6_variant_below_its_gate_is_refused(smollm2_2layer, tmp_path, monkeypatch):
-    from trtpipe.pipeline import variant_agreement as VA
+    from trtpipe.pipeline.stages.tensorrt import variant_gate as VA
 
     monkeypatch.setattr(GPU, "load_model", lambda recipe: smollm2_2layer)
     monkeypatch.setattr(GPU, "probe_environment", lambda: _env(trt_version=None, gpu_sm=None, platform="x86_64"))
@@ -550,7 +556,7 @@ def test_rtx_smoke_full_smollm2(tmp_path, monkeypatch):
 def test_typed_spec_reads_back_what_was_written(split_spec):
     """build_spec.json -> BuildSpec -> JSON is the file's content, key for key (the typed spec and
     the on-disk format are one contract)."""
-    from trtpipe.pipeline.build.spec import BuildSpec, load_spec
+    from trtpipe.pipeline.stages.tensorrt.spec import BuildSpec, load_spec
 
     _, final, _ = split_spec
     path = final.with_name("a100.spec") / "build_spec.json"

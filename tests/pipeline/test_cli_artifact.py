@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from trtpipe.pipeline.cli import main
+from trtpipe.pipeline.cli.main import main
 from trtpipe.runtime.errors import ArtifactError
 
 RECIPE = "smollm2-135m-cpu"

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 
 from tests.conftest import FRANCE_PROMPT
 from tests.reference_outputs import assert_text_follows_reference
-from trtpipe.pipeline.cli import main
-from trtpipe.pipeline.cli_chat import Conversation, fit_prompt, run_chat
+from trtpipe.pipeline.cli.chat import Conversation, fit_prompt, run_chat
+from trtpipe.pipeline.cli.main import main
 from trtpipe.runtime.sched.request import SamplingParams
 
 
@@ -146,7 +146,7 @@ def test_loop_engine_error_is_reported_not_kept_and_exits_1():
 
 def test_chat_command_exits_nonzero_on_an_engine_error(monkeypatch):
     """`trtpipe chat` (the command, not just the loop) exits 1 when the engine failed a turn."""
-    import trtpipe.pipeline.cli_generate as cli_generate
+    import trtpipe.pipeline.cli.generate as cli_generate
     import trtpipe.runtime.llm as runtime_llm
 
     def fake_llm(path, num_threads=None):

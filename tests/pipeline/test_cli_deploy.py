@@ -27,7 +27,7 @@ from click.testing import CliRunner
 
 from tests.conftest import FRANCE_PROMPT
 from tests.reference_outputs import assert_text_follows_reference
-from trtpipe.pipeline.cli import EXIT_NEEDS_TARGET, main
+from trtpipe.pipeline.cli.main import EXIT_NEEDS_TARGET, main
 from trtpipe.pipeline.recipe import RECIPES_DIR
 from trtpipe.runtime.errors import RequestError
 
@@ -161,7 +161,7 @@ def test_export_help_names_the_folder_it_writes():
 def test_validate_url_takes_the_server_root_or_the_openai_base_url():
     """--url: http(s) only (a bare host:port is a usage error naming the fix, not "cannot reach
     the server ... start it"); the README's OpenAI base_url (.../v1) means the same server."""
-    from trtpipe.pipeline.validate_http import server_base_url
+    from trtpipe.pipeline.validate.http import server_base_url
 
     assert server_base_url("http://127.0.0.1:8000") == "http://127.0.0.1:8000"
     assert server_base_url("http://127.0.0.1:8000/v1/") == "http://127.0.0.1:8000"
@@ -205,7 +205,7 @@ def test_validate_names_the_folder_it_looked_in(tmp_path, monkeypatch):
 def test_publish_keeps_the_previous_validate_reports(tmp_path):
     """build --force: the old artifact's reports move to validate/previous-<old build hash>/ of
     the new one (older history moves up beside them), and the build says where."""
-    from trtpipe.pipeline.build import publish_artifact
+    from trtpipe.pipeline.stages import publish_artifact
 
     final, tmp = tmp_path / "cpu", tmp_path / ".cpu.tmp-1"
     (final / "validate" / "scenarios-chat").mkdir(parents=True)
@@ -265,8 +265,8 @@ def test_exit_codes_in_help():
 
 
 def test_gpu_build_that_stops_at_its_spec_exits_3(monkeypatch, tmp_path, gguf_path):
-    import trtpipe.pipeline.build as B
-    from trtpipe.pipeline.build import BuildNeedsTarget
+    import trtpipe.pipeline.stages as B
+    from trtpipe.pipeline.stages import BuildNeedsTarget
 
     def stop_at_spec(recipe, root, **kw):
         raise BuildNeedsTarget(
@@ -292,7 +292,7 @@ def test_build_log_off_a_terminal_is_one_unwrapped_line_per_step(monkeypatch, tm
     import re
     from types import SimpleNamespace
 
-    import trtpipe.pipeline.build as B
+    import trtpipe.pipeline.stages as B
 
     step = "lowering decode.onnx for onnxruntime: " + "x" * 90  # longer than 80 columns
 
@@ -314,7 +314,7 @@ def test_build_log_off_a_terminal_is_one_unwrapped_line_per_step(monkeypatch, tm
 
 
 def test_read_prompt_sources_and_bad_bytes(tmp_path):
-    from trtpipe.pipeline.cli_prompt import read_prompt
+    from trtpipe.pipeline.cli.prompt import read_prompt
 
     assert read_prompt("hi", None) == "hi"
     assert read_prompt("-", None, stdin=io.BytesIO("日本語\n".encode())) == "日本語"
@@ -446,7 +446,7 @@ BLOCKED_RUN = textwrap.dedent("""
                 raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)", name=name)
     sys.meta_path.insert(0, _Block())
     sys.argv = ["trtpipe", *sys.argv[1:]]
-    from trtpipe.pipeline.cli import main
+    from trtpipe.pipeline.cli.main import main
     try:
         main()
     finally:

@@ -32,7 +32,7 @@ def _recipe(tmp_path: Path, **runtime) -> Path:
 
 
 def test_settings_from_recipe_and_artifact_defaults(tmp_path, default_artifact):
-    from trtpipe.pipeline.cli_serve import serve_settings
+    from trtpipe.pipeline.cli.serve import serve_settings
 
     root = default_artifact.parent.parent
     art, settings, source = serve_settings(
@@ -115,7 +115,7 @@ def test_serve_refuses_an_itl_budget_that_would_do_nothing_and_non_finite_budget
     click's range check and left a server answering 503."""
     from click.testing import CliRunner
 
-    from trtpipe.pipeline.cli import main
+    from trtpipe.pipeline.cli.main import main
 
     res = CliRunner().invoke(main, ["serve", str(default_artifact), "--port", "0", *flags])
     assert res.exit_code == 2

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from trtpipe.pipeline import estimate as est_mod
 from trtpipe.pipeline import targets
-from trtpipe.pipeline.cli import main
+from trtpipe.pipeline.cli.main import main
 from trtpipe.pipeline.estimate import (
     decode_flops,
     engine_weight_bytes,

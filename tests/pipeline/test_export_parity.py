@@ -71,8 +71,8 @@ def _prompt_of(smollm2, n_tokens):
 
 @pytest.mark.parametrize("prompt_len", [16, 128, 512])
 def test_fp32_graphs_match_reference_logits(fp32_llm, smollm2, prompt_len):
-    from trtpipe.pipeline.build import reference_greedy
-    from trtpipe.pipeline.model import build_reference_model
+    from trtpipe.pipeline.model.reference import build_reference_model
+    from trtpipe.pipeline.stages import reference_greedy
 
     ref = build_reference_model(smollm2, "fp32", rope_table_len=1024)
     prompt = _prompt_of(smollm2, prompt_len)
@@ -101,8 +101,8 @@ def test_fp32_greedy_matches_transformers(fp32_llm, hf_smollm2, france_ids):
 
 
 def test_int4_greedy_matches_int4_reference(int4_llm, smollm2):
-    from trtpipe.pipeline.build import reference_greedy
-    from trtpipe.pipeline.model import build_reference_model
+    from trtpipe.pipeline.model.reference import build_reference_model
+    from trtpipe.pipeline.stages import reference_greedy
     from trtpipe.runtime.sched.request import SamplingParams
 
     ref = build_reference_model(smollm2, "int4", 32, False, rope_table_len=1024)

@@ -5,7 +5,7 @@ test_export_parity.py (a rule our passes needed would drop the rotary fusion, as
 
 from __future__ import annotations
 
-from trtpipe.pipeline.export import _SKIPPED_REWRITE_RULES, _without_unused_rewrite_rules
+from trtpipe.pipeline.stages.export import _SKIPPED_REWRITE_RULES, _without_unused_rewrite_rules
 
 
 def test_skipped_rules_exist_and_are_restored_after_the_block():
@@ -15,7 +15,7 @@ def test_skipped_rules_exist_and_are_restored_after_the_block():
     names = {r.name for r in before}
     missing = _SKIPPED_REWRITE_RULES - names
     assert not missing, (
-        f"onnxscript no longer has rule(s) {missing}: update _SKIPPED_REWRITE_RULES in pipeline/export.py"
+        f"onnxscript no longer has rule(s) {missing}: update _SKIPPED_REWRITE_RULES in pipeline/stages/export.py"
     )
     with _without_unused_rewrite_rules():
         inside = {r.name for r in rewriter._DEFAULT_REWRITE_RULES}

@@ -12,7 +12,7 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-from trtpipe.pipeline.gguf_loader import ModelLoadError, load_gguf  # noqa: E402
+from trtpipe.pipeline.model.gguf import ModelLoadError, load_gguf  # noqa: E402
 
 
 def _permute(w, n_head):
@@ -71,7 +71,7 @@ def test_one_eos_list_for_model_config_and_tokenizer(tmp_path, ids, expected):
     """llama.cpp's is_eog: EOS, EOT and EOM all end a generation. The model config (which the
     scheduler stops on) and the tokenizer metadata read the same list (issue 15: the config
     used to drop EOM)."""
-    from trtpipe.pipeline.tokenizer_gguf import end_of_generation_ids, gguf_tokenizer_metadata
+    from trtpipe.pipeline.model.tokenizer import end_of_generation_ids, gguf_tokenizer_metadata
 
     p = tmp_path / "eom.gguf"
     _write(p, np.zeros((64, 64), np.float32), np.zeros((32, 64), np.float32), metadata=ids)
@@ -138,7 +138,7 @@ def test_cli_help_and_runtime_import_without_torch():
         "        if n.split('.')[0] in ('torch', 'onnx', 'onnxscript', 'transformers'): raise ImportError(n)\n"
         "sys.meta_path.insert(0, B())\n"
         "import trtpipe.runtime.llm, trtpipe.runtime.sched.scheduler\n"
-        "from trtpipe.pipeline.cli import main\n"
+        "from trtpipe.pipeline.cli.main import main\n"
         "sys.argv = ['trtpipe', '--help']\n"
         "main()\n"
     )
@@ -149,7 +149,7 @@ def test_cli_help_and_runtime_import_without_torch():
 
 
 def test_build_removes_temp_folders_of_dead_builds(tmp_path):
-    from trtpipe.pipeline.build import _remove_stale_temp_dirs
+    from trtpipe.pipeline.stages import _remove_stale_temp_dirs
 
     final = tmp_path / "recipe" / "cpu"
     final.parent.mkdir()

@@ -1,4 +1,4 @@
-"""Golden recording (pipeline/golden.py): the content-addressed cache, exact truncation, progress.
+"""Golden recording (pipeline/stages/golden.py): the content-addressed cache, exact truncation, progress.
 
 Cache tests use a counting stand-in for the recorder (fast); the exactness of serving n tokens
 from an N-token recording and the progress lines run the real reference on a 2-layer SmolLM2
@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from trtpipe.pipeline import golden as G
+from trtpipe.pipeline.stages import golden as G
 
 
 def _key(**over) -> G.GoldenKey:
@@ -121,9 +121,9 @@ def test_model_content_hash_is_content_not_name_or_mtime(tmp_path):
 
 @pytest.fixture(scope="module")
 def ref_2layer(gguf_path):
-    from trtpipe.pipeline.gguf_loader import load_gguf
-    from trtpipe.pipeline.model import build_reference_model
-    from trtpipe.pipeline.weights import LoadedModel
+    from trtpipe.pipeline.model.gguf import load_gguf
+    from trtpipe.pipeline.model.reference import build_reference_model
+    from trtpipe.pipeline.model.weights import LoadedModel
 
     m = load_gguf(gguf_path)
     c = dataclasses.replace(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from trtpipe.pipeline.model_config_override import with_sliding_window
+from trtpipe.pipeline.model.overrides import with_sliding_window
 from trtpipe.runtime.artifact.model_config import ModelConfig
 
 # A Qwen2-style model: window 8 on layer 1 only, different kv heads per layer.

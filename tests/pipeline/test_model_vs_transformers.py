@@ -11,8 +11,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from trtpipe.pipeline.hf_loader import load_hf_folder  # noqa: E402
-from trtpipe.pipeline.model import build_reference_model  # noqa: E402
+from trtpipe.pipeline.model.hf import load_hf_folder  # noqa: E402
+from trtpipe.pipeline.model.reference import build_reference_model  # noqa: E402
 
 BASE = dict(
     vocab_size=128,
@@ -129,7 +129,7 @@ def test_eos_ids_follow_generation_config(tmp_path):
     (tmp_path / "generation_config.json").unlink()
     assert load_hf_folder(tmp_path).config.eos_token_ids == (2,)
     (tmp_path / "generation_config.json").write_text("{broken")
-    from trtpipe.pipeline.gguf_loader import ModelLoadError
+    from trtpipe.pipeline.model.gguf import ModelLoadError
 
     with pytest.raises(ModelLoadError, match=r"generation_config\.json: eos_token_id could not be read"):
         load_hf_folder(tmp_path)
@@ -144,7 +144,7 @@ def test_unknown_rope_scaling_is_an_error(tmp_path):
     cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 2.0}
     cfg.pop("rope_parameters", None)
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    from trtpipe.pipeline.gguf_loader import ModelLoadError
+    from trtpipe.pipeline.model.gguf import ModelLoadError
 
     with pytest.raises(ModelLoadError, match="yarn"):
         load_hf_folder(tmp_path)

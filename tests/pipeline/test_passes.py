@@ -11,10 +11,10 @@ import pytest
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
-from trtpipe.pipeline.export import export_phase, kv_names  # noqa: E402
-from trtpipe.pipeline.hf_loader import load_hf_folder  # noqa: E402
-from trtpipe.pipeline.model import build_reference_model  # noqa: E402
+from trtpipe.pipeline.model.hf import load_hf_folder  # noqa: E402
+from trtpipe.pipeline.model.reference import build_reference_model  # noqa: E402
 from trtpipe.pipeline.passes import optimize_for_ort  # noqa: E402
+from trtpipe.pipeline.stages.export import export_phase, kv_names  # noqa: E402
 from trtpipe.plugins.ort_lowering import lower_for_ort  # noqa: E402
 
 
@@ -134,7 +134,9 @@ def test_toposort_puts_a_fused_node_before_consumers_of_its_outputs():
 def test_docs_graphs_md_is_current():
     from pathlib import Path
 
-    from trtpipe.pipeline.graph_docs import render_graph_io_markdown
+    from trtpipe.pipeline.stages.graph_docs import render_graph_io_markdown
 
     doc = Path(__file__).resolve().parents[2] / "docs" / "graphs.md"
-    assert doc.read_text() == render_graph_io_markdown(), "run: python -m trtpipe.pipeline.graph_docs > docs/graphs.md"
+    assert doc.read_text() == render_graph_io_markdown(), (
+        "run: python -m trtpipe.pipeline.stages.graph_docs > docs/graphs.md"
+    )

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Regex, Tokenizer, pre_tokenizers
 
-from trtpipe.pipeline.tokenizer_gguf import (
+from trtpipe.pipeline.model.tokenizer import (
     PRE_TOKENIZER_SPECS,
     GGUFTokenizerError,
     end_of_generation_ids,
@@ -129,7 +129,7 @@ ANSWER_IDS = [504, 3575, 282, 4649, 314, 7042, 30, 2]  # greedy answer (TOOLCHAI
 
 # --- synthetic metadata (no model needed) -----------------------------------------------------
 def _byte_alphabet() -> list[str]:
-    from trtpipe.pipeline.tokenizer_gguf import BYTE_TO_CHAR
+    from trtpipe.pipeline.model.tokenizer import BYTE_TO_CHAR
 
     return [BYTE_TO_CHAR[b] for b in range(256)]
 
@@ -391,7 +391,7 @@ def test_metadata_of_smollm2(meta):
 def test_smollm2_eos_list_is_one_list(reader, meta):
     """The model config and the tokenizer metadata give the same end-of-generation ids; SmolLM2's
     GGUF names only EOS (<|im_end|> = 2), as its generation_config.json (eos_token_id 2)."""
-    from trtpipe.pipeline.gguf_loader import config_from_gguf
+    from trtpipe.pipeline.model.gguf import config_from_gguf
 
     config = config_from_gguf(reader, GGUF_PATH)
     assert config.eos_token_ids == meta["eos_token_ids"] == end_of_generation_ids(reader) == (2,)

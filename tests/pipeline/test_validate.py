@@ -17,9 +17,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from trtpipe.pipeline.cli import main
+from trtpipe.pipeline.cli.main import main
 from trtpipe.pipeline.recipe import RECIPES_DIR, build_fields, changed_fields, load_recipe, recipe_hash
-from trtpipe.pipeline.validate import (
+from trtpipe.pipeline.validate.runner import (
     ValidateUsageError,
     build_hash,
     check_artifact_matches_recipe,
@@ -113,7 +113,7 @@ def test_build_hash_ignores_validate_and_description(tmp_path):
 def test_rebuild_command_names_the_recipe_file_and_artifacts_root(tmp_path, monkeypatch):
     """The "Fix:" of artifact errors must be a command that works: a recipe outside recipes/ by
     its path, a non-default artifacts root with --artifacts; manifests without it fall back."""
-    from trtpipe.pipeline.build import rebuild_command
+    from trtpipe.pipeline.stages import rebuild_command
     from trtpipe.runtime.artifact.manifest import Manifest
 
     monkeypatch.chdir(tmp_path)
@@ -334,7 +334,7 @@ def test_plugin_free_variant_artifact_is_gated_by_its_own_minimum(monkeypatch):
     validate.correctness.plugin_free_teacher_forced_agreement_min; the plugin variant to the INT4 one."""
     import trtpipe.runtime.measure.teacher_forcing as TF
     from trtpipe.pipeline.recipe import parse_recipe
-    from trtpipe.pipeline.validate import check_correctness
+    from trtpipe.pipeline.validate.runner import check_correctness
 
     data = yaml.safe_load((RECIPES_DIR / "smollm2-135m-orin.yaml").read_text())
     data["validate"]["correctness"].update(
@@ -379,7 +379,7 @@ def test_gate_is_computed_once_and_matches_report_json(tmp_path, capsys):
     report.json records for the same reports (runtime/measure/report/document.py, an independent computation)."""
     from rich.console import Console
 
-    from trtpipe.pipeline.validate import finish_report, gate_of_reports
+    from trtpipe.pipeline.validate.runner import finish_report, gate_of_reports
     from trtpipe.runtime.measure.budgets import evaluate_budgets
     from trtpipe.runtime.measure.report.document import write_report
     from trtpipe.runtime.measure.report.records import ScenarioReport
@@ -412,7 +412,7 @@ def test_gate_is_computed_once_and_matches_report_json(tmp_path, capsys):
 def test_correctness_result_dict_keeps_report_keys():
     """The typed result writes the correctness object of report.json: the agreement keys, then
     the first-token and non-tie-flip checks."""
-    from trtpipe.pipeline.validate_correctness import (
+    from trtpipe.pipeline.validate.correctness import (
         Agreement,
         AgreementSequence,
         CorrectnessResult,
@@ -509,7 +509,7 @@ def test_correctness_gate_fails_on_a_first_token_or_a_non_tie_flip(monkeypatch, 
     """Agreement 7/8 >= 0.8 in every case; the first-token and tie-threshold checks decide, with
     each failure named (prompt, position, the two ids and the reference's margin)."""
     from trtpipe.pipeline.recipe import parse_recipe, resolve_recipe_path
-    from trtpipe.pipeline.validate_correctness import check_correctness
+    from trtpipe.pipeline.validate.correctness import check_correctness
     from trtpipe.runtime.measure import teacher_forcing
 
     golden = {
@@ -541,8 +541,8 @@ def test_kv_leak_after_the_correctness_check_fails_it_instead_of_crashing(monkey
     a note naming the count, so the gate exits 1 and the report is still written."""
     from rich.console import Console
 
-    import trtpipe.pipeline.validate as V
-    from trtpipe.pipeline.validate_correctness import CorrectnessResult, ExactSequence
+    import trtpipe.pipeline.validate.runner as V
+    from trtpipe.pipeline.validate.correctness import CorrectnessResult, ExactSequence
 
     ok = CorrectnessResult(
         reference="golden.json",

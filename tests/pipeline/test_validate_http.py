@@ -47,7 +47,7 @@ def server(default_artifact):
 
 
 def test_validate_url_measures_at_the_client(server, tmp_path):
-    from trtpipe.pipeline.validate_http import MEASURED_BY, run_validate_http
+    from trtpipe.pipeline.validate.http import MEASURED_BY, run_validate_http
 
     code = run_validate_http(_recipe(tmp_path, 60000), url=server.url, artifact_dir=tmp_path / "art")
     doc = json.loads((tmp_path / "art" / "validate" / "http" / "report.json").read_text())
@@ -66,7 +66,7 @@ def test_validate_url_gate_fails_and_wrong_server_is_usage_error(server, tmp_pat
     cmd = [
         sys.executable,
         "-m",
-        "trtpipe.pipeline.cli",
+        "trtpipe.pipeline.cli.main",
         "validate",
         str(_recipe(tmp_path, 0.001)),
         "--url",
@@ -99,7 +99,7 @@ def test_goodput_over_http(server, tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "trtpipe.pipeline.cli",
+        "trtpipe.pipeline.cli.main",
         "validate",
         str(path),
         "--url",
@@ -125,7 +125,7 @@ def test_serve_flag_starts_the_server_with_the_recipes_runtime_settings(tmp_path
     """`validate RECIPE --serve` served the artifact folder with its defaults (prefix caching on,
     no budget: FCFS chunks), whatever the recipe's kv_cache.prefix_caching and scheduler said."""
     from trtpipe.pipeline.recipe import load_recipe
-    from trtpipe.pipeline.validate_http import serve_command
+    from trtpipe.pipeline.validate.http import serve_command
 
     data = yaml.safe_load(_recipe(tmp_path, 1000).read_text())
     data["kv_cache"]["prefix_caching"] = False
@@ -179,8 +179,8 @@ def test_url_that_is_not_a_trtpipe_server_says_why_and_cuts_the_body(monkeypatch
     import httpx
 
     from trtpipe.pipeline.recipe import load_recipe, resolve_recipe_path
-    from trtpipe.pipeline.validate import ValidateUsageError
-    from trtpipe.pipeline.validate_http import _served_model
+    from trtpipe.pipeline.validate.http import _served_model
+    from trtpipe.pipeline.validate.runner import ValidateUsageError
 
     recipe = load_recipe(resolve_recipe_path("smollm2-135m-cpu"), check_files=False)
     monkeypatch.setattr(httpx, "get", lambda url, **kw: httpx.Response(status, text=body))
@@ -195,8 +195,8 @@ def test_unreachable_url_names_a_serve_command_listening_there(monkeypatch):
     import httpx
 
     from trtpipe.pipeline.recipe import load_recipe, resolve_recipe_path
-    from trtpipe.pipeline.validate import ValidateUsageError
-    from trtpipe.pipeline.validate_http import _served_model
+    from trtpipe.pipeline.validate.http import _served_model
+    from trtpipe.pipeline.validate.runner import ValidateUsageError
 
     recipe = load_recipe(resolve_recipe_path("smollm2-135m-cpu"), check_files=False)
 

@@ -23,7 +23,7 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """``python -m trtpipe.pipeline.cli serve ARTIFACT --port P ...`` with its stderr collected.
+    """``python -m trtpipe.pipeline.cli.main serve ARTIFACT --port P ...`` with its stderr collected.
 
     Use as a context manager: the server is SIGTERMed (then killed) on exit, whatever happened.
     """
@@ -34,7 +34,7 @@ class ServerProcess:
         self.args = [
             sys.executable,
             "-m",
-            "trtpipe.pipeline.cli",
+            "trtpipe.pipeline.cli.main",
             "serve",
             str(artifact),
             "--port",

@@ -181,7 +181,7 @@ def test_generate_prints_tokens_per_s_and_bandwidth(default_artifact):
 
     from click.testing import CliRunner
 
-    from trtpipe.pipeline.cli import main
+    from trtpipe.pipeline.cli.main import main
 
     res = CliRunner().invoke(
         main, ["generate", str(default_artifact), "Hello", "--max-new-tokens", "4", "--no-stream", "--temperature", "0"]

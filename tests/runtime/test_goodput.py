@@ -79,7 +79,7 @@ def test_each_probe_has_its_own_prefix_cache_salt():
     run_workload hands it to add_request."""
     from types import SimpleNamespace
 
-    from trtpipe.pipeline.goodput import ProbeRunner, _probe_fn
+    from trtpipe.pipeline.validate.goodput import ProbeRunner, _probe_fn
     from trtpipe.runtime.measure.workload import WorkloadSpec, run_workload
 
     class Tok:

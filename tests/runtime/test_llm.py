@@ -220,7 +220,7 @@ def test_cli_generate_streams_the_answer(int4_artifact):
         [
             sys.executable,
             "-m",
-            "trtpipe.pipeline.cli",
+            "trtpipe.pipeline.cli.main",
             "generate",
             str(int4_artifact),
             FRANCE_PROMPT,
@@ -240,7 +240,7 @@ def test_cli_generate_streams_the_answer(int4_artifact):
 def test_cli_generate_bad_input_exit_2(int4_artifact, tmp_path):
     for args in (["generate", str(tmp_path), "hi"], ["generate", str(int4_artifact), "hi", "--top-p", "2"]):
         r = subprocess.run(
-            [sys.executable, "-m", "trtpipe.pipeline.cli", *args], capture_output=True, text=True, timeout=300
+            [sys.executable, "-m", "trtpipe.pipeline.cli.main", *args], capture_output=True, text=True, timeout=300
         )
         assert r.returncode == 2, r.stderr
         assert "error:" in r.stderr and "fix" in r.stderr.lower()

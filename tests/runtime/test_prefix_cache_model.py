@@ -95,8 +95,8 @@ def _tiny_mistral_dir(path):
 
 @pytest.fixture(scope="module")
 def mistral_window_artifact(tmp_path_factory):
-    from trtpipe.pipeline.build import build
     from trtpipe.pipeline.recipe import parse_recipe
+    from trtpipe.pipeline.stages import build
 
     src = _tiny_mistral_dir(tmp_path_factory.mktemp("tiny-mistral"))
     root = tmp_path_factory.mktemp("artifacts")

@@ -23,7 +23,7 @@ pytest.importorskip("uvicorn")
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_serve_exits_on_a_signal_after_its_stderr_reader_left(default_artifact, sig):
     port = free_port()
-    cmd = [sys.executable, "-m", "trtpipe.pipeline.cli", "serve", str(default_artifact), "--port", str(port)]
+    cmd = [sys.executable, "-m", "trtpipe.pipeline.cli.main", "serve", str(default_artifact), "--port", str(port)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 180

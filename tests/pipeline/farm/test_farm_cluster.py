@@ -108,7 +108,7 @@ def first_run(cluster, work_dir, tiny_recipes, tmp_path_factory):
     """farm build --validate of the cpu recipe, tiny orin + a100, and tiny h200 (no node yet)."""
     from click.testing import CliRunner
 
-    from trtpipe.pipeline.cli import main
+    from trtpipe.pipeline.cli.main import main
 
     tmp = tmp_path_factory.mktemp("run1")
     recipe = _cpu_recipe(tmp, {"ttft_ms": {"p95": 60000}})
@@ -285,7 +285,7 @@ def test_pull_then_generate_answers_the_france_question(first_run, tmp_path):
         [
             sys.executable,
             "-m",
-            "trtpipe.pipeline.cli",
+            "trtpipe.pipeline.cli.main",
             "pull",
             CPU_RECIPE,
             "--target",
@@ -305,7 +305,7 @@ def test_pull_then_generate_answers_the_france_question(first_run, tmp_path):
         [
             sys.executable,
             "-m",
-            "trtpipe.pipeline.cli",
+            "trtpipe.pipeline.cli.main",
             "generate",
             str(dest),
             "What is the capital of France?",

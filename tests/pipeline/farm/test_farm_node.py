@@ -7,7 +7,7 @@ import json
 
 from click.testing import CliRunner
 
-from trtpipe.pipeline.cli import main
+from trtpipe.pipeline.cli.main import main
 from trtpipe.pipeline.farm.node import GpuInfo, NodeProbe, ray_start_command, refusal
 
 GIB = 2**30

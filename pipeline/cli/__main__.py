@@ -1,0 +1,5 @@
+"""``python -m trtpipe.pipeline.cli``: the ``trtpipe`` command."""
+
+from trtpipe.pipeline.cli.main import main
+
+main()

@@ -1,0 +1,41 @@
+"""What every ``trtpipe`` command shares: exit codes, the error line, the recipe argument, the
+``--artifacts`` option, the ``--threads`` help. Commands live in one module per concern beside this
+one; :mod:`trtpipe.pipeline.cli.main` holds the group and registers them."""
+
+from __future__ import annotations
+
+import sys
+from typing import NoReturn
+
+import click
+
+from trtpipe.pipeline.artifact.locate import ARTIFACTS_ENV, DEFAULT_ARTIFACTS_ROOT
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NEEDS_TARGET = 0, 1, 2, 3
+THREADS_HELP = "ONNX Runtime intra-op threads (default: the recipe's engine.intra_op_num_threads, else ONNX Runtime's)."
+
+
+def fail(e: Exception, code: int = EXIT_USAGE) -> NoReturn:
+    """Print ``error: <e>`` (red) on stderr and exit with ``code`` (2: usage, recipe or artifact error)."""
+    click.echo(click.style("error: ", fg="red", bold=True) + str(e), err=True)
+    sys.exit(code)
+
+
+def load_recipe_arg(recipe: str):
+    """The RECIPE argument (a path or a shipped recipe name) as a validated :class:`Recipe`."""
+    from trtpipe.pipeline.recipe import load_recipe, resolve_recipe_path
+
+    return load_recipe(resolve_recipe_path(recipe))
+
+
+def artifacts_option(f):
+    """The shared ``--artifacts DIR`` option (environment variable ``TRTPIPE_ARTIFACTS``)."""
+    return click.option(
+        "--artifacts",
+        "artifact_root",
+        default=DEFAULT_ARTIFACTS_ROOT,
+        show_default=True,
+        envvar=ARTIFACTS_ENV,
+        show_envvar=True,
+        help="Root folder of artifacts (<root>/<recipe>/<target>); relative to the current folder.",
+    )(f)

@@ -1,0 +1,226 @@
+"""``trtpipe serve``: the OpenAI-compatible HTTP server (registered in :mod:`trtpipe.pipeline.cli.main`).
+
+The server itself lives in :mod:`trtpipe.runtime.serve` (no torch); this is only the command line.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import click
+
+from trtpipe.pipeline.cli.common import THREADS_HELP, artifacts_option
+
+
+def _finite_ms(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """click's FloatRange lets ``nan`` and ``inf`` through; a budget must be a finite number."""
+    if value is not None and not math.isfinite(value):
+        example = 100 if param.name == "itl_budget_ms" else 50
+        raise click.BadParameter(f"{value}: expected a finite number of ms > 0, e.g. {example}")
+    return value
+
+
+def _budget_ms_option(flag: str, help: str):  # noqa: A002 - click's name
+    """A ``--*-budget-ms`` option: a finite number of ms > 0, or absent (the recipe's value)."""
+    return click.option(flag, type=click.FloatRange(min=0, min_open=True), default=None, callback=_finite_ms, help=help)
+
+
+def _need_serve_extra() -> None:
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        click.echo(
+            f"error: `trtpipe serve` needs the serve extra ({e.name} is not installed). "
+            "Fix: pip install 'trtpipe[serve]'",
+            err=True,
+        )
+        sys.exit(2)
+
+
+@click.command("serve")
+@click.argument("recipe_or_artifact")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on (127.0.0.1: this machine only; 0.0.0.0: every interface).",
+)
+@click.option(
+    "--port",
+    default=8000,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="TCP port; 0: any free port (the listening line names it).",
+)
+@click.option(
+    "--max-queued-requests",
+    default=64,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Most requests waiting for admission; past it new ones get 503 with Retry-After.",
+)
+@click.option(
+    "--request-timeout-s",
+    default=None,
+    type=click.FloatRange(min=0, min_open=True),
+    help='Cancel a request still running this long after arrival (finish_reason "timeout"). Default: no limit.',
+)
+@click.option(
+    "--api-key",
+    default=None,
+    envvar="TRTPIPE_API_KEY",
+    show_envvar=True,
+    help="Require 'Authorization: Bearer KEY' on /v1 and /tokenize (401 otherwise).",
+)
+@click.option(
+    "--shutdown-grace-s",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="On SIGTERM/SIGINT: how long running requests may finish before they are cancelled.",
+)
+@artifacts_option
+@click.option("--threads", default=None, type=click.IntRange(min=1), help=THREADS_HELP)
+@click.option(
+    "--no-prefix-caching",
+    is_flag=True,
+    help="Turn automatic prefix caching off (overrides the recipe's kv_cache.prefix_caching).",
+)
+@click.option(
+    "--scheduler-policy",
+    type=click.Choice(["slo", "fcfs"]),
+    default=None,
+    help="Override the recipe's scheduler.policy (artifact folder: slo).",
+)
+@_budget_ms_option(
+    "--tpot-budget-ms",
+    "Override the recipe's scheduler.tpot_budget_ms: the TPOT the slo policy sizes prefill "
+    "chunks for (artifact folder: none, so FCFS chunks).",
+)
+@_budget_ms_option(
+    "--itl-budget-ms",
+    "Override the recipe's scheduler.itl_budget_ms: the longest token gap accepted; the slo "
+    "policy then plans steps up to 0.8x it while each request's TPOT stays within the TPOT budget "
+    "(artifact folder: none, so every step within the TPOT budget). Without a TPOT budget it is also "
+    "the TPOT budget; refused under --scheduler-policy fcfs.",
+)
+def serve_cmd(
+    recipe_or_artifact: str,
+    host: str,
+    port: int,
+    max_queued_requests: int,
+    request_timeout_s: float | None,
+    api_key: str | None,
+    shutdown_grace_s: float,
+    artifact_root: str,
+    threads: int | None,
+    no_prefix_caching: bool,
+    scheduler_policy: str | None,
+    tpot_budget_ms: float | None,
+    itl_budget_ms: float | None,
+) -> None:
+    """Serve a built artifact over an OpenAI-compatible HTTP API (no torch needed).
+
+    \b
+    Endpoints: POST /v1/completions, POST /v1/chat/completions (stream: Server-Sent Events),
+    GET /v1/models, GET /health (503 while loading), GET /metrics (Prometheus, trtpipe:*),
+    POST /tokenize, POST /detokenize. The model name is the recipe name.
+    A client that disconnects has its request cancelled and its KV blocks freed at once.
+    SIGTERM/SIGINT: stop admitting, let running requests finish (--shutdown-grace-s), exit 0.
+
+    \b
+    Runtime settings (printed at start, with the prefill chunk size they give):
+      RECIPE           kv_cache.prefix_caching, scheduler.policy, scheduler.tpot_budget_ms and
+                       scheduler.itl_budget_ms of the recipe. The validate scenarios' tpot_ms/
+                       itl_ms budgets do not apply: they describe one workload each, a server
+                       sees them all; without either scheduler budget the slo policy runs FCFS
+                       (chunks of max_num_tokens); an ITL budget alone is also the TPOT budget.
+      ARTIFACT folder  the defaults: prefix caching on, policy slo, no TPOT budget (FCFS chunks).
+      --no-prefix-caching, --scheduler-policy, --tpot-budget-ms, --itl-budget-ms override either.
+    Requests may send cache_salt (vLLM's field): prefix-cache blocks are shared only within a salt.
+
+    \b
+    Example:
+      trtpipe serve smollm2-135m-cpu --port 8000
+      python -c "from openai import OpenAI; c = OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='-');
+        print(c.chat.completions.create(model='smollm2-135m-cpu', temperature=0,
+              messages=[{'role': 'user', 'content': 'What is the capital of France?'}]).choices[0].message.content)"
+    """
+    from trtpipe.pipeline.cli.common import fail as _fail
+    from trtpipe.plugins.errors import TrtpipeError
+
+    _need_serve_extra()
+    from trtpipe.runtime.artifact.manifest import load_manifest
+    from trtpipe.runtime.serve.server import ServeConfig, serve
+
+    try:
+        art, settings, source = serve_settings(recipe_or_artifact, artifact_root)
+        name = load_manifest(art, verify_hashes=False).recipe_name
+    except TrtpipeError as e:
+        _fail(e)
+    overrides = {
+        "prefix_caching": False if no_prefix_caching else None,
+        "scheduler_policy": scheduler_policy,
+        "tpot_budget_ms": tpot_budget_ms,
+        "itl_budget_ms": itl_budget_ms,
+    }
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    settings.update(overrides)
+    if itl_budget_ms is not None and (problem := _unused_itl_flag(itl_budget_ms, settings)):
+        _fail(TrtpipeError(problem))
+    if overrides:
+        source += "; overridden: " + ", ".join(f"{k}={v}" for k, v in overrides.items())
+    click.echo(f"trtpipe serve: runtime settings from {source}", err=True)
+    cfg = ServeConfig(
+        artifact_dir=art,
+        model_name=name,
+        host=host,
+        port=port,
+        max_queued_requests=max_queued_requests,
+        request_timeout_s=request_timeout_s,
+        api_key=api_key,
+        shutdown_grace_s=shutdown_grace_s,
+        num_threads=threads,
+        **settings,
+    )
+    sys.exit(serve(cfg, echo=lambda s: click.echo(s, err=True)))
+
+
+def _unused_itl_flag(itl_budget_ms: float, settings: dict) -> str | None:
+    """Why ``--itl-budget-ms`` would change nothing under ``settings`` (policy fcfs) and the fix;
+    None when it applies (without a TPOT budget it is also the TPOT budget)."""
+    if settings["scheduler_policy"] != "fcfs":
+        return None
+    return (
+        f"--itl-budget-ms {itl_budget_ms:g} has no effect: the scheduler policy is fcfs, and the ITL "
+        "budget only sizes the slo policy's steps. Fix: add --scheduler-policy slo, or drop --itl-budget-ms"
+    )
+
+
+def serve_settings(recipe_or_artifact: str, artifact_root: str) -> tuple[Path, dict, str]:
+    """The artifact, the LLM's runtime settings (``prefix_caching``, ``scheduler_policy``,
+    ``tpot_budget_ms``, ``itl_budget_ms``) and where they came from: a recipe's
+    ``kv_cache.prefix_caching`` and ``scheduler`` section; an artifact folder's defaults. Raises TrtpipeError (CLI exit 2)."""
+    from trtpipe.pipeline.artifact.locate import artifact_for_recipe, load_recipe_for_deploy, resolve_artifact
+
+    p = Path(recipe_or_artifact)
+    if p.is_dir() and (p / "manifest.json").is_file():
+        return (
+            p,
+            {"prefix_caching": True, "scheduler_policy": "slo", "tpot_budget_ms": None, "itl_budget_ms": None},
+            "the defaults (an artifact folder, no recipe)",
+        )
+    if p.is_dir():
+        return resolve_artifact(recipe_or_artifact, artifact_root), {}, ""  # raises "not an artifact"
+    r = load_recipe_for_deploy(recipe_or_artifact)
+    settings = {
+        "prefix_caching": r.kv_cache.prefix_caching,
+        "scheduler_policy": r.scheduler.policy,
+        "tpot_budget_ms": r.scheduler.tpot_budget_ms,
+        "itl_budget_ms": r.scheduler.itl_budget_ms,
+    }
+    return artifact_for_recipe(r, artifact_root), settings, f"recipe {r.name!r} (kv_cache, scheduler)"

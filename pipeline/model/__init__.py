@@ -1,0 +1,1 @@
+"""The model on the build side: loading (GGUF, Hugging Face folders), weights, the recipe's overrides, the tokenizer built from GGUF metadata, and the torch reference model the graphs are exported from."""

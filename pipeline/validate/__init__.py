@@ -1,0 +1,1 @@
+"""``trtpipe validate``: a recipe's scenarios on its built artifact (in process or over HTTP), the correctness check against the golden outputs, the goodput search, the console output and the gate."""
