@@ -87,7 +87,7 @@ def _faults() -> int:
 def child(artifact: Path, variant: str, num_steps: int) -> dict:
     _patch(variant)
     from trtpipe.runtime.llm import LLM
-    from trtpipe.runtime.sched.request import SamplingParams
+    from trtpipe.runtime.sample.params import SamplingParams
 
     t0 = time.perf_counter()
     llm = LLM(artifact, num_threads={"t1": 1, "t2": 2}.get(variant))
@@ -135,7 +135,7 @@ def drift(artifact: Path, seconds: float, window_s: float = 2.0) -> None:
     import numpy as np
 
     from trtpipe.runtime.llm import LLM
-    from trtpipe.runtime.sched.request import SamplingParams
+    from trtpipe.runtime.sample.params import SamplingParams
 
     llm = LLM(artifact)
     ids = prompt_token_ids(artifact)[:16]

@@ -86,7 +86,7 @@ def reference_argmax(ids: list[int], max_seq_len: int, cache: Path) -> np.ndarra
 
 def timed_request(llm, prompt: list[int]) -> dict:
     """TTFT / TPOT / KV blocks held for one request through the scheduler (ignore_eos)."""
-    from trtpipe.runtime.sched.request import SamplingParams
+    from trtpipe.runtime.sample.params import SamplingParams
 
     rid = llm.add_request(prompt, SamplingParams(max_new_tokens=NUM_NEW + 1, ignore_eos=True))
     t = time.perf_counter()
@@ -129,7 +129,7 @@ def main() -> None:
         if not (path / "manifest.json").is_file():
             raise SystemExit(f"artifact {name} missing at {path}. Fix: trtpipe build {path.parent.name}")
     llms = {name: LLM(path, prefix_caching=False) for name, path in ARTIFACTS.items()}
-    max_seq_len = int(llms["full"].manifest.limits["max_seq_len"])
+    max_seq_len = int(llms["full"].manifest.limits.max_seq_len)
     need = max(contexts) + NUM_NEW
     ids = load_text_ids(ARTIFACTS["full"] / "tokenizer.json", a.text_file or list(DEFAULT_TEXT), need)[:need]
     ref = (

@@ -32,7 +32,7 @@ class _Adapter:
 class TrtpipeAdapter(_Adapter):
     def load(self) -> None:
         from trtpipe.runtime.llm import LLM
-        from trtpipe.runtime.sched.request import SamplingParams
+        from trtpipe.runtime.sample.params import SamplingParams
 
         self.SamplingParams = SamplingParams
         self.rss_after_import = _rss_bytes()

@@ -53,7 +53,7 @@ def _wrap_ort_runs(llm) -> list[float]:
 def decode_steps(llm, ids: list[int], num_steps: int, ort_times: list[float]) -> list[tuple[float, float, float]]:
     """Run one request: its prefill step, then ``num_steps`` decode steps; per decode step
     returns (step_s, engine_s, ort_run_s)."""
-    from trtpipe.runtime.sched.request import SamplingParams
+    from trtpipe.runtime.sample.params import SamplingParams
 
     llm.add_request(ids, SamplingParams(max_new_tokens=num_steps + 1, ignore_eos=True))
     llm.step()  # prefill (+ first token)
@@ -202,7 +202,7 @@ def pyinstrument_profile(llm, ids: list[int], num_steps: int, top_lines: int, re
         from pyinstrument import Profiler
     except ImportError:
         return ["(pyinstrument is not installed: pip install pyinstrument)"]
-    from trtpipe.runtime.sched.request import SamplingParams
+    from trtpipe.runtime.sample.params import SamplingParams
 
     llm.add_request(ids, SamplingParams(max_new_tokens=num_steps + 1, ignore_eos=True))
     llm.step()  # prefill, outside the profile

@@ -58,7 +58,7 @@ def main() -> None:
     a = ap.parse_args()
 
     from trtpipe.runtime.llm import LLM
-    from trtpipe.runtime.sched.request import SamplingParams
+    from trtpipe.runtime.sample.params import SamplingParams
 
     llm = LLM(a.artifact, num_threads=a.threads)
     params = SamplingParams(max_new_tokens=a.tokens, ignore_eos=True)

@@ -8,7 +8,15 @@ class ArtifactError(TrtpipeError):
 
 
 class RequestError(TrtpipeError, ValueError):
-    """A generation request is invalid (empty prompt, bad sampling parameters...)."""
+    """A generation request is invalid (empty prompt, bad sampling parameters...). ``field`` names
+    the request field at fault where one is (``prompt``, ``messages``, ``cache_salt``, a sampling
+    field); ``code`` a machine-readable reason (``context_length_exceeded``), for the server's
+    OpenAI error body."""
+
+    def __init__(self, message: str, *, field: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.field = field
+        self.code = code
 
 
 class MetricsError(TrtpipeError, ValueError):

@@ -4,46 +4,53 @@
     out = llm.generate(["What is the capital of France?"], SamplingParams(max_new_tokens=32), chat=True)
     for piece in llm.stream("Tell me a joke", chat=True): print(piece, end="")
 
-Each :meth:`step` runs the prefill engine once for the scheduled prompt chunks and the decode
-engine once for all running sequences (continuous batching), samples, updates the scheduler, and
-turns new tokens into text with an incremental detokenizer; where the engine allows it
-(``fuses_mixed_steps``) a step with both is *one* prefill call, decodes as 1-token rows. Token
-ids and text are kept apart. Timings per request come from :mod:`trtpipe.runtime.metrics.request_metrics` on
-the monotonic clock.
+The front door: it loads the artifact (manifest, tokenizer, engines over one paged KV pool,
+block pool, KV manager, scheduler and its policy), takes requests (checked once, by
+:meth:`new_request`), and steps them: each :meth:`step` is one
+:class:`~trtpipe.runtime.core.step.StepRunner` step (prefill chunks and one decode batch:
+continuous batching). Token ids and text are kept apart. Timings per request come from
+:mod:`trtpipe.runtime.metrics.request_metrics` on the monotonic clock.
 """
 
 from __future__ import annotations
 
 import itertools
-import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 from trtpipe.runtime.artifact.chat_template import encode_prompt
 from trtpipe.runtime.artifact.detokenizer import IncrementalDetokenizer
 from trtpipe.runtime.artifact.manifest import Manifest, load_manifest
 from trtpipe.runtime.artifact.tokenizer import Tokenizer
+from trtpipe.runtime.core.step import StepRunner
 from trtpipe.runtime.errors import RequestError
 from trtpipe.runtime.kv.block_pool import BlockPool
 from trtpipe.runtime.kv.cache_manager import KVCacheManager
 from trtpipe.runtime.kv.pool import KVPool
 from trtpipe.runtime.metrics.request_metrics import RequestTimer, StepStats
-from trtpipe.runtime.sample.sampler import make_generator, sample
-from trtpipe.runtime.sched.batch import DecodeBatch, PrefillBatch
-from trtpipe.runtime.sched.request import Request, RequestStatus, SamplingParams, prompt_length_error, require_bools
+from trtpipe.runtime.sample.params import SamplingParams, require_bools
+from trtpipe.runtime.sample.sampler import make_generator
+from trtpipe.runtime.sched.request import Request, new_request
 from trtpipe.runtime.sched.request_output import LiveRequest, RequestOutput
 from trtpipe.runtime.sched.scheduler import Scheduler
 from trtpipe.runtime.sched.slo_policy import SloChunkPolicy, check_budget_ms, fcfs_description
-from trtpipe.runtime.sched.step import ScheduledDecode, ScheduledPrefill, SchedulerStep
-from trtpipe.runtime.sched.step_cost import StepCostModel, StepSample, load_or_calibrate
+from trtpipe.runtime.sched.step_cost import StepCostModel, load_or_calibrate
 
 if TYPE_CHECKING:  # engines import their backends (onnxruntime, tensorrt) when constructed
     from trtpipe.runtime.engines.ort import OrtEngine
     from trtpipe.runtime.engines.trt import TrtEngine
+
+
+def _load_engine(m: Manifest, pool: KVPool, num_threads: int | None) -> OrtEngine | TrtEngine:
+    """The engines of the artifact's backend over ``pool`` (their backend imported only here)."""
+    if m.options.backend == "ort":
+        from trtpipe.runtime.engines.ort import OrtEngine
+
+        return OrtEngine(m, pool, num_threads=num_threads)
+    from trtpipe.runtime.engines.trt import TrtEngine
+
+    return TrtEngine(m, pool)
 
 
 class LLM:
@@ -88,24 +95,16 @@ class LLM:
             eos_token_id=(m.model.eos_token_ids or (None,))[0],
         )
         self.pool = KVPool(m.kv)
-        self.engine: OrtEngine | TrtEngine
-        if m.options.backend == "ort":
-            from trtpipe.runtime.engines.ort import OrtEngine
-
-            self.engine = OrtEngine(m, self.pool, num_threads=num_threads)
-        else:
-            from trtpipe.runtime.engines.trt import TrtEngine
-
-            self.engine = TrtEngine(m, self.pool)
+        self.engine: OrtEngine | TrtEngine = _load_engine(m, self.pool, num_threads)
         self.block_pool = BlockPool(m.kv.num_blocks)
         self.kv_manager = KVCacheManager(self.block_pool, m.kv.block_size, m.kv.sliding_window)
         # The artifact's identity in every block hash: its build hash and its inputs (weights).
         build_id = f"{(m.build_info or {}).get('build_hash') or m.recipe_hash}:{m.inputs_hash}"
         self.scheduler = Scheduler(
             self.kv_manager,
-            m.limits["max_num_tokens"],
-            m.limits["max_batch_size"],
-            m.limits["max_seq_len"],
+            m.limits.max_num_tokens,
+            m.limits.max_batch_size,
+            m.limits.max_seq_len,
             eos_token_ids=m.model.eos_token_ids,
             enable_prefix_caching=prefix_caching,
             build_hash=build_id,
@@ -113,16 +112,21 @@ class LLM:
         self.step_stats = step_stats or StepStats(num_kv_blocks=m.kv.num_blocks - 1)
         self._live: dict[str, LiveRequest] = {}
         self._ids = itertools.count()
-        self.engine_time_s = 0.0
-        self.steps = 0
-        self.num_preemptions = 0  # requests preempted (KV freed, recomputed later), all steps
         if scheduler_policy not in ("slo", "fcfs"):
             raise RequestError(f"scheduler_policy = {scheduler_policy!r}: expected 'slo' or 'fcfs'")
         self.scheduler_policy = scheduler_policy
         self.fuse_mixed_steps = bool(fuse_mixed_steps and getattr(self.engine, "fuses_mixed_steps", False))
         self.num_threads = num_threads
         self.step_cost: StepCostModel | None = None
-        self.step_cost_log: deque[StepSample] = deque(maxlen=100_000)
+        self._runner = StepRunner(
+            self.engine,
+            self.scheduler,
+            self._live,
+            self.step_stats,
+            fuse_mixed_steps=self.fuse_mixed_steps,
+            step_cost=lambda: self.step_cost,
+        )
+        self.step_cost_log = self._runner.step_cost_log  # the slo policy's (predicted, measured) steps
         self.set_tpot_budget(tpot_budget_ms, itl_budget_ms)
 
     def set_tpot_budget(self, tpot_budget_ms: float | None, itl_budget_ms: float | None = None) -> str:
@@ -136,7 +140,7 @@ class LLM:
         for name, value in (("tpot_budget_ms", tpot_budget_ms), ("itl_budget_ms", itl_budget_ms)):
             if value is not None:
                 check_budget_ms(name, value)  # before the step-cost model is measured
-        limit = self.manifest.limits["max_num_tokens"]
+        limit = self.manifest.limits.max_num_tokens
         tpot_budget_ms = itl_budget_ms if tpot_budget_ms is None else tpot_budget_ms  # TPOT <= every ITL
         if self.scheduler_policy == "fcfs" or tpot_budget_ms is None:
             self.scheduler.chunk_policy = None
@@ -145,7 +149,7 @@ class LLM:
         cost, block_size = self.step_cost_model(), self.kv_manager.block_size
         policy = SloChunkPolicy(cost, float(tpot_budget_ms), block_size, limit, itl_budget_ms)
         self.scheduler.chunk_policy = policy
-        return policy.describe(self.manifest.limits["max_batch_size"], 256)
+        return policy.describe(self.manifest.limits.max_batch_size, 256)
 
     def step_cost_model(self) -> StepCostModel:
         """The engine's step-cost model: the artifact's ``step_cost.json`` or measured now."""
@@ -155,8 +159,8 @@ class LLM:
                 self.engine,
                 self.block_pool,
                 self.kv_manager.block_size,
-                self.manifest.limits["max_num_tokens"],
-                self.manifest.limits["max_batch_size"],
+                self.manifest.limits.max_num_tokens,
+                self.manifest.limits.max_batch_size,
                 self.num_threads,
                 fused=self.fuse_mixed_steps,
             )
@@ -178,14 +182,56 @@ class LLM:
         :func:`trtpipe.runtime.artifact.chat_template.encode_prompt`."""
         return encode_prompt(self.tokenizer, self.manifest.model.chat_template, prompt, chat)
 
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+    def encode_chat(self, messages: Sequence[dict[str, str]], *, add_special_tokens: bool = True) -> list[int]:
         """Token ids of a conversation (``[{"role": "system"|"user"|"assistant", "content": ...}]``)
         under the model's chat template, ending with the assistant header (the model answers next).
 
-        Raises :class:`RequestError` when the model has no chat template or the template rejects
-        the conversation.
+        Raises :class:`RequestError` (``field`` "messages") when the model has no chat template or
+        the template rejects the conversation.
         """
-        return encode_prompt(self.tokenizer, self.manifest.model.chat_template, messages, chat=True)
+        tpl = self.manifest.model.chat_template
+        return encode_prompt(self.tokenizer, tpl, messages, chat=True, add_special_tokens=add_special_tokens)
+
+    def new_request(
+        self,
+        prompt: str | bytes | Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        chat: bool = False,
+        request_id: str | None = None,
+        arrival_s: float | None = None,
+        cache_salt: str | None = None,
+    ) -> Request:
+        """A checked request for this artifact (text is encoded first, chat-templated when
+        ``chat``), not queued yet: :func:`~trtpipe.runtime.sched.request.new_request` is the one
+        place requests are checked. Pure (no engine state): the server calls it on its own
+        thread, then :meth:`submit` on the engine's. Raises :class:`RequestError`."""
+        ids = self.encode_prompt(prompt, chat) if isinstance(prompt, (str, bytes)) else list(prompt)
+        return new_request(
+            request_id or f"req-{next(self._ids)}",
+            ids,
+            params or SamplingParams(),
+            max_seq_len=self.manifest.limits.max_seq_len,
+            vocab_size=self.tokenizer.vocab_size,
+            arrival_time_s=arrival_s,
+            cache_salt=cache_salt,
+        )
+
+    def submit(self, request: Request, on_text: Callable[[str], None] | None = None) -> str:
+        """Queue a request made by :meth:`new_request`; returns its id. ``on_text`` gets each new
+        text piece (whole characters). Raises :class:`RequestError` for an id already in use."""
+        ids = request.prompt_token_ids
+        self.scheduler.add_request(request)
+        out = RequestOutput(request.request_id, ids)
+        self._live[request.request_id] = LiveRequest(
+            request,
+            IncrementalDetokenizer(self.tokenizer.backend, list(ids)),
+            RequestTimer(request.request_id, prompt_tokens=len(ids), arrival_s=request.arrival_time_s),
+            make_generator(request.sampling_params),
+            out,
+            on_text,
+        )
+        return request.request_id
 
     def add_request(
         self,
@@ -198,37 +244,17 @@ class LLM:
         on_text: Callable[[str], None] | None = None,
         cache_salt: str | None = None,
     ) -> str:
-        """Queue a request; returns its id. ``prompt`` is text or token ids.
-
-        ``cache_salt``: only requests with the same salt share prefix-cache blocks (vLLM's
-        ``cache_salt``; e.g. one per tenant). None = the common, unsalted cache.
+        """Queue a request (:meth:`new_request` then :meth:`submit`); returns its id. ``prompt`` is
+        text or token ids. ``cache_salt``: only requests with the same salt share prefix-cache
+        blocks (vLLM's ``cache_salt``; e.g. one per tenant). None = the common, unsalted cache.
 
         Raises :class:`RequestError` for an empty prompt, invalid UTF-8, bad sampling parameters,
         or a prompt longer than ``max_seq_len`` (the request is refused; nothing else is disturbed).
         """
-        params = (params or SamplingParams()).validate()
-        ids = self.encode_prompt(prompt, chat) if isinstance(prompt, (str, bytes)) else [int(t) for t in prompt]
-        if not ids:
-            raise RequestError("prompt_token_ids is empty. Fix: send a non-empty prompt.")
-        too_long = prompt_length_error(len(ids), self.manifest.limits["max_seq_len"])
-        if too_long is not None:
-            raise RequestError(too_long)
-        rid = request_id or f"req-{next(self._ids)}"
-        arrival = time.monotonic() if arrival_s is None else arrival_s
-        if cache_salt is not None and not isinstance(cache_salt, str):
-            raise RequestError(f"cache_salt = {cache_salt!r}: expected a string or None. Fix: pass e.g. a tenant id.")
-        req = Request(rid, tuple(ids), params, arrival_time_s=arrival, cache_salt=cache_salt)
-        self.scheduler.add_request(req)
-        out = RequestOutput(rid, tuple(ids))
-        self._live[rid] = LiveRequest(
-            req,
-            IncrementalDetokenizer(self.tokenizer.backend, ids),
-            RequestTimer(rid, prompt_tokens=len(ids), arrival_s=arrival),
-            make_generator(params),
-            out,
-            on_text,
+        req = self.new_request(
+            prompt, params, chat=chat, request_id=request_id, arrival_s=arrival_s, cache_salt=cache_salt
         )
-        return rid
+        return self.submit(req, on_text)
 
     def cancel(self, request_id: str) -> bool:
         """Cancel a request: its KV blocks are freed at once. False if unknown or finished."""
@@ -249,118 +275,23 @@ class LLM:
 
     # -- the step ----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One scheduler step: prefill chunks + one decode batch. Returns finished outputs.
+        """One scheduler step (:meth:`trtpipe.runtime.core.step.StepRunner.step`): prefill chunks
+        + one decode batch; returns the outputs of the requests that finished."""
+        return self._runner.step()
 
-        ``schedule`` -> :meth:`_prefill` -> :meth:`_decode` -> ``update`` -> :meth:`_emit`; with
-        ``fuse_mixed_steps`` a step with both is one :meth:`_prefill` call. An engine failure
-        finishes the step's requests with an error (their KV blocks freed) and re-raises.
-        """
-        step = self.scheduler.schedule()
-        sampled: dict[str, int] = {}
-        t_step = time.perf_counter()
-        fused = self.fuse_mixed_steps and bool(step.prefills) and bool(step.decodes)
-        try:
-            self._prefill(step.prefills, sampled, step.decodes if fused else ())
-            if not fused:
-                self._decode(step.decodes, sampled)
-        except Exception as e:  # an engine failure finishes the step's requests, frees blocks
-            for rid in {p.request_id for p in step.prefills} | {d.request_id for d in step.decodes}:
-                self.scheduler.finish_request(rid, RequestStatus.FINISHED_ERROR, str(e))
-            self.scheduler.update(step, {})
-            raise
-        finished = self.scheduler.update(step, sampled)
-        self.steps += 1
-        self.num_preemptions += len(step.preempted)
-        self._log_step_cost(step, time.perf_counter() - t_step)
-        self.step_stats.on_step(
-            time.monotonic(), decode_batch_size=len(step.decodes), kv_blocks_used=self.block_pool.num_used
-        )
-        return self._emit(sampled, finished)
+    @property
+    def engine_time_s(self) -> float:
+        """Seconds spent inside the engines since load (the rest of a step is the runtime's)."""
+        return self._runner.engine_time_s
 
-    def _prefill(
-        self, prefills: Sequence[ScheduledPrefill], sampled: dict, decodes: Sequence[ScheduledDecode] = ()
-    ) -> None:
-        """Run the prefill engine on this step's chunks (and ``decodes`` as 1-token rows, a fused
-        step); sample the rows of last chunks and of the decodes into ``sampled`` (request id ->
-        token id). Marks prefill start/end on the request timers."""
-        if not prefills:
-            return
-        now = time.monotonic
-        for p in prefills:
-            live = self._live[p.request_id]
-            if not live.prefill_started:
-                live.timer.on_prefill_start(now())
-                live.prefill_started = True
-                cached = live.request.num_cached_tokens or 0
-                live.timer.cached_prompt_tokens = live.output.cached_tokens = cached
-        batch = PrefillBatch.from_scheduled([*prefills, *(d.as_prefill_chunk() for d in decodes)])
-        logits = self.engine.prefill(batch)  # [S, V] float32, rows in batch.request_ids order
-        self.engine_time_s += self.engine.last_step_s
-        last = {p.request_id for p in prefills if p.is_last_chunk} | {d.request_id for d in decodes}
-        rows = [i for i, rid in enumerate(batch.request_ids) if rid in last]
-        if not rows:
-            return
-        rids = [batch.request_ids[i] for i in rows]
-        toks = self._sample(logits[rows], rids)
-        t = now()
-        ended = {p.request_id for p in prefills}
-        for rid, tok in zip(rids, toks):
-            sampled[rid] = tok
-            if rid in ended:
-                self._live[rid].timer.on_prefill_end(t)
+    @property
+    def steps(self) -> int:
+        return self._runner.steps
 
-    def _decode(self, decodes: tuple[ScheduledDecode, ...], sampled: dict[str, int]) -> None:
-        """Run the decode engine once for every decoding sequence (one token each); sample into
-        ``sampled``."""
-        if not decodes:
-            return
-        batch = DecodeBatch.from_scheduled(decodes)
-        logits = self.engine.decode(batch)  # [S, V] float32
-        self.engine_time_s += self.engine.last_step_s
-        rids = list(batch.request_ids)
-        for rid, tok in zip(rids, self._sample(logits, rids)):
-            sampled[rid] = tok
-
-    def _log_step_cost(self, step: SchedulerStep, measured_s: float) -> None:
-        """Under the slo policy: record (predicted, measured) step time for the reports."""
-        if self.scheduler.chunk_policy is None or self.step_cost is None or step.is_empty:
-            return
-        predicted = self.step_cost.predict_step_s(step)
-        policy, prefill_tokens = self.scheduler.chunk_policy, sum(p.num_tokens for p in step.prefills)
-        factor = getattr(policy, "host_factor", 1.0)  # (what the step was planned with)
-        self.step_cost_log.append(StepSample(predicted, measured_s, prefill_tokens, len(step.decodes), factor))
-        if isinstance(policy, SloChunkPolicy) and prefill_tokens and step.decodes:  # a mixed step: re-plan
-            self.scheduler.chunk_policy = policy.tracking_host(self.step_cost_log)
-
-    def _emit(self, sampled: dict[str, int], finished: list[Request]) -> list[RequestOutput]:
-        """Detokenize the sampled tokens into the outputs (stop strings finish requests), then
-        close the finished ones; returns their outputs."""
-        t = time.monotonic()
-        for rid, tok in sampled.items():
-            live = self._live.get(rid)
-            if live is None:
-                continue
-            piece = live.detok.add(tok)
-            live.output.output_token_ids.append(tok)
-            live.timer.on_tokens(t, 1, piece)
-            live.request.itl_sum_s = t - live.timer.token_times_s[0]  # the slo policy's TPOT so far
-            if live.append_text(piece):
-                self.scheduler.finish_request(rid, RequestStatus.FINISHED_STOPPED)
-                finished.append(live.request)
-        done = []
-        for req in finished:
-            live = self._live.pop(req.request_id, None)
-            if live is None:
-                continue
-            live.append_text(live.detok.flush(), final=True)
-            live.finish(req.finish_reason or "stop", req.error_message)
-            done.append(live.output)
-        return done
-
-    def _sample(self, logits: np.ndarray, rids: list[str]) -> list[int]:
-        params = [self._live[r].request.sampling_params for r in rids]
-        gens = [self._live[r].rng for r in rids]
-        return [int(x) for x in sample(np.asarray(logits, np.float32), params, gens)]
+    @property
+    def num_preemptions(self) -> int:
+        """Requests preempted (KV freed, recomputed later), all steps."""
+        return self._runner.num_preemptions
 
     # -- convenience -------------------------------------------------------------------------
     def run_until_done(self) -> list[RequestOutput]:

@@ -48,7 +48,7 @@ def fit_prompt(llm, conv: Conversation, user: str, reserve_tokens: int) -> tuple
     """Token ids of the next prompt and how many old turns were dropped so that prompt +
     ``reserve_tokens`` fits in ``max_seq_len``. Raises :class:`RequestError` when even the new
     message alone (with the system message) does not fit."""
-    max_len = llm.manifest.limits["max_seq_len"]
+    max_len = llm.manifest.limits.max_seq_len
     dropped = 0
     while True:
         ids = llm.encode_chat(conv.messages(user))
@@ -111,7 +111,7 @@ def _turn(llm, params, conv: Conversation, line: str, out: Callable[[str], None]
     engine failed the request (its error is printed and the turn is not kept)."""
     from trtpipe.pipeline.cli.prompt import cap_note
 
-    max_len = llm.manifest.limits["max_seq_len"]
+    max_len = llm.manifest.limits.max_seq_len
     try:
         ids, dropped = fit_prompt(llm, conv, line, min(params.max_new_tokens, max_len // 2))
     except RequestError as e:

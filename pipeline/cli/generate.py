@@ -104,7 +104,7 @@ def generate_cmd(
             ids = llm.encode_chat([{"role": "system", "content": system}, {"role": "user", "content": text}])
         else:
             ids = llm.encode_prompt(text, chat=chat)
-        note = cap_note(len(ids), sampling_flags["max_new_tokens"], llm.manifest.limits["max_seq_len"])
+        note = cap_note(len(ids), sampling_flags["max_new_tokens"], llm.manifest.limits.max_seq_len)
         if note:
             click.echo(click.style(note, fg="yellow"), err=True)
         if stream:

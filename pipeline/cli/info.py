@@ -37,7 +37,7 @@ def _info_summary(m) -> dict:
             "sliding_window": m.kv.sliding_window,
             "pool_bytes": m.kv.pool_bytes,
         },
-        "limits": m.limits,
+        "limits": m.limits.to_dict(),
         "built_at": bi.get("built_at"),
         "host": bi.get("host"),
         "rebuild_command": m.rebuild_command,

@@ -73,7 +73,7 @@ def _drop_final_newline(text: str) -> str:
 
 def sampling_params_from_flags(**fields):
     """``SamplingParams(**fields).validate()``; its errors are rewritten to name the CLI flags."""
-    from trtpipe.runtime.sched.request import SamplingParams
+    from trtpipe.runtime.sample.params import SamplingParams
 
     try:
         return SamplingParams(**fields).validate()

@@ -30,6 +30,7 @@ from trtpipe.runtime.artifact.manifest import (
     FORMAT_VERSION,
     MANIFEST_NAME,
     GraphEntry,
+    Limits,
     Manifest,
     atomic_write_text,
     sha256_file,
@@ -146,11 +147,7 @@ def cpu_manifest(
         },
         files=files,
         golden_file=GOLDEN_FILE if golden else None,
-        limits={
-            "max_seq_len": recipe.max_seq_len,
-            "max_batch_size": recipe.max_batch_size,
-            "max_num_tokens": recipe.max_num_tokens,
-        },
+        limits=Limits(recipe.max_seq_len, recipe.max_batch_size, recipe.max_num_tokens),
         runtime_options={
             "shared_data_file": DATA_FILE,
             "shared_initializers": shared,

@@ -192,7 +192,9 @@ def default_chat_messages(prompt: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": prompt}]
 
 
-def encode_prompt(tokenizer: Any, chat_template: str | None, prompt: Any, chat: bool = False) -> list[int]:
+def encode_prompt(
+    tokenizer: Any, chat_template: str | None, prompt: Any, chat: bool = False, *, add_special_tokens: bool = True
+) -> list[int]:
     """Token ids of ``prompt``: text (str, or UTF-8 bytes) or, with ``chat``, a conversation
     (``[{"role": ..., "content": ...}]``, or text sent as one user turn) under ``chat_template``,
     ending with the assistant header (the model answers next).
@@ -214,5 +216,13 @@ def encode_prompt(tokenizer: Any, chat_template: str | None, prompt: Any, chat: 
             return tokenizer.encode(prompt, add_special_tokens=True)
         prompt = default_chat_messages(prompt)
     if not chat_template:
-        raise RequestError("--chat: this model has no chat template in its metadata. Fix: drop --chat.")
-    return tokenizer.encode(render_chat(chat_template, list(prompt)), add_special_tokens=True)
+        raise RequestError(
+            "messages: this model has no chat template in its metadata; expected a model with one. Fix: send "
+            "a plain-text prompt instead (/v1/completions, or `trtpipe generate` without --chat).",
+            field="messages",
+        )
+    try:
+        text = render_chat(chat_template, list(prompt))
+    except RequestError as e:  # the conversation (a broken template is an ArtifactError)
+        raise RequestError(str(e), field="messages") from None
+    return tokenizer.encode(text, add_special_tokens=add_special_tokens)

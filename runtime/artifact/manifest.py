@@ -99,6 +99,29 @@ class GraphEntry:
 
 
 @dataclass(frozen=True)
+class Limits:
+    """What the artifact was built to serve (the recipe's limits): ``max_seq_len`` tokens per
+    sequence (prompt + output), ``max_batch_size`` running sequences per decode step,
+    ``max_num_tokens`` tokens per prefill step."""
+
+    max_seq_len: int
+    max_batch_size: int
+    max_num_tokens: int
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "max_seq_len": self.max_seq_len,
+            "max_batch_size": self.max_batch_size,
+            "max_num_tokens": self.max_num_tokens,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Limits:
+        """KeyError for a missing limit (load_manifest turns it into an ArtifactError)."""
+        return cls(d["max_seq_len"], d["max_batch_size"], d["max_num_tokens"])
+
+
+@dataclass(frozen=True)
 class Manifest:
     format_version: int
     trtpipe_version: str
@@ -113,7 +136,7 @@ class Manifest:
     kv: KVLayout
     graphs: dict[str, GraphEntry]  # "prefill", "decode"
     files: dict[str, str]  # relative path -> sha256
-    limits: dict[str, int]  # max_seq_len, max_batch_size, max_num_tokens
+    limits: Limits
     tokenizer_file: str = "tokenizer.json"
     golden_file: str | None = "golden.json"
     runtime_options: dict[str, Any] = field(default_factory=dict)  # as written; engines read ``options``
@@ -149,7 +172,7 @@ class Manifest:
                 k: {**v.__dict__, "inputs": list(v.inputs), "outputs": list(v.outputs)} for k, v in self.graphs.items()
             },
             "files": self.files,
-            "limits": self.limits,
+            "limits": self.limits.to_dict(),
             "tokenizer_file": self.tokenizer_file,
             "golden_file": self.golden_file,
             "runtime_options": self.runtime_options,
@@ -179,7 +202,7 @@ class Manifest:
                 for k, v in d["graphs"].items()
             },
             files=d["files"],
-            limits=d["limits"],
+            limits=Limits.from_dict(d["limits"]),
             tokenizer_file=d.get("tokenizer_file", "tokenizer.json"),
             golden_file=d.get("golden_file"),
             runtime_options=d.get("runtime_options", {}),
@@ -264,7 +287,7 @@ def load_manifest(artifact_dir: str | Path, *, verify_hashes: bool = True) -> Ma
             ("kv.block_size", m.kv.block_size),
             ("kv.num_blocks", m.kv.num_blocks),
             ("kv.head_dim", m.kv.head_dim),
-            *((f"limits.{k}", v) for k, v in m.limits.items()),
+            *((f"limits.{k}", v) for k, v in m.limits.to_dict().items()),
         )
         if not isinstance(v, int) or v < (2 if k == "kv.num_blocks" else 1)
     ]

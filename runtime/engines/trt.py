@@ -229,7 +229,7 @@ class TrtEngine:
         self._cur = 0
         lim = manifest.limits
         vocab = manifest.model.vocab_size
-        self._max_rows = max(lim["max_batch_size"], lim["max_num_tokens"])
+        self._max_rows = max(lim.max_batch_size, lim.max_num_tokens)
         self._logits = DeviceBuffer(self._max_rows * vocab * 4)
         self._index_bufs: dict[tuple[str, str], DeviceBuffer] = {}
         self.last_step_s = 0.0

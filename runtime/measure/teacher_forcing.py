@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from trtpipe.runtime.errors import RequestError
+from trtpipe.runtime.sample.params import SamplingParams
 from trtpipe.runtime.sched.batch import DecodeBatch, PrefillBatch
-from trtpipe.runtime.sched.request import SamplingParams
 from trtpipe.runtime.sched.step import ScheduledDecode, ScheduledPrefill
 
 _probe_ids = itertools.count()
@@ -58,8 +58,7 @@ def teacher_forced_agreement(llm: Any, prompt_ids: Sequence[int], target_ids: Se
             f"teacher forcing needs a non-empty prompt and target (got {len(prompt)} "
             f"prompt and {len(target)} target tokens). Fix: check golden.json."
         )
-    limits = llm.manifest.limits
-    max_seq_len, chunk = int(limits["max_seq_len"]), int(limits["max_num_tokens"])
+    max_seq_len, chunk = llm.manifest.limits.max_seq_len, llm.manifest.limits.max_num_tokens
     total = len(prompt) + len(target) - 1  # the last target token is never fed
     if total > max_seq_len:
         raise RequestError(

@@ -40,7 +40,7 @@ import numpy as np
 from trtpipe.plugins.errors import TrtpipeError
 from trtpipe.runtime.measure.workload_corpus import CORPUS, Encoder, corpus_token_ids
 from trtpipe.runtime.metrics.request_metrics import RequestMetrics, StepStats
-from trtpipe.runtime.sched.request import SamplingParams
+from trtpipe.runtime.sample.params import SamplingParams
 
 
 class WorkloadError(TrtpipeError, ValueError):

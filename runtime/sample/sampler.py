@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from trtpipe.runtime.sched.request import SamplingParams
+from trtpipe.runtime.sample.params import SamplingParams
 
 _fallback_rng = np.random.default_rng()
 

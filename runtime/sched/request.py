@@ -1,7 +1,11 @@
-"""A generation request: its sampling parameters and its per-request state machine.
+"""A generation request: the one place a request is checked (:func:`new_request`) and its
+per-request state machine.
 
-Follows vLLM v1 ``Request`` / ``RequestStatus`` / ``SamplingParams`` (reduced). Token ids and
-text are kept apart: a request only holds token ids; text comes from the detokenizer.
+Follows vLLM v1 ``Request`` / ``RequestStatus`` (reduced). Token ids and text are kept apart: a
+request only holds token ids; text comes from the detokenizer. Every request the scheduler sees
+was made by :func:`new_request` (``LLM.add_request`` and the server both go through it), so the
+layers below trust it and check only what only they can know (the scheduler: a unique id, and
+whether the KV pool could ever hold it).
 
 State machine (``RequestStatus``)::
 
@@ -17,12 +21,12 @@ prefilled again ("recompute") and generation continues.
 from __future__ import annotations
 
 import enum
-import math
-import numbers
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from trtpipe.runtime.errors import RequestError
+from trtpipe.runtime.sample.params import SamplingParams
 
 
 def prompt_length_error(num_prompt_tokens: int, max_seq_len: int) -> str | None:
@@ -40,78 +44,6 @@ def prompt_length_error(num_prompt_tokens: int, max_seq_len: int) -> str | None:
         "(prompt + output, at least one output token). Fix: shorten the prompt or build a recipe "
         "with a larger max_seq_len."
     )
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to pick the next token and when to stop. Validated by :meth:`validate`.
-
-    temperature 0 means greedy (argmax); top_k 0 and top_p 1.0 are off. ``seed`` seeds the
-    request's own generator (reproducible sampling). ``stop`` strings are matched on the text by
-    the layer that owns the detokenizer; ``stop_token_ids`` and EOS are checked by the scheduler.
-    """
-
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-
-    def __post_init__(self) -> None:
-        # Accept lists for convenience but store tuples, so the record stays immutable/hashable.
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        object.__setattr__(self, "stop", tuple(self.stop))
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
-
-    @property
-    def is_greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    def validate(self) -> SamplingParams:
-        """Raise :class:`RequestError` naming the field, the value, the expectation and a fix.
-
-        Returns ``self`` so it can be chained.
-        """
-
-        def bad(name: str, expected: str, fix: str) -> RequestError:
-            value = getattr(self, name)
-            return RequestError(f"SamplingParams.{name} = {value!r}: expected {expected}; fix: {fix}")
-
-        if not _is_int(self.max_new_tokens) or self.max_new_tokens <= 0:
-            raise bad("max_new_tokens", "an int > 0", "pass e.g. max_new_tokens=128")
-        if not _is_real(self.temperature) or not (0 <= self.temperature < math.inf):
-            raise bad("temperature", "a finite float >= 0 (0 = greedy)", "pass 0.0 (greedy) or e.g. 0.7")
-        if not _is_int(self.top_k) or self.top_k < 0:
-            raise bad("top_k", "an int >= 0 (0 = off)", "pass top_k=0 (off) or e.g. top_k=50")
-        if not _is_real(self.top_p) or not (0.0 < self.top_p <= 1.0):
-            raise bad("top_p", "a float in (0, 1] (1.0 = off)", "pass top_p=1.0 (off) or e.g. 0.9")
-        if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
-            raise bad("seed", "None or an int >= 0", "pass seed=None (random) or e.g. seed=0")
-        if not all(isinstance(s, str) and s for s in self.stop):
-            raise bad("stop", "a tuple of non-empty strings", 'pass e.g. stop=("\\n\\n",) or ()')
-        if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
-            raise bad("stop_token_ids", "a tuple of token ids (ints >= 0)", "pass e.g. (2,) or ()")
-        return self
-
-
-def require_bools(**flags: object) -> None:
-    """Raise :class:`RequestError` naming the first flag that is not a bool ("no", "false", 0 and
-    None are refused, never read as truthy or falsy)."""
-    for name, value in flags.items():
-        if not isinstance(value, bool):
-            raise RequestError(f"{name} = {value!r}: expected True or False. Fix: pass {name}=True or False.")
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-def _is_real(x: object) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 class RequestStatus(enum.Enum):
@@ -204,4 +136,43 @@ class Request:
         self.error_message = error_message
 
 
-__all__ = ["SamplingParams", "Request", "RequestStatus"]
+def new_request(
+    request_id: str,
+    prompt_token_ids: Sequence[int],
+    params: SamplingParams,
+    *,
+    max_seq_len: int,
+    vocab_size: int,
+    arrival_time_s: float | None = None,
+    cache_salt: str | None = None,
+) -> Request:
+    """A new WAITING request, after every check a request gets (the one place they happen).
+
+    Raises :class:`RequestError` (its ``field`` names what is wrong: ``prompt``,
+    ``cache_salt`` or the sampling field) for bad sampling parameters, an empty prompt, token ids
+    outside ``[0, vocab_size)``, a prompt that leaves no room for an output token
+    (:func:`prompt_length_error`), or a salt that is not a string.
+    """
+    params.validate()
+    ids = tuple(int(t) for t in prompt_token_ids)
+    if not ids:
+        raise RequestError("prompt_token_ids is empty. Fix: send a non-empty prompt.", field="prompt")
+    if min(ids) < 0 or max(ids) >= vocab_size:
+        bad = next(t for t in ids if t < 0 or t >= vocab_size)
+        raise RequestError(
+            f"prompt token id {bad}: expected ids in [0, {vocab_size}) (this model's vocabulary). "
+            "Fix: send ids from this model's tokenizer.",
+            field="prompt",
+        )
+    too_long = prompt_length_error(len(ids), max_seq_len)
+    if too_long is not None:
+        raise RequestError(too_long, field="prompt", code="context_length_exceeded")
+    if cache_salt is not None and not isinstance(cache_salt, str):
+        raise RequestError(
+            f"cache_salt = {cache_salt!r}: expected a string or None. Fix: pass e.g. a tenant id.", field="cache_salt"
+        )
+    arrival = time.monotonic() if arrival_time_s is None else arrival_time_s
+    return Request(request_id, ids, params, arrival_time_s=arrival, cache_salt=cache_salt)
+
+
+__all__ = ["Request", "RequestStatus", "new_request", "prompt_length_error"]

@@ -47,7 +47,7 @@ from collections.abc import Iterable, Mapping
 from trtpipe.runtime.errors import RequestError, TrtpipeError
 from trtpipe.runtime.kv.cache_manager import KVCacheManager
 from trtpipe.runtime.kv.prefix_cache import PrefixCache
-from trtpipe.runtime.sched.request import Request, RequestStatus, prompt_length_error
+from trtpipe.runtime.sched.request import Request, RequestStatus
 from trtpipe.runtime.sched.step import ChunkPolicy, DecodeProgress, ScheduledDecode, ScheduledPrefill, SchedulerStep
 
 
@@ -139,19 +139,14 @@ class Scheduler:
     # -- requests in and out -----------------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
-        """Queue a new request (FCFS).
+        """Queue a new request (FCFS), made by :func:`~trtpipe.runtime.sched.request.new_request`
+        (which checked its parameters, prompt and length: they are not checked again here).
 
-        Raises :class:`RequestError` for an invalid request (bad sampling parameters, empty
-        prompt, id already in use). A request that can never run (prompt longer than
-        ``max_seq_len``, or more KV than the whole pool) is finished at once with
+        Raises :class:`RequestError` for an id already in use or a request that is not new. A
+        request that can never run (more KV than the whole pool) is finished at once with
         ``FINISHED_ERROR`` and ``error_message``, and reported by the next ``update()``.
         """
-        request.sampling_params.validate()
-        if not request.prompt_token_ids:
-            raise RequestError(
-                f"request {request.request_id!r}: prompt_token_ids = (): expected at least one "
-                "token; fix: send a non-empty prompt (or a BOS token)"
-            )
+        assert request.prompt_token_ids and len(request.prompt_token_ids) < self.max_seq_len, "use new_request()"
         if request.request_id in self._requests:
             raise RequestError(
                 f"request_id = {request.request_id!r}: already in use by an unfinished request; "
@@ -377,11 +372,9 @@ class Scheduler:
         )
 
     def _never_fits(self, request: Request) -> str | None:
-        """Why ``request`` can never run, or None. Prevents waiting forever for the impossible."""
+        """Why ``request`` can never run (its KV would not fit the whole pool), or None. Prevents
+        waiting forever for the impossible."""
         num_prompt = len(request.prompt_token_ids)
-        too_long = prompt_length_error(num_prompt, self.max_seq_len)
-        if too_long is not None:
-            return too_long
         # KV is written for every token but the last sampled one; generation stops at
         # max_new_tokens outputs or max_seq_len tokens (after the first output at least).
         max_new = request.sampling_params.max_new_tokens

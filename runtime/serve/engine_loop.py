@@ -4,7 +4,7 @@
 
     asyncio (HTTP handlers)                        engine thread (owns LLM, KV pool, scheduler)
     ───────────────────────                        ─────────────────────────────────────────────
-    submit(ids, params, sink) ──► commands ──────► drain commands: add_request / cancel
+    submit(request, sink)     ──► commands ──────► drain commands: LLM.submit / cancel
     cancel(request_id)        ──►  (queue.Queue)   expire timeouts (cancel, finish "timeout")
                                                    llm.step()   (never while the event loop waits)
     sink(event)  ◄── loop.call_soon_threadsafe ◄── per served request: new text + ids -> Delta,
@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trtpipe.runtime.llm import LLM, RequestOutput
-from trtpipe.runtime.sched.request import SamplingParams
+from trtpipe.runtime.sched.request import Request
+from trtpipe.runtime.serve.errors import EngineBusy
 
 log = logging.getLogger("trtpipe.serve")
 
@@ -49,14 +50,6 @@ class Final:
     """The request ended; ``output`` carries its finish reason, ids, text and metrics."""
 
     output: RequestOutput
-
-
-class EngineBusy(Exception):
-    """Too many requests waiting (``max_queued_requests``), or the server is shutting down."""
-
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason = reason  # "queue_full" | "shutting_down" | "engine_dead"
 
 
 @dataclass
@@ -99,7 +92,6 @@ class EngineLoop:
         self._num_submitted = 0
         self._num_taken = 0
         self._served: dict[str, _Served] = {}
-        self._ids = 0
         self._admitting = True
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="trtpipe-engine", daemon=True)
@@ -118,16 +110,10 @@ class EngineLoop:
         self._thread.start()
         return self
 
-    def submit(
-        self,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        sink: Callable[[Any], None],
-        arrival_s: float | None = None,
-        cache_salt: str | None = None,
-    ) -> str:
-        """Queue a request; returns its id. ``cache_salt``: see ``LLM.add_request``. Events (:class:`Delta`, then one :class:`Final`) go to
-        ``sink`` from the engine thread. Raises :class:`EngineBusy` when it cannot be admitted."""
+    def submit(self, request: Request, sink: Callable[[Any], None]) -> str:
+        """Queue a request made by ``LLM.new_request`` (checked there, on the caller's thread);
+        returns its id. Events (:class:`Delta`, then one :class:`Final`) go to ``sink`` from the
+        engine thread. Raises :class:`EngineBusy` when it cannot be admitted."""
         if not self._admitting:
             raise EngineBusy("shutting_down", "the server is shutting down and admits no new requests")
         if not self.alive:
@@ -137,12 +123,9 @@ class EngineLoop:
                 "queue_full",
                 f"{self.num_waiting} requests are already waiting (--max-queued-requests {self.max_queued_requests})",
             )
-        self._ids += 1
-        rid = f"req-{self._ids}"
-        arrival = time.monotonic() if arrival_s is None else arrival_s
         self._num_submitted += 1
-        self._commands.put(("add", rid, prompt_ids, params, sink, arrival, cache_salt))
-        return rid
+        self._commands.put(("add", request, sink))
+        return request.request_id
 
     def cancel(self, request_id: str) -> None:
         """Abort a request (client gone): applied before the next step; KV freed at once."""
@@ -210,18 +193,20 @@ class EngineLoop:
             pass
         return cmds
 
-    def _add(
-        self, rid: str, ids: list[int], params: SamplingParams, sink: Callable, arrival: float, cache_salt: str | None
-    ) -> None:
+    def _add(self, request: Request, sink: Callable) -> None:
         self._num_taken += 1
-        timeout = self.request_timeout_s
-        served = _Served(rid, sink, None if timeout is None else arrival + timeout)
+        rid, timeout = request.request_id, self.request_timeout_s
+        served = _Served(rid, sink, None if timeout is None else request.arrival_time_s + timeout)
         try:
-            self.llm.add_request(
-                ids, params, request_id=rid, arrival_s=arrival, on_text=served.pieces.append, cache_salt=cache_salt
+            self.llm.submit(request, on_text=served.pieces.append)
+        except Exception as e:  # checked upstream; a refusal here still answers the client
+            sink(
+                Final(
+                    RequestOutput(
+                        rid, request.prompt_token_ids, finished=True, finish_reason="error", error_message=str(e)
+                    )
+                )
             )
-        except Exception as e:  # validated upstream; a refusal here still answers the client
-            sink(Final(RequestOutput(rid, tuple(ids), finished=True, finish_reason="error", error_message=str(e))))
             return
         self._served[rid] = served
 
@@ -273,4 +258,4 @@ class EngineLoop:
         served.sink(Final(out))
 
 
-__all__ = ["EngineLoop", "EngineBusy", "Delta", "Final"]
+__all__ = ["EngineLoop", "Delta", "Final"]

@@ -25,39 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from trtpipe.runtime.sched.request import SamplingParams
-
-
-class ServeError(Exception):
-    """An HTTP error with an OpenAI-style body (``status`` 400, 401, 404, 503, 500...)."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        param: str | None = None,
-        type_: str = "invalid_request_error",
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.type = type_
-        self.code = code
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-def bad_field(param: str, value: Any, expected: str, fix: str) -> ServeError:
-    """400 naming the field, the value it had, what was expected and how to fix it."""
-    shown = repr(value)
-    shown = shown if len(shown) <= 80 else shown[:77] + "..."
-    return ServeError(400, f"{param} = {shown}: expected {expected}. Fix: {fix}.", param=param)
+from trtpipe.runtime.sample.params import SamplingParams
+from trtpipe.runtime.serve.errors import ServeError, bad_field
 
 
 @dataclass(frozen=True)
@@ -94,7 +63,34 @@ class GenerationRequest:
             seed=self.seed,
             stop=self.stop,
             ignore_eos=self.ignore_eos,
-        ).validate()
+        )  # checked with the prompt by new_request, the one place requests are checked
+
+
+def max_new_tokens(req: GenerationRequest, num_prompt_tokens: int, max_seq_len: int, prompt_field: str) -> int:
+    """``max_tokens``, or when unset everything up to max_seq_len (chat) or OpenAI's default 16
+    capped to what fits (completions, as vLLM does). A client's max_tokens that does not fit
+    beside the prompt is a 400 ``context_length_exceeded`` naming the field, the value and the
+    most that fits (vLLM's and OpenAI's refusal). A prompt that leaves no room at all gets 1 here:
+    ``new_request`` then refuses it with the runtime's one prompt-length rule."""
+    room = max_seq_len - num_prompt_tokens
+    if room < 1:
+        return 1
+    if req.max_tokens is None:
+        return room
+    if req.max_tokens <= room or req.max_tokens_param is None:
+        return min(req.max_tokens, room)
+    param = req.max_tokens_param
+    drop = f", or drop {param} (chat then generates up to the context length)" if req.kind == "chat" else ""
+    shorter = "shorter messages" if req.kind == "chat" else "a shorter prompt"
+    raise ServeError(
+        400,
+        f"{param} = {req.max_tokens}: this model's maximum context length is {max_seq_len} tokens. However, "
+        f"you requested {num_prompt_tokens + req.max_tokens} tokens ({num_prompt_tokens} in the {prompt_field}, "
+        f"{req.max_tokens} in the completion); expected {param} <= {room}. Fix: send {param} <= {room}, "
+        f"or {shorter}{drop}.",
+        param=param,
+        code="context_length_exceeded",
+    )
 
 
 def parse_json_body(raw: bytes) -> dict:

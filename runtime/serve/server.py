@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
-from trtpipe.runtime.serve.app import ServeState, create_app
+from trtpipe.runtime.serve.app import create_app
 from trtpipe.runtime.serve.engine_loop import EngineLoop
 from trtpipe.runtime.serve.prometheus import ServeMetrics
+from trtpipe.runtime.serve.state import ServeState
 
 EXIT_USAGE = 2  # the CLI's exit code for usage errors (trtpipe.pipeline.cli.main; runtime/ cannot import it)
 

@@ -13,14 +13,16 @@ from tests.conftest import FRANCE_PROMPT
 from tests.reference_outputs import assert_text_follows_reference
 from trtpipe.pipeline.cli.chat import Conversation, fit_prompt, run_chat
 from trtpipe.pipeline.cli.main import main
-from trtpipe.runtime.sched.request import SamplingParams
+from trtpipe.runtime.sample.params import SamplingParams
 
 
 class FakeLLM:
     """One token per character of every message's content; answers "ok" + the turn number."""
 
     def __init__(self, max_seq_len: int):
-        self.manifest = SimpleNamespace(limits={"max_seq_len": max_seq_len}, recipe_name="fake", target={"name": "cpu"})
+        self.manifest = SimpleNamespace(
+            limits=SimpleNamespace(max_seq_len=max_seq_len), recipe_name="fake", target={"name": "cpu"}
+        )
         self.prompts: list[list[dict]] = []
         self.turns = 0
 

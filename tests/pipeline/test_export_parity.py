@@ -86,7 +86,7 @@ def test_fp32_graphs_match_reference_logits(fp32_llm, smollm2, prompt_len):
 def test_fp32_greedy_matches_transformers(fp32_llm, hf_smollm2, france_ids):
     import torch
 
-    from trtpipe.runtime.sched.request import SamplingParams
+    from trtpipe.runtime.sample.params import SamplingParams
 
     tok, hf = hf_smollm2
     prompts = [FRANCE_PROMPT] + OTHER_PROMPTS
@@ -103,7 +103,7 @@ def test_fp32_greedy_matches_transformers(fp32_llm, hf_smollm2, france_ids):
 def test_int4_greedy_matches_int4_reference(int4_llm, smollm2):
     from trtpipe.pipeline.model.reference import build_reference_model
     from trtpipe.pipeline.stages import reference_greedy
-    from trtpipe.runtime.sched.request import SamplingParams
+    from trtpipe.runtime.sample.params import SamplingParams
 
     ref = build_reference_model(smollm2, "int4", 32, False, rope_table_len=1024)
     prompts = [FRANCE_PROMPT] + OTHER_PROMPTS[:2]

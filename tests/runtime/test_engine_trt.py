@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from trtpipe.plugins.versions import plugin_abi_hash
-from trtpipe.runtime.artifact.manifest import FORMAT_VERSION, GraphEntry, KVLayout, Manifest
+from trtpipe.runtime.artifact.manifest import FORMAT_VERSION, GraphEntry, KVLayout, Limits, Manifest
 from trtpipe.runtime.artifact.model_config import ModelConfig
 from trtpipe.runtime.engines.cuda_device import cuda_device_info
 from trtpipe.runtime.engines.trt import TrtEngine, TrtRuntimeFacts, check_trt_fingerprint
@@ -60,7 +60,7 @@ def _manifest(**backend) -> Manifest:
             "decode": GraphEntry("decode.plan", "int4", ("input_ids",), ("logits",)),
         },
         files={},
-        limits={"max_seq_len": 128, "max_batch_size": 4, "max_num_tokens": 64},
+        limits=Limits(128, 4, 64),
         runtime_options={"layout": "split", "kv_in_place": True},
         root=Path("/artifacts/x/a100"),
     )

@@ -69,7 +69,7 @@ def test_fused_llm_steps_match_the_unfused_outputs(fused_artifact):
     """Requests arriving while others decode: the fused runtime runs mixed steps as one call and
     produces the same greedy tokens as the unfused runtime on the same artifact."""
     from trtpipe.runtime.llm import LLM
-    from trtpipe.runtime.sched.request import SamplingParams
+    from trtpipe.runtime.sample.params import SamplingParams
 
     prompts = [
         "What is the capital of France?",

@@ -26,7 +26,7 @@ def test_runtime_runs_without_torch(int4_artifact):
                     raise ImportError("torch is blocked in this test")
         sys.meta_path.insert(0, _Block())
         from trtpipe.runtime.llm import LLM
-        from trtpipe.runtime.sched.request import SamplingParams
+        from trtpipe.runtime.sample.params import SamplingParams
         llm = LLM({str(int4_artifact)!r})
         out = llm.generate([{FRANCE_PROMPT!r}], SamplingParams(max_new_tokens=16), chat=True)[0]
         assert "torch" not in sys.modules
@@ -39,7 +39,7 @@ def test_runtime_runs_without_torch(int4_artifact):
 
 def test_batched_greedy_equals_each_request_alone(int4_llm):
     """16 requests of mixed lengths arriving at different steps == each run alone."""
-    from trtpipe.runtime.sched.request import SamplingParams
+    from trtpipe.runtime.sample.params import SamplingParams
 
     llm = int4_llm
     base = ("Tell me about {}.", "Write a short poem about {}.", "Why is {} important?", "Describe {} in detail.")
@@ -71,7 +71,7 @@ def test_decode_through_prefill_graph_equals_decode_graph(int4_artifact, tmp_pat
     """engine.ort_sessions: one session (decode steps as 1-token prefill chunks) and two sessions
     (the decode graph) give the same greedy tokens for a batch of three."""
     from trtpipe.runtime.llm import LLM
-    from trtpipe.runtime.sched.request import SamplingParams
+    from trtpipe.runtime.sample.params import SamplingParams
 
     manifest = json.loads((int4_artifact / "manifest.json").read_text())
     mode = manifest["runtime_options"]["ort_decode_graph"]
@@ -111,7 +111,7 @@ def test_streamed_pieces_concatenate_to_full_decode_real_tokenizer(int4_llm, tex
 
 
 def test_stream_yields_the_same_text_as_generate(int4_llm):
-    from trtpipe.runtime.sched.request import SamplingParams
+    from trtpipe.runtime.sample.params import SamplingParams
 
     sp = SamplingParams(max_new_tokens=24)
     pieces = list(int4_llm.stream(FRANCE_PROMPT, sp, chat=True))
@@ -120,7 +120,7 @@ def test_stream_yields_the_same_text_as_generate(int4_llm):
 
 
 def test_cancel_frees_blocks_and_other_requests_finish(int4_llm):
-    from trtpipe.runtime.sched.request import SamplingParams
+    from trtpipe.runtime.sample.params import SamplingParams
 
     llm = int4_llm
     a = llm.add_request("Count from one to one hundred.", SamplingParams(max_new_tokens=64), chat=True)
@@ -137,7 +137,7 @@ def test_cancel_frees_blocks_and_other_requests_finish(int4_llm):
 
 
 def test_stop_string_and_sampling_seed(int4_llm):
-    from trtpipe.runtime.sched.request import SamplingParams
+    from trtpipe.runtime.sample.params import SamplingParams
 
     out = int4_llm.generate([FRANCE_PROMPT], SamplingParams(max_new_tokens=32, stop=("Paris",)), chat=True)[0]
     assert out.finish_reason == "stop" and "Paris" not in out.text and out.text.startswith("The capital")
@@ -170,7 +170,7 @@ def test_stop_string_and_sampling_seed(int4_llm):
 )
 def test_bad_requests_are_refused_without_disturbing_others(int4_llm, prompt, kw, match):
     from trtpipe.runtime.errors import RequestError
-    from trtpipe.runtime.sched.request import SamplingParams
+    from trtpipe.runtime.sample.params import SamplingParams
 
     llm = int4_llm
     good = llm.add_request(FRANCE_PROMPT, SamplingParams(max_new_tokens=12), chat=True)
@@ -250,10 +250,11 @@ def test_prompt_length_boundary_is_the_schedulers(int4_llm):
     """LLM.add_request applies the scheduler's rule: max_seq_len - 1 prompt tokens run (one token
     out), max_seq_len tokens are refused with the same message."""
     from trtpipe.runtime.errors import RequestError
-    from trtpipe.runtime.sched.request import SamplingParams, prompt_length_error
+    from trtpipe.runtime.sample.params import SamplingParams
+    from trtpipe.runtime.sched.request import prompt_length_error
 
     llm = int4_llm
-    max_len = llm.manifest.limits["max_seq_len"]
+    max_len = llm.manifest.limits.max_seq_len
     ids = [llm.tokenizer.encode("hello", add_special_tokens=False)[0]] * max_len
     with pytest.raises(RequestError) as e:
         llm.add_request(ids, SamplingParams(max_new_tokens=4))

@@ -12,7 +12,8 @@ import pytest
 from trtpipe.runtime.kv.block_pool import BlockPool
 from trtpipe.runtime.kv.cache_manager import KVCacheManager
 from trtpipe.runtime.kv.prefix_cache import extend_block_hashes, hash_block_tokens, root_hash
-from trtpipe.runtime.sched.request import Request, RequestStatus, SamplingParams
+from trtpipe.runtime.sample.params import SamplingParams
+from trtpipe.runtime.sched.request import Request, RequestStatus
 from trtpipe.runtime.sched.scheduler import Scheduler
 
 # ---- hashes --------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 def _run(llm, prompts, max_new, salts=None, staggered=True):
     """Add requests a few per step (so later ones arrive while earlier ones run); outputs by index."""
-    from trtpipe.runtime.sched.request import SamplingParams
+    from trtpipe.runtime.sample.params import SamplingParams
 
     params = SamplingParams(max_new_tokens=max_new, ignore_eos=True)
     salts = salts or [None] * len(prompts)

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from trtpipe.runtime.errors import RequestError
+from trtpipe.runtime.sample.params import SamplingParams
 from trtpipe.runtime.sample.sampler import make_generator, sample
-from trtpipe.runtime.sched.request import SamplingParams
 
 V = 50
 

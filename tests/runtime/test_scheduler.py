@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from trtpipe.runtime.errors import RequestError, TrtpipeError
 from trtpipe.runtime.kv.block_pool import BlockPool
 from trtpipe.runtime.kv.cache_manager import KVCacheManager
-from trtpipe.runtime.sched.request import Request, RequestStatus, SamplingParams
+from trtpipe.runtime.sample.params import SamplingParams
+from trtpipe.runtime.sched.request import Request, RequestStatus, new_request
 from trtpipe.runtime.sched.scheduler import ScheduledDecode, ScheduledPrefill, Scheduler
 
 EOS = 0
@@ -128,16 +129,16 @@ def test_preemption_when_the_pool_is_full_then_both_complete():
 
 
 def test_request_that_never_fits_is_finished_with_an_error_not_queued_forever():
+    """More KV than the whole pool: finished at once (a too-long prompt never gets this far:
+    new_request refuses it, test_invalid_requests_and_settings)."""
     sched, pool = make(num_blocks=5, block_size=4, max_num_tokens=8, max_batch_size=2, max_seq_len=64)
     too_big = req("big", 10, max_new=10)  # KV for 19 tokens = 5 blocks > 4
-    too_long = Request("long", tuple(range(1, 70)))
     fits = req("ok", 10, max_new=7)  # KV for 16 tokens = 4 blocks
-    for r in (too_big, too_long, fits):
+    for r in (too_big, fits):
         sched.add_request(r)
     assert too_big.status is RequestStatus.FINISHED_ERROR and "pool has 4" in too_big.error_message
-    assert too_long.finish_reason == "error" and "max_seq_len = 64" in too_long.error_message
     step, finished = run_step(sched)
-    assert finished == [too_big, too_long] and [p.request_id for p in step.prefills] == ["ok"]
+    assert finished == [too_big] and [p.request_id for p in step.prefills] == ["ok"]
     while sched.has_unfinished():
         run_step(sched)
     assert fits.finish_reason == "length" and len(fits.output_token_ids) == 7 and pool.num_free == 4
@@ -195,11 +196,29 @@ def test_stop_conditions():
 
 
 def test_invalid_requests_and_settings():
+    """new_request is the one place a request is checked (field named); the scheduler refuses
+    only what it alone knows: an id in use, bad limits."""
     sched, _ = make()
-    with pytest.raises(RequestError, match="prompt_token_ids"):
-        sched.add_request(Request("e", ()))
+    checks = dict(max_seq_len=64, vocab_size=100)
+    with pytest.raises(RequestError, match="prompt_token_ids is empty") as e:
+        new_request("e", (), SamplingParams(), **checks)
+    assert e.value.field == "prompt"
     with pytest.raises(RequestError, match="top_p"):
-        sched.add_request(req("p", 3, top_p=2.0))
+        new_request("p", (1, 2), SamplingParams(top_p=2.0), **checks)
+    with pytest.raises(RequestError, match=r"prompt token id 100: expected ids in \[0, 100\)"):
+        new_request("v", (1, 100), SamplingParams(), **checks)
+    with pytest.raises(RequestError, match="max_seq_len = 64") as e:
+        new_request("long", tuple(range(1, 70)), SamplingParams(), **checks)
+    assert (e.value.field, e.value.code) == ("prompt", "context_length_exceeded")
+    with pytest.raises(RequestError, match="cache_salt"):
+        new_request("s", (1, 2), SamplingParams(), cache_salt=3, **checks)
+    ok = new_request("ok", [5, 6], SamplingParams(), arrival_time_s=1.5, cache_salt="t", **checks)
+    assert (ok.prompt_token_ids, ok.arrival_time_s, ok.cache_salt, ok.status) == (
+        (5, 6),
+        1.5,
+        "t",
+        RequestStatus.WAITING,
+    )
     sched.add_request(req("d", 3))
     with pytest.raises(RequestError, match="already in use"):
         sched.add_request(req("d", 3))
@@ -239,7 +258,8 @@ def test_random_traffic_never_double_owns_never_leaks_never_deadlocks(
     requests = [
         Request(
             f"r{i}",
-            tuple(rng.integers(1, 50, int(rng.integers(1, 40)))),
+            # prompts new_request would refuse (no room for an output token) never reach it
+            tuple(rng.integers(1, 50, int(rng.integers(1, min(40, max_seq_len))))),
             SamplingParams(max_new_tokens=int(rng.integers(1, 24)), ignore_eos=bool(rng.random() < 0.3)),
         )
         for i in range(NUM_REQUESTS_PER_EXAMPLE)
@@ -325,11 +345,11 @@ def test_prompt_length_rule_boundary_one_rule_for_scheduler_and_llm():
     assert prompt_length_error(9, 10) is None
     assert "prompt has 10 tokens; expected fewer than max_seq_len = 10" in prompt_length_error(10, 10)
     sched, pool = make(max_seq_len=10)
-    fits, exact = req("fits", 9, max_new=50), req("exact", 10, max_new=50)
+    with pytest.raises(RequestError) as e:
+        new_request("exact", tuple(range(1, 11)), SamplingParams(max_new_tokens=50), max_seq_len=10, vocab_size=100)
+    assert str(e.value) == prompt_length_error(10, 10)
+    fits = new_request("fits", tuple(range(1, 10)), SamplingParams(max_new_tokens=50), max_seq_len=10, vocab_size=100)
     sched.add_request(fits)
-    sched.add_request(exact)
-    assert exact.status is RequestStatus.FINISHED_ERROR
-    assert exact.error_message == prompt_length_error(10, 10)
     _, finished = run_step(sched)
-    assert finished == [exact, fits] and fits.finish_reason == "length" and fits.output_token_ids == [7]
+    assert finished == [fits] and fits.finish_reason == "length" and fits.output_token_ids == [7]
     assert pool.num_used == 0 and not sched.has_unfinished()

@@ -58,7 +58,7 @@ def test_chat_france_answers_as_the_reference(server, client, default_artifact):
 
 def test_greedy_over_http_equals_llm_generate(client, llm):
     """Same prompt, greedy: HTTP (chat and completions, stream and not) == LLM.generate."""
-    from trtpipe.runtime.sched.request import SamplingParams
+    from trtpipe.runtime.sample.params import SamplingParams
 
     want_chat = llm.generate([FRANCE_PROMPT], SamplingParams(max_new_tokens=24), chat=True)[0]
     prompt = "The lighthouse keeper climbed the stairs and"

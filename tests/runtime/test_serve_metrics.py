@@ -25,10 +25,11 @@ MODEL = "smollm2-135m-cpu"
 @pytest.fixture(scope="module")
 def served(default_artifact):
     from trtpipe.runtime.llm import LLM
-    from trtpipe.runtime.serve.app import ServeState, create_app
+    from trtpipe.runtime.serve.app import create_app
     from trtpipe.runtime.serve.engine_loop import EngineLoop
     from trtpipe.runtime.serve.prometheus import ServeMetrics
     from trtpipe.runtime.serve.server import engine_readings
+    from trtpipe.runtime.serve.state import ServeState
 
     llm = LLM(default_artifact)
     records = []
@@ -234,7 +235,7 @@ def test_a_request_is_observed_before_its_client_sees_the_end(default_artifact):
     engine thread calls ``on_finished`` (the Prometheus observation) before it hands the request's
     ``Final`` event to the client's sink (both run in the engine thread, so the order is exact)."""
     from trtpipe.runtime.llm import LLM
-    from trtpipe.runtime.sched.request import SamplingParams
+    from trtpipe.runtime.sample.params import SamplingParams
     from trtpipe.runtime.serve.engine_loop import EngineLoop, Final
 
     llm = LLM(default_artifact)
@@ -249,7 +250,9 @@ def test_a_request_is_observed_before_its_client_sees_the_end(default_artifact):
 
     engine = EngineLoop(llm, max_queued_requests=4, on_finished=lambda out: observed.append(out.request_id)).start()
     try:
-        rid = engine.submit(llm.tokenizer.encode("Hello"), SamplingParams(max_new_tokens=2, ignore_eos=True), sink)
+        rid = engine.submit(
+            llm.new_request(llm.tokenizer.encode("Hello"), SamplingParams(max_new_tokens=2, ignore_eos=True)), sink
+        )
         assert done.wait(60), "the request did not finish"
         assert at_final == [[rid]]
     finally:

@@ -9,7 +9,8 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from trtpipe.runtime.serve.protocol import ServeError, parse_chat, parse_completion, parse_json_body  # noqa: E402
+from trtpipe.runtime.serve.errors import ServeError  # noqa: E402
+from trtpipe.runtime.serve.protocol import parse_chat, parse_completion, parse_json_body  # noqa: E402
 from trtpipe.runtime.serve.responses import DONE, ResponseBuilder  # noqa: E402
 
 MODELS = ("m",)

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 def test_long_prompt_during_decodes_keeps_steps_within_the_budget(default_artifact):
     from trtpipe.runtime.llm import LLM
-    from trtpipe.runtime.sched.request import SamplingParams
+    from trtpipe.runtime.sample.params import SamplingParams
     from trtpipe.runtime.sched.slo_policy import HOST_FACTOR_MIN_STEPS, HOST_FACTOR_WINDOW
 
     llm = LLM(default_artifact, scheduler_policy="slo")

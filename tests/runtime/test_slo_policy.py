@@ -7,7 +7,8 @@ import pytest
 from trtpipe.runtime.errors import TrtpipeError
 from trtpipe.runtime.kv.block_pool import BlockPool
 from trtpipe.runtime.kv.cache_manager import KVCacheManager
-from trtpipe.runtime.sched.request import Request, SamplingParams
+from trtpipe.runtime.sample.params import SamplingParams
+from trtpipe.runtime.sched.request import Request
 from trtpipe.runtime.sched.scheduler import Scheduler
 from trtpipe.runtime.sched.slo_policy import HOST_FACTOR_MIN_STEPS, HOST_FACTOR_WINDOW, SloChunkPolicy, check_budget_ms
 from trtpipe.runtime.sched.step import DecodeProgress

@@ -48,7 +48,7 @@ def fake_llm(engine, max_num_tokens=4, max_seq_len=64, block_size=4, num_blocks=
         engine=engine,
         block_pool=pool,
         kv_manager=KVCacheManager(pool, block_size),
-        manifest=SimpleNamespace(limits={"max_seq_len": max_seq_len, "max_num_tokens": max_num_tokens}),
+        manifest=SimpleNamespace(limits=SimpleNamespace(max_seq_len=max_seq_len, max_num_tokens=max_num_tokens)),
     )
 
 

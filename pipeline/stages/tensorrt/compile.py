@@ -34,6 +34,7 @@ from trtpipe.runtime.artifact.manifest import (
     FORMAT_VERSION,
     MANIFEST_NAME,
     GraphEntry,
+    Limits,
     Manifest,
     atomic_write_text,
     load_manifest,
@@ -207,7 +208,7 @@ def _trt_manifest(
         kv=spec.kv,
         graphs=graphs,
         files={p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()},
-        limits=spec.limits,
+        limits=Limits.from_dict(spec.limits),
         runtime_options={
             "layout": spec.layout,
             "profiles": profile_index,

@@ -1,0 +1,177 @@
+"""One engine step: schedule -> prefill and decode engines -> sample -> scheduler update -> text.
+
+    Scheduler.schedule() ──► SchedulerStep ─┬─ prefill chunks ──► engine.prefill ──► logits of last chunks
+                                            └─ decodes ─────────► engine.decode ───► logits [S, V]
+    sample (per request: its params and generator) ──► Scheduler.update (EOS, lengths, KV blocks)
+    ──► incremental detokenizer (stop strings) ──► finished RequestOutputs
+
+Where the engine allows it (``fuses_mixed_steps``) a step with both is *one* prefill call, the
+decodes as 1-token rows. Under the ``slo`` policy every step's predicted and measured time is
+logged, and a mixed step re-plans the policy for this host's speed. Used by
+:class:`~trtpipe.runtime.llm.LLM`, which owns what the runner steps over.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from trtpipe.runtime.metrics.request_metrics import StepStats
+from trtpipe.runtime.sample.sampler import sample
+from trtpipe.runtime.sched.batch import DecodeBatch, PrefillBatch
+from trtpipe.runtime.sched.request import Request, RequestStatus
+from trtpipe.runtime.sched.request_output import LiveRequest, RequestOutput
+from trtpipe.runtime.sched.scheduler import Scheduler
+from trtpipe.runtime.sched.slo_policy import SloChunkPolicy
+from trtpipe.runtime.sched.step import ScheduledDecode, ScheduledPrefill, SchedulerStep
+from trtpipe.runtime.sched.step_cost import StepCostModel, StepSample
+
+
+class StepRunner:
+    """Steps ``scheduler``'s requests through ``engine`` (an OrtEngine or TrtEngine: ``prefill``,
+    ``decode``, ``last_step_s``). ``live``: request id -> :class:`LiveRequest` (detokenizer,
+    timer, generator, output), filled by the LLM as requests arrive. ``step_cost``: the LLM's
+    step-cost model once measured (None before), for the slo policy's log."""
+
+    def __init__(
+        self,
+        engine: Any,
+        scheduler: Scheduler,
+        live: dict[str, LiveRequest],
+        step_stats: StepStats,
+        *,
+        fuse_mixed_steps: bool,
+        step_cost: Callable[[], StepCostModel | None],
+    ):
+        self.engine = engine
+        self.scheduler = scheduler
+        self.live = live
+        self.step_stats = step_stats
+        self.fuse_mixed_steps = fuse_mixed_steps
+        self._step_cost = step_cost
+        self.engine_time_s = 0.0
+        self.steps = 0
+        self.num_preemptions = 0
+        self.step_cost_log: deque[StepSample] = deque(maxlen=100_000)
+
+    def step(self) -> list[RequestOutput]:
+        """One scheduler step: prefill chunks + one decode batch. Returns finished outputs.
+
+        ``schedule`` -> :meth:`_prefill` -> :meth:`_decode` -> ``update`` -> :meth:`_emit`; with
+        ``fuse_mixed_steps`` a step with both is one :meth:`_prefill` call. An engine failure
+        finishes the step's requests with an error (their KV blocks freed) and re-raises.
+        """
+        step = self.scheduler.schedule()
+        sampled: dict[str, int] = {}
+        t_step = time.perf_counter()
+        fused = self.fuse_mixed_steps and bool(step.prefills) and bool(step.decodes)
+        try:
+            self._prefill(step.prefills, sampled, step.decodes if fused else ())
+            if not fused:
+                self._decode(step.decodes, sampled)
+        except Exception as e:  # an engine failure finishes the step's requests, frees blocks
+            for rid in {p.request_id for p in step.prefills} | {d.request_id for d in step.decodes}:
+                self.scheduler.finish_request(rid, RequestStatus.FINISHED_ERROR, str(e))
+            self.scheduler.update(step, {})
+            raise
+        finished = self.scheduler.update(step, sampled)
+        self.steps += 1
+        self.num_preemptions += len(step.preempted)
+        self._log_step_cost(step, time.perf_counter() - t_step)
+        self.step_stats.on_step(
+            time.monotonic(), decode_batch_size=len(step.decodes), kv_blocks_used=self.scheduler.kv_blocks_used
+        )
+        return self._emit(sampled, finished)
+
+    def _prefill(
+        self, prefills: Sequence[ScheduledPrefill], sampled: dict, decodes: Sequence[ScheduledDecode] = ()
+    ) -> None:
+        """Run the prefill engine on this step's chunks (and ``decodes`` as 1-token rows, a fused
+        step); sample the rows of last chunks and of the decodes into ``sampled`` (request id ->
+        token id). Marks prefill start/end on the request timers."""
+        if not prefills:
+            return
+        now = time.monotonic
+        for p in prefills:
+            live = self.live[p.request_id]
+            if not live.prefill_started:
+                live.timer.on_prefill_start(now())
+                live.prefill_started = True
+                cached = live.request.num_cached_tokens or 0
+                live.timer.cached_prompt_tokens = live.output.cached_tokens = cached
+        batch = PrefillBatch.from_scheduled([*prefills, *(d.as_prefill_chunk() for d in decodes)])
+        logits = self.engine.prefill(batch)  # [S, V] float32, rows in batch.request_ids order
+        self.engine_time_s += self.engine.last_step_s
+        last = {p.request_id for p in prefills if p.is_last_chunk} | {d.request_id for d in decodes}
+        rows = [i for i, rid in enumerate(batch.request_ids) if rid in last]
+        if not rows:
+            return
+        rids = [batch.request_ids[i] for i in rows]
+        toks = self._sample(logits[rows], rids)
+        t = now()
+        ended = {p.request_id for p in prefills}
+        for rid, tok in zip(rids, toks):
+            sampled[rid] = tok
+            if rid in ended:
+                self.live[rid].timer.on_prefill_end(t)
+
+    def _decode(self, decodes: tuple[ScheduledDecode, ...], sampled: dict[str, int]) -> None:
+        """Run the decode engine once for every decoding sequence (one token each); sample into
+        ``sampled``."""
+        if not decodes:
+            return
+        batch = DecodeBatch.from_scheduled(decodes)
+        logits = self.engine.decode(batch)  # [S, V] float32
+        self.engine_time_s += self.engine.last_step_s
+        rids = list(batch.request_ids)
+        for rid, tok in zip(rids, self._sample(logits, rids)):
+            sampled[rid] = tok
+
+    def _log_step_cost(self, step: SchedulerStep, measured_s: float) -> None:
+        """Under the slo policy: record (predicted, measured) step time for the reports."""
+        cost = self._step_cost()
+        if self.scheduler.chunk_policy is None or cost is None or step.is_empty:
+            return
+        predicted = cost.predict_step_s(step)
+        policy, prefill_tokens = self.scheduler.chunk_policy, sum(p.num_tokens for p in step.prefills)
+        factor = getattr(policy, "host_factor", 1.0)  # (what the step was planned with)
+        self.step_cost_log.append(StepSample(predicted, measured_s, prefill_tokens, len(step.decodes), factor))
+        if isinstance(policy, SloChunkPolicy) and prefill_tokens and step.decodes:  # a mixed step: re-plan
+            self.scheduler.chunk_policy = policy.tracking_host(self.step_cost_log)
+
+    def _emit(self, sampled: dict[str, int], finished: list[Request]) -> list[RequestOutput]:
+        """Detokenize the sampled tokens into the outputs (stop strings finish requests), then
+        close the finished ones; returns their outputs."""
+        t = time.monotonic()
+        for rid, tok in sampled.items():
+            live = self.live.get(rid)
+            if live is None:
+                continue
+            piece = live.detok.add(tok)
+            live.output.output_token_ids.append(tok)
+            live.timer.on_tokens(t, 1, piece)
+            live.request.itl_sum_s = t - live.timer.token_times_s[0]  # the slo policy's TPOT so far
+            if live.append_text(piece):
+                self.scheduler.finish_request(rid, RequestStatus.FINISHED_STOPPED)
+                finished.append(live.request)
+        done = []
+        for req in finished:
+            live = self.live.pop(req.request_id, None)
+            if live is None:
+                continue
+            live.append_text(live.detok.flush(), final=True)
+            live.finish(req.finish_reason or "stop", req.error_message)
+            done.append(live.output)
+        return done
+
+    def _sample(self, logits: np.ndarray, rids: list[str]) -> list[int]:
+        params = [self.live[r].request.sampling_params for r in rids]
+        gens = [self.live[r].rng for r in rids]
+        return [int(x) for x in sample(np.asarray(logits, np.float32), params, gens)]
+
+
+__all__ = ["StepRunner"]

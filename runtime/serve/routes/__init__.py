@@ -1,0 +1,1 @@
+"""The server's route handlers, one module per family (the table is in :mod:`..app`)."""
