@@ -80,12 +80,12 @@ def run_reps(
     for rep in range(reps):
         for on in () if skip_assistant else (True, False):
             llm.set_tpot_budget(None)
-            llm.scheduler.enable_prefix_caching = on
+            llm.scheduler.prefix_cache.enabled = on
             llm.block_pool.reset_prefix_cache()
             r = run_scenario(llm, recipe, "assistant")
             results[f"assistant_cache_{'on' if on else 'off'}"].append(r)
             print(f"rep {rep} assistant cache {'on ' if on else 'off'}: {r}", flush=True)
-        llm.scheduler.enable_prefix_caching = True
+        llm.scheduler.prefix_cache.enabled = True
         for policy in ("slo", "fcfs"):
             llm.block_pool.reset_prefix_cache()
             llm.scheduler_policy = policy

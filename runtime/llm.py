@@ -61,7 +61,7 @@ class LLM:
         num_threads: ONNX Runtime intra-op threads (None: the artifact's setting or ORT's default).
         prefix_caching: reuse the KV of earlier requests' identical prompt prefixes (automatic
             prefix caching, on by default: outputs are the same as without it; the recipe's
-            ``kv_cache.prefix_caching`` sets it in ``trtpipe validate``).
+            ``runtime.prefix_caching`` sets it in ``trtpipe validate``).
         scheduler_policy: ``slo`` (size prefill chunks so steps stay within ``tpot_budget_ms``,
             see :mod:`trtpipe.runtime.sched.slo_policy`) or ``fcfs``; ``slo`` without a budget is FCFS.
         tpot_budget_ms, itl_budget_ms: the ``slo`` policy's budgets (None = none; change them with

@@ -10,6 +10,23 @@ from trtpipe.pipeline.recipe import Recipe, build_hash
 from trtpipe.plugins.versions import TRTPIPE_VERSION
 
 
+def root_file_problem(root: str | Path) -> str | None:
+    """Why ``root`` cannot be an artifacts root because it, or a folder above it, is a file (one
+    sentence naming that file and the fix); None when it is a folder or does not exist yet."""
+    p = Path(root)
+    for q in (p, *p.parents):
+        if q.exists():
+            if q.is_dir():
+                return None
+            what = "is a file" if q == p else f"has a file above it, {q}"
+            return (
+                f"the artifacts root {p} {what}; expected a folder (it holds <recipe>/<target> artifact "
+                "folders and is created when missing). Fix: pass a folder, e.g. --artifacts artifacts, "
+                "or move the file away"
+            )
+    return None
+
+
 def artifact_dir_for(recipe: Recipe, root: str | Path = "artifacts") -> Path:
     """``<root>/<recipe name>/<target>``."""
     return Path(root) / recipe.name / recipe.target

@@ -78,7 +78,7 @@ def missing_artifact_error(recipe: Recipe, art: Path) -> ArtifactError:
     itself an artifact folder (or the recipe folder above one) gets its real root instead."""
     import shlex
 
-    from trtpipe.pipeline.artifact.identity import build_command
+    from trtpipe.pipeline.artifact.identity import build_command, root_file_problem
     from trtpipe.runtime.artifact.manifest import MANIFEST_NAME
 
     root = art.parent.parent
@@ -91,6 +91,9 @@ def missing_artifact_error(recipe: Recipe, art: Path) -> ArtifactError:
                 f"Fix: pass its root, --artifacts {shlex.quote(str(outer.resolve()))}, or the artifact "
                 f"folder itself: {artifact_dir_fix(inner)}."
             )
+    file_problem = root_file_problem(root)
+    if file_problem is not None:
+        return ArtifactError(f"no artifact for recipe {recipe.name!r}: {file_problem}.")
     if not root.is_dir():
         there = f"the artifacts root {root.resolve()} does not exist"
     else:

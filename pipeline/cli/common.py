@@ -12,6 +12,7 @@ import click
 from trtpipe.pipeline.artifact.locate import ARTIFACTS_ENV, DEFAULT_ARTIFACTS_ROOT
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NEEDS_TARGET = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it; not 1, which means a failed budget
 THREADS_HELP = "ONNX Runtime intra-op threads (default: the recipe's engine.intra_op_num_threads, else ONNX Runtime's)."
 
 

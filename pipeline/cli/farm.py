@@ -11,12 +11,10 @@ from pathlib import Path
 
 import click
 
-from trtpipe.pipeline.cli.common import artifacts_option
+from trtpipe.pipeline.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, artifacts_option
 from trtpipe.pipeline.targets import TARGET_FAMILIES
 from trtpipe.plugins.errors import TrtpipeError
 
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
 TARGETS = TARGET_FAMILIES
 
 

@@ -4,7 +4,7 @@
 Exit codes (``trtpipe --help`` and the README list them): 0 built / passed; 1 a validate budget
 or correctness check failed; 2 usage, recipe or artifact errors (click's own usage errors are 2
 as well); 3 a GPU-target build wrote its build spec and must be finished on the target
-(``trtpipe build --from-spec``).
+(``trtpipe build --from-spec``); 130 interrupted (Ctrl-C).
 
 This module holds the group, ``trtpipe recipes`` and the registration; the commands live beside it,
 one file per concern: ``cli_build`` (build, export), ``cli_generate`` (generate, chat),
@@ -18,7 +18,7 @@ from __future__ import annotations
 import click
 
 from trtpipe.pipeline.cli.build import build_cmd, export_cmd
-from trtpipe.pipeline.cli.common import EXIT_FAILED, EXIT_NEEDS_TARGET, EXIT_OK, EXIT_USAGE
+from trtpipe.pipeline.cli.common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NEEDS_TARGET, EXIT_OK, EXIT_USAGE
 from trtpipe.pipeline.cli.farm import farm_group, pull_cmd  # click only; ray/fsspec lazily
 from trtpipe.pipeline.cli.generate import chat_cmd, generate_cmd
 from trtpipe.pipeline.cli.info import info_cmd
@@ -28,7 +28,19 @@ from trtpipe.plugins.errors import TrtpipeError
 from trtpipe.plugins.versions import TRTPIPE_VERSION
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _Group(click.Group):
+    """The ``trtpipe`` group: Ctrl-C in any command exits 130 with one line (click's own
+    "Aborted!" exits 1, the code of a failed budget)."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (KeyboardInterrupt, click.exceptions.Abort):
+            click.echo("interrupted (Ctrl-C)", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(TRTPIPE_VERSION, prog_name="trtpipe")
 def main() -> None:
     """trtpipe: ship a decoder-only LLM with measured, enforced latency.
@@ -50,6 +62,7 @@ def main() -> None:
       1  a budget or correctness check failed (validate)
       2  usage, recipe or artifact error
       3  GPU target: build spec written, finish on the target (trtpipe build --from-spec)
+      130  interrupted (Ctrl-C)
     """
 
 
@@ -87,7 +100,7 @@ for _cmd in (
 ):
     main.add_command(_cmd)
 
-__all__ = ["EXIT_FAILED", "EXIT_NEEDS_TARGET", "EXIT_OK", "EXIT_USAGE", "main"]
+__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_NEEDS_TARGET", "EXIT_OK", "EXIT_USAGE", "main"]
 
 
 if __name__ == "__main__":

@@ -88,22 +88,22 @@ def _need_serve_extra() -> None:
 @click.option(
     "--no-prefix-caching",
     is_flag=True,
-    help="Turn automatic prefix caching off (overrides the recipe's kv_cache.prefix_caching).",
+    help="Turn automatic prefix caching off (overrides the recipe's runtime.prefix_caching).",
 )
 @click.option(
     "--scheduler-policy",
     type=click.Choice(["slo", "fcfs"]),
     default=None,
-    help="Override the recipe's scheduler.policy (artifact folder: slo).",
+    help="Override the recipe's runtime.scheduler.policy (artifact folder: slo).",
 )
 @_budget_ms_option(
     "--tpot-budget-ms",
-    "Override the recipe's scheduler.tpot_budget_ms: the TPOT the slo policy sizes prefill "
+    "Override the recipe's runtime.scheduler.tpot_budget_ms: the TPOT the slo policy sizes prefill "
     "chunks for (artifact folder: none, so FCFS chunks).",
 )
 @_budget_ms_option(
     "--itl-budget-ms",
-    "Override the recipe's scheduler.itl_budget_ms: the longest token gap accepted; the slo "
+    "Override the recipe's runtime.scheduler.itl_budget_ms: the longest token gap accepted; the slo "
     "policy then plans steps up to 0.8x it while each request's TPOT stays within the TPOT budget "
     "(artifact folder: none, so every step within the TPOT budget). Without a TPOT budget it is also "
     "the TPOT budget; refused under --scheduler-policy fcfs.",
@@ -134,8 +134,8 @@ def serve_cmd(
 
     \b
     Runtime settings (printed at start, with the prefill chunk size they give):
-      RECIPE           kv_cache.prefix_caching, scheduler.policy, scheduler.tpot_budget_ms and
-                       scheduler.itl_budget_ms of the recipe. The validate scenarios' tpot_ms/
+      RECIPE           runtime.prefix_caching, runtime.scheduler.policy, runtime.scheduler.tpot_budget_ms and
+                       runtime.scheduler.itl_budget_ms of the recipe. The validate scenarios' tpot_ms/
                        itl_ms budgets do not apply: they describe one workload each, a server
                        sees them all; without either scheduler budget the slo policy runs FCFS
                        (chunks of max_num_tokens); an ITL budget alone is also the TPOT budget.
@@ -204,7 +204,7 @@ def _unused_itl_flag(itl_budget_ms: float, settings: dict) -> str | None:
 def serve_settings(recipe_or_artifact: str, artifact_root: str) -> tuple[Path, dict, str]:
     """The artifact, the LLM's runtime settings (``prefix_caching``, ``scheduler_policy``,
     ``tpot_budget_ms``, ``itl_budget_ms``) and where they came from: a recipe's
-    ``kv_cache.prefix_caching`` and ``scheduler`` section; an artifact folder's defaults. Raises TrtpipeError (CLI exit 2)."""
+    ``runtime.prefix_caching`` and ``scheduler`` section; an artifact folder's defaults. Raises TrtpipeError (CLI exit 2)."""
     from trtpipe.pipeline.artifact.locate import artifact_for_recipe, load_recipe_for_deploy, resolve_artifact
 
     p = Path(recipe_or_artifact)
@@ -218,9 +218,9 @@ def serve_settings(recipe_or_artifact: str, artifact_root: str) -> tuple[Path, d
         return resolve_artifact(recipe_or_artifact, artifact_root), {}, ""  # raises "not an artifact"
     r = load_recipe_for_deploy(recipe_or_artifact)
     settings = {
-        "prefix_caching": r.kv_cache.prefix_caching,
-        "scheduler_policy": r.scheduler.policy,
-        "tpot_budget_ms": r.scheduler.tpot_budget_ms,
-        "itl_budget_ms": r.scheduler.itl_budget_ms,
+        "prefix_caching": r.runtime.prefix_caching,
+        "scheduler_policy": r.runtime.scheduler.policy,
+        "tpot_budget_ms": r.runtime.scheduler.tpot_budget_ms,
+        "itl_budget_ms": r.runtime.scheduler.itl_budget_ms,
     }
-    return artifact_for_recipe(r, artifact_root), settings, f"recipe {r.name!r} (kv_cache, scheduler)"
+    return artifact_for_recipe(r, artifact_root), settings, f"recipe {r.name!r} (its runtime section)"

@@ -8,6 +8,7 @@ import sys
 import click
 
 from trtpipe.pipeline.cli.common import THREADS_HELP, artifacts_option, fail
+from trtpipe.pipeline.targets import TARGET_FAMILIES
 from trtpipe.plugins.errors import TrtpipeError
 
 
@@ -119,7 +120,7 @@ def validate_cmd(
 @click.option(
     "--target",
     default=None,
-    type=click.Choice(["cpu", "orin", "a100", "h200"]),
+    type=click.Choice(TARGET_FAMILIES),
     help="Estimate for this target instead of the recipe's.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")

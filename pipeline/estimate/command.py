@@ -72,7 +72,8 @@ def _load_validate_report(
     from trtpipe.runtime.errors import ArtifactError
     from trtpipe.runtime.measure.report.document import load_report, validate_dir
 
-    path = validate_dir(artifact_root, recipe.name, family) / "report.json"
+    vdir = validate_dir(artifact_root, recipe.name, family)
+    path = (vdir if recipe.named_as_file else vdir / f"recipe-{recipe.file_stem}") / "report.json"
     if not path.is_file():
         return None, path, None
     try:
@@ -82,7 +83,7 @@ def _load_validate_report(
 
 
 def _chunking_notes(recipe: Recipe, family: str, artifact_root: str | Path) -> list[str]:
-    """The prefill chunk each scenario gets under ``scheduler.policy``, and why: from the
+    """The prefill chunk each scenario gets under ``runtime.scheduler.policy``, and why: from the
     artifact's measured step-cost model (``step_cost.json``) when there is one."""
     from trtpipe.pipeline.validate.runner import scenario_slo_budgets_ms
     from trtpipe.runtime.measure.report.document import validate_dir
@@ -98,8 +99,8 @@ def _chunking_notes(recipe: Recipe, family: str, artifact_root: str | Path) -> l
     for s in recipe.validation.scenarios:
         budget, itl_budget = scenario_slo_budgets_ms(recipe, s)
         head = f"scenario {s.name}: prefill chunks: "
-        if recipe.scheduler.policy == "fcfs" or budget is None:
-            why = "scheduler.policy fcfs" if recipe.scheduler.policy == "fcfs" else "no TPOT budget"
+        if recipe.runtime.scheduler.policy == "fcfs" or budget is None:
+            why = "runtime.scheduler.policy fcfs" if recipe.runtime.scheduler.policy == "fcfs" else "no TPOT budget"
             unused = (
                 f"; the ITL budget {itl_budget:g} ms is not used (it needs the slo policy)"
                 if itl_budget is not None

@@ -8,8 +8,9 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
 from trtpipe.pipeline.recipe.errors import Issue, fail
+from trtpipe.pipeline.targets import TARGET_FAMILIES
 
-Target = Literal["cpu", "orin", "a100", "h200"]
+Target = Literal[TARGET_FAMILIES]  # type: ignore[valid-type]  # the target table's rows (pipeline/targets.py)
 Precision = Literal["fp32", "fp16", "bf16", "int4"]
 KVDtype = Literal["fp32", "fp16", "bf16"]
 Phase = Literal["prefill", "decode"]

@@ -18,17 +18,15 @@ def sha256_canonical(doc: Any) -> str:
 
 
 def build_fields(recipe: Recipe) -> dict[str, Any]:
-    """The recipe's build-relevant settings as JSON (what :func:`build_hash` hashes): all but
-    ``description``, ``kv_cache.prefix_caching`` and ``scheduler`` (runtime settings) and the
-    ``validate`` section (scenarios, budgets and the correctness threshold do not change what
+    """The recipe's build-relevant settings as JSON (what :func:`build_hash` hashes): every
+    section but ``description``, ``runtime`` (how the artifact is served: prefix caching, the
+    scheduler) and ``validate`` (scenarios, budgets and the correctness gate do not change what
     ``trtpipe build`` writes; ``validate.correctness.num_tokens`` only sets the golden length, which
-    :func:`~trtpipe.pipeline.validate.runner.check_correctness` reads from golden.json itself). A build
-    records it in the manifest so a mismatch can name the settings that changed."""
+    :func:`~trtpipe.pipeline.validate.correctness.check_correctness` reads from golden.json itself). A
+    build records it in the manifest so a mismatch can name the settings that changed."""
     d = recipe.model_dump(mode="json", by_alias=True)
-    d.pop("validate", None)
-    d.pop("description", None)
-    d["kv_cache"].pop("prefix_caching", None)  # runtime settings: the same artifact serves both
-    d.pop("scheduler", None)
+    for section in ("description", "runtime", "validate"):
+        d.pop(section, None)
     return d
 
 

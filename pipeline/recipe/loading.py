@@ -42,10 +42,21 @@ def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
 
 
+# PyYAML contexts that name where an unfinished construct began (e.g. "while scanning a simple
+# key": a `key` line without its colon; "while parsing a flow mapping": a `{` never closed)
+_OPENED_AT = ("while scanning a simple key", "while parsing a flow", "while scanning a quoted scalar")
+
+
 def _yaml_problem(exc: yaml.YAMLError) -> RecipeProblem:
     mark = getattr(exc, "problem_mark", None)
     where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
     what = getattr(exc, "problem", None) or str(exc)
+    start, context = getattr(exc, "context_mark", None), getattr(exc, "context", None) or ""
+    if start is not None and mark is not None and start.line < mark.line and context.startswith(_OPENED_AT):
+        # a key, a {...}/[...] or a quoted string opened on an earlier line and never closed:
+        # PyYAML notices where it gives up (the next line); the mistake is where it opened
+        where = f"line {start.line + 1}, column {start.column + 1}"
+        what = f"{context.removeprefix('while ')} that starts here: {what} (noticed at line {mark.line + 1})"
     return RecipeProblem(
         where, NO_VALUE, f"valid YAML ({what})", "fix the YAML there (indent with spaces, `key: value`, each key once)"
     )

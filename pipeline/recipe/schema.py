@@ -14,10 +14,12 @@ Units are in the names: ``*_ms`` milliseconds, ``*_mib`` MiB (2**20 bytes), ``*_
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from pydantic import Field, PrivateAttr
+from pydantic import Field, PrivateAttr, model_validator
 
 from trtpipe.pipeline.recipe.base import KVDtype, Name, Phase, Spec, Target
+from trtpipe.pipeline.recipe.errors import Issue, fail
 from trtpipe.pipeline.recipe.model_source import ModelSource, resolve_model_source
 from trtpipe.pipeline.recipe.schema_build import (
     DecodeProfile,
@@ -28,7 +30,7 @@ from trtpipe.pipeline.recipe.schema_build import (
     PrefillProfile,
     ProfilesSpec,
     Range,
-    SchedulerSpec,
+    RuntimeSpec,
 )
 from trtpipe.pipeline.recipe.schema_validate import ValidateSpec
 from trtpipe.runtime.kv.planning import blocks_for_tokens
@@ -55,11 +57,42 @@ class Recipe(Spec):
     max_num_tokens: int = Field(512, ge=1, examples=[512])
     profiles: ProfilesSpec | None = None
     engine: EngineSpec = Field(default_factory=EngineSpec)
-    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
     # "validate" would shadow BaseModel.validate; the YAML key stays "validate".
     validation: ValidateSpec = Field(default_factory=ValidateSpec, alias="validate")
 
     _origin: str = PrivateAttr(default="<recipe>")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_runtime_keys(cls, data: Any) -> Any:
+        """Name the keys that moved into ``runtime:`` (where a recipe written before it has them)."""
+        if not isinstance(data, dict):
+            return data
+        issues = []
+        if "scheduler" in data:
+            issues.append(
+                Issue(
+                    ("scheduler",),
+                    data["scheduler"],
+                    "the scheduler settings under runtime: (runtime settings, not part of the build hash)",
+                    "move it: `runtime: {scheduler: {...}}`",
+                )
+            )
+        kv = data.get("kv_cache")
+        if isinstance(kv, dict) and "prefix_caching" in kv:
+            issues.append(
+                Issue(
+                    ("kv_cache", "prefix_caching"),
+                    kv["prefix_caching"],
+                    "prefix caching under runtime: (a runtime setting, not part of the build hash)",
+                    f"move it: `runtime: {{prefix_caching: {str(kv['prefix_caching']).lower()}}}`",
+                )
+            )
+        if issues:
+            raise fail(*issues)
+        return data
+
     _base_dir: Path | None = PrivateAttr(default=None)
 
     # -- where it came from ------------------------------------------------------------------
@@ -67,6 +100,19 @@ class Recipe(Spec):
     def origin(self) -> str:
         """The recipe file (as given to :func:`load_recipe`), or ``<recipe>``; used in errors."""
         return self._origin
+
+    @property
+    def file_stem(self) -> str | None:
+        """The recipe file's name without ``.yaml`` (None: not read from a file)."""
+        p = Path(self._origin)
+        return p.stem if p.suffix in (".yaml", ".yml") else None
+
+    @property
+    def named_as_file(self) -> bool:
+        """True unless the recipe file is named otherwise than its ``name:`` (a copy of another
+        recipe that kept its name, e.g. tight.yaml with ``name: smollm2-135m-cpu``): such a file
+        maps to that recipe's artifact and keeps its own validate reports beside it."""
+        return self.file_stem in (None, self.name)
 
     @property
     def base_dir(self) -> Path | None:

@@ -56,17 +56,14 @@ class KVCacheSpec(Spec):
     ``block_size``: tokens per block (power of two). Size the pool with ``num_blocks`` (block 0
     is the null block, so ``num_blocks - 1`` are usable) or ``memory_budget_mib`` (K and V of all
     layers), not both; with neither, the pool holds ``max_batch_size`` full sequences (see
-    :func:`plan_kv_num_blocks`). ``dtype``: None means the decode activation dtype.
-    ``prefix_caching``: reuse the KV blocks of identical prompt prefixes across requests
-    (automatic prefix caching, vLLM v1's scheme; outputs are unchanged). A runtime setting: it
-    is not part of :func:`build_hash`, so turning it off needs no rebuild.
+    :func:`plan_kv_num_blocks`). ``dtype``: None means the decode activation dtype. (Prefix
+    caching is a runtime setting: ``runtime.prefix_caching``.)
     """
 
     block_size: int = Field(16, ge=1, examples=[16])
     num_blocks: int | None = Field(None, ge=2, examples=[513])
     memory_budget_mib: float | None = Field(None, gt=0, examples=[2048])
     dtype: KVDtype | None = None
-    prefix_caching: bool = True
 
     @field_validator("block_size")
     @classmethod
@@ -85,8 +82,7 @@ class KVCacheSpec(Spec):
 
 
 class SchedulerSpec(Spec):
-    """How the runtime divides each step between prefill and decode (runtime settings: not part
-    of :func:`build_hash`, no rebuild needed).
+    """How the runtime divides each step between prefill and decode (``runtime.scheduler``).
 
     ``policy``: ``slo`` sizes each step's prefill chunk from the engine's measured step-cost
     model so the step stays within the TPOT budget (Sarathi-Serve's token budget, never below
@@ -102,6 +98,20 @@ class SchedulerSpec(Spec):
     policy: Literal["slo", "fcfs"] = "slo"
     tpot_budget_ms: float | None = Field(None, gt=0, allow_inf_nan=False, examples=[50])
     itl_budget_ms: float | None = Field(None, gt=0, allow_inf_nan=False, examples=[100])
+
+
+class RuntimeSpec(Spec):
+    """How the runtime serves the artifact: settings that change no byte of what ``trtpipe build``
+    writes, so they are not part of :func:`build_hash` and changing them needs no rebuild
+    (``trtpipe serve`` and ``validate`` read them; serve's flags override them).
+
+    ``prefix_caching``: reuse the KV blocks of identical prompt prefixes across requests
+    (automatic prefix caching, vLLM v1's scheme; outputs are unchanged). ``scheduler``: see
+    :class:`SchedulerSpec`.
+    """
+
+    prefix_caching: bool = True
+    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
 
 
 class Range(Spec):
@@ -218,7 +228,7 @@ class EngineSpec(Spec):
     the weights are read once per mixed step. Measured on SmolLM2 (bench/fused_step.py, 2 cores,
     interleaved): a mixed step 0.82-0.98x the two calls; but every decode-only step pays for the
     graph's second, empty attention path (~1-2 ms, 6-10 %). On for budget-driven serving
-    (``scheduler.policy: slo`` with a TPOT budget, where mixed steps are what the budget limits),
+    (``runtime.scheduler.policy: slo`` with a TPOT budget, where mixed steps are what the budget limits),
     off (the default) where decode-only TPOT matters most.
     """
 

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trtpipe.pipeline.artifact.identity import artifact_dir_for, inputs_hash, rebuild_command
+from trtpipe.pipeline.artifact.identity import artifact_dir_for, inputs_hash, rebuild_command, root_file_problem
 from trtpipe.pipeline.recipe import Recipe
 from trtpipe.pipeline.stages.errors import BuildError, BuildNeedsTarget
 from trtpipe.pipeline.stages.golden import GOLDEN_PROMPTS, golden_for_build, reference_greedy
@@ -64,6 +64,27 @@ def _up_to_date(final: Path, ih: str, log: Callable[[str], None]):
     return m if m.inputs_hash == ih else None
 
 
+def _check_not_another_recipes_artifact(recipe: Recipe, final: Path, force: bool, log: Callable[[str], None]) -> None:
+    """A recipe file named otherwise than its recipe (tight.yaml, ``name: smollm2-135m-cpu``)
+    builds into that recipe's artifact folder: say so, and refuse to replace an artifact built
+    from other settings there unless ``force`` (raises :class:`BuildError` naming them)."""
+    from trtpipe.pipeline.recipe import build_fields, changed_fields
+
+    file = Path(recipe.origin).name
+    log(f"note: {file} is recipe {recipe.name} (its name:), so it builds into {final}")
+    try:
+        built = load_manifest(final, verify_hashes=False).build_info.get("build_fields")
+    except TrtpipeError:
+        return  # nothing usable there to lose
+    changed = changed_fields(built, build_fields(recipe)) if built else []
+    if changed and not force:
+        raise BuildError(
+            f"{file} is named {recipe.name!r}, so it would replace recipe {recipe.name}'s artifact at {final}, "
+            f"built from other settings ({'; '.join(changed[:3])}). Fix: set `name: {recipe.file_stem}` in "
+            f"{file} (its own artifact), or pass --force to replace {recipe.name}'s artifact."
+        )
+
+
 def build(
     recipe: Recipe,
     artifact_root: str | Path = "artifacts",
@@ -76,6 +97,9 @@ def build(
     cpu (:mod:`.cpu`), a build spec and TensorRT plans for GPU targets (:mod:`.gpu`).
     Raises :class:`BuildError` (:class:`BuildNeedsTarget`: spec written, finish on the target) or
     :class:`RecipeError`."""
+    problem = root_file_problem(artifact_root)
+    if problem is not None:
+        raise BuildError(problem[0].upper() + problem[1:] + ".")
     t_start = time.perf_counter()
     final = artifact_dir_for(recipe, artifact_root)
     ih = inputs_hash(recipe, recipe.resolve_source().path)
@@ -83,6 +107,8 @@ def build(
     if not force and (m := _up_to_date(final, ih, log)) is not None:
         log(f"up to date: {final} (inputs unchanged; use --force to rebuild)")
         return BuildResult(final, True, time.perf_counter() - t_start, m, {})
+    if not recipe.named_as_file:
+        _check_not_another_recipes_artifact(recipe, final, force, log)
     if recipe.target != "cpu":
         from trtpipe.pipeline.stages.tensorrt.gpu import build_gpu_target
 

@@ -48,14 +48,14 @@ MEASURED_BY = (
 
 def serve_command(artifact_dir: Path, port: int, threads: int | None, recipe: Recipe | None = None) -> list[str]:
     """The ``trtpipe serve ARTIFACT`` command line ``--serve`` runs, with ``recipe``'s runtime
-    settings (kv_cache.prefix_caching, scheduler.*) as flags: the artifact folder alone gets the
+    settings (runtime.prefix_caching, runtime.scheduler.*) as flags: the artifact folder alone gets the
     defaults (FCFS chunks), not the recipe's budgets."""
     cmd = [sys.executable, "-m", "trtpipe.pipeline.cli.main", "serve", str(artifact_dir), "--port", str(port)]
     if threads:
         cmd += ["--threads", str(threads)]
     if recipe is not None:
-        sched = recipe.scheduler
-        cmd += [] if recipe.kv_cache.prefix_caching else ["--no-prefix-caching"]
+        sched = recipe.runtime.scheduler
+        cmd += [] if recipe.runtime.prefix_caching else ["--no-prefix-caching"]
         cmd += ["--scheduler-policy", sched.policy]
         if sched.tpot_budget_ms is not None:
             cmd += ["--tpot-budget-ms", repr(sched.tpot_budget_ms)]

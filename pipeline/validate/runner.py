@@ -121,7 +121,7 @@ def _env(llm: Any, recipe: Recipe, art: Path, threads: int | None) -> dict:
         "artifact_recipe_hash": m.recipe_hash,
         "trtpipe_version": m.trtpipe_version,
         "precision": f"prefill {recipe.precision.prefill}, decode {recipe.precision.decode}",
-        "prefix_caching": recipe.kv_cache.prefix_caching,
+        "prefix_caching": recipe.runtime.prefix_caching,
     }
 
 
@@ -133,17 +133,17 @@ def _env(llm: Any, recipe: Recipe, art: Path, threads: int | None) -> dict:
 def scenario_slo_budgets_ms(recipe: Recipe, scenario: Scenario) -> tuple[float | None, float | None]:
     """``(tpot_budget_ms, itl_budget_ms)`` the ``slo`` policy keeps in this scenario.
 
-    ITL: ``scheduler.itl_budget_ms``, else the scenario's tightest ``itl_ms`` limit, else None
-    (every step within the TPOT budget). TPOT: ``scheduler.tpot_budget_ms``, else the scenario's
+    ITL: ``runtime.scheduler.itl_budget_ms``, else the scenario's tightest ``itl_ms`` limit, else None
+    (every step within the TPOT budget). TPOT: ``runtime.scheduler.tpot_budget_ms``, else the scenario's
     tightest ``tpot_ms`` limit, else the ITL budget (a TPOT is at most the longest gap), else None
     (FCFS)."""
     limits = scenario.budgets.limits()
     tpot = [v for m, _, v in limits if m == "tpot_ms"]
     itl = [v for m, _, v in limits if m == "itl_ms"]
-    itl_ms = recipe.scheduler.itl_budget_ms
+    itl_ms = recipe.runtime.scheduler.itl_budget_ms
     if itl_ms is None and itl:
         itl_ms = min(itl)
-    tpot_ms = recipe.scheduler.tpot_budget_ms
+    tpot_ms = recipe.runtime.scheduler.tpot_budget_ms
     if tpot_ms is None:
         tpot_ms = min(tpot) if tpot else itl_ms
     return tpot_ms, itl_ms
@@ -152,11 +152,15 @@ def scenario_slo_budgets_ms(recipe: Recipe, scenario: Scenario) -> tuple[float |
 def report_dir(art: Path, recipe: Recipe, chosen: Sequence[Scenario]) -> Path:
     """Where a validate run writes its report: ``<artifact>/validate/`` for all of the recipe's
     scenarios; ``<artifact>/validate/scenarios-<a>+<b>/`` for a subset (``--scenario``), so a
-    partial run never overwrites the full report (which ``trtpipe estimate`` reads)."""
+    partial run never overwrites the full report (which ``trtpipe estimate`` reads). A recipe
+    file named otherwise than its recipe (:attr:`Recipe.named_as_file`) keeps its reports in
+    ``<artifact>/validate/recipe-<file>/`` (the same layout below it), so a copy with other
+    budgets never replaces the report of the recipe whose artifact it validates."""
+    base = art / "validate" if recipe.named_as_file else art / "validate" / f"recipe-{recipe.file_stem}"
     names = [s.name for s in chosen]
     if names == [s.name for s in recipe.validation.scenarios]:
-        return art / "validate"
-    return art / "validate" / ("scenarios-" + "+".join(names))
+        return base
+    return base / ("scenarios-" + "+".join(names))
 
 
 def run_validate(
@@ -263,8 +267,16 @@ def _load_llm(r: Recipe, art: Path, threads: int | None, err: Any) -> Any:
     from trtpipe.runtime.llm import LLM
 
     err.print(f"validate {r.name} on {r.target}: artifact {art}")
+    if not r.named_as_file:
+        err.print(
+            f"  note: {Path(r.origin).name} is recipe {r.name} (its name:), so it validates {r.name}'s artifact; "
+            f"its reports go to {art / 'validate' / f'recipe-{r.file_stem}'}, beside {r.name}'s own",
+            markup=False,
+        )
     t = time.perf_counter()
-    llm = LLM(art, num_threads=threads, prefix_caching=r.kv_cache.prefix_caching, scheduler_policy=r.scheduler.policy)
+    llm = LLM(
+        art, num_threads=threads, prefix_caching=r.runtime.prefix_caching, scheduler_policy=r.runtime.scheduler.policy
+    )
     err.print(
         f"  loaded in {time.perf_counter() - t:.1f} s ({llm.manifest.backend.get('name')} "
         f"{llm.manifest.backend.get('version')}, prefill {r.precision.prefill}, decode "

@@ -59,9 +59,9 @@ ITL_BUDGET_MARGIN = 0.8
 
 _BUDGET_FIX = {
     "tpot_budget_ms": "give the TPOT budget in ms (the mean token gap a request may take), e.g. tpot_budget_ms=50 (recipe "
-    "scheduler.tpot_budget_ms: 50, serve --tpot-budget-ms 50), or use scheduler.policy: fcfs",
+    "runtime.scheduler.tpot_budget_ms: 50, serve --tpot-budget-ms 50), or use runtime.scheduler.policy: fcfs",
     "itl_budget_ms": "give the ITL budget in ms (the longest token gap a client accepts), e.g. itl_budget_ms=100 (recipe "
-    "scheduler.itl_budget_ms: 100, serve --itl-budget-ms 100), or None for every step within the TPOT budget",
+    "runtime.scheduler.itl_budget_ms: 100, serve --itl-budget-ms 100), or None for every step within the TPOT budget",
 }
 
 
@@ -198,7 +198,7 @@ def fcfs_description(why: str, max_num_tokens: int, itl_budget_ms: float | None 
     if itl_budget_ms is not None:
         unused = (
             f"; the ITL budget {itl_budget_ms:g} ms is not used: it only applies to the slo policy "
-            "(scheduler.policy: slo / --scheduler-policy slo)"
+            "(runtime.scheduler.policy: slo / --scheduler-policy slo)"
         )
     return f"fcfs ({why}): prefill chunks of up to max_num_tokens = {max_num_tokens} tokens per step{unused}"
 

@@ -293,7 +293,7 @@ def _reserve_block_tables(block_pool: Any, block_size: int, max_b: int) -> tuple
         raise TrtpipeError(
             f"step-cost calibration needs {sum(sizes)} free KV blocks, the pool has "
             f"{block_pool.num_free}; fix: run it between requests, or give the pool more blocks "
-            "(kv_cache.num_blocks), or use scheduler.policy: fcfs"
+            "(kv_cache.num_blocks), or use runtime.scheduler.policy: fcfs"
         )
     tables, at = [], 0
     for size in sizes:

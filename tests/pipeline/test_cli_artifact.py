@@ -115,3 +115,23 @@ def test_artifacts_root_that_is_an_artifact_names_its_root_not_a_nested_build(tm
     assert f"Fix: pass its root, --artifacts {tmp_path.resolve()}, or the artifact folder itself: " in out
     assert f"{(d / 'cpu').resolve().as_posix()}" in out.split("artifact folder itself: ")[1]
     assert "trtpipe build" not in out
+
+
+@pytest.mark.parametrize("below", [False, True], ids=["the-root", "a-folder-above"])
+@pytest.mark.parametrize(
+    "command", [["build", RECIPE], ["info", RECIPE], ["generate", RECIPE, "hi"], ["serve", RECIPE]]
+)
+def test_artifacts_root_that_is_a_file_is_a_usage_error_naming_it(tmp_path, command, below):
+    """--artifacts naming a regular file: build ended in a NotADirectoryError traceback (exit 1);
+    info/generate/serve said the root "does not exist" and suggested that same build. Now every
+    command exits 2 naming the file and the fix, and nothing is written."""
+    afile = tmp_path / "afile"
+    afile.write_text("not a folder")
+    root = afile / "sub" if below else afile
+    code, out = _run(*command, "--artifacts", root)
+    assert code == 2, out
+    what = f"has a file above it, {afile}" if below else "is a file"
+    assert f"artifacts root {root} {what}; expected a folder" in out
+    assert "Fix: pass a folder, e.g. --artifacts artifacts, or move the file away." in out
+    assert "does not exist" not in out and "Traceback" not in out
+    assert afile.read_text() == "not a folder" and sorted(tmp_path.iterdir()) == [afile]

@@ -487,3 +487,77 @@ def test_deploy_commands_run_without_the_model_package(arts, tmp_path):
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout)["gate"]["correctness_passed"] is True
+
+
+# ---------------------------------------------------------------------------------------------
+# Item: a recipe file named otherwise than its recipe never replaces that recipe's results
+# ---------------------------------------------------------------------------------------------
+
+
+def _tight_copy(tmp_path: Path, **over) -> Path:
+    """tight.yaml: the default recipe under another file name, its name: kept (new-user trial)."""
+    data = yaml.safe_load((RECIPES_DIR / f"{NAME}.yaml").read_text())
+    data["validate"]["scenarios"] = data["validate"]["scenarios"][:1]
+    for key, value in over.items():
+        data[key] = {**data[key], **value}
+    path = tmp_path / "tight.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_validate_reports_of_a_renamed_copy_stay_beside_the_recipes_own(tmp_path):
+    """tight.yaml (``name: smollm2-135m-cpu``) validated over the default recipe's artifact and
+    silently replaced its passing report; its reports now go to validate/recipe-tight/."""
+    from trtpipe.pipeline.recipe import load_recipe
+    from trtpipe.pipeline.validate.runner import report_dir
+
+    art = tmp_path / "arts" / NAME / "cpu"
+    tight = load_recipe(_tight_copy(tmp_path), check_files=False)
+    assert not tight.named_as_file and tight.file_stem == "tight"
+    assert report_dir(art, tight, tight.validation.scenarios) == art / "validate" / "recipe-tight"
+    assert report_dir(art, tight, ()) == art / "validate" / "recipe-tight" / "scenarios-"
+    own = load_recipe(RECIPES_DIR / f"{NAME}.yaml", check_files=False)
+    assert own.named_as_file and report_dir(art, own, own.validation.scenarios) == art / "validate"
+
+
+@pytest.mark.slow
+def test_build_of_a_renamed_copy_with_other_settings_refuses_to_replace_the_artifact(default_artifact, tmp_path):
+    """Built into, and replaced, the other recipe's artifact: now refused unless --force, naming
+    the settings that differ and both fixes; the artifact is untouched."""
+    root = linked_root(tmp_path, default_artifact)
+    before = (root / NAME / "cpu" / "manifest.json").read_text()
+    res = invoke("build", _tight_copy(tmp_path, precision={"decode": "fp32"}), "--artifacts", root)
+    assert res.exit_code == 2, res.output
+    out = " ".join(res.output.split())
+    assert f"note: tight.yaml is recipe {NAME} (its name:), so it builds into {root / NAME / 'cpu'}" in out
+    assert f"tight.yaml is named '{NAME}', so it would replace recipe {NAME}'s artifact" in out
+    assert 'precision.decode: "int4" -> "fp32"' in out
+    assert "Fix: set `name: tight` in tight.yaml (its own artifact), or pass --force" in out
+    assert (root / NAME / "cpu" / "manifest.json").read_text() == before
+
+
+@pytest.mark.slow
+def test_ctrl_c_exits_130_not_the_failed_budget_code(default_artifact):
+    """Ctrl-C in validate exited 1 ("Aborted!"), the code of a failed budget, so a CI job that
+    was interrupted read as a failed gate. It is 130 (128 + SIGINT), as the farm already did."""
+    import signal
+    import time
+
+    p = subprocess.Popen(
+        [sys.executable, "-m", "trtpipe.pipeline.cli", "validate", NAME, "--artifact", str(default_artifact)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a shell's foreground job
+    )
+    seen = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # interrupt once it runs (the correctness check started)
+        line = p.stderr.readline()
+        seen.append(line)
+        if not line or line.startswith("correctness:"):
+            break
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, "".join(seen) + err
+    assert "interrupted (Ctrl-C)" in err and "Aborted!" not in err and "Traceback" not in err

@@ -1,5 +1,5 @@
-"""`trtpipe serve RECIPE` applies the recipe's runtime settings (kv_cache.prefix_caching,
-scheduler.policy, scheduler.tpot_budget_ms, scheduler.itl_budget_ms); an artifact folder gets the defaults; the CLI flags
+"""`trtpipe serve RECIPE` applies the recipe's runtime settings (runtime.prefix_caching,
+runtime.scheduler.policy, runtime.scheduler.tpot_budget_ms, runtime.scheduler.itl_budget_ms); an artifact folder gets the defaults; the CLI flags
 override either. End to end: a recipe with prefix caching off serves two chats sharing a long
 system prompt with 0 cached tokens, and the start line names the slo chunk size."""
 
@@ -24,8 +24,10 @@ def _recipe(tmp_path: Path, **runtime) -> Path:
     from trtpipe.pipeline.recipe import resolve_recipe_path
 
     data = yaml.safe_load(Path(resolve_recipe_path("smollm2-135m-cpu")).read_text())
-    data["kv_cache"]["prefix_caching"] = runtime.get("prefix_caching", True)
-    data["scheduler"] = {k: v for k, v in runtime.items() if k in ("policy", "tpot_budget_ms", "itl_budget_ms")}
+    data["runtime"] = {
+        "prefix_caching": runtime.get("prefix_caching", True),
+        "scheduler": {k: v for k, v in runtime.items() if k in ("policy", "tpot_budget_ms", "itl_budget_ms")},
+    }
     path = tmp_path / "serve-settings.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -38,7 +40,7 @@ def test_settings_from_recipe_and_artifact_defaults(tmp_path, default_artifact):
     art, settings, source = serve_settings(
         str(_recipe(tmp_path, prefix_caching=False, policy="fcfs", tpot_budget_ms=40, itl_budget_ms=90)), str(root)
     )
-    assert art == default_artifact and source == "recipe 'smollm2-135m-cpu' (kv_cache, scheduler)"
+    assert art == default_artifact and source == "recipe 'smollm2-135m-cpu' (its runtime section)"
     assert settings == {"prefix_caching": False, "scheduler_policy": "fcfs", "tpot_budget_ms": 40, "itl_budget_ms": 90}
     art, settings, source = serve_settings(str(default_artifact), "unused")
     assert art == default_artifact and source.startswith("the defaults")
@@ -66,7 +68,7 @@ def test_serve_recipe_without_prefix_caching_and_slo_override(tmp_path, default_
     ) as s:
         text = "".join(s.lines)
         assert (
-            "runtime settings from recipe 'smollm2-135m-cpu' (kv_cache, scheduler); overridden: "
+            "runtime settings from recipe 'smollm2-135m-cpu' (its runtime section); overridden: "
             "scheduler_policy=slo, tpot_budget_ms=50.0, itl_budget_ms=100.0"
         ) in text
         assert (

@@ -328,7 +328,7 @@ def test_calibration_prints_predicted_next_to_measured(tmp_path, capsys):
         "scenarios": [{"name": "hand", "summary": {"ttft_ms": {"p50": 1316.8}, "tpot_ms": {"p50": 14.44}}}],
     }
     (vdir / "report.json").write_text(json.dumps(report))
-    path = tmp_path / "r.yaml"
+    path = tmp_path / f"{r.name}.yaml"
     path.write_text(yaml.safe_dump(smollm2_planning_recipe()))
     code = run_estimate(str(path), host=HOST, artifact_root=tmp_path / "artifacts", as_json=True)
     doc = json.loads(capsys.readouterr().out)
@@ -414,17 +414,17 @@ def test_json_document_keeps_its_flat_keys():
 
 
 def test_chunking_notes_say_the_itl_budget_and_when_it_is_not_used(tmp_path):
-    """scheduler.itl_budget_ms 100 on the default recipe, no step-cost model measured yet (empty
+    """runtime.scheduler.itl_budget_ms 100 on the default recipe, no step-cost model measured yet (empty
     artifacts root): a scenario without a TPOT budget takes the ITL budget as its TPOT budget; one
     with a TPOT budget names both; under fcfs every note says the ITL budget is unused (it was
     dropped silently)."""
     from trtpipe.pipeline.estimate.command import _chunking_notes
 
     data = shipped("smollm2-135m-cpu")
-    data["scheduler"] = {"itl_budget_ms": 100}
+    data["runtime"] = {"scheduler": {"itl_budget_ms": 100}}
     notes = {n.split(":")[0]: n for n in _chunking_notes(parse_recipe(data, origin="t.yaml"), "cpu", tmp_path)}
     assert notes["scenario chat"].startswith("scenario chat: prefill chunks: slo at TPOT 100 ms, ITL 100 ms; ")
     assert notes["scenario code"].startswith("scenario code: prefill chunks: slo at TPOT 80 ms, ITL 100 ms; ")
-    data["scheduler"] = {"policy": "fcfs", "itl_budget_ms": 100}
+    data["runtime"] = {"scheduler": {"policy": "fcfs", "itl_budget_ms": 100}}
     notes = _chunking_notes(parse_recipe(data, origin="t.yaml"), "cpu", tmp_path)
-    assert all("fcfs (scheduler.policy fcfs)" in n and "ITL budget 100 ms is not used" in n for n in notes)
+    assert all("fcfs (runtime.scheduler.policy fcfs)" in n and "ITL budget 100 ms is not used" in n for n in notes)

@@ -13,6 +13,8 @@ from trtpipe.pipeline.recipe import (
     RECIPES_DIR,
     Recipe,
     RecipeError,
+    build_fields,
+    build_hash,
     check_recipe_against_model,
     load_recipe,
     parse_recipe,
@@ -235,9 +237,28 @@ def test_scheduler_budget_must_be_finite(cpu_data, key, value):
     """YAML's .inf passed `gt=0` (the slo policy then planned steps "up to inf ms"), and .nan was
     called "a value > 0" though it is not out of range but not a number."""
     budgets = {"tpot_budget_ms": 50, key: value}
-    err = error_of(cpu_data, lambda d: d.update(scheduler=budgets))
-    assert_problem(err, f"scheduler.{key}", repr(value), "write a finite number, not .inf or .nan", f"`{key}: ")
-    assert f"scheduler.{key} = {value!r}: expected a finite number. Fix: " in str(err)
+    err = error_of(cpu_data, lambda d: d.update(runtime={"scheduler": budgets}))
+    assert_problem(err, f"runtime.scheduler.{key}", repr(value), "write a finite number, not .inf or .nan", f"`{key}: ")
+    assert f"runtime.scheduler.{key} = {value!r}: expected a finite number. Fix: " in str(err)
+
+
+def test_runtime_keys_moved_out_of_build_sections_are_named(cpu_data):
+    """A recipe written before the runtime section: each moved key named at its old path, with
+    where it lives now; the runtime section is left out of the build hash."""
+
+    def old_layout(d):
+        d["kv_cache"]["prefix_caching"] = False
+        d["scheduler"] = {"policy": "fcfs"}
+
+    err = error_of(cpu_data, old_layout)
+    assert_problem(err, "kv_cache.prefix_caching", "False", "`runtime: {prefix_caching: false}`")
+    assert_problem(err, "scheduler", "{'policy': 'fcfs'}", "`runtime: {scheduler: {...}}`")
+    base = parse_recipe(copy.deepcopy(cpu_data))
+    served = copy.deepcopy(cpu_data)
+    served["runtime"] = {"prefix_caching": False, "scheduler": {"policy": "fcfs", "tpot_budget_ms": 40}}
+    other = parse_recipe(served)
+    assert build_hash(other) == build_hash(base) and recipe_hash(other) != recipe_hash(base)
+    assert set(build_fields(base)) == set(Recipe.model_fields) - {"description", "validation", "runtime"}
 
 
 def test_block_size_not_power_of_two(cpu_data):
@@ -307,7 +328,7 @@ def test_int4_group_size_not_power_of_two(cpu_data):
 def test_missing_model_file(tmp_path, cpu_data):
     d = copy.deepcopy(cpu_data)
     d["model"]["source"] = "weights/missing.gguf"
-    path = tmp_path / "r.yaml"
+    path = tmp_path / f"{d['name']}.yaml"
     path.write_text(yaml.safe_dump(d))
     with pytest.raises(RecipeError) as info:
         load_recipe(path)
@@ -436,7 +457,7 @@ def test_prompt_file_resolved_against_recipe_dir(tmp_path, cpu_data):
     d["model"]["source"] = "m.gguf"
     d["validate"]["scenarios"][0]["prompt_tokens"] = {"file": "prompts.txt"}
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
-    path = tmp_path / "r.yaml"
+    path = tmp_path / f"{d['name']}.yaml"
     path.write_text(yaml.safe_dump(d))
     with pytest.raises(
         RecipeError,
@@ -496,7 +517,7 @@ def test_recipe_hash_is_stable(tmp_path, cpu_data):
     reordered = dict(reversed(list(cpu_data.items())))
     reordered["engine"] = {"intra_op_num_threads": None}
     reordered["kv_cache"] = {**cpu_data["kv_cache"], "memory_budget_mib": None}
-    path = tmp_path / "copy.yaml"
+    path = tmp_path / f"{cpu_data['name']}.yaml"  # a copy elsewhere, named as its recipe
     path.write_text(yaml.safe_dump(reordered, sort_keys=False))
     assert recipe_hash(load_recipe(path, check_files=False)) == h
     assert recipe_hash(parse_recipe(copy.deepcopy(cpu_data))) == h
@@ -628,3 +649,34 @@ def test_missing_recipe_path_says_no_such_file(tmp_path):
         resolve_recipe_path(missing)
     with pytest.raises(RecipeError, match="did you mean 'smollm2-135m-cpu'"):
         resolve_recipe_path("smollm2-135m-cpux")
+
+
+@pytest.mark.parametrize(
+    "text, line, what",
+    [
+        # a {...} never closed on line 2: PyYAML notices on line 3 (the next key)
+        ("a: 1\nprecision: {prefill: int4, decode: int4\nkv_cache:\n  block_size: 16\n", 2, "flow mapping"),
+        # a key without its colon on line 2, noticed on line 3
+        ("name: x\ntarget\nmax_seq_len: 8\n", 2, "simple key"),
+        # a quoted string never closed on line 1
+        ('description: "hello\nname: x\ntarget: cpu\n', 1, "quoted scalar"),
+    ],
+)
+def test_yaml_syntax_error_names_the_line_of_the_mistake(tmp_path, text, line, what):
+    """The error named the line after the real one (where the parser gave up)."""
+    path = tmp_path / "r.yaml"
+    path.write_text(text)
+    with pytest.raises(RecipeError) as e:
+        load_recipe(path)
+    (p,) = e.value.problems
+    assert p.path.startswith(f"line {line}, column ") and what in p.expected and "(noticed at line" in p.expected
+
+
+def test_yaml_error_without_an_opened_construct_keeps_the_parsers_line(tmp_path):
+    """A wrong indent is reported where it is (PyYAML's own line: the mapping it was in started
+    earlier, which would be the wrong place to send the reader)."""
+    path = tmp_path / "r.yaml"
+    path.write_text("name: r\nkv_cache:\n  block_size: 16\n num_blocks: 5\n")
+    with pytest.raises(RecipeError) as e:
+        load_recipe(path)
+    assert e.value.problems[0].path.startswith("line 4, column ")

@@ -123,13 +123,12 @@ def test_goodput_over_http(server, tmp_path):
 
 def test_serve_flag_starts_the_server_with_the_recipes_runtime_settings(tmp_path, default_artifact):
     """`validate RECIPE --serve` served the artifact folder with its defaults (prefix caching on,
-    no budget: FCFS chunks), whatever the recipe's kv_cache.prefix_caching and scheduler said."""
+    no budget: FCFS chunks), whatever the recipe's runtime.prefix_caching and scheduler said."""
     from trtpipe.pipeline.recipe import load_recipe
     from trtpipe.pipeline.validate.http import serve_command
 
     data = yaml.safe_load(_recipe(tmp_path, 1000).read_text())
-    data["kv_cache"]["prefix_caching"] = False
-    data["scheduler"] = {"tpot_budget_ms": 50, "itl_budget_ms": 100}
+    data["runtime"] = {"prefix_caching": False, "scheduler": {"tpot_budget_ms": 50, "itl_budget_ms": 100}}
     path = tmp_path / "budgets.yaml"
     path.write_text(yaml.safe_dump(data))
     cmd = serve_command(default_artifact, 1234, 2, load_recipe(path))
