@@ -2,8 +2,8 @@
 bandwidth against the HBM limit (run through bench/gpu_check.sh; budget: < 8 minutes on an H200).
 
 1. Correctness (fp16 and fp32, small shapes, with and without a sliding window, GQA): the
-   launchers of plugins/triton_launchers.py and the TensorRT plugin wrapper kernels of
-   plugins/trt_plugins.py, each against plugins/reference.py.
+   launchers of plugins/ops/paged_attention/triton_launch.py and the TensorRT plugin wrapper kernels of
+   plugins/ops/trt_plugins.py, each against plugins/ops/paged_attention/reference.py.
 2. Bandwidth (fp16):
    - paged decode attention, batch 1/8/32 x context 512/4096, window off and 1024: bytes = the
      K/V rows each sequence reads (min(context, window) tokens) + queries + outputs;
@@ -126,7 +126,7 @@ def _time_ms(torch, fn, warmup: int = 10, iters: int = 50) -> float:
 
 
 def _paged_case(rng, H, KVH, D, BS, NB, chunks, dtype):
-    """One packed step for plugins/reference.py: per sequence (cached, new) tokens; the caches are
+    """One packed step for plugins/ops/paged_attention/reference.py: per sequence (cached, new) tokens; the caches are
     the head-major pool ``[KVH, NB, BS, D]`` (docs/contracts.md)."""
     from trtpipe.runtime.kv.planning import blocks_for_tokens
 
@@ -154,7 +154,7 @@ def _plugin_paged_attention(torch, targs: list, kw: dict, dn: str, *, decode: bo
     tensors) in the plugins' argument order (inputs, extra scalars, outputs): PagedKVWrite (extra
     NB), then PagedAttention (extras [S,] MB, NB), as the two plugin nodes. Returns ``(output,
     key cache after the write)``."""
-    from trtpipe.plugins import trt_plugins as TP
+    from trtpipe.plugins.ops import trt_plugins as TP
 
     q, k, v, kc, vc, sm, bt, cl, qsl = targs
     KVH, NB = kc.shape[0], kc.shape[1]  # head-major [KVH, NB, BS, D]
@@ -172,10 +172,10 @@ def _plugin_paged_attention(torch, targs: list, kw: dict, dn: str, *, decode: bo
 
 
 def check_correctness(torch, device: str = "cuda") -> list[tuple[str, float, float, bool]]:
-    from trtpipe.plugins import int4_pack as P
-    from trtpipe.plugins import reference as R
-    from trtpipe.plugins import triton_launchers as TK
-    from trtpipe.plugins import trt_plugins as TP
+    from trtpipe.plugins.ops import trt_plugins as TP
+    from trtpipe.plugins.ops.int4_gemm import pack as P
+    from trtpipe.plugins.ops.paged_attention import reference as R
+    from trtpipe.plugins.ops.paged_attention import triton_launch as TK
 
     dev = torch.device(device)
     g = lambda x: torch.from_numpy(np.ascontiguousarray(x)).to(dev)  # noqa: E731
@@ -230,7 +230,7 @@ def check_correctness(torch, device: str = "cuda") -> list[tuple[str, float, flo
 def bench_decode_attention(
     torch, H, KVH, D, BS, iters, *, device="cuda", batches=(1, 8, 32), contexts=(512, 4096), windows=(0, 1024)
 ) -> list[tuple]:
-    from trtpipe.plugins import triton_launchers as TK
+    from trtpipe.plugins.ops.paged_attention import triton_launch as TK
 
     dev = torch.device(device)
     rows = []
@@ -266,7 +266,7 @@ def bench_decode_attention(
 
 
 def bench_int4(torch, shapes, iters, *, device="cuda") -> list[tuple]:
-    from trtpipe.plugins import triton_launchers as TK
+    from trtpipe.plugins.ops.paged_attention import triton_launch as TK
 
     dev = torch.device(device)
     rows = []

@@ -24,8 +24,8 @@ from trtpipe.pipeline.cli_info import info_cmd
 from trtpipe.pipeline.cli_serve import serve_cmd
 from trtpipe.pipeline.cli_validate import estimate_cmd, validate_cmd
 from trtpipe.pipeline.farm.cli import farm_group, pull_cmd  # click only; ray/fsspec lazily
-from trtpipe.plugins.errors import TrtpipeError
-from trtpipe.plugins.versions import TRTPIPE_VERSION
+from trtpipe.plugins.core.errors import TrtpipeError
+from trtpipe.plugins.core.versions import TRTPIPE_VERSION
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

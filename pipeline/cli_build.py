@@ -10,7 +10,7 @@ import click
 
 from trtpipe.pipeline.cli_artifact import artifacts_option
 from trtpipe.pipeline.cli_common import EXIT_NEEDS_TARGET, fail, load_recipe_arg
-from trtpipe.plugins.errors import TrtpipeError
+from trtpipe.plugins.core.errors import TrtpipeError
 
 
 def _plain_log(msg: str) -> None:

@@ -13,7 +13,7 @@ import click
 
 from trtpipe.pipeline.cli_artifact import artifacts_option, resolve_artifact
 from trtpipe.pipeline.cli_common import EXIT_FAILED, EXIT_OK, THREADS_HELP, fail
-from trtpipe.plugins.errors import TrtpipeError
+from trtpipe.plugins.core.errors import TrtpipeError
 
 GENERATE_SYSTEM_HELP = "System message of the chat template (implies --chat)."
 CHAT_SYSTEM_HELP = (

@@ -8,7 +8,7 @@ import click
 
 from trtpipe.pipeline.cli_artifact import artifacts_option, resolve_artifact
 from trtpipe.pipeline.cli_common import fail
-from trtpipe.plugins.errors import TrtpipeError
+from trtpipe.plugins.core.errors import TrtpipeError
 
 
 def _info_summary(m) -> dict:

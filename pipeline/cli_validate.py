@@ -9,7 +9,7 @@ import click
 
 from trtpipe.pipeline.cli_artifact import artifacts_option
 from trtpipe.pipeline.cli_common import THREADS_HELP, fail
-from trtpipe.plugins.errors import TrtpipeError
+from trtpipe.plugins.core.errors import TrtpipeError
 
 
 @click.command("validate")

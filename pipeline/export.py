@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from trtpipe.pipeline.model import LlamaReference
-from trtpipe.plugins.torch_ops import onnx_translation_table
+from trtpipe.plugins.ops.torch_ops import onnx_translation_table
 
 PREFILL_INPUTS = [
     "input_ids",

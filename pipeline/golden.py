@@ -76,15 +76,15 @@ _REFERENCE_SOURCES = (
     "pipeline/gguf_loader.py",
     "pipeline/hf_loader.py",
     "pipeline/weights.py",
-    "plugins/torch_ops.py",
-    "plugins/reference.py",
-    "plugins/int4_pack.py",
-    "plugins/rope.py",
-    "plugins/gguf_blocks.py",
+    "plugins/ops/torch_ops.py",
+    "plugins/ops/paged_attention/reference.py",
+    "plugins/ops/int4_gemm/pack.py",
+    "plugins/core/rope.py",
+    "plugins/ops/int4_gemm/gguf_blocks.py",
     "pipeline/model_config_override.py",
     "pipeline/tokenizer_gguf/fields.py",
-    "plugins/int4_layout.py",
-    "plugins/int4_gemm_reference.py",
+    "plugins/ops/int4_gemm/layout.py",
+    "plugins/ops/int4_gemm/reference.py",
 )
 
 

@@ -25,13 +25,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import trtpipe.plugins.torch_ops  # noqa: F401  (registers torch.ops.trtpipe.*)
+import trtpipe.plugins.ops.torch_ops  # noqa: F401  (registers torch.ops.trtpipe.*)
 from trtpipe.pipeline.model_config_override import with_sliding_window
 from trtpipe.pipeline.weights import LoadedModel
-from trtpipe.plugins import int4_pack
-from trtpipe.plugins.dtypes import FLOAT_NAMES
-from trtpipe.plugins.errors import OpError
-from trtpipe.plugins.reference import rope_cos_sin, unpack_zero_points_uint8
+from trtpipe.plugins.core.dtypes import FLOAT_NAMES
+from trtpipe.plugins.core.errors import OpError
+from trtpipe.plugins.ops.int4_gemm import pack as int4_pack
+from trtpipe.plugins.ops.paged_attention.reference import rope_cos_sin, unpack_zero_points_uint8
 from trtpipe.runtime.artifact.model_config import ModelConfig
 
 

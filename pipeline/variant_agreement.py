@@ -2,7 +2,7 @@
 
 The plugin-free TensorRT variant of an INT4 recipe with asymmetric weights (GGUF Q4_1) carries
 symmetric INT4 blocks re-quantized from the dequantized weights
-(:func:`~trtpipe.plugins.int4_pack.requantize_symmetric`), because TensorRT's INT4
+(:func:`~trtpipe.plugins.ops.int4_gemm.pack.requantize_symmetric`), because TensorRT's INT4
 ``DequantizeLinear`` has no zero point. Those weights are not the artifact's other weights, so
 the build measures them before it ships them: the torch reference with exactly the weights the
 lowering writes (the same function on the same packed codes, scales and zero points), run
@@ -61,8 +61,8 @@ def requantized_reference(ref_int4: Any, mode: str = "requantize_symmetric", *, 
 
     8-bit and symmetric linears are unchanged."""
     from trtpipe.pipeline.model import FloatLinear, Int4Linear
-    from trtpipe.plugins.int4_pack import requantize_symmetric
-    from trtpipe.plugins.reference import dequantize_int4
+    from trtpipe.plugins.ops.int4_gemm.pack import requantize_symmetric
+    from trtpipe.plugins.ops.paged_attention.reference import dequantize_int4
 
     out = copy.deepcopy(ref_int4)
     for parent in list(out.modules()):

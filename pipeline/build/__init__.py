@@ -41,8 +41,8 @@ from trtpipe.pipeline.build.package import (
 from trtpipe.pipeline.build.records import BuildResult
 from trtpipe.pipeline.golden import GOLDEN_PROMPTS, golden_for_build, reference_greedy
 from trtpipe.pipeline.recipe import Recipe
-from trtpipe.plugins.errors import TrtpipeError
-from trtpipe.plugins.versions import TRTPIPE_VERSION
+from trtpipe.plugins.core.errors import TrtpipeError
+from trtpipe.plugins.core.versions import TRTPIPE_VERSION
 from trtpipe.runtime.artifact.manifest import MANIFEST_NAME, load_manifest
 
 _remove_stale_temp_dirs = remove_stale_temp_dirs  # the name tests and older callers use

@@ -25,7 +25,7 @@ from trtpipe.pipeline.build.package import (
     write_graphs_shared,
 )
 from trtpipe.pipeline.recipe import Recipe, build_fields, build_hash, recipe_hash
-from trtpipe.plugins.versions import TRTPIPE_VERSION
+from trtpipe.plugins.core.versions import TRTPIPE_VERSION
 from trtpipe.runtime.artifact.manifest import (
     FORMAT_VERSION,
     MANIFEST_NAME,
@@ -123,7 +123,7 @@ def cpu_manifest(
     import onnxruntime
 
     from trtpipe.pipeline.export import DECODE_INPUTS, PREFILL_INPUTS, kv_names
-    from trtpipe.plugins.schema import op_schema_abi_hash
+    from trtpipe.plugins.ops.abi import op_schema_abi_hash
 
     files = {p.name: sha256_file(p) for p in sorted(out_dir.iterdir()) if p.is_file()}
     past, present = kv_names(model.config.num_layers)

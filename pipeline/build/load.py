@@ -14,7 +14,7 @@ from trtpipe.pipeline.build.errors import BuildError
 from trtpipe.pipeline.model_config_override import with_sliding_window
 from trtpipe.pipeline.recipe import Recipe, check_recipe_against_model, plan_kv_num_blocks
 from trtpipe.pipeline.weights import LoadedModel
-from trtpipe.plugins.dtypes import DTYPES
+from trtpipe.plugins.core.dtypes import DTYPES
 from trtpipe.runtime.artifact.manifest import KVLayout
 from trtpipe.runtime.artifact.model_config import ModelConfig
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trtpipe.pipeline.recipe import Recipe
-from trtpipe.plugins.versions import TRT_PLUGINS_REQUIREMENT
+from trtpipe.plugins.core.versions import TRT_PLUGINS_REQUIREMENT
 
 PLUGIN_FREE_INT4_WEIGHTS = {
     "requantize_symmetric": "int4 symmetric, re-quantized (least-squares scale per block) from the dequantized weights",

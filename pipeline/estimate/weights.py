@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trtpipe.pipeline.estimate.model_counts import bias_params, linear_params, norm_params
-from trtpipe.plugins.dtypes import dtype
+from trtpipe.plugins.core.dtypes import dtype
 from trtpipe.runtime.artifact.model_config import ModelConfig
 from trtpipe.runtime.metrics.decode_bandwidth import weight_read_bytes
 

@@ -13,7 +13,7 @@ import click
 
 from trtpipe.pipeline.cli_artifact import artifacts_option
 from trtpipe.pipeline.targets import TARGET_FAMILIES
-from trtpipe.plugins.errors import TrtpipeError
+from trtpipe.plugins.core.errors import TrtpipeError
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130

@@ -14,10 +14,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from test_reference import _Batch
 
-from trtpipe.plugins import int4_pack
-from trtpipe.plugins import reference as R
-from trtpipe.plugins.errors import OpError
-from trtpipe.plugins.ort_lowering import lower_for_ort
+from trtpipe.plugins.core.errors import OpError
+from trtpipe.plugins.lowering.ort import lower_for_ort
+from trtpipe.plugins.ops.int4_gemm import pack as int4_pack
+from trtpipe.plugins.ops.paged_attention import reference as R
 
 IDX = ["slot_mapping", "block_tables", "context_lens", "query_start_loc"]
 
@@ -133,7 +133,7 @@ def test_padded_block_table_row_never_reads_other_blocks():
 @pytest.mark.parametrize("W,BS,chunks", CASES[:4])
 def test_torch_op_matches_naive(W, BS, chunks):
     torch = pytest.importorskip("torch")
-    import trtpipe.plugins.torch_ops  # noqa: F401
+    import trtpipe.plugins.ops.torch_ops  # noqa: F401
 
     rng = np.random.default_rng(3)
     b = _Batch(rng, H=6, KVH=2, D=8, BS=BS, NB=16, MB=8, chunks=chunks, W=W)
@@ -301,7 +301,7 @@ def test_torch_int4_gemm_op_unpacks_nibbles_like_the_reference(zp_kind):
     """The torch custom op (the reference model's linears) reads the MatMulNBits nibbles as the
     NumPy reference does: packed codes and packed uint8 zero points (odd number of blocks)."""
     torch = pytest.importorskip("torch")
-    import trtpipe.plugins.torch_ops  # noqa: F401
+    import trtpipe.plugins.ops.torch_ops  # noqa: F401
 
     rng = np.random.default_rng(7)
     N, K, G = 5, 96, 32

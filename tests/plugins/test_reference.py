@@ -1,4 +1,4 @@
-"""Tests of the NumPy references that define trtpipe's custom ops (plugins/reference.py).
+"""Tests of the NumPy references that define trtpipe's custom ops (plugins/ops/paged_attention/reference.py).
 
 PagedAttention is checked against a naive per-token, per-head loop over dense K/V histories
 (independent of block tables), plus exact "which keys are visible" checks with one-hot values.
@@ -11,8 +11,8 @@ import math
 import numpy as np
 import pytest
 
-from trtpipe.plugins import reference as R
-from trtpipe.plugins.errors import OpError, TrtpipeError
+from trtpipe.plugins.core.errors import OpError, TrtpipeError
+from trtpipe.plugins.ops.paged_attention import reference as R
 
 # ----------------------------------------------------------------------------------------------
 # PagedAttention helpers

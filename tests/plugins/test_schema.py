@@ -1,4 +1,4 @@
-"""Tests of the trtpipe op schemas (plugins/schema.py): checker, shape inference, ABI hash."""
+"""Tests of the trtpipe op schemas (plugins/ops/abi.py): checker, shape inference, ABI hash."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from trtpipe.plugins import schema
+from trtpipe.plugins.ops import abi as schema
 
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto as TP  # noqa: E402
@@ -178,7 +178,7 @@ def test_abi_hash_needs_no_onnx():
     """The runtime computes the hash on the target, where onnx may be absent."""
     code = (
         "import sys; sys.modules['onnx'] = None\n"
-        "from trtpipe.plugins.schema import op_schema_abi_hash; print(op_schema_abi_hash())"
+        "from trtpipe.plugins.ops.abi import op_schema_abi_hash; print(op_schema_abi_hash())"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == schema.op_schema_abi_hash()

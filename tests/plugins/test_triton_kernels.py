@@ -1,8 +1,8 @@
-"""Tests of the Triton kernels (plugins/triton_kernels.py, launched by plugins/triton_launchers.py) without a GPU.
+"""Tests of the Triton kernels (plugins/ops/paged_attention/triton_kernels.py, launched by plugins/ops/paged_attention/triton_launch.py) without a GPU.
 
 Two halves:
 - numerical tests (``interp_*``) run the kernels under ``TRITON_INTERPRET=1`` against
-  plugins/reference.py. The interpreter must be chosen before the kernels are decorated, so
+  plugins/ops/paged_attention/reference.py. The interpreter must be chosen before the kernels are decorated, so
   :func:`test_kernels_under_interpreter` reruns this file in a subprocess with the variable
   set, where the ``interp_*`` functions are collected as ``test_interp_*`` (and the AOT tests
   are skipped); the parent process does not collect them.
@@ -21,12 +21,12 @@ import pytest
 triton = pytest.importorskip("triton")
 torch = pytest.importorskip("torch")
 
-from trtpipe.plugins import int4_pack as P  # noqa: E402
-from trtpipe.plugins import reference as R  # noqa: E402
-from trtpipe.plugins import triton_aot as TA  # noqa: E402
-from trtpipe.plugins import triton_kernels as TK  # noqa: E402
-from trtpipe.plugins import triton_launchers as TL  # noqa: E402
-from trtpipe.plugins.errors import OpError  # noqa: E402
+from trtpipe.plugins.core.errors import OpError  # noqa: E402
+from trtpipe.plugins.ops.int4_gemm import pack as P  # noqa: E402
+from trtpipe.plugins.ops.paged_attention import reference as R  # noqa: E402
+from trtpipe.plugins.ops.paged_attention import triton_kernels as TK  # noqa: E402
+from trtpipe.plugins.ops.paged_attention import triton_launch as TL  # noqa: E402
+from trtpipe.plugins.triton import aot as TA  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 compiled = pytest.mark.skipif(INTERPRET, reason="AOT compilation needs JIT (non-interpreted) kernels")

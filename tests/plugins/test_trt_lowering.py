@@ -1,4 +1,4 @@
-"""TensorRT lowering passes (plugins/trt_lowering.py) on small hand-built graphs.
+"""TensorRT lowering passes (plugins/lowering/trt.py) on small hand-built graphs.
 
 The plugin-free graphs run in ONNX Runtime (CPU) against the NumPy reference: TensorRT would
 run the same standard ops. Plugin graphs are checked structurally (TensorRT's parser reads op
@@ -15,10 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 ort = pytest.importorskip("onnxruntime")
 
 from trtpipe.plugins import OP_DOMAIN  # noqa: E402
-from trtpipe.plugins import int4_pack as P  # noqa: E402
-from trtpipe.plugins import reference as R  # noqa: E402
-from trtpipe.plugins.errors import OpError  # noqa: E402
-from trtpipe.plugins.trt_lowering import (  # noqa: E402
+from trtpipe.plugins.core.errors import OpError  # noqa: E402
+from trtpipe.plugins.lowering.trt import (  # noqa: E402
     PLUGIN_ATTRIBUTES,
     cast_float_graph,
     custom_nodes,
@@ -26,6 +24,8 @@ from trtpipe.plugins.trt_lowering import (  # noqa: E402
     lower_plugin_free,
     lower_with_plugins,
 )
+from trtpipe.plugins.ops.int4_gemm import pack as P  # noqa: E402
+from trtpipe.plugins.ops.paged_attention import reference as R  # noqa: E402
 
 H, KVH, D, BS, NB = 6, 2, 16, 4, 10
 

@@ -1,4 +1,4 @@
-"""TensorRT plugins (plugins/trt_plugins.py) without a GPU.
+"""TensorRT plugins (plugins/ops/trt_plugins.py) without a GPU.
 
 - AOT: each plugin's wrapper kernel compiles to PTX for sm_80, sm_87, sm_90, with exactly the
   parameters TensorRT passes to an AOT plugin kernel: inputs, extra scalars, outputs (Triton's
@@ -26,11 +26,11 @@ import pytest
 triton = pytest.importorskip("triton")
 torch = pytest.importorskip("torch")
 
-from trtpipe.plugins import int4_pack as P  # noqa: E402
-from trtpipe.plugins import reference as R  # noqa: E402
-from trtpipe.plugins import trt_plugins as TP  # noqa: E402
-from trtpipe.plugins.errors import OpError  # noqa: E402
-from trtpipe.plugins.trt_lowering import PLUGIN_ATTRIBUTES  # noqa: E402
+from trtpipe.plugins.core.errors import OpError  # noqa: E402
+from trtpipe.plugins.lowering.trt import PLUGIN_ATTRIBUTES  # noqa: E402
+from trtpipe.plugins.ops import trt_plugins as TP  # noqa: E402
+from trtpipe.plugins.ops.int4_gemm import pack as P  # noqa: E402
+from trtpipe.plugins.ops.paged_attention import reference as R  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 compiled = pytest.mark.skipif(INTERPRET, reason="AOT compilation needs JIT (non-interpreted) kernels")

@@ -1,4 +1,4 @@
-"""plugins/versions.py: the one home of the TensorRT plugin requirement and the plugin ABI hash."""
+"""plugins/core/versions.py: the one home of the TensorRT plugin requirement and the plugin ABI hash."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import trtpipe.plugins as plugins_pkg
-from trtpipe.plugins import versions as V
-from trtpipe.plugins.schema import op_schema_canonical_text
+from trtpipe.plugins.core import versions as V
+from trtpipe.plugins.ops.abi import op_schema_canonical_text
 
 
 def test_trt_plugin_requirement_is_10_7():

@@ -1,9 +1,9 @@
-"""Plugin-side kernels of the TensorRT plugins (:mod:`trtpipe.plugins.trt_plugins`): the wrapper
+"""Plugin-side kernels of the TensorRT plugins (:mod:`trtpipe.plugins.ops.trt_plugins`): the wrapper
 ``@triton.jit`` kernels in TensorRT's argument order, their configurations per node attributes,
 dtype and tactic, and their ahead-of-time compilation to PTX (no GPU needed).
 
 Kernel ABI. TensorRT launches an AOT kernel with ``(inputs..., extra scalar args..., outputs...)``.
-The kernels in :mod:`trtpipe.plugins.triton_kernels` take outputs first and runtime strides, so
+The kernels in :mod:`trtpipe.plugins.ops.paged_attention.triton_kernels` take outputs first and runtime strides, so
 each plugin has a small wrapper ``@triton.jit`` kernel in that order that calls the shared
 kernel body with strides fixed at compile time (contiguous tensors). The KV pools are head-major
 ``[KVH, NB, BS, D]``: NB varies with the pool a runtime sizes, so the KV plugins take it as an
@@ -14,7 +14,7 @@ no scratch (checked), and :func:`strip_unused_params` removes them from the PTX 
 parameter list is exactly what TensorRT passes.
 
 This module imports triton at module level (import it lazily, build side only). It is a plugin
-ABI source (:data:`trtpipe.plugins.versions.PLUGIN_ABI_SOURCES`).
+ABI source (:data:`trtpipe.plugins.core.versions.PLUGIN_ABI_SOURCES`).
 """
 
 # no `from __future__ import annotations`: the wrapper kernels keep their annotations as objects, like the plugins
@@ -23,16 +23,16 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from trtpipe.plugins.dtypes import FLOAT_NAMES
-from trtpipe.plugins.errors import OpError
-from trtpipe.plugins.triton_kernels import (
+from trtpipe.plugins.core.dtypes import FLOAT_NAMES
+from trtpipe.plugins.core.errors import OpError
+from trtpipe.plugins.lowering.trt import PLUGIN_ATTRIBUTES
+from trtpipe.plugins.ops.paged_attention.triton_kernels import (
     int4_gemm_kernel,
     next_pow2,
     paged_attention_decode_kernel,
     paged_attention_prefill_kernel,
     write_kv_cache_kernel,
 )
-from trtpipe.plugins.trt_lowering import PLUGIN_ATTRIBUTES
 
 __all__ = ["INT4_TACTICS", "PREFILL_TACTICS", "kernel_config", "strip_unused_params", "compile_plugin_kernel"]
 

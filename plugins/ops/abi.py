@@ -37,7 +37,7 @@ OP_SPECS: dict[str, dict[str, Any]] = {
         "doc": (
             "Writes this step's K/V into the paged KV pool at slot_mapping, then causal GQA "
             "attention of the packed ragged queries over the pool through block tables, with an "
-            "optional Hugging Face sliding window. Reference: trtpipe.plugins.reference.paged_attention."
+            "optional Hugging Face sliding window. Reference: trtpipe.plugins.ops.paged_attention.reference.paged_attention."
         ),
         "inputs": [
             ("query", "T", False, "[T, H*D], RoPE applied"),
@@ -74,7 +74,7 @@ OP_SPECS: dict[str, dict[str, Any]] = {
     "Int4Gemm": {
         "doc": (
             "Y[..., N] = A[..., K] @ W^T with W[N, K] = (q - zp) * scale blockwise along K "
-            "(com.microsoft::MatMulNBits packing). Reference: trtpipe.plugins.reference.int4_gemm."
+            "(com.microsoft::MatMulNBits packing). Reference: trtpipe.plugins.ops.paged_attention.reference.int4_gemm."
         ),
         "inputs": [
             ("A", "T", False, "[..., K]"),

@@ -2,12 +2,12 @@
 
 * ``Int4Gemm`` -> ``com.microsoft::MatMulNBits`` (same packing; TOOLCHAIN.md), with an
   ``accuracy_level`` chosen by the caller (4 = int8 activations: faster, ~5e-3 relative error).
-* ``PagedAttention`` -> standard ONNX ops over the pool (:mod:`trtpipe.plugins.paged_attention_onnx`,
+* ``PagedAttention`` -> standard ONNX ops over the pool (:mod:`trtpipe.plugins.ops.paged_attention.lower_onnx`,
   shared with TensorRT's plugin-free lowering): ``ScatterND`` writes this step's K/V in place
   (the runtime binds ``past_*`` and ``present_*`` to the same buffer), ``Gather`` by block table
   reads it, masks by ``Where``.
 
-The walk over the graph is :func:`trtpipe.plugins.graph_rewrite.rewrite_custom_nodes`. Passes
+The walk over the graph is :func:`trtpipe.plugins.graph.rewrite.rewrite_custom_nodes`. Passes
 are functions ``ModelProto -> ModelProto`` and idempotent (a lowered graph has no ``trtpipe``
 nodes left to rewrite).
 """
@@ -19,8 +19,8 @@ import onnx
 from onnx import numpy_helper
 
 from trtpipe.plugins import OP_DOMAIN
-from trtpipe.plugins.errors import OpError
-from trtpipe.plugins.graph_rewrite import (
+from trtpipe.plugins.core.errors import OpError
+from trtpipe.plugins.graph.rewrite import (
     GraphRewrite,
     NodeBuilder,
     ensure_opset,
@@ -28,8 +28,8 @@ from trtpipe.plugins.graph_rewrite import (
     node_attributes,
     rewrite_custom_nodes,
 )
-from trtpipe.plugins.int4_pack import check_group_size, pack_int4, pack_zero_points_uint8, unpack_int4_codes
-from trtpipe.plugins.paged_attention_onnx import lower_paged_attention
+from trtpipe.plugins.ops.int4_gemm.pack import check_group_size, pack_int4, pack_zero_points_uint8, unpack_int4_codes
+from trtpipe.plugins.ops.paged_attention.lower_onnx import lower_paged_attention
 
 __all__ = ["MS_DOMAIN", "FLOAT_ZERO_POINT_MODES", "lower_for_ort", "requantize_float_zp_to_uint8_8bit"]
 
@@ -54,7 +54,7 @@ def lower_for_ort(
     0..S): attention is lowered without the padded-query re-packing prefill needs.
     ``split_decode_rows`` (prefill graphs): a batch's trailing 1-token rows (decode tokens in a
     prefill call) take the decode attention path instead of being padded to the longest chunk
-    (:mod:`trtpipe.plugins.paged_attention_onnx`, 3.); False = the padded path for every row.
+    (:mod:`trtpipe.plugins.ops.paged_attention.lower_onnx`, 3.); False = the padded path for every row.
     Raises :class:`OpError` for an unknown ``trtpipe`` op or an unknown ``float_zero_points``.
     """
     if float_zero_points not in FLOAT_ZERO_POINT_MODES:

@@ -2,8 +2,8 @@
 and the weight dequantization it is built on, :func:`dequantize_int4` (weight-only INT4,
 blockwise along K, the ``com.microsoft::MatMulNBits`` packing; bits=8 for LM heads).
 
-Re-exported by :mod:`trtpipe.plugins.reference`, the home of all op references. Imports only
-NumPy (the error family, input checks and the INT4 layout of :mod:`trtpipe.plugins.int4_pack`):
+Re-exported by :mod:`trtpipe.plugins.ops.paged_attention.reference`, the home of all op references. Imports only
+NumPy (the error family, input checks and the INT4 layout of :mod:`trtpipe.plugins.ops.int4_gemm.pack`):
 safe on the embedded runtime.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from trtpipe.plugins.checks import FLOAT_DTYPES, as_float_array, shape_error
-from trtpipe.plugins.errors import OpError
-from trtpipe.plugins.int4_pack import check_group_size, dequantize_codes, unpack_int4_codes, zero_points_float
+from trtpipe.plugins.core.checks import FLOAT_DTYPES, as_float_array, shape_error
+from trtpipe.plugins.core.errors import OpError
+from trtpipe.plugins.ops.int4_gemm.pack import check_group_size, dequantize_codes, unpack_int4_codes, zero_points_float
 
 __all__ = ["dequantize_int4", "int4_gemm"]
 
@@ -42,7 +42,7 @@ def dequantize_int4(
 
     Returns:
         ``W [N, K]`` float32, computed in float32 as ``(float32(q) - float32(zp)) * float32(scale)``
-        (the layout and arithmetic live in :mod:`trtpipe.plugins.int4_pack`).
+        (the layout and arithmetic live in :mod:`trtpipe.plugins.ops.int4_gemm.pack`).
 
     Raises:
         OpError: K % G != 0 (names K and G and the group sizes that divide K), bad shapes/dtypes,

@@ -1,5 +1,5 @@
-"""Input checks shared by the NumPy references (:mod:`trtpipe.plugins.reference`,
-:mod:`trtpipe.plugins.rope`): each raises :class:`~trtpipe.plugins.errors.OpError` naming the
+"""Input checks shared by the NumPy references (:mod:`trtpipe.plugins.ops.paged_attention.reference`,
+:mod:`trtpipe.plugins.core.rope`): each raises :class:`~trtpipe.plugins.core.errors.OpError` naming the
 field, the value and what was expected, instead of silently reading the wrong memory.
 """
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from trtpipe.plugins.errors import OpError
+from trtpipe.plugins.core.errors import OpError
 
 __all__ = ["FLOAT_DTYPES", "shape_error", "as_int_array", "as_float_array", "positive_int"]
 

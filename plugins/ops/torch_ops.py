@@ -1,7 +1,7 @@
 """torch custom ops ``trtpipe::paged_attention`` and ``trtpipe::int4_gemm`` plus their ONNX
 translations (domain ``trtpipe``, version 1), for ``torch.onnx.export(dynamo=True)``.
 
-Meaning: docs/contracts.md and :mod:`trtpipe.plugins.reference` (the NumPy definition). The eager
+Meaning: docs/contracts.md and :mod:`trtpipe.plugins.ops.paged_attention.reference` (the NumPy definition). The eager
 bodies here are torch implementations of the same meaning (a per-sequence loop; a reference, not a
 fast path). Ops that mutate inputs do not export (TOOLCHAIN.md), so PagedAttention returns the
 updated caches as new tensors; backends alias them in place.
@@ -96,7 +96,7 @@ def _paged_attention_fake(
 
 def _nibbles_torch(packed: torch.Tensor) -> torch.Tensor:
     """uint8 ``[...]`` -> float32 ``[..., 2]`` (low nibble, high nibble): the MatMulNBits byte
-    (:mod:`trtpipe.plugins.int4_pack`, whose NumPy tests define the order) in torch."""
+    (:mod:`trtpipe.plugins.ops.int4_gemm.pack`, whose NumPy tests define the order) in torch."""
     return torch.stack([(packed & 0x0F).float(), (packed >> 4).float()], dim=-1)
 
 
@@ -143,7 +143,7 @@ def _int4_gemm_fake(a, b_packed, scales, zero_points, K, N, group_size, bits=4):
 
 def onnx_translation_table() -> dict:
     """``custom_translation_table`` for ``torch.onnx.export``: each op -> one ``trtpipe`` node."""
-    from trtpipe.plugins import onnx_script_ops as f
+    from trtpipe.plugins.ops.paged_attention import onnx_script as f
 
     return {
         torch.ops.trtpipe.paged_attention.default: f.paged_attention_onnx,

@@ -6,16 +6,16 @@ and ``com.microsoft::MatMulNBits``) and the dequantization arithmetic on unpacke
     uint8 zero points [N, K/G] -> [N, ceil(K/G/2)]: block 2b low nibble, 2b+1 high nibble
     W[n, k] = (float32(q[n, k]) - zp[n, k // G]) * float32(scale[n, k // G])
 
-Pure NumPy. Re-exported by :mod:`trtpipe.plugins.int4_pack` (quantization and GGUF repacking
+Pure NumPy. Re-exported by :mod:`trtpipe.plugins.ops.int4_gemm.pack` (quantization and GGUF repacking
 onto this layout), from where the lowerings, kernels' host code and reference import it.
-Errors are :class:`~trtpipe.plugins.errors.OpError` with the field, value, expectation and fix.
+Errors are :class:`~trtpipe.plugins.core.errors.OpError` with the field, value, expectation and fix.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from trtpipe.plugins.errors import OpError
+from trtpipe.plugins.core.errors import OpError
 
 __all__ = [
     "check_group_size",

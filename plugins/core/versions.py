@@ -37,10 +37,10 @@ def trt_has_python_plugins(trt_version: str) -> bool:
 
 # files (under plugins/) whose bytes define the plugin ABI: kernels, registration, plugin lowering
 PLUGIN_ABI_SOURCES: tuple[str, ...] = (
-    "triton_kernels.py",
-    "trt_plugin_kernels.py",
-    "trt_plugins.py",
-    "trt_lowering.py",
+    "ops/paged_attention/triton_kernels.py",
+    "ops/trt_kernels.py",
+    "ops/trt_plugins.py",
+    "lowering/trt.py",
 )
 
 
@@ -56,10 +56,10 @@ def plugin_abi_hash() -> str:
     import hashlib
     from pathlib import Path
 
-    from trtpipe.plugins.schema import op_schema_canonical_text
+    from trtpipe.plugins.ops.abi import op_schema_canonical_text
 
     h = hashlib.sha256(op_schema_canonical_text().encode())
-    root = Path(__file__).parent
+    root = Path(__file__).parents[1]  # plugins/
     for name in PLUGIN_ABI_SOURCES:
         p = root / name
         h.update(name.encode())

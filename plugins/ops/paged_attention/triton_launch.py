@@ -1,10 +1,10 @@
-"""Launchers of the Triton kernels (:mod:`trtpipe.plugins.triton_kernels`) on torch tensors.
+"""Launchers of the Triton kernels (:mod:`trtpipe.plugins.ops.paged_attention.triton_kernels`) on torch tensors.
 
 Each launcher checks shapes and attributes, picks the block sizes and grid, and launches its
 kernel on the tensors' device (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``, which is how
-the tests run them against :mod:`trtpipe.plugins.reference` without a GPU; ``bench/gpu_check.py``
+the tests run them against :mod:`trtpipe.plugins.ops.paged_attention.reference` without a GPU; ``bench/gpu_check.py``
 runs them on a GPU). The TensorRT plugins do not use these: they launch AOT-compiled wrapper
-kernels (:mod:`trtpipe.plugins.trt_plugins`).
+kernels (:mod:`trtpipe.plugins.ops.trt_plugins`).
 
 Imports triton at module level and torch inside the launchers; build/bench side only.
 """
@@ -16,9 +16,9 @@ from typing import Any
 
 import triton
 
-from trtpipe.plugins.errors import OpError
-from trtpipe.plugins.int4_pack import check_group_size
-from trtpipe.plugins.triton_kernels import (
+from trtpipe.plugins.core.errors import OpError
+from trtpipe.plugins.ops.int4_gemm.pack import check_group_size
+from trtpipe.plugins.ops.paged_attention.triton_kernels import (
     int4_gemm_kernel,
     next_pow2,
     paged_attention_decode_kernel,
@@ -334,7 +334,7 @@ def int4_gemm(
     """``trtpipe::Int4Gemm`` on torch tensors: ``a [..., K]`` -> ``y [..., N]`` in a's dtype.
 
     ``b_packed [N, K/G, G/2]`` uint8, ``scales [N, K/G]``, ``zero_points`` None | uint8
-    ``[N, ceil(K/G/2)]`` | float ``[N, K/G]`` (see :func:`trtpipe.plugins.reference.int4_gemm`).
+    ``[N, ceil(K/G/2)]`` | float ``[N, K/G]`` (see :func:`trtpipe.plugins.ops.paged_attention.reference.int4_gemm`).
     """
     import torch
 

@@ -5,7 +5,7 @@ Pure NumPy. Three jobs:
 
 1. Pack/unpack 4-bit codes and zero points in the MatMulNBits layout (the contract of
    ``trtpipe::Int4Gemm``), and the dequantization arithmetic on unpacked codes (defined in
-   :mod:`trtpipe.plugins.int4_layout`, re-exported here)::
+   :mod:`trtpipe.plugins.ops.int4_gemm.layout`, re-exported here)::
 
        W [N, K]  --blocks of G along K-->  B [N, K/G, G/2] uint8
        byte i of a block = code[2i] | code[2i+1] << 4        (low nibble = even element)
@@ -15,20 +15,20 @@ Pure NumPy. Three jobs:
 2. Round-to-nearest (RTN) and least-squares symmetric blockwise quantization of float weights
    (:func:`quantize_rtn`, :func:`quantize_symmetric_mse`, :func:`requantize_symmetric`).
 
-3. Repack GGUF/ggml blocks (decoded by :mod:`trtpipe.plugins.gguf_blocks`) without a float
+3. Repack GGUF/ggml blocks (decoded by :mod:`trtpipe.plugins.ops.int4_gemm.gguf_blocks`) without a float
    round trip.
 
-:func:`trtpipe.plugins.reference.dequantize_int4` (the op's reference) checks its inputs and
+:func:`trtpipe.plugins.ops.paged_attention.reference.dequantize_int4` (the op's reference) checks its inputs and
 uses this layout; the lowerings and kernels' host code import it from here.
-Errors are :class:`~trtpipe.plugins.errors.OpError` with the field, value, expectation and fix.
+Errors are :class:`~trtpipe.plugins.core.errors.OpError` with the field, value, expectation and fix.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from trtpipe.plugins.errors import OpError
-from trtpipe.plugins.gguf_blocks import (
+from trtpipe.plugins.core.errors import OpError
+from trtpipe.plugins.ops.int4_gemm.gguf_blocks import (
     GGUF_BLOCK,
     GGUF_BLOCK_BYTES,
     dequantize_gguf_q8_0,
@@ -36,7 +36,7 @@ from trtpipe.plugins.gguf_blocks import (
     gguf_blocks,
     unpack_gguf_q4_codes,
 )
-from trtpipe.plugins.int4_layout import (  # re-exported: the MatMulNBits layout
+from trtpipe.plugins.ops.int4_gemm.layout import (  # re-exported: the MatMulNBits layout
     check_group_size,
     dequantize_codes,
     pack_int4,

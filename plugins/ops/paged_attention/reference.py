@@ -2,7 +2,7 @@
 
 Every lowering (ONNX Runtime), kernel (Triton) and engine (TensorRT) is compared against these
 functions with stated tolerances. They favour clarity and strict input checking over speed: a
-malformed input raises :class:`~trtpipe.plugins.errors.OpError` that names the field, the value,
+malformed input raises :class:`~trtpipe.plugins.core.errors.OpError` that names the field, the value,
 what was expected and the fix, instead of silently reading the wrong memory.
 
 Contents
@@ -11,7 +11,7 @@ Contents
   Hugging Face sliding-window convention). See ``docs/contracts.md``.
 - :func:`int4_gemm`, :func:`dequantize_int4` -- ``trtpipe::Int4Gemm`` (weight-only INT4,
   blockwise along K, the ``com.microsoft::MatMulNBits`` packing); defined in
-  :mod:`trtpipe.plugins.int4_gemm_reference`, re-exported here.
+  :mod:`trtpipe.plugins.ops.int4_gemm.reference`, re-exported here.
 - :func:`rope_cos_sin`, :func:`apply_rotary`, :func:`check_positions` -- rotary tables as
   Hugging Face transformers computes them (default / linear / llama3 rope types).
 
@@ -25,7 +25,7 @@ KV pool layout (per layer)::
     token at position p of sequence s lives in slot block_tables[s, p // BS] * BS + p % BS
 
 This module imports only NumPy (the error family and the INT4 layout of
-:mod:`trtpipe.plugins.int4_pack`): it is safe on the embedded runtime. Exception to the 60-line
+:mod:`trtpipe.plugins.ops.int4_gemm.pack`): it is safe on the embedded runtime. Exception to the 60-line
 rule: :func:`paged_attention` is ~85 lines because its docstring is the op's contract (every
 argument's shape, dtype and meaning); its body is a dozen lines over checked helpers.
 """
@@ -37,11 +37,11 @@ from typing import Any
 
 import numpy as np
 
-from trtpipe.plugins.checks import as_float_array, as_int_array, positive_int, shape_error
-from trtpipe.plugins.errors import OpError
-from trtpipe.plugins.int4_gemm_reference import dequantize_int4, int4_gemm
-from trtpipe.plugins.int4_pack import unpack_int4_codes, unpack_zero_points_uint8
-from trtpipe.plugins.rope import apply_rotary, check_positions, rope_cos_sin, rope_inv_freq
+from trtpipe.plugins.core.checks import as_float_array, as_int_array, positive_int, shape_error
+from trtpipe.plugins.core.errors import OpError
+from trtpipe.plugins.core.rope import apply_rotary, check_positions, rope_cos_sin, rope_inv_freq
+from trtpipe.plugins.ops.int4_gemm.pack import unpack_int4_codes, unpack_zero_points_uint8
+from trtpipe.plugins.ops.int4_gemm.reference import dequantize_int4, int4_gemm
 
 __all__ = [
     "paged_attention",

@@ -1,7 +1,7 @@
 """TensorRT plugins of the ``trtpipe`` ops: ``tensorrt.plugin`` registration with AOT Triton kernels.
 
 Plugins (namespace ``trtpipe``, version ``1``; their graph nodes come from
-:func:`trtpipe.plugins.trt_lowering.lower_with_plugins`):
+:func:`trtpipe.plugins.lowering.trt.lower_with_plugins`):
 
 ==============  ========================================================  ==========================
 plugin          inputs -> outputs                                         kernel (triton_kernels.py)
@@ -25,7 +25,7 @@ configurations as tactics that TensorRT times per optimization profile (GEMV-sha
 for decode, wider tiles for prefill).
 
 The wrapper kernels in TensorRT's argument order, their configurations and their AOT
-compilation to PTX live in :mod:`trtpipe.plugins.trt_plugin_kernels` (re-exported here).
+compilation to PTX live in :mod:`trtpipe.plugins.ops.trt_kernels` (re-exported here).
 
 This module imports triton (through ``trt_plugin_kernels``; import it lazily, build side only). Registration
 takes the ``tensorrt.plugin`` module as an argument (tests pass one built on
@@ -36,21 +36,21 @@ takes the ``tensorrt.plugin`` module as an argument (tests pass one built on
 from typing import TYPE_CHECKING, Any
 
 from trtpipe.plugins import PLUGIN_VERSION
-from trtpipe.plugins.errors import OpError
-from trtpipe.plugins.trt_lowering import PLUGIN_ATTRIBUTES, PLUGIN_NAMESPACE
-from trtpipe.plugins.trt_plugin_kernels import (
+from trtpipe.plugins.core.errors import OpError
+from trtpipe.plugins.core.versions import TRT_PLUGINS_MIN_VERSION, trt_has_python_plugins
+from trtpipe.plugins.lowering.trt import PLUGIN_ATTRIBUTES, PLUGIN_NAMESPACE
+from trtpipe.plugins.ops.trt_kernels import (
     INT4_TACTICS,
     PREFILL_TACTICS,
     compile_plugin_kernel,
     kernel_config,
     strip_unused_params,
 )
-from trtpipe.plugins.versions import TRT_PLUGINS_MIN_VERSION, trt_has_python_plugins
 
 if TYPE_CHECKING:
     from typing import TypeAlias  # Python >= 3.10; only mypy reads it
 
-MIN_TRT_VERSION = TRT_PLUGINS_MIN_VERSION  # tensorrt.plugin with aot_impl (home: plugins/versions.py)
+MIN_TRT_VERSION = TRT_PLUGINS_MIN_VERSION  # tensorrt.plugin with aot_impl (home: plugins/core/versions.py)
 PLUGIN_VERSIONS = {name: PLUGIN_VERSION for name in PLUGIN_ATTRIBUTES}
 
 

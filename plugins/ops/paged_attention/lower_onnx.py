@@ -29,7 +29,7 @@ Pool layout (per layer, K and V alike)::
     cache[KVH, NB, BS, D]   block 0 = null block (head-major, docs/contracts.md)
       slot = block_id * BS + position % BS  ->  (h, slot // BS, slot % BS) for kv head h
 
-Meaning: :func:`trtpipe.plugins.reference.paged_attention` (tests compare both lowerings to it).
+Meaning: :func:`trtpipe.plugins.ops.paged_attention.reference.paged_attention` (tests compare both lowerings to it).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from trtpipe.plugins.errors import OpError
-from trtpipe.plugins.graph_rewrite import GraphRewrite, NodeBuilder, node_attributes
+from trtpipe.plugins.core.errors import OpError
+from trtpipe.plugins.graph.rewrite import GraphRewrite, NodeBuilder, node_attributes
 
 __all__ = ["lower_paged_attention"]
 

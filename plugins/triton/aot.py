@@ -1,4 +1,4 @@
-"""Ahead-of-time compilation of the Triton kernels (:mod:`trtpipe.plugins.triton_kernels`) to
+"""Ahead-of-time compilation of the Triton kernels (:mod:`trtpipe.plugins.ops.paged_attention.triton_kernels`) to
 cubin/PTX for a given SM without a GPU: :data:`AOT_KERNELS` (name -> kernel, signature, default
 constexprs) and :func:`aot_compile`. Tests compile every kernel for sm_80 / sm_87 / sm_90 with it.
 The paged-attention kernels take the head-major KV pool ``[KVH, NB, BS, D]`` and its head
@@ -14,8 +14,8 @@ from typing import Any
 
 import triton
 
-from trtpipe.plugins.errors import OpError
-from trtpipe.plugins.triton_kernels import (
+from trtpipe.plugins.core.errors import OpError
+from trtpipe.plugins.ops.paged_attention.triton_kernels import (
     int4_gemm_kernel,
     paged_attention_decode_kernel,
     paged_attention_prefill_kernel,

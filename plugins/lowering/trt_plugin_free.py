@@ -2,7 +2,7 @@
 
 For TensorRT < 10.7 (JetPack 6) and the TensorRT-RTX smoke build, which have no Python AOT
 plugins. ``PagedAttention`` is the standard-op attention shared with the ONNX Runtime lowering
-(:mod:`trtpipe.plugins.paged_attention_onnx`: ``ScatterND`` write, ``Gather`` by block table,
+(:mod:`trtpipe.plugins.ops.paged_attention.lower_onnx`: ``ScatterND`` write, ``Gather`` by block table,
 causal + window masks); ``Int4Gemm`` is blockwise INT4 ``DequantizeLinear`` + ``MatMul``::
 
     W_int4 [K, N] ──DequantizeLinear(axis=0, block_size=G)──► W [K, N] ──► MatMul(A, W) ──► Y
@@ -27,17 +27,17 @@ import onnx
 from onnx import numpy_helper
 
 from trtpipe.plugins import OP_DOMAIN
-from trtpipe.plugins.errors import OpError
-from trtpipe.plugins.graph_rewrite import (
+from trtpipe.plugins.core.errors import OpError
+from trtpipe.plugins.graph.rewrite import (
     GraphRewrite,
     NodeBuilder,
     finish_lowering,
     node_attributes,
     rewrite_custom_nodes,
 )
-from trtpipe.plugins.int4_pack import requantize_symmetric, unpack_int4_codes, zero_points_float
-from trtpipe.plugins.paged_attention_onnx import lower_paged_attention
-from trtpipe.plugins.reference import dequantize_int4
+from trtpipe.plugins.ops.int4_gemm.pack import requantize_symmetric, unpack_int4_codes, zero_points_float
+from trtpipe.plugins.ops.paged_attention.lower_onnx import lower_paged_attention
+from trtpipe.plugins.ops.paged_attention.reference import dequantize_int4
 
 __all__ = ["ASYMMETRIC_INT4_MODES", "lower_plugin_free", "lower_int8_gemm_float"]
 
@@ -118,7 +118,7 @@ def _lower_int4_gemm_dq(
     """``Int4Gemm`` -> ``MatMul(A, DequantizeLinear(W_int4 [K, N], scale [K/G, N], axis=0,
     block_size=G))``. Symmetric only (zero point 8 everywhere), see the module docstring.
     Asymmetric blocks (``asymmetric_int4``): ``refuse`` raises; ``requantize_symmetric``
-    re-quantizes them (:func:`~trtpipe.plugins.int4_pack.requantize_symmetric`, same group size);
+    re-quantizes them (:func:`~trtpipe.plugins.ops.int4_gemm.pack.requantize_symmetric`, same group size);
     ``dequantize_float`` writes ``MatMul(A, W^T)`` with W dequantized at lowering time (exact up
     to the float rounding; the cast pass then stores it in the activation dtype)."""
     a = node_attributes(node)
@@ -161,7 +161,7 @@ def _asymmetric_error(node: onnx.NodeProto, K: int, N: int, G: int, bad: int, to
 def lower_int8_gemm_float(b: NodeBuilder, node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> None:
     """``Int4Gemm`` with ``bits=8`` (an 8-bit LM head, e.g. GGUF Q8_0: codes ``[N, K/G, G]``
     bytes, zero point 128 by default) -> ``MatMul(A, W^T)`` with W dequantized at lowering time
-    (:func:`~trtpipe.plugins.reference.dequantize_int4`, ``bits=8``). Neither the Int4Gemm plugin
+    (:func:`~trtpipe.plugins.ops.paged_attention.reference.dequantize_int4`, ``bits=8``). Neither the Int4Gemm plugin
     nor TensorRT's block quantization (INT4/FP8 only) takes 8-bit blocks; a float weight is exact
     up to the float rounding of ``(q - zp) * scale``. Used by both TensorRT lowerings."""
     a = node_attributes(node)

@@ -2,8 +2,8 @@
 
 Passes (each ``ModelProto -> ModelProto``, returning a new model; idempotent):
 
-* :func:`~trtpipe.plugins.float_cast.cast_float_graph` -- fp32 graphs to fp16 / bf16
-  activations, RMSNorm statistics kept fp32 (:mod:`trtpipe.plugins.float_cast`).
+* :func:`~trtpipe.plugins.graph.float_cast.cast_float_graph` -- fp32 graphs to fp16 / bf16
+  activations, RMSNorm statistics kept fp32 (:mod:`trtpipe.plugins.graph.float_cast`).
 * :func:`lower_with_plugins` -- custom nodes become TensorRT plugin nodes (op type = plugin
   creator name, attributes ``plugin_namespace`` / ``plugin_version``, see TOOLCHAIN.md). A
   Python AOT plugin launches exactly one kernel, so ``PagedAttention`` (write-then-attend) is
@@ -20,12 +20,12 @@ Passes (each ``ModelProto -> ModelProto``, returning a new model; idempotent):
   always given as a float tensor (uint8 zero points are unpacked, absent ones become 8), so the
   plugin has one fixed signature. ``Int4Gemm`` with ``bits=8`` (an 8-bit LM head) becomes a
   float ``MatMul`` in both lowerings (no 8-bit block kernel or TensorRT block format).
-* :func:`~trtpipe.plugins.trt_plugin_free.lower_plugin_free` -- no custom node left (TensorRT
-  < 10.7 on JetPack 6, the TensorRT-RTX smoke build; :mod:`trtpipe.plugins.trt_plugin_free`).
+* :func:`~trtpipe.plugins.lowering.trt_plugin_free.lower_plugin_free` -- no custom node left (TensorRT
+  < 10.7 on JetPack 6, the TensorRT-RTX smoke build; :mod:`trtpipe.plugins.lowering.trt_plugin_free`).
 
 :func:`lower_for_trt` composes them for one graph. The node walk is
-:func:`trtpipe.plugins.graph_rewrite.rewrite_custom_nodes`, shared with the ONNX Runtime lowering.
-This file is one of the plugin ABI sources (:data:`trtpipe.plugins.versions.PLUGIN_ABI_SOURCES`).
+:func:`trtpipe.plugins.graph.rewrite.rewrite_custom_nodes`, shared with the ONNX Runtime lowering.
+This file is one of the plugin ABI sources (:data:`trtpipe.plugins.core.versions.PLUGIN_ABI_SOURCES`).
 """
 
 from __future__ import annotations
@@ -35,17 +35,17 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from trtpipe.plugins import OP_DOMAIN, PLUGIN_VERSION
-from trtpipe.plugins.errors import OpError
-from trtpipe.plugins.float_cast import FLOAT_TYPES, cast_float_graph
-from trtpipe.plugins.graph_rewrite import (
+from trtpipe.plugins.core.errors import OpError
+from trtpipe.plugins.graph.float_cast import FLOAT_TYPES, cast_float_graph
+from trtpipe.plugins.graph.rewrite import (
     GraphRewrite,
     NodeBuilder,
     finish_lowering,
     node_attributes,
     rewrite_custom_nodes,
 )
-from trtpipe.plugins.int4_pack import unpack_zero_points_uint8
-from trtpipe.plugins.trt_plugin_free import ASYMMETRIC_INT4_MODES, lower_int8_gemm_float, lower_plugin_free
+from trtpipe.plugins.lowering.trt_plugin_free import ASYMMETRIC_INT4_MODES, lower_int8_gemm_float, lower_plugin_free
+from trtpipe.plugins.ops.int4_gemm.pack import unpack_zero_points_uint8
 
 __all__ = [
     "PLUGIN_NAMESPACE",

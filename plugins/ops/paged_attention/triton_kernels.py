@@ -1,7 +1,7 @@
 """Triton kernels of the ``trtpipe`` custom ops, for the GPU backends (TensorRT plugins, AOT).
 
-Kernels (each with a launcher that takes torch tensors in :mod:`trtpipe.plugins.triton_launchers`,
-and an AOT entry in :data:`trtpipe.plugins.triton_aot.AOT_KERNELS`):
+Kernels (each with a launcher that takes torch tensors in :mod:`trtpipe.plugins.ops.paged_attention.triton_launch`,
+and an AOT entry in :data:`trtpipe.plugins.triton.aot.AOT_KERNELS`):
 
 - :func:`write_kv_cache_kernel` -- vLLM ``reshape_and_cache``: writes this step's K/V rows into
   the paged pool at ``slot_mapping`` (the "write first" half of ``trtpipe::PagedAttention``).
@@ -18,9 +18,9 @@ and an AOT entry in :data:`trtpipe.plugins.triton_aot.AOT_KERNELS`):
   ``com.microsoft::MatMulNBits`` packing: ``Y = A @ ((q - zp) * scale)^T``, zero points absent
   (8), packed uint8 or float.
 
-Semantics are defined by :mod:`trtpipe.plugins.reference` (see ``docs/contracts.md``);
+Semantics are defined by :mod:`trtpipe.plugins.ops.paged_attention.reference` (see ``docs/contracts.md``);
 tests run these kernels under ``TRITON_INTERPRET=1`` against it and compile them to
-cubin/PTX for sm_80 / sm_87 / sm_90 without a GPU (:func:`trtpipe.plugins.triton_aot.aot_compile`).
+cubin/PTX for sm_80 / sm_87 / sm_90 without a GPU (:func:`trtpipe.plugins.triton.aot.aot_compile`).
 
 Numerics: softmax, scores and accumulators are float32. ``tl.dot`` runs on the input dtype
 (fp16 -> tensor cores, fp32 accumulate); float32 inputs use ``input_precision="ieee"``
@@ -33,7 +33,7 @@ computed in int64 (block tables and slots are int64; the kv head index is widene
 multiplies the head stride, so pools over 2**31 elements address correctly).
 
 This module imports triton at module level (it is the Triton module; import it lazily), never
-torch. It is a plugin ABI source (:data:`trtpipe.plugins.versions.PLUGIN_ABI_SOURCES`). Exception
+torch. It is a plugin ABI source (:data:`trtpipe.plugins.core.versions.PLUGIN_ABI_SOURCES`). Exception
 to the 60-line rule: the two attention kernels (``paged_attention_decode_kernel``,
 ``paged_attention_prefill_kernel``) are single ``@triton.jit`` bodies (Triton inlines
 helpers anyway; splitting them would hide the tiling in call boundaries).

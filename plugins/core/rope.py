@@ -2,7 +2,7 @@
 linear and llama3 rope types), and their application (``rotate_half`` convention).
 
 The reference model and the exported graphs take cos/sin from these tables (re-exported by
-:mod:`trtpipe.plugins.reference`). Pure NumPy; errors are :class:`~trtpipe.plugins.errors.OpError`.
+:mod:`trtpipe.plugins.ops.paged_attention.reference`). Pure NumPy; errors are :class:`~trtpipe.plugins.core.errors.OpError`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from trtpipe.plugins.checks import positive_int
-from trtpipe.plugins.errors import OpError
+from trtpipe.plugins.core.checks import positive_int
+from trtpipe.plugins.core.errors import OpError
 
 __all__ = ["rope_inv_freq", "rope_cos_sin", "check_positions", "apply_rotary"]
 

@@ -1,6 +1,6 @@
 """GGUF / ggml quantized blocks as ``gguf.GGUFReader`` exposes them, decoded without a float
 round trip (pure NumPy). Repacking into the ``Int4Gemm`` / MatMulNBits layout is
-:mod:`trtpipe.plugins.int4_pack`'s job; this module only reads ggml's bytes.
+:mod:`trtpipe.plugins.ops.int4_gemm.pack`'s job; this module only reads ggml's bytes.
 
 ``tensor.data`` is uint8 ``[N, K/32 * block_bytes]``, one row per output feature. ggml block
 layouts (``ggml-common.h``, block of 32 elements)::
@@ -12,14 +12,14 @@ layouts (``ggml-common.h``, block of 32 elements)::
 
 ggml's nibble order (first half of the block in the low nibbles) differs from MatMulNBits
 (neighbouring pairs), so repacking reorders codes, never re-quantizes them.
-Errors are :class:`~trtpipe.plugins.errors.OpError` naming the value, the expectation and the fix.
+Errors are :class:`~trtpipe.plugins.core.errors.OpError` naming the value, the expectation and the fix.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from trtpipe.plugins.errors import OpError
+from trtpipe.plugins.core.errors import OpError
 
 __all__ = [
     "GGUF_BLOCK",

@@ -9,7 +9,7 @@ fp32 islands, because a squared fp16 activation overflows at |x| > 255::
 
 ``logits`` stay fp32 (one Cast on ``[S, V]``) for the sampler. A pass ``ModelProto ->
 ModelProto`` (returns a new model), idempotent through ``metadata_props["trtpipe.float_dtype"]``.
-dtype names and ONNX element types come from the one table, :mod:`trtpipe.plugins.dtypes`.
+dtype names and ONNX element types come from the one table, :mod:`trtpipe.plugins.core.dtypes`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from trtpipe.plugins.dtypes import DTYPES, FLOAT_NAMES
-from trtpipe.plugins.errors import OpError
-from trtpipe.plugins.graph_rewrite import copy_model
+from trtpipe.plugins.core.dtypes import DTYPES, FLOAT_NAMES
+from trtpipe.plugins.core.errors import OpError
+from trtpipe.plugins.graph.rewrite import copy_model
 
 __all__ = ["FLOAT_TYPES", "cast_float_graph"]
 
