@@ -47,7 +47,7 @@ def rtn_reference(ref4):
 
     from trtpipe.pipeline.model import FloatLinear, Int4Linear
     from trtpipe.plugins.ops.int4_gemm import pack as P
-    from trtpipe.plugins.ops.paged_attention.reference import dequantize_int4
+    from trtpipe.plugins.ops.int4_gemm.reference import dequantize_int4
 
     def rtn_float(m):
         w = dequantize_int4(m.b_packed.numpy(), m.scales.numpy(), m.zero_points.numpy(), m.K, m.N, m.group_size)

@@ -30,8 +30,9 @@ from trtpipe.pipeline.model_config_override import with_sliding_window
 from trtpipe.pipeline.weights import LoadedModel
 from trtpipe.plugins.core.dtypes import FLOAT_NAMES
 from trtpipe.plugins.core.errors import OpError
+from trtpipe.plugins.core.rope import rope_cos_sin
 from trtpipe.plugins.ops.int4_gemm import pack as int4_pack
-from trtpipe.plugins.ops.paged_attention.reference import rope_cos_sin, unpack_zero_points_uint8
+from trtpipe.plugins.ops.int4_gemm.layout import unpack_zero_points_uint8
 from trtpipe.runtime.artifact.model_config import ModelConfig
 
 

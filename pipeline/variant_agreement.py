@@ -62,7 +62,7 @@ def requantized_reference(ref_int4: Any, mode: str = "requantize_symmetric", *, 
     8-bit and symmetric linears are unchanged."""
     from trtpipe.pipeline.model import FloatLinear, Int4Linear
     from trtpipe.plugins.ops.int4_gemm.pack import requantize_symmetric
-    from trtpipe.plugins.ops.paged_attention.reference import dequantize_int4
+    from trtpipe.plugins.ops.int4_gemm.reference import dequantize_int4
 
     out = copy.deepcopy(ref_int4)
     for parent in list(out.modules()):

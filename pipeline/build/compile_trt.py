@@ -142,7 +142,7 @@ def _build_plans(
 
 def _trt_backend(spec: BuildSpec, env: TrtEnvironment, lowering: str, decode_graph: str) -> dict:
     """The manifest's ``backend`` record: TensorRT version, CUDA runtime, lowering, plugin ABI."""
-    from trtpipe.plugins.core.versions import plugin_abi_hash
+    from trtpipe.plugins.ops.abi import plugin_abi_hash
 
     return {
         "name": "trt",

@@ -161,8 +161,7 @@ def _make_spec(
     tmp: Path,
     written: _Written,
 ) -> BuildSpec:
-    from trtpipe.plugins.core.versions import plugin_abi_hash
-    from trtpipe.plugins.ops.abi import op_schema_abi_hash
+    from trtpipe.plugins.ops.abi import op_schema_abi_hash, plugin_abi_hash
 
     t, eng = GPU_BUILD_TARGETS[recipe.target], recipe.engine
     variants = LoweringVariants(

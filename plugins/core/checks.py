@@ -1,5 +1,5 @@
 """Input checks shared by the NumPy references (:mod:`trtpipe.plugins.ops.paged_attention.reference`,
-:mod:`trtpipe.plugins.core.rope`): each raises :class:`~trtpipe.plugins.core.errors.OpError` naming the
+:mod:`trtpipe.plugins.ops.int4_gemm.reference`, :mod:`trtpipe.plugins.core.rope`): each raises :class:`~trtpipe.plugins.core.errors.OpError` naming the
 field, the value and what was expected, instead of silently reading the wrong memory.
 """
 

@@ -1,8 +1,7 @@
 """Rotary position embedding (RoPE) tables as Hugging Face transformers computes them (default,
 linear and llama3 rope types), and their application (``rotate_half`` convention).
 
-The reference model and the exported graphs take cos/sin from these tables (re-exported by
-:mod:`trtpipe.plugins.ops.paged_attention.reference`). Pure NumPy; errors are :class:`~trtpipe.plugins.core.errors.OpError`.
+The reference model and the exported graphs take cos/sin from these tables. Pure NumPy; errors are :class:`~trtpipe.plugins.core.errors.OpError`.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from trtpipe.plugins import OP_DOMAIN
+from trtpipe.plugins.core.errors import OpError
 
 __all__ = [
     "NodeBuilder",
@@ -42,6 +43,7 @@ __all__ = [
     "drop_unused_initializers",
     "drop_custom_domain",
     "finish_lowering",
+    "InitializerView",
 ]
 
 
@@ -173,3 +175,24 @@ def finish_lowering(model: onnx.ModelProto, *, keep_custom_opset: bool = False) 
     if keep_custom_opset:
         ensure_opset(model, OP_DOMAIN, 1)
     return model
+
+
+class InitializerView:
+    """Lazy name -> numpy view of a graph's initializers (external data must be loaded)."""
+
+    def __init__(self, graph: onnx.GraphProto):
+        self._protos = {t.name: t for t in graph.initializer}
+        self._cache: dict[str, np.ndarray] = {}
+
+    def get(self, name: str) -> np.ndarray | None:
+        if name not in self._protos:
+            return None
+        if name not in self._cache:
+            self._cache[name] = numpy_helper.to_array(self._protos[name])
+        return self._cache[name]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        v = self.get(name)
+        if v is None:
+            raise OpError(f"initializer {name!r} not found: load the model with its external data before lowering")
+        return v

@@ -5,9 +5,10 @@ Passes (each ``ModelProto -> ModelProto``, returning a new model; idempotent):
 * :func:`~trtpipe.plugins.graph.float_cast.cast_float_graph` -- fp32 graphs to fp16 / bf16
   activations, RMSNorm statistics kept fp32 (:mod:`trtpipe.plugins.graph.float_cast`).
 * :func:`lower_with_plugins` -- custom nodes become TensorRT plugin nodes (op type = plugin
-  creator name, attributes ``plugin_namespace`` / ``plugin_version``, see TOOLCHAIN.md). A
-  Python AOT plugin launches exactly one kernel, so ``PagedAttention`` (write-then-attend) is
-  split into two plugin nodes::
+  creator name, attributes ``plugin_namespace`` / ``plugin_version``, see TOOLCHAIN.md), each
+  through its op's lowering (:mod:`trtpipe.plugins.ops.paged_attention.lower_trt`,
+  :mod:`trtpipe.plugins.ops.int4_gemm.lower_trt`). A Python AOT plugin launches exactly one
+  kernel, so ``PagedAttention`` (write-then-attend) is split into two plugin nodes::
 
       key, value, key_cache, value_cache, slot_mapping
             │
@@ -25,27 +26,21 @@ Passes (each ``ModelProto -> ModelProto``, returning a new model; idempotent):
 
 :func:`lower_for_trt` composes them for one graph. The node walk is
 :func:`trtpipe.plugins.graph.rewrite.rewrite_custom_nodes`, shared with the ONNX Runtime lowering.
-This file is one of the plugin ABI sources (:data:`trtpipe.plugins.core.versions.PLUGIN_ABI_SOURCES`).
+This file is one of the plugin ABI sources (:data:`trtpipe.plugins.ops.abi.PLUGIN_ABI_SOURCES`).
 """
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
 
 from trtpipe.plugins import OP_DOMAIN, PLUGIN_VERSION
 from trtpipe.plugins.core.errors import OpError
 from trtpipe.plugins.graph.float_cast import FLOAT_TYPES, cast_float_graph
-from trtpipe.plugins.graph.rewrite import (
-    GraphRewrite,
-    NodeBuilder,
-    finish_lowering,
-    node_attributes,
-    rewrite_custom_nodes,
-)
-from trtpipe.plugins.lowering.trt_plugin_free import ASYMMETRIC_INT4_MODES, lower_int8_gemm_float, lower_plugin_free
-from trtpipe.plugins.ops.int4_gemm.pack import unpack_zero_points_uint8
+from trtpipe.plugins.graph.rewrite import GraphRewrite, finish_lowering, node_attributes, rewrite_custom_nodes
+from trtpipe.plugins.lowering.trt_plugin_free import ASYMMETRIC_INT4_MODES, lower_plugin_free
+from trtpipe.plugins.ops.abi import PLUGIN_ATTRIBUTES, PLUGIN_NAMESPACE
+from trtpipe.plugins.ops.int4_gemm import lower_trt as int4_gemm_trt
+from trtpipe.plugins.ops.paged_attention import lower_trt as paged_attention_trt
 
 __all__ = [
     "PLUGIN_NAMESPACE",
@@ -53,58 +48,12 @@ __all__ = [
     "lower_with_plugins",
     "lower_for_trt",
     "custom_nodes",
-    # re-exported from their homes (float_cast.py, trt_plugin_free.py)
+    # re-exported from their homes (ops/abi.py, graph/float_cast.py, lowering/trt_plugin_free.py)
     "FLOAT_TYPES",
     "cast_float_graph",
     "ASYMMETRIC_INT4_MODES",
     "lower_plugin_free",
 ]
-
-PLUGIN_NAMESPACE = "trtpipe"
-# plugin creator name -> the attributes its node carries (besides plugin_namespace/version);
-# trt_plugins.py registers exactly these.
-PLUGIN_ATTRIBUTES: dict[str, tuple[str, ...]] = {
-    "PagedKVWrite": ("num_kv_heads", "head_size", "block_size"),
-    "PagedAttention": ("num_heads", "num_kv_heads", "head_size", "scale", "block_size", "sliding_window", "decode"),
-    "Int4Gemm": ("K", "N", "group_size", "bits"),
-}
-
-
-def _plugin_node(
-    op_type: str, inputs: list[str], outputs: list[str], name: str, attrs: dict, namespace: str, version: str
-) -> onnx.NodeProto:
-    want = PLUGIN_ATTRIBUTES[op_type]
-    kw = {k: attrs[k] for k in want}
-    return helper.make_node(
-        op_type, inputs, outputs, name=name, domain=OP_DOMAIN, plugin_namespace=namespace, plugin_version=version, **kw
-    )
-
-
-def _float_zero_points(
-    node: onnx.NodeProto, inits: dict[str, onnx.TensorProto], extra: list, n_groups: int, N: int
-) -> str:
-    """The node's zero points as a float initializer name (scales' dtype): a float initializer
-    as is, uint8 ones unpacked, absent ones 8 (new initializers are appended to ``extra``)."""
-    scales = inits.get(node.input[2])
-    if scales is None:
-        raise OpError(
-            f"Int4Gemm {node.name}: scales {node.input[2]!r} must be an initializer (weights are "
-            "constant). Fix: export with the weights as initializers."
-        )
-    fdt = numpy_helper.to_array(scales).dtype
-    zp_name = node.input[3] if len(node.input) > 3 else ""
-    if not zp_name:
-        zp = np.full((N, n_groups), 8, fdt)
-    else:
-        t = inits.get(zp_name)
-        if t is None:
-            raise OpError(f"Int4Gemm {node.name}: zero_points {zp_name!r} must be an initializer")
-        if t.data_type != TensorProto.UINT8:
-            return zp_name
-        zp = unpack_zero_points_uint8(numpy_helper.to_array(t), N, n_groups).astype(fdt)
-    name = f"{node.name or node.output[0]}/zero_points_float"
-    extra.append(numpy_helper.from_array(zp, name))
-    return name
 
 
 def _plugin_nodes(
@@ -117,38 +66,10 @@ def _plugin_nodes(
     version: str,
 ) -> None:
     """One custom node -> its plugin node(s) (or, for an 8-bit ``Int4Gemm``, a float MatMul)."""
-    a = node_attributes(node)
-    base = node.name or node.output[0]
     if node.op_type == "PagedAttention":
-        q, k, v, kc, vc, slot, bt, cl, qsl = node.input[:9]
-        o, kc_out, vc_out = node.output
-        state.nodes.append(
-            _plugin_node(
-                "PagedKVWrite", [k, v, kc, vc, slot], [kc_out, vc_out], f"{base}/kv_write", a, namespace, version
-            )
-        )
-        a = {
-            **a,
-            "scale": float(a.get("scale", 0.0)),
-            "sliding_window": int(a.get("sliding_window", 0)),
-            "decode": int(decode),
-        }
-        state.nodes.append(
-            _plugin_node(
-                "PagedAttention", [q, kc_out, vc_out, bt, cl, qsl], [o], f"{base}/attention", a, namespace, version
-            )
-        )
-    elif node.op_type == "Int4Gemm" and int(a.get("bits", 4)) == 8:
-        b = NodeBuilder(base)
-        lower_int8_gemm_float(b, node, inits)
-        state.emit(b)
+        paged_attention_trt.plugin_nodes(node, state, decode=decode, namespace=namespace, version=version)
     elif node.op_type == "Int4Gemm":
-        K, N, G = a["K"], a["N"], a["group_size"]
-        zp = _float_zero_points(node, inits, state.initializers, K // G, N)
-        a = {**a, "bits": int(a.get("bits", 4))}
-        state.nodes.append(
-            _plugin_node("Int4Gemm", list(node.input[:3]) + [zp], list(node.output), base, a, namespace, version)
-        )
+        int4_gemm_trt.plugin_nodes(node, state, inits=inits, namespace=namespace, version=version)
     else:
         raise OpError(
             f"no TensorRT plugin for {OP_DOMAIN}::{node.op_type} (node {node.name}); "

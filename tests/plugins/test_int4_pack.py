@@ -11,7 +11,7 @@ import pytest
 
 from trtpipe.plugins.core.errors import OpError
 from trtpipe.plugins.ops.int4_gemm import pack as P
-from trtpipe.plugins.ops.paged_attention import reference as R
+from trtpipe.plugins.ops.int4_gemm import reference as R
 
 gguf = pytest.importorskip("gguf")
 QT = gguf.GGMLQuantizationType
@@ -290,7 +290,7 @@ def test_ort_matmulnbits_8bit_runs_q8_0():
 def test_float_zero_point_requant_to_8bit_moves_each_weight_at_most_d_over_32():
     """Hand check of ``requantize_float_zp_to_uint8_8bit``: w8 = d/16 * (q8 - z8) vs w = d * (q - zp)."""
     pytest.importorskip("onnx")
-    from trtpipe.plugins.lowering.ort import requantize_float_zp_to_uint8_8bit
+    from trtpipe.plugins.ops.int4_gemm.lower_ort import requantize_float_zp_to_uint8_8bit
 
     rng = np.random.default_rng(3)
     N, K, G = 6, 64, 32

@@ -18,7 +18,7 @@ Pure NumPy. Three jobs:
 3. Repack GGUF/ggml blocks (decoded by :mod:`trtpipe.plugins.ops.int4_gemm.gguf_blocks`) without a float
    round trip.
 
-:func:`trtpipe.plugins.ops.paged_attention.reference.dequantize_int4` (the op's reference) checks its inputs and
+:func:`trtpipe.plugins.ops.int4_gemm.reference.dequantize_int4` (the op's reference) checks its inputs and
 uses this layout; the lowerings and kernels' host code import it from here.
 Errors are :class:`~trtpipe.plugins.core.errors.OpError` with the field, value, expectation and fix.
 """
@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from trtpipe.plugins.core.errors import OpError
+from trtpipe.plugins.ops.int4_gemm import layout
 from trtpipe.plugins.ops.int4_gemm.gguf_blocks import (
     GGUF_BLOCK,
     GGUF_BLOCK_BYTES,
@@ -36,7 +37,7 @@ from trtpipe.plugins.ops.int4_gemm.gguf_blocks import (
     gguf_blocks,
     unpack_gguf_q4_codes,
 )
-from trtpipe.plugins.ops.int4_gemm.layout import (  # re-exported: the MatMulNBits layout
+from trtpipe.plugins.ops.int4_gemm.layout import (  # noqa: F401  (re-exported: the MatMulNBits layout)
     check_group_size,
     dequantize_codes,
     pack_int4,
@@ -48,14 +49,7 @@ from trtpipe.plugins.ops.int4_gemm.layout import (  # re-exported: the MatMulNBi
 )
 
 __all__ = [
-    "check_group_size",
-    "pack_int4",
-    "unpack_int4",
-    "unpack_int4_codes",
-    "pack_zero_points_uint8",
-    "unpack_zero_points_uint8",
-    "zero_points_float",
-    "dequantize_codes",
+    *layout.__all__,
     "quantize_rtn",
     "quantize_symmetric_mse",
     "requantize_symmetric",

@@ -2,18 +2,28 @@
 and the weight dequantization it is built on, :func:`dequantize_int4` (weight-only INT4,
 blockwise along K, the ``com.microsoft::MatMulNBits`` packing; bits=8 for LM heads).
 
-Re-exported by :mod:`trtpipe.plugins.ops.paged_attention.reference`, the home of all op references. Imports only
-NumPy (the error family, input checks and the INT4 layout of :mod:`trtpipe.plugins.ops.int4_gemm.pack`):
-safe on the embedded runtime.
+The parameter list of :func:`int4_gemm` is the op's description's
+(:data:`~trtpipe.plugins.ops.int4_gemm.spec.INT4_GEMM`, bound by
+:meth:`~trtpipe.plugins.ops.spec.OpSpec.implement`). Imports only NumPy (the error family, input
+checks and the INT4 layout of :mod:`trtpipe.plugins.ops.int4_gemm.layout`): safe on the embedded
+runtime.
 """
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 
 from trtpipe.plugins.core.checks import FLOAT_DTYPES, as_float_array, shape_error
 from trtpipe.plugins.core.errors import OpError
-from trtpipe.plugins.ops.int4_gemm.pack import check_group_size, dequantize_codes, unpack_int4_codes, zero_points_float
+from trtpipe.plugins.ops.int4_gemm.layout import (
+    check_group_size,
+    dequantize_codes,
+    unpack_int4_codes,
+    zero_points_float,
+)
+from trtpipe.plugins.ops.int4_gemm.spec import INT4_GEMM
 
 __all__ = ["dequantize_int4", "int4_gemm"]
 
@@ -42,7 +52,7 @@ def dequantize_int4(
 
     Returns:
         ``W [N, K]`` float32, computed in float32 as ``(float32(q) - float32(zp)) * float32(scale)``
-        (the layout and arithmetic live in :mod:`trtpipe.plugins.ops.int4_gemm.pack`).
+        (the layout and arithmetic live in :mod:`trtpipe.plugins.ops.int4_gemm.layout`).
 
     Raises:
         OpError: K % G != 0 (names K and G and the group sizes that divide K), bad shapes/dtypes,
@@ -75,30 +85,22 @@ def dequantize_int4(
     return dequantize_codes(codes, s, zero_points_float(z, N, nb), G)
 
 
-def int4_gemm(
-    a: np.ndarray,
-    b_packed: np.ndarray,
-    scales: np.ndarray,
-    zero_points: np.ndarray | None = None,
-    *,
-    K: int,
-    N: int,
-    group_size: int,
-    bits: int = 4,
-) -> np.ndarray:
+@INT4_GEMM.implement()
+def int4_gemm(x: SimpleNamespace) -> np.ndarray:
     """Reference of ``trtpipe::Int4Gemm``: ``Y[..., N] = A[..., K] @ W^T`` (float32 accumulate).
 
+    ``int4_gemm(a, b_packed, scales, zero_points=None, *, K, N, group_size, bits=4)``.
     Same semantics as ``com.microsoft::MatMulNBits`` (bits=4, block_size=G, no g_idx, no bias).
     ``W`` comes from :func:`dequantize_int4`. ``A`` is float32|float16; ``Y`` has A's dtype.
 
     Raises:
         OpError: bits != 4, A's last dim != K, K % G != 0, or any input shape/dtype mismatch.
     """
-    if int(bits) not in (4, 8):
-        raise OpError(f"attribute bits={bits}: trtpipe::Int4Gemm supports bits=4 (and 8 for LM heads)")
-    a = as_float_array("A", a)
-    if a.ndim < 1 or a.shape[-1] != int(K):
-        raise shape_error("A", a.shape, f"[..., K] with K={K}")
-    w = dequantize_int4(b_packed, scales, zero_points, K, N, group_size, bits)
+    if int(x.bits) not in (4, 8):
+        raise OpError(f"attribute bits={x.bits}: trtpipe::Int4Gemm supports bits=4 (and 8 for LM heads)")
+    a = as_float_array("A", x.a)
+    if a.ndim < 1 or a.shape[-1] != int(x.K):
+        raise shape_error("A", a.shape, f"[..., K] with K={x.K}")
+    w = dequantize_int4(x.b_packed, x.scales, x.zero_points, x.K, x.N, x.group_size, x.bits)
     y = a.astype(np.float32) @ w.T
     return y.astype(a.dtype)

@@ -1,19 +1,12 @@
-"""NumPy references that DEFINE the meaning of the ``trtpipe`` custom ops (domain "trtpipe", v1).
+"""NumPy reference that DEFINES ``trtpipe::PagedAttention`` (domain "trtpipe", v1): vLLM-style
+paged KV, GQA, causal, Hugging Face sliding-window convention (see ``docs/contracts.md``).
 
-Every lowering (ONNX Runtime), kernel (Triton) and engine (TensorRT) is compared against these
-functions with stated tolerances. They favour clarity and strict input checking over speed: a
-malformed input raises :class:`~trtpipe.plugins.core.errors.OpError` that names the field, the value,
-what was expected and the fix, instead of silently reading the wrong memory.
-
-Contents
---------
-- :func:`paged_attention` -- ``trtpipe::PagedAttention`` (vLLM-style paged KV, GQA, causal,
-  Hugging Face sliding-window convention). See ``docs/contracts.md``.
-- :func:`int4_gemm`, :func:`dequantize_int4` -- ``trtpipe::Int4Gemm`` (weight-only INT4,
-  blockwise along K, the ``com.microsoft::MatMulNBits`` packing); defined in
-  :mod:`trtpipe.plugins.ops.int4_gemm.reference`, re-exported here.
-- :func:`rope_cos_sin`, :func:`apply_rotary`, :func:`check_positions` -- rotary tables as
-  Hugging Face transformers computes them (default / linear / llama3 rope types).
+Every lowering (ONNX Runtime), kernel (Triton) and engine (TensorRT) is compared against
+:func:`paged_attention` with stated tolerances. It favours clarity and strict input checking over
+speed: a malformed input raises :class:`~trtpipe.plugins.core.errors.OpError` that names the
+field, the value, what was expected and the fix, instead of silently reading the wrong memory.
+Its parameter list is the op's description's (:data:`~trtpipe.plugins.ops.paged_attention.spec.PAGED_ATTENTION`,
+bound by :meth:`~trtpipe.plugins.ops.spec.OpSpec.implement`).
 
 KV pool layout (per layer)::
 
@@ -24,61 +17,30 @@ KV pool layout (per layer)::
     block_tables[s, i] = physical block of logical block i of sequence s
     token at position p of sequence s lives in slot block_tables[s, p // BS] * BS + p % BS
 
-This module imports only NumPy (the error family and the INT4 layout of
-:mod:`trtpipe.plugins.ops.int4_gemm.pack`): it is safe on the embedded runtime. Exception to the 60-line
-rule: :func:`paged_attention` is ~85 lines because its docstring is the op's contract (every
-argument's shape, dtype and meaning); its body is a dozen lines over checked helpers.
+This module imports only NumPy (and the error family): it is safe on the embedded runtime.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from types import SimpleNamespace
 
 import numpy as np
 
 from trtpipe.plugins.core.checks import as_float_array, as_int_array, positive_int, shape_error
 from trtpipe.plugins.core.errors import OpError
-from trtpipe.plugins.core.rope import apply_rotary, check_positions, rope_cos_sin, rope_inv_freq
-from trtpipe.plugins.ops.int4_gemm.pack import unpack_int4_codes, unpack_zero_points_uint8
-from trtpipe.plugins.ops.int4_gemm.reference import dequantize_int4, int4_gemm
+from trtpipe.plugins.ops.paged_attention.spec import PAGED_ATTENTION
 
-__all__ = [
-    "paged_attention",
-    "int4_gemm",
-    "dequantize_int4",
-    "unpack_int4_codes",
-    "unpack_zero_points_uint8",
-    "rope_inv_freq",
-    "rope_cos_sin",
-    "apply_rotary",
-    "check_positions",
-]
-
-# --------------------------------------------------------------------------------------------
-# PagedAttention
-# --------------------------------------------------------------------------------------------
+__all__ = ["paged_attention"]
 
 
-def paged_attention(
-    query: np.ndarray,
-    key: np.ndarray,
-    value: np.ndarray,
-    key_cache: np.ndarray,
-    value_cache: np.ndarray,
-    slot_mapping: np.ndarray,
-    block_tables: np.ndarray,
-    context_lens: np.ndarray,
-    query_start_loc: np.ndarray,
-    *,
-    num_heads: int,
-    num_kv_heads: int,
-    head_size: int,
-    scale: float = 0.0,
-    block_size: int,
-    sliding_window: int = 0,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+@PAGED_ATTENTION.implement()
+def paged_attention(a: SimpleNamespace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Reference of ``trtpipe::PagedAttention``: write this step's K/V, then causal GQA attention.
+
+    ``paged_attention(query, key, value, key_cache, value_cache, slot_mapping, block_tables,
+    context_lens, query_start_loc, *, num_heads, num_kv_heads, head_size, scale=0.0, block_size,
+    sliding_window=0)``.
 
     Follows vLLM's paged attention (``reshape_and_cache`` + ``flash_attn_varlen`` over block
     tables) with the Hugging Face sliding-window convention. Names: T tokens in the packed batch,
@@ -118,34 +80,19 @@ def paged_attention(
             block table covers; a block table entry out of ``[0, NB)`` for a key some query
             sees; a slot_mapping entry out of range or inconsistent with the block table.
     """
-    H, KVH, D, BS, W, scale = _attention_attributes(
-        num_heads, num_kv_heads, head_size, block_size, sliding_window, scale
-    )
-    query, key, value, key_cache, value_cache, slot_mapping, block_tables, context_lens, qsl = _attention_inputs(
-        query,
-        key,
-        value,
-        key_cache,
-        value_cache,
-        slot_mapping,
-        block_tables,
-        context_lens,
-        query_start_loc,
-        H=H,
-        KVH=KVH,
-        D=D,
-        BS=BS,
-    )
-    T = query.shape[0]
-    S = block_tables.shape[0]
+    H, KVH, D, BS, W, scale = _attention_attributes(a)
+    x = _attention_inputs(a, H=H, KVH=KVH, D=D, BS=BS)
+    T = x.query.shape[0]
+    S = x.block_tables.shape[0]
 
     # Write first: KV is written once per token, before any query reads the pool.
-    key_cache_out, value_cache_out = _write_kv(key, value, key_cache, value_cache, slot_mapping, BS)
+    key_cache_out, value_cache_out = _write_kv(x, BS)
 
     output = np.zeros((T, H, D), dtype=np.float32)
     kc32 = key_cache_out.astype(np.float32)
     vc32 = value_cache_out.astype(np.float32)
-    q32 = query.astype(np.float32).reshape(T, H, D)
+    q32 = x.query.astype(np.float32).reshape(T, H, D)
+    qsl = x.query_start_loc
     for s in range(S):
         start, end = int(qsl[s]), int(qsl[s + 1])
         if end == start:
@@ -153,101 +100,56 @@ def paged_attention(
         positions, keys_pos, slots = _sequence_keys(
             s,
             end - start,
-            int(context_lens[s]),
-            block_tables,
-            slot_mapping[start:end],
+            int(x.context_lens[s]),
+            x.block_tables,
+            x.slot_mapping[start:end],
             start,
-            NB=key_cache.shape[1],
+            NB=x.key_cache.shape[1],
             BS=BS,
             W=W,
         )
         k = kc32[:, slots // BS, slots % BS].transpose(1, 0, 2)  # [L, KVH, D]
         v = vc32[:, slots // BS, slots % BS].transpose(1, 0, 2)
         output[start:end] = _attend(q32[start:end], k, v, positions, keys_pos, H // KVH, scale, W)
-    return output.reshape(T, H * D).astype(query.dtype), key_cache_out, value_cache_out
+    return output.reshape(T, H * D).astype(x.query.dtype), key_cache_out, value_cache_out
 
 
-def _attention_inputs(
-    query: Any,
-    key: Any,
-    value: Any,
-    key_cache: Any,
-    value_cache: Any,
-    slot_mapping: Any,
-    block_tables: Any,
-    context_lens: Any,
-    query_start_loc: Any,
-    *,
-    H: int,
-    KVH: int,
-    D: int,
-    BS: int,
-) -> tuple[np.ndarray, ...]:
-    """The nine inputs as checked arrays (float: float32|float16; indices: int64), same order."""
-    floats = [
-        as_float_array(n, x)
-        for n, x in (
-            ("query", query),
-            ("key", key),
-            ("value", value),
-            ("key_cache", key_cache),
-            ("value_cache", value_cache),
-        )
-    ]
-    ints = [
-        as_int_array(n, x, nd)
-        for n, x, nd in (
-            ("slot_mapping", slot_mapping, 1),
-            ("block_tables", block_tables, 2),
-            ("context_lens", context_lens, 1),
-            ("query_start_loc", query_start_loc, 1),
-        )
-    ]
-    q, k, v, kc, vc = floats
-    sm, bt, cl, qsl = ints
-    _check_attention_shapes(q, k, v, kc, vc, sm, bt, cl, qsl, H, KVH, D, BS)
-    return (*floats, *ints)
+def _attention_inputs(a: SimpleNamespace, *, H: int, KVH: int, D: int, BS: int) -> SimpleNamespace:
+    """The op's inputs (:data:`PAGED_ATTENTION` order) as checked arrays: float ones
+    float32|float16, index ones int64 of the description's rank; then the shape contract."""
+    x = SimpleNamespace()
+    for t in PAGED_ATTENTION.inputs:
+        v = getattr(a, t.arg_name)
+        setattr(x, t.name, as_float_array(t.name, v) if t.rank is None else as_int_array(t.name, v, t.rank))
+    _check_attention_shapes(x, H, KVH, D, BS)
+    return x
 
 
-def _attention_attributes(
-    num_heads: Any, num_kv_heads: Any, head_size: Any, block_size: Any, sliding_window: Any, scale: Any
-) -> tuple[int, int, int, int, int, float]:
+def _attention_attributes(a: SimpleNamespace) -> tuple[int, int, int, int, int, float]:
     """``(H, KVH, D, BS, W, scale)`` after the attribute checks; scale 0.0 -> ``1/sqrt(D)``."""
-    H = positive_int("num_heads", num_heads)
-    KVH = positive_int("num_kv_heads", num_kv_heads)
-    D = positive_int("head_size", head_size)
-    BS = positive_int("block_size", block_size)
-    W = int(sliding_window)
+    H = positive_int("num_heads", a.num_heads)
+    KVH = positive_int("num_kv_heads", a.num_kv_heads)
+    D = positive_int("head_size", a.head_size)
+    BS = positive_int("block_size", a.block_size)
+    W = int(a.sliding_window)
     if W < 0:
-        raise OpError(f"attribute sliding_window={sliding_window}, expected >= 0 (0 = off)")
+        raise OpError(f"attribute sliding_window={a.sliding_window}, expected >= 0 (0 = off)")
     if H % KVH != 0:
         raise OpError(
             f"attributes num_heads={H}, num_kv_heads={KVH}: num_heads must be a multiple of num_kv_heads (GQA groups)"
         )
-    scale = float(scale)
+    scale = float(a.scale)
     return H, KVH, D, BS, W, (1.0 / math.sqrt(D) if scale == 0.0 else scale)
 
 
-def _check_attention_shapes(
-    query: np.ndarray,
-    key: np.ndarray,
-    value: np.ndarray,
-    key_cache: np.ndarray,
-    value_cache: np.ndarray,
-    slot_mapping: np.ndarray,
-    block_tables: np.ndarray,
-    context_lens: np.ndarray,
-    qsl: np.ndarray,
-    H: int,
-    KVH: int,
-    D: int,
-    BS: int,
-) -> None:
+def _check_attention_shapes(x: SimpleNamespace, H: int, KVH: int, D: int, BS: int) -> None:
     """The shape contract of :func:`paged_attention` (T, S, NB from the inputs)."""
+    query, key_cache, value_cache, block_tables = x.query, x.key_cache, x.value_cache, x.block_tables
+    qsl = x.query_start_loc
     if query.ndim != 2 or query.shape[1] != H * D:
         raise shape_error("query", query.shape, f"[T, num_heads*head_size] = [T, {H * D}]")
     T = query.shape[0]
-    for name, arr in (("key", key), ("value", value)):
+    for name, arr in (("key", x.key), ("value", x.value)):
         if arr.shape != (T, KVH * D):
             raise shape_error(name, arr.shape, f"[T, num_kv_heads*head_size] = [{T}, {KVH * D}]")
     if key_cache.ndim != 4 or key_cache.shape[0] != KVH or key_cache.shape[2:] != (BS, D):
@@ -256,11 +158,11 @@ def _check_attention_shapes(
         )
     if value_cache.shape != key_cache.shape:
         raise shape_error("value_cache", value_cache.shape, f"the key_cache shape {key_cache.shape}")
-    if slot_mapping.shape != (T,):
-        raise shape_error("slot_mapping", slot_mapping.shape, f"[T] = [{T}]")
+    if x.slot_mapping.shape != (T,):
+        raise shape_error("slot_mapping", x.slot_mapping.shape, f"[T] = [{T}]")
     S = block_tables.shape[0]
-    if context_lens.shape != (S,):
-        raise shape_error("context_lens", context_lens.shape, f"[S] = [{S}] (rows of block_tables)")
+    if x.context_lens.shape != (S,):
+        raise shape_error("context_lens", x.context_lens.shape, f"[S] = [{S}] (rows of block_tables)")
     if qsl.shape != (S + 1,):
         raise shape_error("query_start_loc", qsl.shape, f"[S+1] = [{S + 1}]")
     if S > 0 and (qsl[0] != 0 or qsl[-1] != T or np.any(np.diff(qsl) < 0)):
@@ -269,15 +171,9 @@ def _check_attention_shapes(
         raise OpError(f"block_tables has 0 sequences but the batch has T={T} tokens")
 
 
-def _write_kv(
-    key: np.ndarray,
-    value: np.ndarray,
-    key_cache: np.ndarray,
-    value_cache: np.ndarray,
-    slot_mapping: np.ndarray,
-    BS: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    """New caches equal to the inputs with token t's K/V at slot ``slot_mapping[t]``."""
+def _write_kv(x: SimpleNamespace, BS: int) -> tuple[np.ndarray, np.ndarray]:
+    """New caches equal to ``x``'s with token t's K/V at slot ``slot_mapping[t]``."""
+    key, value, key_cache, value_cache, slot_mapping = x.key, x.value, x.key_cache, x.value_cache, x.slot_mapping
     KVH, NB, _, D = key_cache.shape
     T = key.shape[0]
     key_cache_out = key_cache.copy()

@@ -1,7 +1,8 @@
-"""Triton kernels of the ``trtpipe`` custom ops, for the GPU backends (TensorRT plugins, AOT).
+"""Triton kernels of ``trtpipe::PagedAttention``, for the GPU backends (TensorRT plugins, AOT).
 
 Kernels (each with a launcher that takes torch tensors in :mod:`trtpipe.plugins.ops.paged_attention.triton_launch`,
-and an AOT entry in :data:`trtpipe.plugins.triton.aot.AOT_KERNELS`):
+and an AOT entry in :data:`trtpipe.plugins.triton.aot.AOT_KERNELS`; Int4Gemm's kernel is in
+:mod:`trtpipe.plugins.ops.int4_gemm.triton_kernels`):
 
 - :func:`write_kv_cache_kernel` -- vLLM ``reshape_and_cache``: writes this step's K/V rows into
   the paged pool at ``slot_mapping`` (the "write first" half of ``trtpipe::PagedAttention``).
@@ -14,9 +15,6 @@ and an AOT entry in :data:`trtpipe.plugins.triton.aot.AOT_KERNELS`):
   Query tiles are mapped to sequences by a binary search over ``qsl[s] // BLOCK_Q + s``
   (the vLLM Triton unified-attention scheme), so the grid ``T // BLOCK_Q + S`` needs no host
   sync.
-- :func:`int4_gemm_kernel` -- fused dequantization W4A16 GEMM/GEMV with the
-  ``com.microsoft::MatMulNBits`` packing: ``Y = A @ ((q - zp) * scale)^T``, zero points absent
-  (8), packed uint8 or float.
 
 Semantics are defined by :mod:`trtpipe.plugins.ops.paged_attention.reference` (see ``docs/contracts.md``);
 tests run these kernels under ``TRITON_INTERPRET=1`` against it and compile them to
@@ -33,7 +31,7 @@ computed in int64 (block tables and slots are int64; the kv head index is widene
 multiplies the head stride, so pools over 2**31 elements address correctly).
 
 This module imports triton at module level (it is the Triton module; import it lazily), never
-torch. It is a plugin ABI source (:data:`trtpipe.plugins.core.versions.PLUGIN_ABI_SOURCES`). Exception
+torch. It is a plugin ABI source (:data:`trtpipe.plugins.ops.abi.PLUGIN_ABI_SOURCES`). Exception
 to the 60-line rule: the two attention kernels (``paged_attention_decode_kernel``,
 ``paged_attention_prefill_kernel``) are single ``@triton.jit`` bodies (Triton inlines
 helpers anyway; splitting them would hide the tiling in call boundaries).
@@ -48,8 +46,10 @@ __all__ = [
     "write_kv_cache_kernel",
     "paged_attention_decode_kernel",
     "paged_attention_prefill_kernel",
-    "int4_gemm_kernel",
     "next_pow2",
+    "attention_tiles",
+    "decode_block_n",
+    "prefill_block_q",
 ]
 
 
@@ -280,61 +280,36 @@ def paged_attention_prefill_kernel(
     tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & dmask[None, :])
 
 
-@triton.jit
-def int4_gemm_kernel(
-    a_ptr,  # [M, K] fp16|fp32, rows stride_am apart
-    b_ptr,  # [N, K/G, G/2] uint8 == [N, K/2] bytes, MatMulNBits nibble order
-    scales_ptr,  # [N, K/G] fp16|fp32
-    zp_ptr,  # ZP_MODE 1: uint8 [N, ceil(K/G/2)]; 2: float [N, K/G]; 0: unused
-    y_ptr,  # [M, N], rows stride_ym apart
-    M,
-    N,
-    K,
-    stride_am,
-    stride_ym,
-    GROUP: tl.constexpr,  # quantization block size G along K
-    ZP_MODE: tl.constexpr,  # 0 none (8), 1 packed uint8, 2 float
-    BLOCK_M: tl.constexpr,  # >= 16
-    BLOCK_N: tl.constexpr,  # >= 16
-    BLOCK_K: tl.constexpr,  # >= 16, divides GROUP (one scale per column per K tile)
-    INPUT_PRECISION: tl.constexpr,
-):
-    """Grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)). W tile [BLOCK_K, BLOCK_N] is dequantized in
-    registers as (q - zp) * scale in fp32, cast to A's dtype, then tl.dot with fp32 accumulate."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    rk = tl.arange(0, BLOCK_K)
-    mmask = rm < M
-    nmask = rn < N
-    num_blocks = K // GROUP
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    shift = (rk % 2) * 4  # even element: low nibble
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + rk
-        a = tl.load(a_ptr + rm[:, None] * stride_am + kk[None, :], mask=mmask[:, None], other=0.0)
-        byte = tl.load(b_ptr + rn[None, :] * (K // 2) + (kk // 2)[:, None], mask=nmask[None, :], other=0)
-        q = ((byte.to(tl.int32) >> shift[:, None]) & 0xF).to(tl.float32)  # [BK, BN]
-        blk = k0 // GROUP
-        sc = tl.load(scales_ptr + rn * num_blocks + blk, mask=nmask, other=0.0).to(tl.float32)
-        if ZP_MODE == 0:
-            w = (q - 8.0) * sc[None, :]
-        elif ZP_MODE == 1:
-            zbyte = tl.load(zp_ptr + rn * ((num_blocks + 1) // 2) + blk // 2, mask=nmask, other=0)
-            z = ((zbyte.to(tl.int32) >> ((blk % 2) * 4)) & 0xF).to(tl.float32)
-            w = (q - z[None, :]) * sc[None, :]
-        else:
-            z = tl.load(zp_ptr + rn * num_blocks + blk, mask=nmask, other=0.0).to(tl.float32)
-            w = (q - z[None, :]) * sc[None, :]
-        acc += tl.dot(a, w.to(a.dtype), input_precision=INPUT_PRECISION)
-    tl.store(
-        y_ptr + rm[:, None] * stride_ym + rn[None, :],
-        acc.to(y_ptr.dtype.element_ty),
-        mask=mmask[:, None] & nmask[None, :],
-    )
-
-
 def next_pow2(x: int) -> int:
     """The smallest power of two >= ``x`` (1 for x <= 1): Triton block shapes must be powers of two."""
     return 1 << max(0, int(x) - 1).bit_length()
+
+
+# ============================================================================================
+# tiles (host side: the launchers and the TensorRT plugin kernels pick them the same way)
+# ============================================================================================
+
+
+def attention_tiles(num_heads: int, num_kv_heads: int, head_size: int, block_size: int) -> dict[str, int]:
+    """The constexprs both attention kernels share: ``NUM_KV_HEADS``, ``HEAD_SIZE``, ``BLOCK_SIZE``,
+    ``GROUP`` (query heads per kv head), ``GROUP_PAD`` and ``D_PAD`` (powers of two, ``D_PAD >= 16``)."""
+    group = num_heads // num_kv_heads
+    return dict(
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_SIZE=head_size,
+        BLOCK_SIZE=block_size,
+        GROUP=group,
+        GROUP_PAD=next_pow2(group),
+        D_PAD=max(16, next_pow2(head_size)),
+    )
+
+
+def decode_block_n(tiles: dict[str, int]) -> int:
+    """Keys per iteration of the decode kernel: ~8192 elements of the ``[GROUP_PAD, BLOCK_N, D_PAD]``
+    product per step, 16..64."""
+    return max(16, min(64, next_pow2(max(1, 8192 // (tiles["GROUP_PAD"] * tiles["D_PAD"])))))
+
+
+def prefill_block_q(tiles: dict[str, int]) -> int:
+    """Query tokens per prefill tile: 64 rows of ``BLOCK_Q x GROUP_PAD``."""
+    return max(1, 64 // tiles["GROUP_PAD"])

@@ -1,10 +1,14 @@
-"""Launchers of the Triton kernels (:mod:`trtpipe.plugins.ops.paged_attention.triton_kernels`) on torch tensors.
+"""Launchers of ``trtpipe::PagedAttention``'s Triton kernels
+(:mod:`trtpipe.plugins.ops.paged_attention.triton_kernels`) on torch tensors.
 
 Each launcher checks shapes and attributes, picks the block sizes and grid, and launches its
 kernel on the tensors' device (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``, which is how
-the tests run them against :mod:`trtpipe.plugins.ops.paged_attention.reference` without a GPU; ``bench/gpu_check.py``
-runs them on a GPU). The TensorRT plugins do not use these: they launch AOT-compiled wrapper
-kernels (:mod:`trtpipe.plugins.ops.trt_plugins`).
+the tests run them against :mod:`trtpipe.plugins.ops.paged_attention.reference` without a GPU;
+``bench/gpu_check.py`` runs them on a GPU). The attention launchers' parameter lists are the op's
+description's (:data:`~trtpipe.plugins.ops.paged_attention.spec.PAGED_ATTENTION`, bound by
+:meth:`~trtpipe.plugins.ops.spec.OpSpec.implement`; the decode and prefill launchers take the
+inputs their kernel reads). The TensorRT plugins do not use these: they launch AOT-compiled
+wrapper kernels (:mod:`trtpipe.plugins.ops.paged_attention.trt_plugin`).
 
 Imports triton at module level and torch inside the launchers; build/bench side only.
 """
@@ -12,47 +16,45 @@ Imports triton at module level and torch inside the launchers; build/bench side 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Any
 
-import triton
-
 from trtpipe.plugins.core.errors import OpError
-from trtpipe.plugins.ops.int4_gemm.pack import check_group_size
+from trtpipe.plugins.ops.numerics import dot_input_precision
+from trtpipe.plugins.ops.paged_attention.spec import PAGED_ATTENTION
 from trtpipe.plugins.ops.paged_attention.triton_kernels import (
-    int4_gemm_kernel,
+    attention_tiles,
+    decode_block_n,
     next_pow2,
     paged_attention_decode_kernel,
     paged_attention_prefill_kernel,
+    prefill_block_q,
     write_kv_cache_kernel,
 )
+from trtpipe.plugins.ops.spec import keyword
 
-__all__ = ["write_kv_cache", "paged_attention_decode", "paged_attention_prefill", "paged_attention", "int4_gemm"]
+__all__ = ["write_kv_cache", "paged_attention_decode", "paged_attention_prefill", "paged_attention"]
+
+_DECODE_INPUTS = ("query", "key_cache", "value_cache", "block_tables", "context_lens")
 
 
 def _precision(dtype: Any, input_precision: str | None) -> str:
     import torch
 
-    if input_precision is not None:
-        return input_precision
-    return "ieee" if dtype == torch.float32 else "tf32"  # fp16 ignores it
+    return input_precision or dot_input_precision("fp32" if dtype == torch.float32 else "fp16")
 
 
-def _attention_attrs(
-    num_heads: int, num_kv_heads: int, head_size: int, scale: float, block_size: int, sliding_window: int
-) -> tuple[int, float]:
-    for name, v in (
-        ("num_heads", num_heads),
-        ("num_kv_heads", num_kv_heads),
-        ("head_size", head_size),
-        ("block_size", block_size),
-    ):
-        if int(v) <= 0:
-            raise OpError(f"attribute {name}={v}, expected a positive integer")
-    if num_heads % num_kv_heads:
-        raise OpError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
-    if sliding_window < 0:
-        raise OpError(f"attribute sliding_window={sliding_window}, expected >= 0 (0 = off)")
-    return num_heads // num_kv_heads, (float(scale) or 1.0 / math.sqrt(head_size))
+def _attention_attrs(a: SimpleNamespace) -> tuple[dict[str, int], float]:
+    """``(tiles, scale)`` of the bound attributes ``a`` after their checks (scale 0 -> 1/sqrt(D))."""
+    for name in ("num_heads", "num_kv_heads", "head_size", "block_size"):
+        if int(getattr(a, name)) <= 0:
+            raise OpError(f"attribute {name}={getattr(a, name)}, expected a positive integer")
+    if a.num_heads % a.num_kv_heads:
+        raise OpError(f"num_heads={a.num_heads} is not a multiple of num_kv_heads={a.num_kv_heads}")
+    if a.sliding_window < 0:
+        raise OpError(f"attribute sliding_window={a.sliding_window}, expected >= 0 (0 = off)")
+    tiles = attention_tiles(a.num_heads, a.num_kv_heads, a.head_size, a.block_size)
+    return tiles, (float(a.scale) or 1.0 / math.sqrt(a.head_size))
 
 
 def _check_cache(key_cache: Any, value_cache: Any, block_size: int, num_kv_heads: int, head_size: int) -> int:
@@ -107,276 +109,119 @@ def write_kv_cache(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_
     )
 
 
-def paged_attention_decode(
-    query: Any,
-    key_cache: Any,
-    value_cache: Any,
-    block_tables: Any,
-    context_lens: Any,
-    *,
-    num_heads: int,
-    num_kv_heads: int,
-    head_size: int,
-    scale: float = 0.0,
-    block_size: int,
-    sliding_window: int = 0,
-    out: Any = None,
-    block_n: int | None = None,
-) -> Any:
+@PAGED_ATTENTION.implement(inputs=_DECODE_INPUTS, extra=(keyword("out", None), keyword("block_n", None)))
+def paged_attention_decode(a: SimpleNamespace) -> Any:
     """Decode attention: ``query [S, H*D]`` (token s is sequence s's newest token, position
     ``context_lens[s]-1``, its K/V already in the head-major pool ``[KVH, NB, BS, D]``) ->
-    ``out [S, H*D]`` in query's dtype."""
+    ``out [S, H*D]`` in query's dtype. ``paged_attention_decode(query, key_cache, value_cache,
+    block_tables, context_lens, *, <attributes>, out=None, block_n=None)``."""
     import torch
 
-    group, scale = _attention_attrs(num_heads, num_kv_heads, head_size, scale, block_size, sliding_window)
-    stride_cache_head = _check_cache(key_cache, value_cache, block_size, num_kv_heads, head_size)
+    tiles, scale = _attention_attrs(a)
+    query, block_tables = a.query, a.block_tables
+    stride_cache_head = _check_cache(a.key_cache, a.value_cache, a.block_size, a.num_kv_heads, a.head_size)
     S = block_tables.shape[0]
-    if query.shape != (S, num_heads * head_size) or query.stride(1) != 1:
-        raise OpError(f"query: shape {tuple(query.shape)}, expected [S, H*D] = [{S}, {num_heads * head_size}]")
-    out = torch.empty_like(query) if out is None else out
+    if query.shape != (S, a.num_heads * a.head_size) or query.stride(1) != 1:
+        raise OpError(f"query: shape {tuple(query.shape)}, expected [S, H*D] = [{S}, {a.num_heads * a.head_size}]")
+    out = torch.empty_like(query) if a.out is None else a.out
     if S == 0:
         return out
-    gp, dp = next_pow2(group), max(16, next_pow2(head_size))
-    bn = block_n or max(16, min(64, next_pow2(max(1, 8192 // (gp * dp)))))
-    paged_attention_decode_kernel[(S, num_kv_heads)](
+    paged_attention_decode_kernel[(S, a.num_kv_heads)](
         out,
         query,
-        key_cache,
-        value_cache,
+        a.key_cache,
+        a.value_cache,
         block_tables,
-        context_lens,
+        a.context_lens,
         scale,
-        int(sliding_window),
+        int(a.sliding_window),
         query.stride(0),
         out.stride(0),
         block_tables.stride(0),
         stride_cache_head,
-        NUM_KV_HEADS=num_kv_heads,
-        HEAD_SIZE=head_size,
-        BLOCK_SIZE=block_size,
-        GROUP=group,
-        GROUP_PAD=gp,
-        D_PAD=dp,
-        BLOCK_N=bn,
+        **tiles,
+        BLOCK_N=a.block_n or decode_block_n(tiles),
     )
     return out
 
 
-def _prefill_tiles(group: int, head_size: int, block_q: int | None, block_n: int) -> tuple[int, int, int]:
-    """``(GROUP_PAD, D_PAD, BLOCK_Q)`` of the prefill kernel; ``block_q`` None: 64 rows per tile.
-    Raises :class:`OpError` unless BLOCK_Q x GROUP_PAD >= 16 (``tl.dot``), block_n >= 16, both powers of two."""
-    gp, dp = next_pow2(group), max(16, next_pow2(head_size))
-    bq = block_q or max(1, 64 // gp)
+def _prefill_block_q(tiles: dict[str, int], block_q: int | None, block_n: int) -> int:
+    """``BLOCK_Q`` of the prefill kernel; ``block_q`` None: 64 rows per tile. Raises
+    :class:`OpError` unless BLOCK_Q x GROUP_PAD >= 16 (``tl.dot``), block_n >= 16, both powers of two."""
+    gp = tiles["GROUP_PAD"]
+    bq = block_q or prefill_block_q(tiles)
     if bq * gp < 16 or block_n < 16 or bq & (bq - 1) or block_n & (block_n - 1):
         raise OpError(f"block_q={bq} x group {gp} must give >= 16 rows; block_n={block_n} >= 16; powers of two")
-    return gp, dp, bq
+    return bq
 
 
-def paged_attention_prefill(
-    query: Any,
-    key_cache: Any,
-    value_cache: Any,
-    block_tables: Any,
-    context_lens: Any,
-    query_start_loc: Any,
-    *,
-    num_heads: int,
-    num_kv_heads: int,
-    head_size: int,
-    scale: float = 0.0,
-    block_size: int,
-    sliding_window: int = 0,
-    out: Any = None,
-    block_q: int | None = None,
-    block_n: int = 32,
-    input_precision: str | None = None,
-) -> Any:
+@PAGED_ATTENTION.implement(
+    inputs=(*_DECODE_INPUTS, "query_start_loc"),
+    extra=(keyword("out", None), keyword("block_q", None), keyword("block_n", 32), keyword("input_precision", None)),
+)
+def paged_attention_prefill(a: SimpleNamespace) -> Any:
     """Prefill attention over packed ragged chunks (``query [T, H*D]``, ``query_start_loc
     [S+1]``), this step's K/V already in the head-major pool ``[KVH, NB, BS, D]``. ``out [T, H*D]``
-    in query's dtype."""
+    in query's dtype. ``paged_attention_prefill(query, key_cache, value_cache, block_tables,
+    context_lens, query_start_loc, *, <attributes>, out=None, block_q=None, block_n=32,
+    input_precision=None)``."""
     import torch
 
-    group, scale = _attention_attrs(num_heads, num_kv_heads, head_size, scale, block_size, sliding_window)
-    stride_cache_head = _check_cache(key_cache, value_cache, block_size, num_kv_heads, head_size)
+    tiles, scale = _attention_attrs(a)
+    query, block_tables, qsl = a.query, a.block_tables, a.query_start_loc
+    stride_cache_head = _check_cache(a.key_cache, a.value_cache, a.block_size, a.num_kv_heads, a.head_size)
     T, S = query.shape[0], block_tables.shape[0]
-    if query.shape != (T, num_heads * head_size) or query.stride(1) != 1:
-        raise OpError(f"query: shape {tuple(query.shape)}, expected [T, H*D] = [T, {num_heads * head_size}]")
-    if query_start_loc.shape != (S + 1,):
-        raise OpError(f"query_start_loc: shape {tuple(query_start_loc.shape)}, expected [S+1] = [{S + 1}]")
-    out = torch.empty_like(query) if out is None else out
+    if query.shape != (T, a.num_heads * a.head_size) or query.stride(1) != 1:
+        raise OpError(f"query: shape {tuple(query.shape)}, expected [T, H*D] = [T, {a.num_heads * a.head_size}]")
+    if qsl.shape != (S + 1,):
+        raise OpError(f"query_start_loc: shape {tuple(qsl.shape)}, expected [S+1] = [{S + 1}]")
+    out = torch.empty_like(query) if a.out is None else a.out
     if T == 0 or S == 0:
         return out
-    gp, dp, bq = _prefill_tiles(group, head_size, block_q, block_n)
-    grid = (T // bq + S, num_kv_heads)
-    paged_attention_prefill_kernel[grid](
+    bq = _prefill_block_q(tiles, a.block_q, a.block_n)
+    paged_attention_prefill_kernel[(T // bq + S, a.num_kv_heads)](
         out,
         query,
-        key_cache,
-        value_cache,
+        a.key_cache,
+        a.value_cache,
         block_tables,
-        context_lens,
-        query_start_loc,
+        a.context_lens,
+        qsl,
         S,
         scale,
-        int(sliding_window),
+        int(a.sliding_window),
         query.stride(0),
         out.stride(0),
         block_tables.stride(0),
         stride_cache_head,
-        NUM_KV_HEADS=num_kv_heads,
-        HEAD_SIZE=head_size,
-        BLOCK_SIZE=block_size,
-        GROUP=group,
-        GROUP_PAD=gp,
-        D_PAD=dp,
+        **tiles,
         BLOCK_Q=bq,
-        BLOCK_N=block_n,
-        INPUT_PRECISION=_precision(query.dtype, input_precision),
+        BLOCK_N=a.block_n,
+        INPUT_PRECISION=_precision(query.dtype, a.input_precision),
     )
     return out
 
 
-def paged_attention(
-    query: Any,
-    key: Any,
-    value: Any,
-    key_cache: Any,
-    value_cache: Any,
-    slot_mapping: Any,
-    block_tables: Any,
-    context_lens: Any,
-    query_start_loc: Any,
-    *,
-    num_heads: int,
-    num_kv_heads: int,
-    head_size: int,
-    scale: float = 0.0,
-    block_size: int,
-    sliding_window: int = 0,
-    max_query_len: int | None = None,
-) -> tuple[Any, Any, Any]:
+@PAGED_ATTENTION.implement(extra=(keyword("max_query_len", None),))
+def paged_attention(a: SimpleNamespace) -> tuple[Any, Any, Any]:
     """``trtpipe::PagedAttention`` on torch tensors (caches head-major ``[KVH, NB, BS, D]``,
-    contiguous): write K/V in place, then attention.
+    contiguous): write K/V in place, then attention. The op's parameter list, plus
+    ``max_query_len=None``.
 
     Returns ``(output, key_cache, value_cache)`` with the caches being the (updated) inputs,
     the in-place aliasing backends use. ``max_query_len == 1`` (decode batch: one token per
     sequence, ``T == S``) selects the decode kernel; None reads it from query_start_loc (a host
     sync).
     """
-    write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
-    S = block_tables.shape[0]
+    write_kv_cache(a.key, a.value, a.key_cache, a.value_cache, a.slot_mapping)
+    S = a.block_tables.shape[0]
+    max_query_len = a.max_query_len
     if max_query_len is None:
-        max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max().item()) if S else 0
-    if max_query_len == 1 and query.shape[0] == S:
-        out = paged_attention_decode(
-            query,
-            key_cache,
-            value_cache,
-            block_tables,
-            context_lens,
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            head_size=head_size,
-            scale=scale,
-            block_size=block_size,
-            sliding_window=sliding_window,
-        )
+        qsl = a.query_start_loc
+        max_query_len = int((qsl[1:] - qsl[:-1]).max().item()) if S else 0
+    attrs = {x.name: getattr(a, x.name) for x in PAGED_ATTENTION.arguments}
+    if max_query_len == 1 and a.query.shape[0] == S:
+        out = paged_attention_decode(*(getattr(a, n) for n in _DECODE_INPUTS), **attrs)
     else:
-        out = paged_attention_prefill(
-            query,
-            key_cache,
-            value_cache,
-            block_tables,
-            context_lens,
-            query_start_loc,
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            head_size=head_size,
-            scale=scale,
-            block_size=block_size,
-            sliding_window=sliding_window,
-        )
-    return out, key_cache, value_cache
-
-
-def _zero_point_mode(zero_points: Any, scales: Any, N: int, nb: int) -> tuple[int, Any]:
-    """``(ZP_MODE, zero-point tensor)`` of the Int4Gemm kernel: 0 (none: 8; scales stand in for the
-    unused pointer), 1 (packed uint8 ``[N, ceil(nb/2)]``), 2 (float ``[N, nb]``). Raises
-    :class:`OpError` on a shape mismatch."""
-    import torch
-
-    if zero_points is None:
-        return 0, scales
-    if zero_points.dtype == torch.uint8:
-        if tuple(zero_points.shape) != (N, (nb + 1) // 2):
-            raise OpError(f"zero_points: shape {tuple(zero_points.shape)}, expected uint8 [{N}, {(nb + 1) // 2}]")
-        return 1, zero_points.contiguous()
-    if tuple(zero_points.shape) != (N, nb):
-        raise OpError(f"zero_points: shape {tuple(zero_points.shape)}, expected float [{N}, {nb}]")
-    return 2, zero_points.contiguous()
-
-
-def int4_gemm(
-    a: Any,
-    b_packed: Any,
-    scales: Any,
-    zero_points: Any = None,
-    *,
-    K: int,
-    N: int,
-    group_size: int,
-    bits: int = 4,
-    block_m: int = 16,
-    block_n: int = 32,
-    block_k: int | None = None,
-    input_precision: str | None = None,
-) -> Any:
-    """``trtpipe::Int4Gemm`` on torch tensors: ``a [..., K]`` -> ``y [..., N]`` in a's dtype.
-
-    ``b_packed [N, K/G, G/2]`` uint8, ``scales [N, K/G]``, ``zero_points`` None | uint8
-    ``[N, ceil(K/G/2)]`` | float ``[N, K/G]`` (see :func:`trtpipe.plugins.ops.paged_attention.reference.int4_gemm`).
-    """
-    import torch
-
-    if bits != 4:
-        raise OpError(f"attribute bits={bits}: Int4Gemm supports bits=4 only")
-    check_group_size(K, group_size)
-    G, nb = int(group_size), K // int(group_size)
-    if a.shape[-1] != K:
-        raise OpError(f"A: shape {tuple(a.shape)}, expected [..., K] with K={K}")
-    if tuple(b_packed.shape) != (N, nb, G // 2) or b_packed.dtype != torch.uint8 or not b_packed.is_contiguous():
-        raise OpError(
-            f"b_packed: {tuple(b_packed.shape)} {b_packed.dtype}, expected contiguous uint8 [{N}, {nb}, {G // 2}]"
-        )
-    if tuple(scales.shape) != (N, nb) or not scales.is_contiguous():
-        raise OpError(f"scales: shape {tuple(scales.shape)}, expected contiguous [{N}, {nb}]")
-    zp_mode, zp = _zero_point_mode(zero_points, scales, N, nb)
-    bk = block_k or min(G, 64)
-    if G % bk or bk < 16:
-        raise OpError(f"block_k={bk} must be >= 16 and divide group_size={G}")
-    a2 = a.reshape(-1, K)
-    if a2.stride(1) != 1:
-        a2 = a2.contiguous()
-    M = a2.shape[0]
-    y = torch.empty((M, N), dtype=a.dtype, device=a.device)
-    if M:
-        grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
-        int4_gemm_kernel[grid](
-            a2,
-            b_packed,
-            scales,
-            zp,
-            y,
-            M,
-            N,
-            K,
-            a2.stride(0),
-            y.stride(0),
-            GROUP=G,
-            ZP_MODE=zp_mode,
-            BLOCK_M=block_m,
-            BLOCK_N=block_n,
-            BLOCK_K=bk,
-            INPUT_PRECISION=_precision(a.dtype, input_precision),
-        )
-    return y.reshape(*a.shape[:-1], N)
+        out = paged_attention_prefill(*(getattr(a, n) for n in _DECODE_INPUTS), a.query_start_loc, **attrs)
+    return out, a.key_cache, a.value_cache
