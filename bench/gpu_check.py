@@ -2,8 +2,8 @@
 bandwidth against the HBM limit (run through bench/gpu_check.sh; budget: < 8 minutes on an H200).
 
 1. Correctness (fp16 and fp32, small shapes, with and without a sliding window, GQA): the
-   launchers of plugins/ops/paged_attention/triton_launch.py and the TensorRT plugin wrapper kernels of
-   plugins/ops/trt_plugins.py, each against plugins/ops/paged_attention/reference.py.
+   launchers of plugins/ops/<op>/triton_launch.py and the TensorRT plugin wrapper kernels of
+   plugins/ops/<op>/trt_kernels.py, each against plugins/ops/<op>/reference.py.
 2. Bandwidth (fp16):
    - paged decode attention, batch 1/8/32 x context 512/4096, window off and 1024: bytes = the
      K/V rows each sequence reads (min(context, window) tokens) + queries + outputs;
@@ -174,6 +174,8 @@ def _plugin_paged_attention(torch, targs: list, kw: dict, dn: str, *, decode: bo
 def check_correctness(torch, device: str = "cuda") -> list[tuple[str, float, float, bool]]:
     from trtpipe.plugins.ops import trt_plugins as TP
     from trtpipe.plugins.ops.int4_gemm import pack as P
+    from trtpipe.plugins.ops.int4_gemm import reference as R4
+    from trtpipe.plugins.ops.int4_gemm import triton_launch as TK4
     from trtpipe.plugins.ops.paged_attention import reference as R
     from trtpipe.plugins.ops.paged_attention import triton_launch as TK
 
@@ -204,11 +206,11 @@ def check_correctness(torch, device: str = "cuda") -> list[tuple[str, float, flo
         K, N, G = 512, 384, 32
         w = rng.standard_normal((N, K)).astype(np.float32)
         packed, scales, zp = P.quantize_rtn(w, G, symmetric=False)
-        zf = R.unpack_zero_points_uint8(zp, N, K // G).astype(dtype)
+        zf = P.unpack_zero_points_uint8(zp, N, K // G).astype(dtype)
         for M in (1, 4, 33):
             a = rng.standard_normal((M, K)).astype(dtype)
-            ref = R.int4_gemm(a, packed, scales.astype(dtype), zf, K=K, N=N, group_size=G).astype(np.float32)
-            y = TK.int4_gemm(g(a), g(packed), g(scales.astype(dtype)), g(zf), K=K, N=N, group_size=G)
+            ref = R4.int4_gemm(a, packed, scales.astype(dtype), zf, K=K, N=N, group_size=G).astype(np.float32)
+            y = TK4.int4_gemm(g(a), g(packed), g(scales.astype(dtype)), g(zf), K=K, N=N, group_size=G)
             err = float(np.abs(y.float().cpu().numpy() - ref).max() / max(1.0, np.abs(ref).max()))
             rows.append((f"triton int4_gemm M={M} {dn} (rel)", err, tol, err <= tol))
             for tactic in sorted(TP.INT4_TACTICS):
@@ -266,7 +268,7 @@ def bench_decode_attention(
 
 
 def bench_int4(torch, shapes, iters, *, device="cuda") -> list[tuple]:
-    from trtpipe.plugins.ops.paged_attention import triton_launch as TK
+    from trtpipe.plugins.ops.int4_gemm import triton_launch as TK
 
     dev = torch.device(device)
     rows = []

@@ -85,6 +85,12 @@ _REFERENCE_SOURCES = (
     "pipeline/tokenizer_gguf/fields.py",
     "plugins/ops/int4_gemm/layout.py",
     "plugins/ops/int4_gemm/reference.py",
+    # the torch ops' eager bodies and the descriptions that bind their arguments (plugins/ by op)
+    "plugins/ops/paged_attention/torch_op.py",
+    "plugins/ops/int4_gemm/torch_op.py",
+    "plugins/ops/spec.py",
+    "plugins/ops/paged_attention/spec.py",
+    "plugins/ops/int4_gemm/spec.py",
 )
 
 

@@ -4,18 +4,10 @@ that hands each node to its op's lowering.
 For TensorRT < 10.7 (JetPack 6) and the TensorRT-RTX smoke build, which have no Python AOT
 plugins. ``PagedAttention`` is the standard-op attention shared with the ONNX Runtime lowering
 (:mod:`trtpipe.plugins.ops.paged_attention.lower_onnx`: ``ScatterND`` write, ``Gather`` by block table,
-causal + window masks); ``Int4Gemm`` is blockwise INT4 ``DequantizeLinear`` + ``MatMul``
-(:mod:`trtpipe.plugins.ops.int4_gemm.lower_trt_plugin_free`)::
-
-    W_int4 [K, N] ──DequantizeLinear(axis=0, block_size=G)──► W [K, N] ──► MatMul(A, W) ──► Y
-    scale  [K/G, N] ┘
-
-TensorRT's INT4 dequantization is symmetric only (zero point 0 after the -8 shift), so
-asymmetric weights (per-block zero points != 8, e.g. GGUF Q4_1) raise :class:`OpError`, or,
-when asked (``asymmetric_int4``), are re-quantized to symmetric blocks of the same group size
-(least-squares scale per block) or stored dequantized as float weights of a plain ``MatMul``.
-``Int4Gemm`` with ``bits=8`` (an 8-bit LM head) becomes a float ``MatMul`` (also in the plugin
-lowering: no 8-bit block kernel or TensorRT block format).
+causal + window masks); ``Int4Gemm`` is blockwise INT4 ``DequantizeLinear`` + ``MatMul``,
+symmetric only, with the asymmetric-weight choices of ``asymmetric_int4``
+(:mod:`trtpipe.plugins.ops.int4_gemm.lower_trt_plugin_free`); ``bits=8`` (an 8-bit LM head)
+becomes a float ``MatMul`` (also in the plugin lowering).
 
 Cost of going plugin-free: TensorRT's ``ScatterND`` writes a new output tensor, so each step
 copies every layer's pool (the plugin writes in place); attention reads ``MB * block_size``

@@ -26,7 +26,7 @@ from trtpipe.plugins.ops.int4_gemm import pack as P  # noqa: E402
 from trtpipe.plugins.ops.int4_gemm import reference as I4  # noqa: E402
 from trtpipe.plugins.ops.int4_gemm import triton_launch as TL4  # noqa: E402
 from trtpipe.plugins.ops.paged_attention import reference as PA  # noqa: E402
-from trtpipe.plugins.ops.paged_attention import triton_kernels as TK  # noqa: E402
+from trtpipe.plugins.ops.paged_attention import tiles  # noqa: E402
 from trtpipe.plugins.ops.paged_attention import triton_launch as TL  # noqa: E402
 from trtpipe.plugins.triton import aot as TA  # noqa: E402
 
@@ -154,7 +154,7 @@ def interp_prefill_ragged_matches_reference(W, dtype):
 def interp_prefill_tilings_mha_and_group8(block_q, block_n):
     rng = np.random.default_rng(block_q)
     for H, KVH in ((2, 2), (8, 1)):
-        if block_q * TK.next_pow2(H // KVH) < 16:
+        if block_q * tiles.next_pow2(H // KVH) < 16:
             continue
         args, kw = _batch(rng, H=H, KVH=KVH, D=16, BS=8, NB=16, MB=4, chunks=[(0, 19), (13, 5), (2, 3)], W=4)
         ref, _, _ = PA.paged_attention(*args, **kw)

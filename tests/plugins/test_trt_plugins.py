@@ -283,6 +283,19 @@ def test_registered_plugins_and_attributes(registered):
     assert reg["trtpipe::PagedAttention"].input_attrs["scale"] is float
 
 
+def test_registry_holds_the_descriptions(registered):
+    """What tensorrt.plugin parsed from the built signatures is each plugin's description."""
+    from trtpipe.plugins.ops.abi import PLUGINS
+
+    trt, trtp, descs = registered
+    reg = _registry(trtp)
+    for name, plugin in PLUGINS.items():
+        d = reg[f"trtpipe::{name}"]
+        assert list(d.input_tensor_names) == list(plugin.inputs), name
+        assert dict(d.input_attrs) == {a.name: a.py_type for a in plugin.attributes}, name
+        assert d.num_outputs == len(plugin.outputs), name
+
+
 def _desc(trt, trtp, shape, dtype):
     return trtp.TensorDesc(trtp.ShapeExprs.from_tuple(shape), dtype)
 

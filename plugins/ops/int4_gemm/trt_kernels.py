@@ -1,8 +1,8 @@
 """Plugin-side kernel of ``trtpipe::Int4Gemm``'s TensorRT plugin
 (:mod:`trtpipe.plugins.ops.int4_gemm.trt_plugin`): the wrapper ``@triton.jit`` kernel in
 TensorRT's argument order (float zero points: ZP_MODE 2) and its configuration per node
-attributes, dtype and tactic (:data:`INT4_TACTICS`). The kernel ABI and the AOT compilation are
-:mod:`trtpipe.plugins.ops.trt_kernels`'.
+attributes, dtype and tactic (:data:`INT4_TACTICS`). The kernel ABI is
+:mod:`trtpipe.plugins.ops.trt_kernel_abi`'s, the AOT compilation :mod:`trtpipe.plugins.ops.trt_kernels`'.
 
 This module imports triton at module level (import it lazily, build side only). It is a plugin
 ABI source (:data:`trtpipe.plugins.ops.abi.PLUGIN_ABI_SOURCES`).
@@ -15,23 +15,27 @@ import triton
 import triton.language as tl
 
 from trtpipe.plugins.core.errors import OpError
+from trtpipe.plugins.ops.int4_gemm.spec import INT4_GEMM
 from trtpipe.plugins.ops.int4_gemm.triton_kernels import int4_gemm_kernel
 from trtpipe.plugins.ops.numerics import dot_input_precision
+from trtpipe.plugins.ops.trt_kernel_abi import wrapper_signature
 
-__all__ = ["INT4_TACTICS", "int4_gemm_config"]
+__all__ = ["INT4_TACTICS", "int4_gemm_config", "EXTRAS"]
 
 # Int4Gemm tactics: (BLOCK_M, BLOCK_N, BLOCK_K cap, num_warps). 1-2 are GEMV-shaped (decode, M <= 16).
 INT4_TACTICS = {1: (16, 32, 64, 4), 2: (16, 64, 64, 4), 3: (64, 64, 32, 4), 4: (128, 64, 32, 8)}
+PLUGIN = INT4_GEMM.plugin("Int4Gemm")
+EXTRAS = ("M",)  # the wrapper's extra scalar: rows of A (product of its leading dims)
 
 
 @triton.jit
 def int4_gemm_plugin_kernel(
     a_ptr,
-    b_ptr,
+    b_packed_ptr,
     scales_ptr,
-    zp_ptr,  # inputs (float zero points)
+    zero_points_ptr,  # inputs (float zero points)
     M,  # extra: rows of A (product of its leading dims)
-    y_ptr,  # output
+    Y_ptr,  # output
     N: tl.constexpr,
     K: tl.constexpr,
     GROUP: tl.constexpr,
@@ -42,7 +46,22 @@ def int4_gemm_plugin_kernel(
 ):
     """Grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)); A [M, K] and Y [M, N] contiguous."""
     int4_gemm_kernel(
-        a_ptr, b_ptr, scales_ptr, zp_ptr, y_ptr, M, N, K, K, N, GROUP, 2, BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION
+        a_ptr,
+        b_packed_ptr,
+        scales_ptr,
+        zero_points_ptr,
+        Y_ptr,
+        M,
+        N,
+        K,
+        K,
+        N,
+        GROUP,
+        2,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+        INPUT_PRECISION,
     )
 
 
@@ -64,13 +83,4 @@ def int4_gemm_config(attrs: dict[str, Any], dtype: str, f: str, tactic: int) -> 
         "BLOCK_K": min(G, bk),
         "INPUT_PRECISION": dot_input_precision(dtype),
     }
-    sig = {
-        "a_ptr": f,
-        "b_ptr": "*u8",
-        "scales_ptr": f,
-        "zp_ptr": f,
-        "M": "i32",
-        "y_ptr": f,
-        **{k: "constexpr" for k in c},
-    }
-    return int4_gemm_plugin_kernel, sig, c, warps
+    return int4_gemm_plugin_kernel, wrapper_signature(INT4_GEMM, PLUGIN, f, EXTRAS, c), c, warps

@@ -16,6 +16,9 @@ and an AOT entry in :data:`trtpipe.plugins.triton.aot.AOT_KERNELS`; Int4Gemm's k
   (the vLLM Triton unified-attention scheme), so the grid ``T // BLOCK_Q + S`` needs no host
   sync.
 
+Their tiles (constexprs, block sizes) are chosen on the host by
+:mod:`trtpipe.plugins.ops.paged_attention.tiles`, for the launchers and the TensorRT plugin kernels alike.
+
 Semantics are defined by :mod:`trtpipe.plugins.ops.paged_attention.reference` (see ``docs/contracts.md``);
 tests run these kernels under ``TRITON_INTERPRET=1`` against it and compile them to
 cubin/PTX for sm_80 / sm_87 / sm_90 without a GPU (:func:`trtpipe.plugins.triton.aot.aot_compile`).
@@ -42,15 +45,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = [
-    "write_kv_cache_kernel",
-    "paged_attention_decode_kernel",
-    "paged_attention_prefill_kernel",
-    "next_pow2",
-    "attention_tiles",
-    "decode_block_n",
-    "prefill_block_q",
-]
+__all__ = ["write_kv_cache_kernel", "paged_attention_decode_kernel", "paged_attention_prefill_kernel"]
 
 
 # ============================================================================================
@@ -278,38 +273,3 @@ def paged_attention_prefill_kernel(
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     o_off = t[:, None] * stride_out + h[:, None] * HEAD_SIZE + d[None, :]
     tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & dmask[None, :])
-
-
-def next_pow2(x: int) -> int:
-    """The smallest power of two >= ``x`` (1 for x <= 1): Triton block shapes must be powers of two."""
-    return 1 << max(0, int(x) - 1).bit_length()
-
-
-# ============================================================================================
-# tiles (host side: the launchers and the TensorRT plugin kernels pick them the same way)
-# ============================================================================================
-
-
-def attention_tiles(num_heads: int, num_kv_heads: int, head_size: int, block_size: int) -> dict[str, int]:
-    """The constexprs both attention kernels share: ``NUM_KV_HEADS``, ``HEAD_SIZE``, ``BLOCK_SIZE``,
-    ``GROUP`` (query heads per kv head), ``GROUP_PAD`` and ``D_PAD`` (powers of two, ``D_PAD >= 16``)."""
-    group = num_heads // num_kv_heads
-    return dict(
-        NUM_KV_HEADS=num_kv_heads,
-        HEAD_SIZE=head_size,
-        BLOCK_SIZE=block_size,
-        GROUP=group,
-        GROUP_PAD=next_pow2(group),
-        D_PAD=max(16, next_pow2(head_size)),
-    )
-
-
-def decode_block_n(tiles: dict[str, int]) -> int:
-    """Keys per iteration of the decode kernel: ~8192 elements of the ``[GROUP_PAD, BLOCK_N, D_PAD]``
-    product per step, 16..64."""
-    return max(16, min(64, next_pow2(max(1, 8192 // (tiles["GROUP_PAD"] * tiles["D_PAD"])))))
-
-
-def prefill_block_q(tiles: dict[str, int]) -> int:
-    """Query tokens per prefill tile: 64 rows of ``BLOCK_Q x GROUP_PAD``."""
-    return max(1, 64 // tiles["GROUP_PAD"])

@@ -22,13 +22,10 @@ from typing import Any
 from trtpipe.plugins.core.errors import OpError
 from trtpipe.plugins.ops.numerics import dot_input_precision
 from trtpipe.plugins.ops.paged_attention.spec import PAGED_ATTENTION
+from trtpipe.plugins.ops.paged_attention.tiles import attention_tiles, decode_block_n, next_pow2, prefill_block_q
 from trtpipe.plugins.ops.paged_attention.triton_kernels import (
-    attention_tiles,
-    decode_block_n,
-    next_pow2,
     paged_attention_decode_kernel,
     paged_attention_prefill_kernel,
-    prefill_block_q,
     write_kv_cache_kernel,
 )
 from trtpipe.plugins.ops.spec import keyword
@@ -72,6 +69,14 @@ def _check_cache(key_cache: Any, value_cache: Any, block_size: int, num_kv_heads
             f"value_cache: shape {tuple(value_cache.shape)}, expected the key_cache shape {tuple(key_cache.shape)}"
         )
     return int(key_cache.stride(0))
+
+
+def _pool_and_strides(a: SimpleNamespace, out: Any, stride_cache_head: int) -> tuple[tuple, tuple]:
+    """The arguments both attention kernels take after ``(out, query)``: the pool and its index
+    tensors ``(key_cache, value_cache, block_tables, context_lens)``, and the strides
+    ``(stride_q, stride_out, stride_bt, stride_cache_head)``."""
+    pool = (a.key_cache, a.value_cache, a.block_tables, a.context_lens)
+    return pool, (a.query.stride(0), out.stride(0), a.block_tables.stride(0), stride_cache_head)
 
 
 def write_kv_cache(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any) -> None:
@@ -126,21 +131,9 @@ def paged_attention_decode(a: SimpleNamespace) -> Any:
     out = torch.empty_like(query) if a.out is None else a.out
     if S == 0:
         return out
+    pool, strides = _pool_and_strides(a, out, stride_cache_head)
     paged_attention_decode_kernel[(S, a.num_kv_heads)](
-        out,
-        query,
-        a.key_cache,
-        a.value_cache,
-        block_tables,
-        a.context_lens,
-        scale,
-        int(a.sliding_window),
-        query.stride(0),
-        out.stride(0),
-        block_tables.stride(0),
-        stride_cache_head,
-        **tiles,
-        BLOCK_N=a.block_n or decode_block_n(tiles),
+        out, query, *pool, scale, int(a.sliding_window), *strides, **tiles, BLOCK_N=a.block_n or decode_block_n(tiles)
     )
     return out
 
@@ -179,21 +172,16 @@ def paged_attention_prefill(a: SimpleNamespace) -> Any:
     if T == 0 or S == 0:
         return out
     bq = _prefill_block_q(tiles, a.block_q, a.block_n)
+    pool, strides = _pool_and_strides(a, out, stride_cache_head)
     paged_attention_prefill_kernel[(T // bq + S, a.num_kv_heads)](
         out,
         query,
-        a.key_cache,
-        a.value_cache,
-        block_tables,
-        a.context_lens,
+        *pool,
         qsl,
         S,
         scale,
         int(a.sliding_window),
-        query.stride(0),
-        out.stride(0),
-        block_tables.stride(0),
-        stride_cache_head,
+        *strides,
         **tiles,
         BLOCK_Q=bq,
         BLOCK_N=a.block_n,

@@ -1,8 +1,8 @@
 """Plugin-side kernels of ``trtpipe::PagedAttention``'s TensorRT plugins (PagedKVWrite,
 PagedAttention; :mod:`trtpipe.plugins.ops.paged_attention.trt_plugin`): the wrapper ``@triton.jit``
-kernels in TensorRT's argument order and their configurations per node attributes, dtype and
-tactic. The kernel ABI (inputs, extra scalars, outputs; NB as an extra scalar) and the AOT
-compilation are :mod:`trtpipe.plugins.ops.trt_kernels`'.
+kernels in TensorRT's argument order (:mod:`trtpipe.plugins.ops.trt_kernel_abi`: inputs, extra
+scalars, outputs; NB as an extra scalar) and their configurations per node attributes, dtype and
+tactic. The AOT compilation is :mod:`trtpipe.plugins.ops.trt_kernels`'.
 
 This module imports triton at module level (import it lazily, build side only). It is a plugin
 ABI source (:data:`trtpipe.plugins.ops.abi.PLUGIN_ABI_SOURCES`).
@@ -16,20 +16,31 @@ import triton.language as tl
 
 from trtpipe.plugins.core.errors import OpError
 from trtpipe.plugins.ops.numerics import dot_input_precision
+from trtpipe.plugins.ops.paged_attention.spec import PAGED_ATTENTION
+from trtpipe.plugins.ops.paged_attention.tiles import attention_tiles, decode_block_n, next_pow2, prefill_block_q
 from trtpipe.plugins.ops.paged_attention.triton_kernels import (
-    attention_tiles,
-    decode_block_n,
-    next_pow2,
     paged_attention_decode_kernel,
     paged_attention_prefill_kernel,
-    prefill_block_q,
     write_kv_cache_kernel,
 )
+from trtpipe.plugins.ops.trt_kernel_abi import wrapper_signature
 
-__all__ = ["PREFILL_TACTICS", "kv_write_config", "attention_config"]
+__all__ = [
+    "PREFILL_TACTICS",
+    "kv_write_config",
+    "attention_config",
+    "KV_WRITE_EXTRAS",
+    "DECODE_EXTRAS",
+    "PREFILL_EXTRAS",
+]
 
 # PagedAttention prefill tactics: BLOCK_N (keys per iteration)
 PREFILL_TACTICS = {1: 32, 2: 64}
+KV_WRITE, ATTENTION = PAGED_ATTENTION.plugin("PagedKVWrite"), PAGED_ATTENTION.plugin("PagedAttention")
+# each wrapper's extra scalars (TensorRT passes them between inputs and outputs)
+KV_WRITE_EXTRAS = ("num_blocks",)  # NB, key_cache [KVH, NB, BS, D] axis 1
+DECODE_EXTRAS = ("max_blocks", "num_blocks")  # MB (block-table row stride), NB
+PREFILL_EXTRAS = ("num_seqs", "max_blocks", "num_blocks")  # S, MB, NB
 
 
 # ============================================================================================
@@ -79,7 +90,7 @@ def attention_decode_plugin_kernel(
     query_start_loc_ptr,  # inputs
     max_blocks,  # extras: MB (block-table row stride),
     num_blocks,  # NB (key_cache [KVH, NB, BS, D] axis 1)
-    out_ptr,  # output
+    output_ptr,  # output
     SCALE: tl.constexpr,
     WINDOW: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
@@ -96,7 +107,7 @@ def attention_decode_plugin_kernel(
     scale = tl.full((), SCALE, tl.float32)
     stride_cache_head = num_blocks.to(tl.int64) * (BLOCK_SIZE * HEAD_SIZE)
     paged_attention_decode_kernel(
-        out_ptr,
+        output_ptr,
         query_ptr,
         key_cache_ptr,
         value_cache_ptr,
@@ -129,7 +140,7 @@ def attention_prefill_plugin_kernel(
     num_seqs,
     max_blocks,
     num_blocks,  # extras: S, MB, NB (key_cache [KVH, NB, BS, D] axis 1)
-    out_ptr,  # output
+    output_ptr,  # output
     SCALE: tl.constexpr,
     WINDOW: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
@@ -148,7 +159,7 @@ def attention_prefill_plugin_kernel(
     scale = tl.full((), SCALE, tl.float32)
     stride_cache_head = num_blocks.to(tl.int64) * (BLOCK_SIZE * HEAD_SIZE)
     paged_attention_prefill_kernel(
-        out_ptr,
+        output_ptr,
         query_ptr,
         key_cache_ptr,
         value_cache_ptr,
@@ -199,17 +210,7 @@ def kv_write_config(attrs: dict[str, Any], f: str) -> tuple[Any, dict, dict, int
     head_size = int(attrs["head_size"])
     kvh_d = int(attrs["num_kv_heads"]) * head_size
     c = {"KVH_D": kvh_d, "HEAD_SIZE": head_size, "BLOCK_SIZE": int(attrs["block_size"]), "BLOCK": next_pow2(kvh_d)}
-    sig = {
-        "key_ptr": f,
-        "value_ptr": f,
-        "key_cache_ptr": f,
-        "value_cache_ptr": f,
-        "slot_mapping_ptr": "*i64",
-        "num_blocks": "i32",
-        "key_cache_out_ptr": f,
-        "value_cache_out_ptr": f,
-        **{k: "constexpr" for k in c},
-    }
+    sig = wrapper_signature(PAGED_ATTENTION, KV_WRITE, f, KV_WRITE_EXTRAS, c)
     return kv_write_plugin_kernel, sig, c, 4
 
 
@@ -224,21 +225,11 @@ def attention_config(attrs: dict[str, Any], dtype: str, f: str, tactic: int) -> 
         int(attrs["block_size"]),
         int(attrs.get("sliding_window", 0)),
     )
-    ins = {
-        "query_ptr": f,
-        "key_cache_ptr": f,
-        "value_cache_ptr": f,
-        "block_tables_ptr": "*i64",
-        "context_lens_ptr": "*i64",
-        "query_start_loc_ptr": "*i64",
-    }
     if int(attrs.get("decode", 0)):
         c["BLOCK_N"] = decode_block_n(c)
-        sig = {**ins, "max_blocks": "i32", "num_blocks": "i32", "out_ptr": f, **{k: "constexpr" for k in c}}
-        return attention_decode_plugin_kernel, sig, c, 4
+        return attention_decode_plugin_kernel, wrapper_signature(PAGED_ATTENTION, ATTENTION, f, DECODE_EXTRAS, c), c, 4
     c["BLOCK_Q"] = prefill_block_q(c)
     c["BLOCK_N"] = PREFILL_TACTICS.get(tactic, 32)
     c["INPUT_PRECISION"] = dot_input_precision(dtype)
-    sig = {**ins, "num_seqs": "i32", "max_blocks": "i32", "num_blocks": "i32", "out_ptr": f}
-    sig.update({k: "constexpr" for k in c})
+    sig = wrapper_signature(PAGED_ATTENTION, ATTENTION, f, PREFILL_EXTRAS, c)
     return attention_prefill_plugin_kernel, sig, c, 4
