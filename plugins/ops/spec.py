@@ -10,8 +10,10 @@ backends BUILD their parameter lists from that record instead of restating them:
            │                                        keyword-only attributes; :meth:`OpSpec.implement`)
            ├─► python_signature("positional") ... torch custom op (:meth:`OpSpec.torch_schema`) and
            │                                        the exporter's translation (ops/export.py)
-           └─► PluginSpec.signature(...) ........ tensorrt.plugin register / autotune / aot_impl
-                                                    (ops/trt_registration.py)
+           ├─► PluginSpec.signature(...) ........ tensorrt.plugin register / autotune / aot_impl
+           │                                        (ops/trt_registration.py)
+           └─► wrapper_signature(...) ........... the plugins' wrapper kernels' Triton signature
+                                                    (ops/trt_kernel_abi.py)
 
 Python names are the ONNX names unless a tensor gives its own (``Tensor("A", ..., arg="a")``:
 Int4Gemm's ``A`` / ``B`` have always been ``a`` / ``b_packed`` in Python). Attributes with
