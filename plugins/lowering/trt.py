@@ -6,21 +6,10 @@ Passes (each ``ModelProto -> ModelProto``, returning a new model; idempotent):
   activations, RMSNorm statistics kept fp32 (:mod:`trtpipe.plugins.graph.float_cast`).
 * :func:`lower_with_plugins` -- custom nodes become TensorRT plugin nodes (op type = plugin
   creator name, attributes ``plugin_namespace`` / ``plugin_version``, see TOOLCHAIN.md), each
-  through its op's lowering (:mod:`trtpipe.plugins.ops.paged_attention.lower_trt`,
-  :mod:`trtpipe.plugins.ops.int4_gemm.lower_trt`). A Python AOT plugin launches exactly one
-  kernel, so ``PagedAttention`` (write-then-attend) is split into two plugin nodes::
-
-      key, value, key_cache, value_cache, slot_mapping
-            │
-      PagedKVWrite ──► key_cache_out, value_cache_out   (aliased to the inputs: in place)
-            │
-      query ─┴► PagedAttention(decode=0|1) ──► output     (reads the updated pool)
-
-  ``decode=1`` (the split layout's decode graph: one token per sequence) selects the decode
-  kernel; ``decode=0`` the ragged prefill kernel. ``Int4Gemm`` keeps its node; zero points are
-  always given as a float tensor (uint8 zero points are unpacked, absent ones become 8), so the
-  plugin has one fixed signature. ``Int4Gemm`` with ``bits=8`` (an 8-bit LM head) becomes a
-  float ``MatMul`` in both lowerings (no 8-bit block kernel or TensorRT block format).
+  through its op's lowering: ``PagedAttention`` -> ``PagedKVWrite`` + ``PagedAttention(decode=0|1)``
+  (:mod:`trtpipe.plugins.ops.paged_attention.lower_trt`: a Python AOT plugin launches exactly one
+  kernel), ``Int4Gemm`` -> an ``Int4Gemm`` plugin node with float zero points, or a float
+  ``MatMul`` for ``bits=8`` (:mod:`trtpipe.plugins.ops.int4_gemm.lower_trt`).
 * :func:`~trtpipe.plugins.lowering.trt_plugin_free.lower_plugin_free` -- no custom node left (TensorRT
   < 10.7 on JetPack 6, the TensorRT-RTX smoke build; :mod:`trtpipe.plugins.lowering.trt_plugin_free`).
 
