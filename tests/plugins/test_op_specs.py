@@ -18,7 +18,7 @@ from trtpipe.plugins.ops.paged_attention.spec import PAGED_ATTENTION
 
 SPECS = {"PagedAttention": PAGED_ATTENTION, "Int4Gemm": INT4_GEMM}
 REFERENCES = {"PagedAttention": attention_reference.paged_attention, "Int4Gemm": int4_reference.int4_gemm}
-# the op ABI hash manifests record (plugins/schema.py's before the op folders; unchanged since)
+# the op ABI hash artifacts' manifests record: changing it makes every built artifact a mismatch
 OP_ABI_HASH = "af4f4a8434ee2abc6ed400e0ba14455ad95ff25b699ae1f126625150d563a3ff"
 
 
