@@ -2,8 +2,8 @@
 bandwidth against the HBM limit (run through bench/gpu_check.sh; budget: < 8 minutes on an H200).
 
 1. Correctness (fp16 and fp32, small shapes, with and without a sliding window, GQA): the
-   launchers of plugins/triton_launchers.py and the TensorRT plugin wrapper kernels of
-   plugins/trt_plugins.py, each against plugins/reference.py.
+   launchers of plugins/ops/<op>/triton_launch.py and the TensorRT plugin wrapper kernels of
+   plugins/ops/<op>/trt_kernels.py, each against plugins/ops/<op>/reference.py.
 2. Bandwidth (fp16):
    - paged decode attention, batch 1/8/32 x context 512/4096, window off and 1024: bytes = the
      K/V rows each sequence reads (min(context, window) tokens) + queries + outputs;
@@ -126,7 +126,7 @@ def _time_ms(torch, fn, warmup: int = 10, iters: int = 50) -> float:
 
 
 def _paged_case(rng, H, KVH, D, BS, NB, chunks, dtype):
-    """One packed step for plugins/reference.py: per sequence (cached, new) tokens; the caches are
+    """One packed step for plugins/ops/paged_attention/reference.py: per sequence (cached, new) tokens; the caches are
     the head-major pool ``[KVH, NB, BS, D]`` (docs/contracts.md)."""
     from trtpipe.runtime.kv.planning import blocks_for_tokens
 
@@ -154,7 +154,7 @@ def _plugin_paged_attention(torch, targs: list, kw: dict, dn: str, *, decode: bo
     tensors) in the plugins' argument order (inputs, extra scalars, outputs): PagedKVWrite (extra
     NB), then PagedAttention (extras [S,] MB, NB), as the two plugin nodes. Returns ``(output,
     key cache after the write)``."""
-    from trtpipe.plugins import trt_plugins as TP
+    from trtpipe.plugins.ops import trt_plugins as TP
 
     q, k, v, kc, vc, sm, bt, cl, qsl = targs
     KVH, NB = kc.shape[0], kc.shape[1]  # head-major [KVH, NB, BS, D]
@@ -172,10 +172,12 @@ def _plugin_paged_attention(torch, targs: list, kw: dict, dn: str, *, decode: bo
 
 
 def check_correctness(torch, device: str = "cuda") -> list[tuple[str, float, float, bool]]:
-    from trtpipe.plugins import int4_pack as P
-    from trtpipe.plugins import reference as R
-    from trtpipe.plugins import triton_launchers as TK
-    from trtpipe.plugins import trt_plugins as TP
+    from trtpipe.plugins.ops import trt_plugins as TP
+    from trtpipe.plugins.ops.int4_gemm import pack as P
+    from trtpipe.plugins.ops.int4_gemm import reference as R4
+    from trtpipe.plugins.ops.int4_gemm import triton_launch as TK4
+    from trtpipe.plugins.ops.paged_attention import reference as R
+    from trtpipe.plugins.ops.paged_attention import triton_launch as TK
 
     dev = torch.device(device)
     g = lambda x: torch.from_numpy(np.ascontiguousarray(x)).to(dev)  # noqa: E731
@@ -204,11 +206,11 @@ def check_correctness(torch, device: str = "cuda") -> list[tuple[str, float, flo
         K, N, G = 512, 384, 32
         w = rng.standard_normal((N, K)).astype(np.float32)
         packed, scales, zp = P.quantize_rtn(w, G, symmetric=False)
-        zf = R.unpack_zero_points_uint8(zp, N, K // G).astype(dtype)
+        zf = P.unpack_zero_points_uint8(zp, N, K // G).astype(dtype)
         for M in (1, 4, 33):
             a = rng.standard_normal((M, K)).astype(dtype)
-            ref = R.int4_gemm(a, packed, scales.astype(dtype), zf, K=K, N=N, group_size=G).astype(np.float32)
-            y = TK.int4_gemm(g(a), g(packed), g(scales.astype(dtype)), g(zf), K=K, N=N, group_size=G)
+            ref = R4.int4_gemm(a, packed, scales.astype(dtype), zf, K=K, N=N, group_size=G).astype(np.float32)
+            y = TK4.int4_gemm(g(a), g(packed), g(scales.astype(dtype)), g(zf), K=K, N=N, group_size=G)
             err = float(np.abs(y.float().cpu().numpy() - ref).max() / max(1.0, np.abs(ref).max()))
             rows.append((f"triton int4_gemm M={M} {dn} (rel)", err, tol, err <= tol))
             for tactic in sorted(TP.INT4_TACTICS):
@@ -230,7 +232,7 @@ def check_correctness(torch, device: str = "cuda") -> list[tuple[str, float, flo
 def bench_decode_attention(
     torch, H, KVH, D, BS, iters, *, device="cuda", batches=(1, 8, 32), contexts=(512, 4096), windows=(0, 1024)
 ) -> list[tuple]:
-    from trtpipe.plugins import triton_launchers as TK
+    from trtpipe.plugins.ops.paged_attention import triton_launch as TK
 
     dev = torch.device(device)
     rows = []
@@ -266,7 +268,7 @@ def bench_decode_attention(
 
 
 def bench_int4(torch, shapes, iters, *, device="cuda") -> list[tuple]:
-    from trtpipe.plugins import triton_launchers as TK
+    from trtpipe.plugins.ops.int4_gemm import triton_launch as TK
 
     dev = torch.device(device)
     rows = []

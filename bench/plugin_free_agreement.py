@@ -46,8 +46,8 @@ def rtn_reference(ref4):
     import copy
 
     from trtpipe.pipeline.model.reference import FloatLinear, Int4Linear
-    from trtpipe.plugins import int4_pack as P
-    from trtpipe.plugins.reference import dequantize_int4
+    from trtpipe.plugins.ops.int4_gemm import pack as P
+    from trtpipe.plugins.ops.int4_gemm.reference import dequantize_int4
 
     def rtn_float(m):
         w = dequantize_int4(m.b_packed.numpy(), m.scales.numpy(), m.zero_points.numpy(), m.K, m.N, m.group_size)

@@ -1,6 +1,6 @@
-"""Runtime errors; all derive from :class:`trtpipe.plugins.errors.TrtpipeError`."""
+"""Runtime errors; all derive from :class:`trtpipe.plugins.core.errors.TrtpipeError`."""
 
-from trtpipe.plugins.errors import TrtpipeError
+from trtpipe.plugins.core.errors import TrtpipeError
 
 
 class ArtifactError(TrtpipeError):

@@ -142,7 +142,7 @@ def default_artifact(gguf_path, tmp_path_factory):
     built and current, else built once into a temp folder (CI starts from a clean clone)."""
     from trtpipe.pipeline.recipe import load_recipe, resolve_recipe_path
     from trtpipe.pipeline.stages import build
-    from trtpipe.plugins.errors import TrtpipeError
+    from trtpipe.plugins.core.errors import TrtpipeError
     from trtpipe.runtime.artifact.manifest import load_manifest
 
     recipe = load_recipe(resolve_recipe_path("smollm2-135m-cpu"))

@@ -5,7 +5,7 @@ modules, type-only imports included, and folders ("wings") that import one way.
 
 An exception is stated, with its reason, in the module docstring: "Exception to the 400-line
 rule: <why>" for the file, "Exception to the 60-line rule: <why>" naming each function it covers
-(e.g. plugins/triton_kernels.py: Triton kernels are single ``@triton.jit`` bodies)."""
+(e.g. plugins/ops/paged_attention/triton_kernels.py: Triton kernels are single ``@triton.jit`` bodies)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import shlex
 from pathlib import Path
 
 from trtpipe.pipeline.recipe import Recipe, build_hash
-from trtpipe.plugins.versions import TRTPIPE_VERSION
+from trtpipe.plugins.core.versions import TRTPIPE_VERSION
 
 
 def root_file_problem(root: str | Path) -> str | None:
@@ -57,7 +57,7 @@ def inputs_hash(recipe: Recipe, model_path: Path) -> str:
     """sha256 over what determines the artifact: the recipe's build hash, the model file(s) (name,
     size, mtime), the trtpipe version, the artifact format (the KV pool layout), the op ABI hash
     and the ONNX Runtime version."""
-    from trtpipe.plugins.schema import op_schema_abi_hash
+    from trtpipe.plugins.ops.abi import op_schema_abi_hash
     from trtpipe.runtime.artifact.manifest import FORMAT_VERSION
 
     h = hashlib.sha256()

@@ -167,7 +167,7 @@ def resolve_artifact(recipe_or_artifact: str, artifact_root: str | Path = DEFAUL
     Raises :class:`ArtifactError` (no artifact, or one built from another recipe) or
     :class:`~trtpipe.pipeline.recipe.RecipeError`.
     """
-    from trtpipe.plugins.errors import TrtpipeError
+    from trtpipe.plugins.core.errors import TrtpipeError
 
     p = Path(recipe_or_artifact)
     if p.is_dir() and (p / "manifest.json").is_file():

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from trtpipe.pipeline.cli.common import EXIT_NEEDS_TARGET, artifacts_option, fail, load_recipe_arg
-from trtpipe.plugins.errors import TrtpipeError
+from trtpipe.plugins.core.errors import TrtpipeError
 
 
 def _plain_log(msg: str) -> None:

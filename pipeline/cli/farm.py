@@ -13,7 +13,7 @@ import click
 
 from trtpipe.pipeline.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, artifacts_option
 from trtpipe.pipeline.targets import TARGET_FAMILIES
-from trtpipe.plugins.errors import TrtpipeError
+from trtpipe.plugins.core.errors import TrtpipeError
 
 TARGETS = TARGET_FAMILIES
 

@@ -13,7 +13,7 @@ import click
 
 from trtpipe.pipeline.artifact.locate import resolve_artifact
 from trtpipe.pipeline.cli.common import EXIT_FAILED, EXIT_OK, THREADS_HELP, artifacts_option, fail
-from trtpipe.plugins.errors import TrtpipeError
+from trtpipe.plugins.core.errors import TrtpipeError
 
 GENERATE_SYSTEM_HELP = "System message of the chat template (implies --chat)."
 CHAT_SYSTEM_HELP = (

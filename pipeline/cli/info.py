@@ -8,7 +8,7 @@ import click
 
 from trtpipe.pipeline.artifact.locate import resolve_artifact
 from trtpipe.pipeline.cli.common import artifacts_option, fail
-from trtpipe.plugins.errors import TrtpipeError
+from trtpipe.plugins.core.errors import TrtpipeError
 
 
 def _info_summary(m) -> dict:

@@ -24,8 +24,8 @@ from trtpipe.pipeline.cli.generate import chat_cmd, generate_cmd
 from trtpipe.pipeline.cli.info import info_cmd
 from trtpipe.pipeline.cli.serve import serve_cmd
 from trtpipe.pipeline.cli.validate import estimate_cmd, validate_cmd
-from trtpipe.plugins.errors import TrtpipeError
-from trtpipe.plugins.versions import TRTPIPE_VERSION
+from trtpipe.plugins.core.errors import TrtpipeError
+from trtpipe.plugins.core.versions import TRTPIPE_VERSION
 
 
 class _Group(click.Group):

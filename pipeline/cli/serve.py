@@ -151,7 +151,7 @@ def serve_cmd(
               messages=[{'role': 'user', 'content': 'What is the capital of France?'}]).choices[0].message.content)"
     """
     from trtpipe.pipeline.cli.common import fail as _fail
-    from trtpipe.plugins.errors import TrtpipeError
+    from trtpipe.plugins.core.errors import TrtpipeError
 
     _need_serve_extra()
     from trtpipe.runtime.artifact.manifest import load_manifest

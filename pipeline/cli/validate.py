@@ -9,7 +9,7 @@ import click
 
 from trtpipe.pipeline.cli.common import THREADS_HELP, artifacts_option, fail
 from trtpipe.pipeline.targets import TARGET_FAMILIES
-from trtpipe.plugins.errors import TrtpipeError
+from trtpipe.plugins.core.errors import TrtpipeError
 
 
 @click.command("validate")

@@ -38,7 +38,7 @@ def run_estimate(
     ``host``: the cpu target's measurement (default: measured once per process). The last
     validate report of the recipe on that target, if any, is shown next to the predictions.
     Returns 0 when it fits and every budget is above its physical floor, 1 otherwise. Raises
-    :class:`~trtpipe.plugins.errors.TrtpipeError` (RecipeError, ModelLoadError) for a bad
+    :class:`~trtpipe.plugins.core.errors.TrtpipeError` (RecipeError, ModelLoadError) for a bad
     recipe or model.
     """
     r = load_recipe(resolve_recipe_path(recipe), check_files=False)

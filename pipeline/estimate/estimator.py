@@ -22,7 +22,7 @@ from trtpipe.pipeline.estimate.weights import activation_dtype, phase_weights
 from trtpipe.pipeline.model.overrides import with_sliding_window
 from trtpipe.pipeline.recipe import Recipe
 from trtpipe.pipeline.targets import TargetSpec, compute_dtype
-from trtpipe.plugins.dtypes import dtype
+from trtpipe.plugins.core.dtypes import dtype
 from trtpipe.runtime.artifact.model_config import ModelConfig
 
 

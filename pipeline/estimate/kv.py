@@ -13,7 +13,7 @@ from typing import Any
 from trtpipe.pipeline.estimate.model_counts import kv_bytes_per_sequence
 from trtpipe.pipeline.estimate.weights import activation_dtype
 from trtpipe.pipeline.recipe import Recipe, plan_kv_num_blocks
-from trtpipe.plugins.dtypes import dtype
+from trtpipe.plugins.core.dtypes import dtype
 from trtpipe.runtime.artifact.model_config import ModelConfig
 from trtpipe.runtime.kv.planning import blocks_per_sequence
 

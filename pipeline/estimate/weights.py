@@ -11,14 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trtpipe.pipeline.estimate.model_counts import bias_params, linear_params, norm_params
-from trtpipe.plugins.dtypes import dtype
+from trtpipe.plugins.core.dtypes import dtype
 from trtpipe.runtime.artifact.model_config import ModelConfig
 from trtpipe.runtime.metrics.decode_bandwidth import weight_read_bytes
 
 INT4_BITS_BYTES = 0.5  # two 4-bit codes per byte
 # Per-group overhead of INT4 weights (one group = group_size weights along K of one row): cpu
 # artifacts of GGUF Q4_1 weights (float zero points) take one of the two forms of
-# ort_lowering (engine.ort_float_zero_points); GPU plugins keep an fp16 scale and, when
+# plugins/ops/int4_gemm/lower_ort.py (engine.ort_float_zero_points); GPU plugins keep an fp16 scale and, when
 # asymmetric, a packed 4-bit zero point.
 INT4_GROUP_BYTES_CPU = {  # per group of a cpu artifact, by engine.ort_float_zero_points
     "exact": 8.0,  # 4-bit codes; fp32 scale, fp32 block offset (correction term); no zero-point input

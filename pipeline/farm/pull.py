@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtpipe.pipeline.farm.store import ArtifactStore, StoredArtifact, StoreError
-from trtpipe.plugins.errors import TrtpipeError
+from trtpipe.plugins.core.errors import TrtpipeError
 
 
 @dataclass(frozen=True)

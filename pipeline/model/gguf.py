@@ -15,7 +15,7 @@ import numpy as np
 
 from trtpipe.pipeline.model.tokenizer.fields import end_of_generation_ids, metadata_value, vocab_size
 from trtpipe.pipeline.model.weights import LoadedModel, WeightTensor
-from trtpipe.plugins.errors import TrtpipeError
+from trtpipe.plugins.core.errors import TrtpipeError
 from trtpipe.runtime.artifact.model_config import ModelConfig, RopeScaling
 
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")

@@ -4,7 +4,7 @@ model, too).
 
 GGUF blocks are repacked exactly where their form allows it (Q4_0 and Q4_1 at group size 32 into
 the ``trtpipe::Int4Gemm`` / MatMulNBits layout, Q8_0 into 8-bit codes), everything else is
-quantized round-to-nearest (:func:`trtpipe.plugins.int4_pack.quantize_rtn`). Pure NumPy: no torch.
+quantized round-to-nearest (:func:`trtpipe.plugins.ops.int4_gemm.pack.quantize_rtn`). Pure NumPy: no torch.
 
     LoadedModel ──quantize_model(QuantSpec)──► ModelWeights {name: FloatWeights | PackedWeights}
                                                    └─► LlamaReference(loaded, weights)  (torch)
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from trtpipe.pipeline.model.weights import LoadedModel
-from trtpipe.plugins import int4_pack
-from trtpipe.plugins.dtypes import FLOAT_NAMES
-from trtpipe.plugins.errors import OpError
-from trtpipe.plugins.reference import unpack_zero_points_uint8
+from trtpipe.plugins.core.dtypes import FLOAT_NAMES
+from trtpipe.plugins.core.errors import OpError
+from trtpipe.plugins.ops.int4_gemm import pack as int4_pack
+from trtpipe.plugins.ops.int4_gemm.layout import unpack_zero_points_uint8
 
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

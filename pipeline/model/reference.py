@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import trtpipe.plugins.torch_ops  # noqa: F401  (registers torch.ops.trtpipe.*)
+import trtpipe.plugins.ops.torch_ops  # noqa: F401  (registers torch.ops.trtpipe.*)
 from trtpipe.pipeline.model.overrides import with_sliding_window
 from trtpipe.pipeline.model.quantize import (
     FloatWeights,
@@ -36,8 +36,8 @@ from trtpipe.pipeline.model.quantize import (
     quantize_model,
 )
 from trtpipe.pipeline.model.weights import LoadedModel
-from trtpipe.plugins.errors import OpError
-from trtpipe.plugins.reference import rope_cos_sin
+from trtpipe.plugins.core.errors import OpError
+from trtpipe.plugins.core.rope import rope_cos_sin
 from trtpipe.runtime.artifact.model_config import ModelConfig
 
 

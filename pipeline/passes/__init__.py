@@ -13,7 +13,7 @@ graph (tests/pipeline/test_passes.py).
   (interleaved=0), cos/sin caches = the first half of the tables' columns.
 * :func:`fuse_int4_siblings`: ``trtpipe::Int4Gemm`` nodes that read the same activation (q/k/v,
   gate/up) -> one ``Int4Gemm`` over the row-concatenated weights + ``Split``: one larger kernel
-  instead of several small ones (and, for float zero points, one mins term; ort_lowering).
+  instead of several small ones (and, for float zero points, one mins term; plugins/ops/int4_gemm/lower_ort.py).
 * :func:`merge_rotary_qk`: the q and k ``RotaryEmbedding`` of one layer, when both come from the
   same fused q/k/v ``Split`` -> one ``RotaryEmbedding`` over the q||k heads (the same rotation per
   head and position) + ``Split``.

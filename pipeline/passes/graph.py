@@ -10,7 +10,7 @@ from collections import defaultdict
 import onnx
 from onnx import numpy_helper
 
-from trtpipe.plugins.graph_rewrite import copy_model, ensure_opset
+from trtpipe.plugins.graph.rewrite import copy_model, ensure_opset
 
 __all__ = ["MS", "PassGraph", "rebuild", "toposort"]
 

@@ -11,7 +11,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from trtpipe.pipeline.passes.graph import MS, PassGraph, rebuild
-from trtpipe.plugins.graph_rewrite import node_attributes
+from trtpipe.plugins.graph.rewrite import node_attributes
 
 __all__ = ["fuse_rotary", "merge_rotary_qk"]
 

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 from pydantic_core import PydanticCustomError
 
-from trtpipe.plugins.errors import TrtpipeError
+from trtpipe.plugins.core.errors import TrtpipeError
 
 
 class _Missing:

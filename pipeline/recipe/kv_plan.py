@@ -1,14 +1,14 @@
 """How big a recipe's paged KV pool is: bytes per block and the number of blocks.
 
 Block arithmetic (ceil-div, blocks per sequence) lives in :mod:`trtpipe.runtime.kv.planning`;
-bytes per element in :mod:`trtpipe.plugins.dtypes`. Units: bytes; ``memory_budget_mib`` is MiB (2**20).
+bytes per element in :mod:`trtpipe.plugins.core.dtypes`. Units: bytes; ``memory_budget_mib`` is MiB (2**20).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trtpipe.plugins.dtypes import dtype
+from trtpipe.plugins.core.dtypes import dtype
 from trtpipe.runtime.artifact.model_config import ModelConfig
 
 if TYPE_CHECKING:

@@ -203,7 +203,7 @@ class EngineSpec(Spec):
     the first token of the README's France prompt, top-2 fp32 logits 25.33 vs 25.24, on Zen 4
     and Intel hosts; and in decode tokens whose reference margin is up to 0.63 logits). The
     8-bit LM head with fp32 activations is lowered as two 4-bit GEMMs (ORT has no fp32-activation
-    8-bit kernel; see ``ort_lowering``). Different levels per phase mean two graphs and two ONNX
+    8-bit kernel; see ``plugins/ops/int4_gemm/lower_ort.py``). Different levels per phase mean two graphs and two ONNX
     Runtime sessions (``ort_sessions``), each with its own prepacked weights.
     ``ort_float_zero_points`` (cpu only): how INT4 blocks with float zero points (GGUF Q4_1,
     ``w = d*q + m``) run in ONNX Runtime, whose fast MatMulNBits takes integer zero points only:

@@ -45,8 +45,8 @@ from trtpipe.pipeline.stages.package import (
     write_graphs_shared,
 )
 from trtpipe.pipeline.stages.records import BuildResult
-from trtpipe.plugins.errors import TrtpipeError
-from trtpipe.plugins.versions import TRTPIPE_VERSION
+from trtpipe.plugins.core.errors import TrtpipeError
+from trtpipe.plugins.core.versions import TRTPIPE_VERSION
 from trtpipe.runtime.artifact.manifest import MANIFEST_NAME, load_manifest
 
 _remove_stale_temp_dirs = remove_stale_temp_dirs  # the name tests and older callers use

@@ -25,7 +25,7 @@ from trtpipe.pipeline.stages.package import (
     staging_dir,
     write_graphs_shared,
 )
-from trtpipe.plugins.versions import TRTPIPE_VERSION
+from trtpipe.plugins.core.versions import TRTPIPE_VERSION
 from trtpipe.runtime.artifact.manifest import (
     FORMAT_VERSION,
     MANIFEST_NAME,
@@ -124,7 +124,7 @@ def cpu_manifest(
     import onnxruntime
 
     from trtpipe.pipeline.stages.export import DECODE_INPUTS, PREFILL_INPUTS, kv_names
-    from trtpipe.plugins.schema import op_schema_abi_hash
+    from trtpipe.plugins.ops.abi import op_schema_abi_hash
 
     files = {p.name: sha256_file(p) for p in sorted(out_dir.iterdir()) if p.is_file()}
     past, present = kv_names(model.config.num_layers)

@@ -1,10 +1,10 @@
-"""The build's exceptions (one family: :class:`~trtpipe.plugins.errors.TrtpipeError`)."""
+"""The build's exceptions (one family: :class:`~trtpipe.plugins.core.errors.TrtpipeError`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from trtpipe.plugins.errors import TrtpipeError
+from trtpipe.plugins.core.errors import TrtpipeError
 
 
 class BuildError(TrtpipeError):

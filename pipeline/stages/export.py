@@ -30,7 +30,7 @@ from torch import nn
 from trtpipe.pipeline.model.reference import LlamaReference
 from trtpipe.pipeline.recipe import Recipe
 from trtpipe.pipeline.stages.load import PreparedModel
-from trtpipe.plugins.torch_ops import onnx_translation_table
+from trtpipe.plugins.ops.torch_ops import onnx_translation_table
 
 PREFILL_INPUTS = [
     "input_ids",

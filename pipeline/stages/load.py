@@ -17,7 +17,7 @@ from trtpipe.pipeline.model.quantize import ModelWeights, QuantSpec, quantize_mo
 from trtpipe.pipeline.model.weights import LoadedModel
 from trtpipe.pipeline.recipe import Recipe, check_recipe_against_model, plan_kv_num_blocks
 from trtpipe.pipeline.stages.errors import BuildError
-from trtpipe.plugins.dtypes import DTYPES
+from trtpipe.plugins.core.dtypes import DTYPES
 from trtpipe.runtime.artifact.manifest import KVLayout
 from trtpipe.runtime.artifact.model_config import ModelConfig
 

@@ -1,7 +1,7 @@
 """Lower stage, ONNX Runtime backend (target cpu): fuse, then rewrite ``trtpipe`` nodes to ORT ops.
 
 Per phase: :func:`~trtpipe.pipeline.passes.optimize_for_ort` (RMSNorm, rotary, INT4 sibling
-fusions) then :func:`~trtpipe.plugins.ort_lowering.lower_for_ort` (``com.microsoft`` ops;
+fusions) then :func:`~trtpipe.plugins.lowering.ort.lower_for_ort` (``com.microsoft`` ops;
 MatMulNBits with the recipe's accuracy level and zero-point form).
 """
 
@@ -40,7 +40,7 @@ def check_cpu_precisions(recipe: Recipe) -> None:
 def lower_ort(recipe: Recipe, exported: ExportedGraphs) -> OrtGraphs:
     """Fuse and lower every exported phase for the ONNX Runtime CPU EP."""
     from trtpipe.pipeline.passes import optimize_for_ort
-    from trtpipe.plugins.ort_lowering import lower_for_ort
+    from trtpipe.plugins.lowering.ort import lower_for_ort
 
     graphs: dict[str, Any] = {}
     timings: dict[str, Any] = {}

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from trtpipe.plugins.dtypes import DTYPES
+from trtpipe.plugins.core.dtypes import DTYPES
 from trtpipe.runtime.artifact.manifest import MANIFEST_NAME
 
 DATA_FILE = "weights.data"

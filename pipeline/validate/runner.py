@@ -52,7 +52,7 @@ from trtpipe.pipeline.recipe import (
 from trtpipe.pipeline.validate.correctness import CorrectnessResult, check_correctness, load_golden
 from trtpipe.pipeline.validate.output import finish_report, gate_of_reports, print_scenario, validate_consoles
 from trtpipe.pipeline.validate.scenario import run_scenario
-from trtpipe.plugins.errors import TrtpipeError
+from trtpipe.plugins.core.errors import TrtpipeError
 from trtpipe.runtime.artifact.host_cpu import cpu_identity
 from trtpipe.runtime.errors import KVLeakError
 

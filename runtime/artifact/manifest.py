@@ -28,7 +28,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from trtpipe.plugins.dtypes import dtype
+from trtpipe.plugins.core.dtypes import dtype
 from trtpipe.runtime.artifact.model_config import ModelConfig
 from trtpipe.runtime.artifact.runtime_options import RuntimeOptions, parse_runtime_options
 from trtpipe.runtime.errors import ArtifactError
@@ -217,7 +217,7 @@ class Manifest:
 
 def current_fingerprint(backend: str) -> dict[str, Any]:
     """What this process runs: backend version, platform, op ABI hash, format version."""
-    from trtpipe.plugins.schema import op_schema_abi_hash
+    from trtpipe.plugins.ops.abi import op_schema_abi_hash
 
     fp: dict[str, Any] = {
         "format_version": FORMAT_VERSION,

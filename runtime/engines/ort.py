@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trtpipe.plugins.dtypes import dtype
+from trtpipe.plugins.core.dtypes import dtype
 from trtpipe.runtime.artifact.manifest import Manifest
 from trtpipe.runtime.errors import ArtifactError
 from trtpipe.runtime.kv.pool import KVPool

@@ -3,7 +3,7 @@
 Deploy side: needs ``tensorrt`` (or only its runtime) and the CUDA runtime library; never torch,
 never the builder. CUDA is reached through ``ctypes`` on ``libcudart`` (:mod:`trtpipe.runtime.engines.cuda_device`: malloc,
 memcpy, streams, device attributes), so an Orin needs nothing beyond JetPack. The plugin ABI hash
-lives with the plugin versions (:func:`trtpipe.plugins.versions.plugin_abi_hash`).
+lives with the ops' ABI (:func:`trtpipe.plugins.ops.abi.plugin_abi_hash`).
 
 Fingerprint: :func:`check_trt_fingerprint` compares what the artifact was built for (TensorRT
 flavor and version, SM, CUDA major version, platform, plugin ABI hash) with what this process
@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from trtpipe.plugins.dtypes import dtype as dtype_record
-from trtpipe.plugins.versions import plugin_abi_hash
+from trtpipe.plugins.core.dtypes import dtype as dtype_record
+from trtpipe.plugins.ops.abi import plugin_abi_hash
 from trtpipe.runtime.artifact.manifest import Manifest
 from trtpipe.runtime.engines.cuda_device import (
     CudaError,
@@ -57,7 +57,7 @@ __all__ = [
     "TrtRuntimeFacts",
     "check_trt_fingerprint",
     "current_trt_facts",
-    # re-exported for callers of the engine module (homes: runtime/engines/cuda_device.py, plugins/versions.py)
+    # re-exported for callers of the engine module (homes: runtime/engines/cuda_device.py, plugins/ops/abi.py)
     "CudaError",
     "cuda_device_info",
     "plugin_abi_hash",

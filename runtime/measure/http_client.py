@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 import httpx
 
-from trtpipe.plugins.errors import TrtpipeError
+from trtpipe.plugins.core.errors import TrtpipeError
 from trtpipe.runtime.measure.workload import WorkItem
 from trtpipe.runtime.metrics.request_metrics import RequestMetrics, RequestTimer, StepStats
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from trtpipe.plugins.errors import TrtpipeError
+from trtpipe.plugins.core.errors import TrtpipeError
 from trtpipe.runtime.measure.workload_corpus import CORPUS, Encoder, corpus_token_ids
 from trtpipe.runtime.metrics.request_metrics import RequestMetrics, StepStats
 from trtpipe.runtime.sample.params import SamplingParams

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trtpipe.plugins.dtypes import dtype
+from trtpipe.plugins.core.dtypes import dtype
 from trtpipe.runtime.artifact.model_config import ModelConfig
 
 

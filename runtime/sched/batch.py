@@ -33,7 +33,7 @@ class PrefillBatch:
     Row order: :meth:`from_scheduled` puts rows of one token (decode tokens riding in a prefill
     call) after the longer chunks, keeping each group's order: the ONNX Runtime prefill graph
     runs trailing 1-token rows through its decode attention path instead of padding them to the
-    longest chunk (``trtpipe.plugins.paged_attention_onnx``, 3.). The logits' rows follow
+    longest chunk (``trtpipe.plugins.ops.paged_attention.lower_onnx``, 3.). The logits' rows follow
     ``request_ids``, so callers map rows by id, not by the order they passed.
     """
 

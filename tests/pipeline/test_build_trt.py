@@ -343,7 +343,7 @@ def test_build_stops_with_the_finish_on_target_message(split_spec):
 
 @pytest.mark.slow
 def test_build_spec_is_complete(split_spec):
-    from trtpipe.plugins.schema import op_schema_abi_hash
+    from trtpipe.plugins.ops.abi import op_schema_abi_hash
     from trtpipe.runtime.artifact.manifest import sha256_file
 
     _, final, _ = split_spec

@@ -343,7 +343,7 @@ def test_calibration_prints_predicted_next_to_measured(tmp_path, capsys):
 
 
 def test_unknown_target_names_the_choices():
-    from trtpipe.plugins.errors import TrtpipeError
+    from trtpipe.plugins.core.errors import TrtpipeError
 
     with pytest.raises(TrtpipeError, match="did you mean 'a100'"):
         get_target("a10")

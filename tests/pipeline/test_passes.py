@@ -15,7 +15,7 @@ from trtpipe.pipeline.model.hf import load_hf_folder  # noqa: E402
 from trtpipe.pipeline.model.reference import build_reference_model  # noqa: E402
 from trtpipe.pipeline.passes import optimize_for_ort  # noqa: E402
 from trtpipe.pipeline.stages.export import export_phase, kv_names  # noqa: E402
-from trtpipe.plugins.ort_lowering import lower_for_ort  # noqa: E402
+from trtpipe.plugins.lowering.ort import lower_for_ort  # noqa: E402
 
 
 def _export_one_layer(d, precision):

@@ -25,7 +25,7 @@ from trtpipe.pipeline.recipe import (
 )
 from trtpipe.pipeline.recipe import model_source as ms
 from trtpipe.pipeline.recipe.model_source import resolve_model_source
-from trtpipe.plugins.errors import TrtpipeError
+from trtpipe.plugins.core.errors import TrtpipeError
 from trtpipe.runtime.artifact.model_config import ModelConfig
 
 CPU_RECIPE = RECIPES_DIR / "smollm2-135m-cpu.yaml"

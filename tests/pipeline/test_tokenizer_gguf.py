@@ -23,7 +23,7 @@ from trtpipe.pipeline.model.tokenizer import (
     tokenizer_from_gguf_fields,
     tokenizer_from_hf_folder,
 )
-from trtpipe.plugins.errors import TrtpipeError
+from trtpipe.plugins.core.errors import TrtpipeError
 from trtpipe.runtime.artifact.chat_template import default_chat_messages, render_chat
 from trtpipe.runtime.artifact.tokenizer import Tokenizer as RuntimeTokenizer
 from trtpipe.runtime.errors import ArtifactError, RequestError

@@ -1,4 +1,4 @@
-"""plugins/graph_rewrite.py: the node walk both lowerings share, on hand-built graphs."""
+"""plugins/graph/rewrite.py: the node walk both lowerings share, on hand-built graphs."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from trtpipe.plugins import OP_DOMAIN
-from trtpipe.plugins.graph_rewrite import (
+from trtpipe.plugins.graph.rewrite import (
     GraphRewrite,
     NodeBuilder,
     finish_lowering,
     node_attributes,
     rewrite_custom_nodes,
 )
-from trtpipe.plugins.paged_attention_onnx import lower_paged_attention
+from trtpipe.plugins.ops.paged_attention.lower_onnx import lower_paged_attention
 
 IDX = ["slot_mapping", "block_tables", "context_lens", "query_start_loc"]
 

@@ -1,4 +1,4 @@
-"""Tests of INT4 packing, RTN quantization and GGUF repacking (plugins/int4_pack.py).
+"""Tests of INT4 packing, RTN quantization and GGUF repacking (plugins/ops/int4_gemm/pack.py).
 
 GGUF blocks are synthesized with ``gguf.quants.quantize`` and compared against
 ``gguf.quants.dequantize``; MatMulNBits layouts are checked against ONNX Runtime's CPU kernel.
@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trtpipe.plugins import int4_pack as P
-from trtpipe.plugins import reference as R
-from trtpipe.plugins.errors import OpError
+from trtpipe.plugins.core.errors import OpError
+from trtpipe.plugins.ops.int4_gemm import pack as P
+from trtpipe.plugins.ops.int4_gemm import reference as R
 
 gguf = pytest.importorskip("gguf")
 QT = gguf.GGMLQuantizationType
@@ -290,7 +290,7 @@ def test_ort_matmulnbits_8bit_runs_q8_0():
 def test_float_zero_point_requant_to_8bit_moves_each_weight_at_most_d_over_32():
     """Hand check of ``requantize_float_zp_to_uint8_8bit``: w8 = d/16 * (q8 - z8) vs w = d * (q - zp)."""
     pytest.importorskip("onnx")
-    from trtpipe.plugins.ort_lowering import requantize_float_zp_to_uint8_8bit
+    from trtpipe.plugins.ops.int4_gemm.lower_ort import requantize_float_zp_to_uint8_8bit
 
     rng = np.random.default_rng(3)
     N, K, G = 6, 64, 32

@@ -14,10 +14,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from test_reference import _Batch
 
-from trtpipe.plugins import int4_pack
-from trtpipe.plugins import reference as R
-from trtpipe.plugins.errors import OpError
-from trtpipe.plugins.ort_lowering import lower_for_ort
+from trtpipe.plugins.core import rope as RoPE
+from trtpipe.plugins.core.errors import OpError
+from trtpipe.plugins.lowering.ort import lower_for_ort
+from trtpipe.plugins.ops.int4_gemm import pack as int4_pack
+from trtpipe.plugins.ops.int4_gemm import reference as I4
 
 IDX = ["slot_mapping", "block_tables", "context_lens", "query_start_loc"]
 
@@ -133,7 +134,7 @@ def test_padded_block_table_row_never_reads_other_blocks():
 @pytest.mark.parametrize("W,BS,chunks", CASES[:4])
 def test_torch_op_matches_naive(W, BS, chunks):
     torch = pytest.importorskip("torch")
-    import trtpipe.plugins.torch_ops  # noqa: F401
+    import trtpipe.plugins.ops.torch_ops  # noqa: F401
 
     rng = np.random.default_rng(3)
     b = _Batch(rng, H=6, KVH=2, D=8, BS=BS, NB=16, MB=8, chunks=chunks, W=W)
@@ -195,7 +196,7 @@ def test_int4_gemm_lowering_matches_reference(zp_kind, N):
         raw = quantize(w, GGMLQuantizationType.Q4_1)
         packed, scales, zp = int4_pack.repack_gguf_q4_1(raw, N, K)
     a = rng.standard_normal((5, K)).astype(np.float32)
-    want = R.int4_gemm(a, packed, scales, zp, K=K, N=N, group_size=G)
+    want = I4.int4_gemm(a, packed, scales, zp, K=K, N=N, group_size=G)
     m = lower_for_ort(_gemm_model(K, N, G, packed, scales, zp), accuracy_level=0)
     ops = [n.op_type for n in m.graph.node]
     assert "MatMulNBits" in ops and "Int4Gemm" not in ops
@@ -219,7 +220,7 @@ def test_q4_1_int8_requant_lowering_within_hand_bound(N):
     w = rng.standard_normal((N, K)).astype(np.float32)
     packed, scales, zp = int4_pack.repack_gguf_q4_1(quantize(w, GGMLQuantizationType.Q4_1), N, K)
     a = rng.standard_normal((5, K)).astype(np.float32)
-    want = R.int4_gemm(a, packed, scales, zp, K=K, N=N, group_size=G)
+    want = I4.int4_gemm(a, packed, scales, zp, K=K, N=N, group_size=G)
     m = lower_for_ort(_gemm_model(K, N, G, packed, scales, zp), accuracy_level=0, float_zero_points="int8")
     nodes = [n for n in m.graph.node]
     assert [n.op_type for n in nodes] == ["MatMulNBits"]  # no correction term
@@ -250,7 +251,7 @@ def test_8bit_head_with_fp32_activations_is_two_4bit_gemms(zp_kind, M):
         "uint8-random": rng.integers(0, 256, (N, K // G), dtype=np.uint8),
     }[zp_kind]
     a = rng.standard_normal((M, K)).astype(np.float32)
-    want = R.int4_gemm(a, q8, scales, zp, K=K, N=N, group_size=G, bits=8)
+    want = I4.int4_gemm(a, q8, scales, zp, K=K, N=N, group_size=G, bits=8)
 
     def model():
         m = _gemm_model(K, N, G, q8, scales, zp)
@@ -278,7 +279,7 @@ def test_unknown_float_zero_points_mode_is_refused():
 def test_zero_points_0_and_15_survive_packing():
     zp = np.array([[0, 15, 15, 0, 7]], np.uint8)
     packed = int4_pack.pack_zero_points_uint8(zp)
-    assert R.unpack_zero_points_uint8(packed, 1, 5).tolist() == zp.tolist()
+    assert int4_pack.unpack_zero_points_uint8(packed, 1, 5).tolist() == zp.tolist()
 
 
 def test_group_size_not_dividing_k_is_a_clear_error():
@@ -287,13 +288,13 @@ def test_group_size_not_dividing_k_is_a_clear_error():
 
 
 def test_rope_table_at_8191_matches_float64_reference():
-    cos32, sin32 = R.rope_cos_sin(8192, 64, 100000.0, dtype=np.float32)
+    cos32, sin32 = RoPE.rope_cos_sin(8192, 64, 100000.0, dtype=np.float32)
     inv = 1.0 / (100000.0 ** (np.arange(0, 64, 2, dtype=np.float64) / 64))
     ang = 8191.0 * np.concatenate([inv, inv])
     np.testing.assert_allclose(cos32[8191], np.cos(ang), atol=float(np.finfo(np.float32).eps) * 2)
     np.testing.assert_allclose(sin32[8191], np.sin(ang), atol=float(np.finfo(np.float32).eps) * 2)
     with pytest.raises(OpError):
-        R.check_positions(np.array([8192]), 8192)
+        RoPE.check_positions(np.array([8192]), 8192)
 
 
 @pytest.mark.parametrize("zp_kind", ["none", "uint8"])
@@ -301,14 +302,14 @@ def test_torch_int4_gemm_op_unpacks_nibbles_like_the_reference(zp_kind):
     """The torch custom op (the reference model's linears) reads the MatMulNBits nibbles as the
     NumPy reference does: packed codes and packed uint8 zero points (odd number of blocks)."""
     torch = pytest.importorskip("torch")
-    import trtpipe.plugins.torch_ops  # noqa: F401
+    import trtpipe.plugins.ops.torch_ops  # noqa: F401
 
     rng = np.random.default_rng(7)
     N, K, G = 5, 96, 32
     w = rng.standard_normal((N, K)).astype(np.float32)
     packed, scales, zp = int4_pack.quantize_rtn(w, G, symmetric=zp_kind == "none")
     a = rng.standard_normal((3, K)).astype(np.float32)
-    ref = R.int4_gemm(a, packed, scales, zp, K=K, N=N, group_size=G)
+    ref = I4.int4_gemm(a, packed, scales, zp, K=K, N=N, group_size=G)
     got = torch.ops.trtpipe.int4_gemm(
         torch.from_numpy(a),
         torch.from_numpy(packed),

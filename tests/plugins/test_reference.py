@@ -1,4 +1,4 @@
-"""Tests of the NumPy references that define trtpipe's custom ops (plugins/reference.py).
+"""Tests of the NumPy references that define trtpipe's custom ops (plugins/ops/paged_attention/reference.py).
 
 PagedAttention is checked against a naive per-token, per-head loop over dense K/V histories
 (independent of block tables), plus exact "which keys are visible" checks with one-hot values.
@@ -11,8 +11,10 @@ import math
 import numpy as np
 import pytest
 
-from trtpipe.plugins import reference as R
-from trtpipe.plugins.errors import OpError, TrtpipeError
+from trtpipe.plugins.core import rope as RoPE
+from trtpipe.plugins.core.errors import OpError, TrtpipeError
+from trtpipe.plugins.ops.int4_gemm import reference as I4
+from trtpipe.plugins.ops.paged_attention import reference as PA
 
 # ----------------------------------------------------------------------------------------------
 # PagedAttention helpers
@@ -95,7 +97,7 @@ class _Batch:
         return kw
 
     def run(self, **over):
-        return R.paged_attention(*self.args(), **self.kwargs(**over))
+        return PA.paged_attention(*self.args(), **self.kwargs(**over))
 
     def expected(self, scale=None):
         scale = scale or 1 / math.sqrt(self.D)
@@ -181,7 +183,7 @@ def test_sliding_window_visibility_exact(W):
     slots = np.array([bt[0, j // BS] * BS + j % BS for j in range(ctx)])
     for j in range(first):
         vc[:, slots[j] // BS, slots[j] % BS] = v_all[j]
-    out, _, _ = R.paged_attention(
+    out, _, _ = PA.paged_attention(
         q,
         k_all[first:].reshape(n, D),
         v_all[first:].reshape(n, D),
@@ -227,7 +229,7 @@ def test_paged_attention_errors():
         a = list(args)
         if i is not None:
             a[i] = val
-        return R.paged_attention(*a, **b.kwargs(**kw))
+        return PA.paged_attention(*a, **b.kwargs(**kw))
 
     with pytest.raises(OpError, match="query"):
         run(0, b.query[:, :-1])
@@ -291,9 +293,9 @@ def test_int4_gemm_by_hand():
     for n in range(N):
         for k in range(K):
             w[n, k] = (codes[n, k] - 8) * scales[n, k // G]
-    np.testing.assert_array_equal(R.dequantize_int4(b, scales, None, K, N, G), w)
+    np.testing.assert_array_equal(I4.dequantize_int4(b, scales, None, K, N, G), w)
     a = np.random.default_rng(0).standard_normal((3, K)).astype(np.float32)
-    np.testing.assert_allclose(R.int4_gemm(a, b, scales, K=K, N=N, group_size=G), a @ w.T, rtol=1e-6)
+    np.testing.assert_allclose(I4.int4_gemm(a, b, scales, K=K, N=N, group_size=G), a @ w.T, rtol=1e-6)
     # uint8 zero points: block 0 -> low nibble, block 1 -> high nibble
     zp = np.array([[0xF0], [0x03]], np.uint8)
     wz = np.empty((N, K), np.float32)
@@ -301,11 +303,11 @@ def test_int4_gemm_by_hand():
     for n in range(N):
         for k in range(K):
             wz[n, k] = (codes[n, k] - zpv[n][k // G]) * scales[n, k // G]
-    np.testing.assert_array_equal(R.dequantize_int4(b, scales, zp, K, N, G), wz)
+    np.testing.assert_array_equal(I4.dequantize_int4(b, scales, zp, K, N, G), wz)
     # float zero points
     zf = np.array([[0.5, -1.25], [7.0, 15.5]], np.float32)
     wf = (codes.reshape(N, 2, G) - zf[..., None]) * scales[..., None]
-    np.testing.assert_array_equal(R.dequantize_int4(b, scales, zf, K, N, G), wf.reshape(N, K))
+    np.testing.assert_array_equal(I4.dequantize_int4(b, scales, zf, K, N, G), wf.reshape(N, K))
 
 
 def test_int4_gemm_batched_and_float16():
@@ -314,9 +316,9 @@ def test_int4_gemm_batched_and_float16():
     b = rng.integers(0, 256, (N, K // G, G // 2), dtype=np.uint8)
     scales = rng.random((N, K // G)).astype(np.float16)
     a = rng.standard_normal((2, 3, K)).astype(np.float16)
-    y = R.int4_gemm(a, b, scales, K=K, N=N, group_size=G)
+    y = I4.int4_gemm(a, b, scales, K=K, N=N, group_size=G)
     assert y.shape == (2, 3, N) and y.dtype == np.float16
-    w = R.dequantize_int4(b, scales, None, K, N, G)
+    w = I4.dequantize_int4(b, scales, None, K, N, G)
     np.testing.assert_allclose(y.astype(np.float32), a.astype(np.float32) @ w.T, rtol=2e-3, atol=2e-2)
 
 
@@ -325,21 +327,21 @@ def test_int4_gemm_errors():
     s = np.ones((2, 3), np.float32)
     a = np.ones((1, 96), np.float32)
     with pytest.raises(OpError, match=r"K=96 is not a multiple of group_size=64.*\[16, 32\]"):
-        R.int4_gemm(a, b, s, K=96, N=2, group_size=64)
+        I4.int4_gemm(a, b, s, K=96, N=2, group_size=64)
     with pytest.raises(OpError, match="power of two"):
-        R.int4_gemm(a, b, s, K=96, N=2, group_size=24)
+        I4.int4_gemm(a, b, s, K=96, N=2, group_size=24)
     with pytest.raises(OpError, match="bits=8"):
-        R.int4_gemm(a, b, s, K=96, N=2, group_size=32, bits=8)
+        I4.int4_gemm(a, b, s, K=96, N=2, group_size=32, bits=8)
     with pytest.raises(OpError, match="A"):
-        R.int4_gemm(a[:, :64], b, s, K=96, N=2, group_size=32)
+        I4.int4_gemm(a[:, :64], b, s, K=96, N=2, group_size=32)
     with pytest.raises(OpError, match="scales"):
-        R.int4_gemm(a, b, s[:, :2], K=96, N=2, group_size=32)
+        I4.int4_gemm(a, b, s[:, :2], K=96, N=2, group_size=32)
     with pytest.raises(OpError, match="b_packed"):
-        R.int4_gemm(a, b[:1], s, K=96, N=2, group_size=32)
+        I4.int4_gemm(a, b[:1], s, K=96, N=2, group_size=32)
     with pytest.raises(OpError, match="zero_points"):
-        R.int4_gemm(a, b, s, np.zeros((2, 1), np.uint8), K=96, N=2, group_size=32)
+        I4.int4_gemm(a, b, s, np.zeros((2, 1), np.uint8), K=96, N=2, group_size=32)
     with pytest.raises(OpError, match="zero_points"):
-        R.int4_gemm(a, b, s, np.zeros((2, 3), np.float16), K=96, N=2, group_size=32)
+        I4.int4_gemm(a, b, s, np.zeros((2, 3), np.float16), K=96, N=2, group_size=32)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -348,13 +350,13 @@ def test_int4_gemm_errors():
 
 
 def test_rope_default_layout_by_hand():
-    cos, sin = R.rope_cos_sin(5, 4, 10000.0)
+    cos, sin = RoPE.rope_cos_sin(5, 4, 10000.0)
     assert cos.shape == sin.shape == (5, 4) and cos.dtype == np.float32
     inv = np.array([1.0, 0.01])
     for p in range(5):
         np.testing.assert_allclose(cos[p], np.cos(p * np.r_[inv, inv]), rtol=1e-7, atol=1e-7)
         np.testing.assert_allclose(sin[p], np.sin(p * np.r_[inv, inv]), rtol=1e-7, atol=1e-7)
-    c64, _ = R.rope_cos_sin(3, 4, 10000.0, dtype=np.float64)
+    c64, _ = RoPE.rope_cos_sin(3, 4, 10000.0, dtype=np.float64)
     assert c64.dtype == np.float64
 
 
@@ -381,18 +383,18 @@ def test_rope_matches_transformers(scaling):
         hidden_size=128, num_attention_heads=2, head_dim=head_dim, max_position_embeddings=16384, rope_parameters=rope
     )
     emb = LlamaRotaryEmbedding(cfg)
-    ours = R.rope_inv_freq(head_dim, theta, scaling)
+    ours = RoPE.rope_inv_freq(head_dim, theta, scaling)
     np.testing.assert_allclose(ours, emb.inv_freq.double().numpy(), rtol=1e-6)  # HF is float32
     pos = torch.arange(64)[None]
     cos_hf, sin_hf = emb(torch.zeros(1, dtype=torch.float32), pos)
-    cos, sin = R.rope_cos_sin(64, head_dim, theta, scaling)
+    cos, sin = RoPE.rope_cos_sin(64, head_dim, theta, scaling)
     np.testing.assert_allclose(cos, cos_hf[0].numpy(), atol=2e-5)
     np.testing.assert_allclose(sin, sin_hf[0].numpy(), atol=2e-5)
 
 
 def test_rope_llama3_bands():
-    inv = R.rope_inv_freq(128, 500000.0)
-    ours = R.rope_inv_freq(128, 500000.0, LLAMA3)
+    inv = RoPE.rope_inv_freq(128, 500000.0)
+    ours = RoPE.rope_inv_freq(128, 500000.0, LLAMA3)
     wavelen = 2 * math.pi / inv
     high = wavelen < 8192 / 4
     low = wavelen > 8192 / 1
@@ -404,35 +406,35 @@ def test_rope_llama3_bands():
 
 def test_rope_errors():
     with pytest.raises(OpError, match="yarn"):
-        R.rope_cos_sin(4, 8, 1e4, {"rope_type": "yarn", "factor": 2.0})
+        RoPE.rope_cos_sin(4, 8, 1e4, {"rope_type": "yarn", "factor": 2.0})
     with pytest.raises(OpError, match="factor"):
-        R.rope_cos_sin(4, 8, 1e4, {"rope_type": "linear"})
+        RoPE.rope_cos_sin(4, 8, 1e4, {"rope_type": "linear"})
     with pytest.raises(OpError, match="even"):
-        R.rope_cos_sin(4, 7, 1e4)
-    assert np.array_equal(R.rope_inv_freq(8, 1e4, {"type": "linear", "factor": 2.0}), R.rope_inv_freq(8, 1e4) / 2)
+        RoPE.rope_cos_sin(4, 7, 1e4)
+    assert np.array_equal(RoPE.rope_inv_freq(8, 1e4, {"type": "linear", "factor": 2.0}), RoPE.rope_inv_freq(8, 1e4) / 2)
 
 
 def test_check_positions_never_wraps():
-    np.testing.assert_array_equal(R.check_positions(np.array([0, 5, 9]), 10), [0, 5, 9])
+    np.testing.assert_array_equal(RoPE.check_positions(np.array([0, 5, 9]), 10), [0, 5, 9])
     with pytest.raises(OpError, match=r"positions\[2\]=10 .*\[0, 10\)"):
-        R.check_positions(np.array([0, 5, 10]), 10)
+        RoPE.check_positions(np.array([0, 5, 10]), 10)
     with pytest.raises(OpError, match=r"positions\[1\]=-1"):
-        R.check_positions(np.array([0, -1]), 10)
+        RoPE.check_positions(np.array([0, -1]), 10)
     with pytest.raises(OpError, match=r"positions\[\(1, 0\)\]"):
-        R.check_positions(np.array([[0], [11]]), 10)
+        RoPE.check_positions(np.array([[0], [11]]), 10)
     with pytest.raises(OpError, match="dtype"):
-        R.check_positions(np.array([0.0]), 10)
+        RoPE.check_positions(np.array([0.0]), 10)
 
 
 def test_apply_rotary_matches_rotate_half_definition():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((3, 2, 8)).astype(np.float32)
-    cos, sin = R.rope_cos_sin(10, 8, 100.0)
+    cos, sin = RoPE.rope_cos_sin(10, 8, 100.0)
     pos = np.array([0, 4, 9])
-    y = R.apply_rotary(x, cos[pos], sin[pos])
+    y = RoPE.apply_rotary(x, cos[pos], sin[pos])
     np.testing.assert_array_equal(y[0], x[0])  # position 0 is the identity
     # pairs (i, i + D/2) rotate by angle p * inv_freq[i]
-    inv = R.rope_inv_freq(8, 100.0)
+    inv = RoPE.rope_inv_freq(8, 100.0)
     for t, p in enumerate(pos):
         for i in range(4):
             c, s = math.cos(p * inv[i]), math.sin(p * inv[i])

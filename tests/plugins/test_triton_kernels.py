@@ -1,8 +1,8 @@
-"""Tests of the Triton kernels (plugins/triton_kernels.py, launched by plugins/triton_launchers.py) without a GPU.
+"""Tests of the Triton kernels (plugins/ops/paged_attention/triton_kernels.py, launched by plugins/ops/paged_attention/triton_launch.py) without a GPU.
 
 Two halves:
 - numerical tests (``interp_*``) run the kernels under ``TRITON_INTERPRET=1`` against
-  plugins/reference.py. The interpreter must be chosen before the kernels are decorated, so
+  plugins/ops/paged_attention/reference.py. The interpreter must be chosen before the kernels are decorated, so
   :func:`test_kernels_under_interpreter` reruns this file in a subprocess with the variable
   set, where the ``interp_*`` functions are collected as ``test_interp_*`` (and the AOT tests
   are skipped); the parent process does not collect them.
@@ -21,12 +21,14 @@ import pytest
 triton = pytest.importorskip("triton")
 torch = pytest.importorskip("torch")
 
-from trtpipe.plugins import int4_pack as P  # noqa: E402
-from trtpipe.plugins import reference as R  # noqa: E402
-from trtpipe.plugins import triton_aot as TA  # noqa: E402
-from trtpipe.plugins import triton_kernels as TK  # noqa: E402
-from trtpipe.plugins import triton_launchers as TL  # noqa: E402
-from trtpipe.plugins.errors import OpError  # noqa: E402
+from trtpipe.plugins.core.errors import OpError  # noqa: E402
+from trtpipe.plugins.ops.int4_gemm import pack as P  # noqa: E402
+from trtpipe.plugins.ops.int4_gemm import reference as I4  # noqa: E402
+from trtpipe.plugins.ops.int4_gemm import triton_launch as TL4  # noqa: E402
+from trtpipe.plugins.ops.paged_attention import reference as PA  # noqa: E402
+from trtpipe.plugins.ops.paged_attention import tiles  # noqa: E402
+from trtpipe.plugins.ops.paged_attention import triton_launch as TL  # noqa: E402
+from trtpipe.plugins.triton import aot as TA  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 compiled = pytest.mark.skipif(INTERPRET, reason="AOT compilation needs JIT (non-interpreted) kernels")
@@ -87,7 +89,7 @@ def _t(x):
 
 
 def _run_both(args, kw, **launcher_kw):
-    ref_out, ref_kc, ref_vc = R.paged_attention(*args, **kw)
+    ref_out, ref_kc, ref_vc = PA.paged_attention(*args, **kw)
     targs = [_t(a) for a in args]
     out, kc, vc = TL.paged_attention(*targs, **kw, **launcher_kw)
     assert kc is targs[3] and vc is targs[4]  # in place
@@ -120,7 +122,7 @@ def interp_decode_matches_reference(W, dtype):
 def interp_decode_small_key_tiles():
     rng = np.random.default_rng(7)
     args, kw = _batch(rng, H=4, KVH=1, D=16, BS=2, NB=20, MB=12, chunks=[(20, 1), (6, 1)], W=5)
-    ref, _, _ = R.paged_attention(*args, **kw)
+    ref, _, _ = PA.paged_attention(*args, **kw)
     targs = [_t(a) for a in args]
     TL.write_kv_cache(targs[1], targs[2], targs[3], targs[4], targs[5])
     out = TL.paged_attention_decode(
@@ -152,10 +154,10 @@ def interp_prefill_ragged_matches_reference(W, dtype):
 def interp_prefill_tilings_mha_and_group8(block_q, block_n):
     rng = np.random.default_rng(block_q)
     for H, KVH in ((2, 2), (8, 1)):
-        if block_q * TK.next_pow2(H // KVH) < 16:
+        if block_q * tiles.next_pow2(H // KVH) < 16:
             continue
         args, kw = _batch(rng, H=H, KVH=KVH, D=16, BS=8, NB=16, MB=4, chunks=[(0, 19), (13, 5), (2, 3)], W=4)
-        ref, _, _ = R.paged_attention(*args, **kw)
+        ref, _, _ = PA.paged_attention(*args, **kw)
         targs = [_t(a) for a in args]
         TL.write_kv_cache(targs[1], targs[2], targs[3], targs[4], targs[5])
         out = TL.paged_attention_prefill(
@@ -219,7 +221,7 @@ def interp_launcher_errors():
     with pytest.raises(OpError, match="value_cache"):
         TL.write_kv_cache(torch.zeros((1, 4)), torch.zeros((1, 4)), kc, strided, torch.zeros(1, dtype=torch.int64))
     with pytest.raises(OpError, match="K=48 is not a multiple"):
-        TL.int4_gemm(
+        TL4.int4_gemm(
             torch.zeros((1, 48)),
             torch.zeros((1, 1, 16), dtype=torch.uint8),
             torch.ones((1, 1)),
@@ -249,8 +251,8 @@ def interp_int4_gemm_matches_reference(zp_kind, dtype):
             zp = (rng.standard_normal((N, K // G)) * 4 + 8).astype(dtype)
         scales = scales.astype(dtype)
         a = rng.standard_normal((*M_shape, K)).astype(dtype)
-        ref = R.int4_gemm(a, packed, scales, zp, K=K, N=N, group_size=G)
-        y = TL.int4_gemm(_t(a), _t(packed), _t(scales), None if zp is None else _t(zp), K=K, N=N, group_size=G)
+        ref = I4.int4_gemm(a, packed, scales, zp, K=K, N=N, group_size=G)
+        y = TL4.int4_gemm(_t(a), _t(packed), _t(scales), None if zp is None else _t(zp), K=K, N=N, group_size=G)
         assert y.shape == (*M_shape, N) and y.numpy().dtype == dtype
         scale = np.abs(ref.astype(np.float32)).max()
         err = np.abs(y.numpy().astype(np.float32) - ref.astype(np.float32)).max() / scale

@@ -1,4 +1,4 @@
-"""TensorRT lowering passes (plugins/trt_lowering.py) on small hand-built graphs.
+"""TensorRT lowering passes (plugins/lowering/trt.py) on small hand-built graphs.
 
 The plugin-free graphs run in ONNX Runtime (CPU) against the NumPy reference: TensorRT would
 run the same standard ops. Plugin graphs are checked structurally (TensorRT's parser reads op
@@ -15,10 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 ort = pytest.importorskip("onnxruntime")
 
 from trtpipe.plugins import OP_DOMAIN  # noqa: E402
-from trtpipe.plugins import int4_pack as P  # noqa: E402
-from trtpipe.plugins import reference as R  # noqa: E402
-from trtpipe.plugins.errors import OpError  # noqa: E402
-from trtpipe.plugins.trt_lowering import (  # noqa: E402
+from trtpipe.plugins.core.errors import OpError  # noqa: E402
+from trtpipe.plugins.lowering.trt import (  # noqa: E402
     PLUGIN_ATTRIBUTES,
     cast_float_graph,
     custom_nodes,
@@ -26,6 +24,9 @@ from trtpipe.plugins.trt_lowering import (  # noqa: E402
     lower_plugin_free,
     lower_with_plugins,
 )
+from trtpipe.plugins.ops.int4_gemm import pack as P  # noqa: E402
+from trtpipe.plugins.ops.int4_gemm import reference as I4  # noqa: E402
+from trtpipe.plugins.ops.paged_attention import reference as PA  # noqa: E402
 
 H, KVH, D, BS, NB = 6, 2, 16, 4, 10
 
@@ -112,7 +113,7 @@ def test_plugin_free_attention_matches_reference(window):
     assert custom_nodes(lowered) == []
     assert all(o.domain != OP_DOMAIN for o in lowered.opset_import)
     out, k_out, v_out = _run(lowered, feeds)
-    ref = R.paged_attention(
+    ref = PA.paged_attention(
         *feeds.values(), num_heads=H, num_kv_heads=KVH, head_size=D, block_size=BS, sliding_window=window
     )
     np.testing.assert_allclose(out, ref[0], rtol=1e-5, atol=1e-5)
@@ -137,7 +138,7 @@ def test_plugin_free_decode_attention_matches_reference(window):
     lowered = lower_plugin_free(_attention_model(window), decode=True)
     assert custom_nodes(lowered) == []
     out, k_out, _ = _run(lowered, feeds)
-    ref = R.paged_attention(
+    ref = PA.paged_attention(
         *feeds.values(), num_heads=H, num_kv_heads=KVH, head_size=D, block_size=BS, sliding_window=window
     )
     np.testing.assert_allclose(out, ref[0], rtol=1e-5, atol=1e-5)
@@ -153,7 +154,7 @@ def test_plugin_free_attention_fp16_cast_close_to_reference():
     assert types["slot_mapping"] == TensorProto.INT64
     f16 = {k: (v.astype(np.float16) if v.dtype == np.float32 else v) for k, v in feeds.items()}
     out = _run(m, f16)[0]
-    ref = R.paged_attention(*feeds.values(), num_heads=H, num_kv_heads=KVH, head_size=D, block_size=BS)[0]
+    ref = PA.paged_attention(*feeds.values(), num_heads=H, num_kv_heads=KVH, head_size=D, block_size=BS)[0]
     np.testing.assert_allclose(out.astype(np.float32), ref, rtol=2e-2, atol=2e-2)
 
 
@@ -192,7 +193,7 @@ def test_plugin_free_int4_symmetric_is_dequantize_matmul():
     assert wq.data_type == TensorProto.INT4 and list(wq.dims) == [K, N]
     a = rng.standard_normal((5, K)).astype(np.float32)
     (y,) = _run(lowered, {"A": a})
-    np.testing.assert_allclose(y, R.int4_gemm(a, packed, scales, None, K=K, N=N, group_size=G), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(y, I4.int4_gemm(a, packed, scales, None, K=K, N=N, group_size=G), rtol=1e-4, atol=1e-4)
 
 
 def test_plugin_free_int4_asymmetric_is_refused_with_fix():
@@ -240,7 +241,7 @@ def test_plugins_int4_zero_points_become_float():
     inits = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
     zf = inits[node.input[3]]
     assert zf.dtype == np.float32 and zf.shape == (N, K // G)
-    np.testing.assert_array_equal(zf, R.unpack_zero_points_uint8(zp, N, K // G).astype(np.float32))
+    np.testing.assert_array_equal(zf, P.unpack_zero_points_uint8(zp, N, K // G).astype(np.float32))
     m2 = lower_with_plugins(_int4_model(K, N, G, packed, scales, None))  # absent -> 8
     z8 = {t.name: numpy_helper.to_array(t) for t in m2.graph.initializer}[m2.graph.node[0].input[3]]
     assert np.all(z8 == 8.0)
@@ -355,7 +356,7 @@ def test_plugin_free_int4_asymmetric_can_be_requantized_symmetrically():
     K, N, G = 128, 32, 32
     w = rng.standard_normal((N, K)).astype(np.float32) + 0.5  # asymmetric blocks
     packed, scales, zp = P.quantize_rtn(w, G, symmetric=False)
-    zp_float = R.unpack_zero_points_uint8(zp, N, K // G).astype(np.float32)
+    zp_float = P.unpack_zero_points_uint8(zp, N, K // G).astype(np.float32)
     lowered = lower_plugin_free(_int4_model(K, N, G, packed, scales, zp_float), asymmetric_int4="requantize_symmetric")
     assert [n.op_type for n in lowered.graph.node] == ["DequantizeLinear", "MatMul"]
     dq = lowered.graph.node[0]
@@ -365,10 +366,10 @@ def test_plugin_free_int4_asymmetric_can_be_requantized_symmetrically():
     sym_packed, sym_scales = P.requantize_symmetric(packed, scales, zp_float, K, N, G)
     # exactly the weights requantize_symmetric gives (what the build measures on the CPU) ...
     np.testing.assert_allclose(
-        y, R.int4_gemm(a, sym_packed, sym_scales, None, K=K, N=N, group_size=G), rtol=1e-4, atol=1e-4
+        y, I4.int4_gemm(a, sym_packed, sym_scales, None, K=K, N=N, group_size=G), rtol=1e-4, atol=1e-4
     )
     # ... and close to the asymmetric original (4-bit noise: relative RMS ~0.1 on Gaussian weights)
-    y_asym = R.int4_gemm(a, packed, scales, zp_float, K=K, N=N, group_size=G)
+    y_asym = I4.int4_gemm(a, packed, scales, zp_float, K=K, N=N, group_size=G)
     rms = lambda x: float(np.sqrt(np.mean(np.square(x))))  # noqa: E731
     assert rms(y - y_asym) < 0.15 * rms(y_asym)
 
@@ -377,7 +378,7 @@ def test_plugin_free_int4_asymmetric_can_be_dequantized_to_a_float_matmul():
     rng = np.random.default_rng(6)
     K, N, G = 64, 16, 32
     packed, scales, zp = P.quantize_rtn(rng.standard_normal((N, K)).astype(np.float32) + 0.5, G, symmetric=False)
-    zp_float = R.unpack_zero_points_uint8(zp, N, K // G).astype(np.float32)
+    zp_float = P.unpack_zero_points_uint8(zp, N, K // G).astype(np.float32)
     lowered = lower_for_trt(
         _int4_model(K, N, G, packed, scales, zp_float),
         dtype="fp16",
@@ -387,7 +388,7 @@ def test_plugin_free_int4_asymmetric_can_be_dequantized_to_a_float_matmul():
     assert [n.op_type for n in lowered.graph.node if n.op_type in ("MatMul", "DequantizeLinear")] == ["MatMul"]
     w = next(t for t in lowered.graph.initializer if "/w_dequantized_" in t.name)
     assert w.data_type == TensorProto.FLOAT16 and list(w.dims) == [K, N]
-    want = R.dequantize_int4(packed, scales, zp_float, K, N, G).T.astype(np.float16)
+    want = I4.dequantize_int4(packed, scales, zp_float, K, N, G).T.astype(np.float16)
     np.testing.assert_array_equal(numpy_helper.to_array(w), want)
     with pytest.raises(OpError, match="asymmetric_int4 = 'maybe'"):
         lower_plugin_free(_int4_model(K, N, G, packed, scales, zp_float), asymmetric_int4="maybe")

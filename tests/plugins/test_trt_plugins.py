@@ -1,4 +1,4 @@
-"""TensorRT plugins (plugins/trt_plugins.py) without a GPU.
+"""TensorRT plugins (plugins/ops/trt_plugins.py) without a GPU.
 
 - AOT: each plugin's wrapper kernel compiles to PTX for sm_80, sm_87, sm_90, with exactly the
   parameters TensorRT passes to an AOT plugin kernel: inputs, extra scalars, outputs (Triton's
@@ -26,11 +26,12 @@ import pytest
 triton = pytest.importorskip("triton")
 torch = pytest.importorskip("torch")
 
-from trtpipe.plugins import int4_pack as P  # noqa: E402
-from trtpipe.plugins import reference as R  # noqa: E402
-from trtpipe.plugins import trt_plugins as TP  # noqa: E402
-from trtpipe.plugins.errors import OpError  # noqa: E402
-from trtpipe.plugins.trt_lowering import PLUGIN_ATTRIBUTES  # noqa: E402
+from trtpipe.plugins.core.errors import OpError  # noqa: E402
+from trtpipe.plugins.lowering.trt import PLUGIN_ATTRIBUTES  # noqa: E402
+from trtpipe.plugins.ops import trt_plugins as TP  # noqa: E402
+from trtpipe.plugins.ops.int4_gemm import pack as P  # noqa: E402
+from trtpipe.plugins.ops.int4_gemm import reference as I4  # noqa: E402
+from trtpipe.plugins.ops.paged_attention import reference as PA  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 compiled = pytest.mark.skipif(INTERPRET, reason="AOT compilation needs JIT (non-interpreted) kernels")
@@ -166,7 +167,7 @@ def _write_then_attend(args, window, decode):
 def interp_prefill_plugin_matches_reference(window):
     args = _step(np.random.default_rng(window), [(9, 4), (0, 3), (3, 1)])
     out, k_out, v_out = _write_then_attend(args, window, decode=False)
-    ref = R.paged_attention(*args, num_heads=H, num_kv_heads=KVH, head_size=D, block_size=BS, sliding_window=window)
+    ref = PA.paged_attention(*args, num_heads=H, num_kv_heads=KVH, head_size=D, block_size=BS, sliding_window=window)
     np.testing.assert_allclose(out, ref[0], rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(k_out, ref[1])
     np.testing.assert_array_equal(v_out, ref[2])
@@ -176,7 +177,7 @@ def interp_prefill_plugin_matches_reference(window):
 def interp_decode_plugin_matches_reference(window):
     args = _step(np.random.default_rng(10 + window), [(20, 1), (0, 1), (7, 1)])
     out, k_out, _ = _write_then_attend(args, window, decode=True)
-    ref = R.paged_attention(*args, num_heads=H, num_kv_heads=KVH, head_size=D, block_size=BS, sliding_window=window)
+    ref = PA.paged_attention(*args, num_heads=H, num_kv_heads=KVH, head_size=D, block_size=BS, sliding_window=window)
     np.testing.assert_allclose(out, ref[0], rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(k_out, ref[1])
 
@@ -186,12 +187,12 @@ def interp_int4_plugin_matches_reference(tactic):
     rng = np.random.default_rng(tactic)
     K, N, G, M = 128, 80, 32, 5
     packed, scales, zp = P.quantize_rtn(rng.standard_normal((N, K)).astype(np.float32), G, symmetric=False)
-    zf = R.unpack_zero_points_uint8(zp, N, K // G).astype(np.float32)
+    zf = P.unpack_zero_points_uint8(zp, N, K // G).astype(np.float32)
     a = rng.standard_normal((M, K)).astype(np.float32)
     fn, _, c, _ = TP.kernel_config("Int4Gemm", dict(K=K, N=N, group_size=G, bits=4), "fp32", tactic)
     y = torch.zeros(M, N)
     fn[(-(-M // c["BLOCK_M"]), -(-N // c["BLOCK_N"]))](_t(a), _t(packed), _t(scales), _t(zf), M, y, **c)
-    ref = R.int4_gemm(a, packed, scales, zp, K=K, N=N, group_size=G)
+    ref = I4.int4_gemm(a, packed, scales, zp, K=K, N=N, group_size=G)
     np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-4)
 
 
@@ -280,6 +281,19 @@ def test_registered_plugins_and_attributes(registered):
         assert creator is not None and creator.plugin_namespace == "trtpipe" and creator.plugin_version == "1"
         assert [f.name for f in creator.field_names] == list(attrs)
     assert reg["trtpipe::PagedAttention"].input_attrs["scale"] is float
+
+
+def test_registry_holds_the_descriptions(registered):
+    """What tensorrt.plugin parsed from the built signatures is each plugin's description."""
+    from trtpipe.plugins.ops.abi import PLUGINS
+
+    trt, trtp, descs = registered
+    reg = _registry(trtp)
+    for name, plugin in PLUGINS.items():
+        d = reg[f"trtpipe::{name}"]
+        assert list(d.input_tensor_names) == list(plugin.inputs), name
+        assert dict(d.input_attrs) == {a.name: a.py_type for a in plugin.attributes}, name
+        assert d.num_outputs == len(plugin.outputs), name
 
 
 def _desc(trt, trtp, shape, dtype):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trtpipe.plugins.versions import plugin_abi_hash
+from trtpipe.plugins.ops.abi import plugin_abi_hash
 from trtpipe.runtime.artifact.manifest import FORMAT_VERSION, GraphEntry, KVLayout, Limits, Manifest
 from trtpipe.runtime.artifact.model_config import ModelConfig
 from trtpipe.runtime.engines.cuda_device import cuda_device_info

@@ -40,15 +40,21 @@ _REFERENCE_SOURCES = (
     "pipeline/model/gguf.py",
     "pipeline/model/hf.py",
     "pipeline/model/weights.py",
-    "plugins/torch_ops.py",
-    "plugins/reference.py",
-    "plugins/int4_pack.py",
-    "plugins/rope.py",
-    "plugins/gguf_blocks.py",
+    "plugins/ops/torch_ops.py",
+    "plugins/ops/paged_attention/reference.py",
+    "plugins/ops/int4_gemm/pack.py",
+    "plugins/core/rope.py",
+    "plugins/ops/int4_gemm/gguf_blocks.py",
     "pipeline/model/overrides.py",
     "pipeline/model/tokenizer/fields.py",
-    "plugins/int4_layout.py",
-    "plugins/int4_gemm_reference.py",
+    "plugins/ops/int4_gemm/layout.py",
+    "plugins/ops/int4_gemm/reference.py",
+    # the torch ops' eager bodies and the descriptions that bind their arguments (plugins/ by op)
+    "plugins/ops/paged_attention/torch_op.py",
+    "plugins/ops/int4_gemm/torch_op.py",
+    "plugins/ops/spec.py",
+    "plugins/ops/paged_attention/spec.py",
+    "plugins/ops/int4_gemm/spec.py",
 )
 
 

@@ -1,7 +1,7 @@
 """Compile stage, TensorRT (on the target GPU): plans from a build spec, then the manifest.
 
 Checks the machine against the spec's target (SM, platform, TensorRT), picks the lowering this
-TensorRT can run (plugins need :data:`~trtpipe.plugins.versions.TRT_PLUGINS_REQUIREMENT`),
+TensorRT can run (plugins need :data:`~trtpipe.plugins.core.versions.TRT_PLUGINS_REQUIREMENT`),
 registers the plugins (AOT Triton kernels), builds one plan per :class:`PlanSpec` with polygraphy
 (strongly typed network, profiles in order, workspace pool limit, builder optimization level,
 timing cache) and publishes the artifact atomically.
@@ -24,7 +24,7 @@ from trtpipe.pipeline.stages.records import BuildResult
 from trtpipe.pipeline.stages.tensorrt.env import TrtEnvironment, missing_for_target, probe_environment
 from trtpipe.pipeline.stages.tensorrt.profiles import PlanSpec
 from trtpipe.pipeline.stages.tensorrt.spec import BuildSpec, LoweringVariants, finish_command, load_spec, read_spec_json
-from trtpipe.plugins.versions import (
+from trtpipe.plugins.core.versions import (
     TRT_PLUGINS_MIN_VERSION,
     TRT_PLUGINS_REQUIREMENT,
     TRTPIPE_VERSION,
@@ -100,7 +100,7 @@ def _register_plugins(spec: BuildSpec, env: TrtEnvironment) -> dict[str, str]:
             "the plugin lowering compiles Triton kernels at build time, but `triton` is not "
             "installed. Fix: `pip install triton` (or set engine.plugin_free: true)."
         )
-    from trtpipe.plugins.trt_plugins import PLUGIN_VERSIONS, register_plugins
+    from trtpipe.plugins.ops.trt_plugins import PLUGIN_VERSIONS, register_plugins
 
     try:
         import tensorrt.plugin as trtp  # noqa: F401
@@ -143,7 +143,7 @@ def _build_plans(
 
 def _trt_backend(spec: BuildSpec, env: TrtEnvironment, lowering: str, decode_graph: str) -> dict:
     """The manifest's ``backend`` record: TensorRT version, CUDA runtime, lowering, plugin ABI."""
-    from trtpipe.plugins.versions import plugin_abi_hash
+    from trtpipe.plugins.ops.abi import plugin_abi_hash
 
     return {
         "name": "trt",

@@ -48,7 +48,7 @@ from trtpipe.pipeline.stages.tensorrt.spec import (
 )
 from trtpipe.pipeline.stages.tensorrt.variant_gate import gate_requantized_variant, plugin_free_agreement_min
 from trtpipe.pipeline.targets import GPU_BUILD_TARGETS
-from trtpipe.plugins.versions import TRTPIPE_VERSION
+from trtpipe.plugins.core.versions import TRTPIPE_VERSION
 from trtpipe.runtime.artifact.manifest import atomic_write_text, sha256_file
 
 TIMING_CACHE_DIR = ".trt_timing_cache"  # beside the recipe folders: reused by every build of a target
@@ -161,8 +161,7 @@ def _make_spec(
     tmp: Path,
     written: _Written,
 ) -> BuildSpec:
-    from trtpipe.plugins.schema import op_schema_abi_hash
-    from trtpipe.plugins.versions import plugin_abi_hash
+    from trtpipe.plugins.ops.abi import op_schema_abi_hash, plugin_abi_hash
 
     t, eng = GPU_BUILD_TARGETS[recipe.target], recipe.engine
     variants = LoweringVariants(

@@ -65,7 +65,7 @@ def graph_io(model: Any) -> tuple[list[tuple[str, list]], dict[str, int]]:
 
 
 def _lower_one(recipe: Recipe, raw: Any, phase: str, variant: str, key: str) -> LoweredGraph:
-    from trtpipe.plugins.trt_lowering import custom_nodes, lower_for_trt
+    from trtpipe.plugins.lowering.trt import custom_nodes, lower_for_trt
 
     plugin_free = variant == "plugin_free"
     asymmetric_int4 = recipe.engine.plugin_free_int4 if plugin_free else "refuse"
@@ -96,7 +96,7 @@ def lower_trt(recipe: Recipe, exported: ExportedGraphs, *, log: Callable[[str], 
     """Lower every exported phase for each variant. Raises :class:`BuildError` when the first
     variant fails; a failure of the second is recorded in ``variant_errors`` and its graphs dropped
     (a variant is usable only if every phase lowered)."""
-    from trtpipe.plugins.errors import OpError
+    from trtpipe.plugins.core.errors import OpError
 
     variants = variants_for(recipe)
     out = TrtGraphs(variants, {}, {}, {})

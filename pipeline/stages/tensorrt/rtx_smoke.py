@@ -25,7 +25,7 @@ from pathlib import Path
 from trtpipe.pipeline.stages.errors import BuildError
 from trtpipe.pipeline.stages.tensorrt.profiles import OptimizationProfile, ShapeRanges
 from trtpipe.pipeline.stages.tensorrt.spec import load_spec
-from trtpipe.plugins.versions import TRT_PLUGINS_REQUIREMENT
+from trtpipe.plugins.core.versions import TRT_PLUGINS_REQUIREMENT
 
 RTX_SMS = (75, 80, 86, 89, 120)
 

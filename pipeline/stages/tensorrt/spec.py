@@ -21,7 +21,7 @@ from typing import Any
 
 from trtpipe.pipeline.stages.errors import BuildError
 from trtpipe.pipeline.stages.tensorrt.profiles import PlanSpec
-from trtpipe.plugins.versions import TRT_PLUGINS_MIN_VERSION, TRT_PLUGINS_REQUIREMENT
+from trtpipe.plugins.core.versions import TRT_PLUGINS_MIN_VERSION, TRT_PLUGINS_REQUIREMENT
 from trtpipe.runtime.artifact.manifest import KVLayout
 from trtpipe.runtime.artifact.model_config import ModelConfig
 

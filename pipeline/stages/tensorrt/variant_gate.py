@@ -2,7 +2,7 @@
 
 TensorRT's INT4 ``DequantizeLinear`` is symmetric only, so asymmetric INT4 weights (GGUF Q4_1)
 reach the plugin-free graphs changed (``engine.plugin_free_int4``): re-quantized symmetrically
-(:func:`~trtpipe.plugins.int4_pack.requantize_symmetric`) or dequantized to the activation dtype.
+(:func:`~trtpipe.plugins.ops.int4_gemm.pack.requantize_symmetric`) or dequantized to the activation dtype.
 Those weights are not the artifact's other weights, so the build measures them before it ships
 them: the torch reference with exactly the weights the lowering writes (the same function on the
 same packed codes, scales and zero points), run teacher-forced over the golden sequences::
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from trtpipe.pipeline.recipe import Recipe
-from trtpipe.plugins.versions import TRT_PLUGINS_REQUIREMENT
+from trtpipe.plugins.core.versions import TRT_PLUGINS_REQUIREMENT
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,8 @@ def requantized_reference(ref_int4: Any, mode: str = "requantize_symmetric", *, 
 
     8-bit and symmetric linears are unchanged."""
     from trtpipe.pipeline.model.reference import FloatLinear, Int4Linear
-    from trtpipe.plugins.int4_pack import requantize_symmetric
-    from trtpipe.plugins.reference import dequantize_int4
+    from trtpipe.plugins.ops.int4_gemm.pack import requantize_symmetric
+    from trtpipe.plugins.ops.int4_gemm.reference import dequantize_int4
 
     out = copy.deepcopy(ref_int4)
     for parent in list(out.modules()):

@@ -1,0 +1,1 @@
+"""What every custom op shares: the exception family, the dtype table, the references' input checks, versions, RoPE tables."""

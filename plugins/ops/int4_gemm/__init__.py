@@ -1,0 +1,1 @@
+"""``trtpipe::Int4Gemm``: its description, ONNX shape inference, NumPy reference, the MatMulNBits layout, quantization and GGUF repacking, torch op, exporter translation, lowerings, Triton kernel and launcher, TensorRT plugin."""

@@ -1,0 +1,1 @@
+"""Ahead-of-time compilation of the ops' Triton kernels (no GPU needed)."""
