@@ -109,7 +109,7 @@ class LLM:
             enable_prefix_caching=prefix_caching,
             build_hash=build_id,
         )
-        self.step_stats = step_stats or StepStats(num_kv_blocks=m.kv.num_blocks - 1)
+        step_stats = step_stats or StepStats(num_kv_blocks=m.kv.num_blocks - 1)
         self._live: dict[str, LiveRequest] = {}
         self._ids = itertools.count()
         if scheduler_policy not in ("slo", "fcfs"):
@@ -122,7 +122,7 @@ class LLM:
             self.engine,
             self.scheduler,
             self._live,
-            self.step_stats,
+            step_stats,
             fuse_mixed_steps=self.fuse_mixed_steps,
             step_cost=lambda: self.step_cost,
         )
@@ -283,6 +283,15 @@ class LLM:
     def engine_time_s(self) -> float:
         """Seconds spent inside the engines since load (the rest of a step is the runtime's)."""
         return self._runner.engine_time_s
+
+    @property
+    def step_stats(self) -> StepStats:
+        """The per-step counters the steps feed (a workload swaps in its own for a run)."""
+        return self._runner.step_stats
+
+    @step_stats.setter
+    def step_stats(self, stats: StepStats) -> None:
+        self._runner.step_stats = stats
 
     @property
     def steps(self) -> int:

@@ -35,7 +35,8 @@ def _recipe(tmp_path: Path, ttft_p50_ms: float) -> Path:
             "budgets": {"ttft_ms": {"p50": ttft_p50_ms}},
         }
     ]
-    path = tmp_path / f"smollm2-135m-cpu-{ttft_p50_ms:g}.yaml"
+    path = tmp_path / f"ttft-{ttft_p50_ms:g}" / "smollm2-135m-cpu.yaml"  # named as its recipe: reports in validate/
+    path.parent.mkdir(exist_ok=True)
     path.write_text(yaml.safe_dump(data))
     return path
 
@@ -94,7 +95,8 @@ def test_goodput_over_http(server, tmp_path):
     scen = data["validate"]["scenarios"][0]
     del scen["concurrency"]
     scen.update(arrival_rate_per_s=2.0, num_requests=3, output_tokens=4)
-    path = tmp_path / "poisson.yaml"
+    path = tmp_path / "poisson" / "smollm2-135m-cpu.yaml"
+    path.parent.mkdir()
     path.write_text(yaml.safe_dump(data))
     cmd = [
         sys.executable,
@@ -129,7 +131,8 @@ def test_serve_flag_starts_the_server_with_the_recipes_runtime_settings(tmp_path
 
     data = yaml.safe_load(_recipe(tmp_path, 1000).read_text())
     data["runtime"] = {"prefix_caching": False, "scheduler": {"tpot_budget_ms": 50, "itl_budget_ms": 100}}
-    path = tmp_path / "budgets.yaml"
+    path = tmp_path / "budgets" / "smollm2-135m-cpu.yaml"
+    path.parent.mkdir()
     path.write_text(yaml.safe_dump(data))
     cmd = serve_command(default_artifact, 1234, 2, load_recipe(path))
     flags = cmd[cmd.index("--port") + 2 :]
@@ -137,7 +140,7 @@ def test_serve_flag_starts_the_server_with_the_recipes_runtime_settings(tmp_path
         "--threads", "2", "--no-prefix-caching", "--scheduler-policy", "slo",
         "--tpot-budget-ms", "50.0", "--itl-budget-ms", "100.0",
     ]  # fmt: skip
-    data["scheduler"] = {"itl_budget_ms": 100}  # no TPOT budget: the ITL budget is also the TPOT budget
+    data["runtime"]["scheduler"] = {"itl_budget_ms": 100}  # no TPOT budget: the ITL budget is also the TPOT budget
     path.write_text(yaml.safe_dump(data))
     cmd = serve_command(default_artifact, 1234, None, load_recipe(path))
     assert cmd[cmd.index("--port") + 2 :] == [
@@ -147,7 +150,7 @@ def test_serve_flag_starts_the_server_with_the_recipes_runtime_settings(tmp_path
         "--itl-budget-ms",
         "100.0",
     ]
-    data["scheduler"] = {"policy": "fcfs", "itl_budget_ms": 100}  # serve refuses --itl-budget-ms under fcfs
+    data["runtime"]["scheduler"] = {"policy": "fcfs", "itl_budget_ms": 100}  # serve refuses --itl-budget-ms under fcfs
     path.write_text(yaml.safe_dump(data))
     cmd = serve_command(default_artifact, 1234, None, load_recipe(path))
     assert cmd[cmd.index("--port") + 2 :] == ["--no-prefix-caching", "--scheduler-policy", "fcfs"]
