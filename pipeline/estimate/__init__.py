@@ -51,7 +51,8 @@ from trtpipe.pipeline.estimate.model_facts import model_config_for
 from trtpipe.pipeline.estimate.notices import EstimateWarning
 from trtpipe.pipeline.estimate.render import render
 from trtpipe.pipeline.estimate.result import EXIT_FAILED, EXIT_OK, Estimate
-from trtpipe.pipeline.estimate.weights import PhaseWeights, activation_dtype, engine_weight_bytes, phase_weights
+from trtpipe.pipeline.estimate.weights import PhaseWeights, engine_weight_bytes, phase_weights
+from trtpipe.plugins.core.dtypes import activation_dtype
 
 __all__: Sequence[str] = (
     "Estimate",

@@ -18,11 +18,11 @@ from trtpipe.pipeline.estimate.memory import (
     weights_estimate,
 )
 from trtpipe.pipeline.estimate.result import Estimate
-from trtpipe.pipeline.estimate.weights import activation_dtype, phase_weights
+from trtpipe.pipeline.estimate.weights import phase_weights
 from trtpipe.pipeline.model.overrides import with_sliding_window
 from trtpipe.pipeline.recipe import Recipe
 from trtpipe.pipeline.targets import TargetSpec, compute_dtype
-from trtpipe.plugins.core.dtypes import dtype
+from trtpipe.plugins.core.dtypes import dtype, kv_cache_dtype
 from trtpipe.runtime.artifact.model_config import ModelConfig
 
 
@@ -48,7 +48,7 @@ def roofline(recipe: Recipe, config: ModelConfig, target: TargetSpec) -> Rooflin
         )
         for ph in ("prefill", "decode")
     )
-    kv_dtype = recipe.kv_cache.dtype or activation_dtype(recipe.precision.decode, fam)
+    kv_dtype = kv_cache_dtype(recipe.kv_cache.dtype, recipe.precision.decode, fam)
     return Roofline(
         config,
         target,

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtpipe.pipeline.estimate.model_counts import kv_bytes_per_sequence
-from trtpipe.pipeline.estimate.weights import activation_dtype
 from trtpipe.pipeline.recipe import Recipe, plan_kv_num_blocks
-from trtpipe.plugins.core.dtypes import dtype
+from trtpipe.plugins.core.dtypes import dtype, kv_cache_dtype
 from trtpipe.runtime.artifact.model_config import ModelConfig
 from trtpipe.runtime.kv.planning import blocks_per_sequence
 
@@ -54,7 +53,7 @@ class KVEstimate:
 def kv_estimate(recipe: Recipe, config: ModelConfig, family: str) -> KVEstimate:
     """The KV cache of ``recipe`` for the model facts ``config`` (windows already applied) on
     ``family``: ``kv_cache.dtype``, or the decode phase's activation dtype."""
-    kv_dtype = recipe.kv_cache.dtype or activation_dtype(recipe.precision.decode, family)
+    kv_dtype = kv_cache_dtype(recipe.kv_cache.dtype, recipe.precision.decode, family)
     kv_b = dtype(kv_dtype).itemsize
     block_size = recipe.kv_cache.block_size
     block_bytes = block_size * config.kv_bytes_per_token(kv_b)

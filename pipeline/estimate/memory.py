@@ -18,10 +18,10 @@ from trtpipe.pipeline.estimate.kv import KVEstimate
 from trtpipe.pipeline.estimate.model_counts import total_params
 from trtpipe.pipeline.estimate.notices import EstimateWarning
 from trtpipe.pipeline.estimate.units import fmt_bytes
-from trtpipe.pipeline.estimate.weights import PhaseWeights, activation_dtype, engine_weight_bytes
+from trtpipe.pipeline.estimate.weights import PhaseWeights, engine_weight_bytes
 from trtpipe.pipeline.recipe import Recipe
 from trtpipe.pipeline.targets import TargetSpec
-from trtpipe.plugins.core.dtypes import dtype
+from trtpipe.plugins.core.dtypes import activation_dtype, dtype
 from trtpipe.runtime.artifact.model_config import ModelConfig
 
 SCORE_BYTES = 4  # attention scores / softmax are float32 (docs/contracts.md)

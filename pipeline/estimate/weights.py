@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trtpipe.pipeline.estimate.model_counts import bias_params, linear_params, norm_params
-from trtpipe.plugins.core.dtypes import dtype
+from trtpipe.plugins.core.dtypes import activation_dtype, dtype
 from trtpipe.runtime.artifact.model_config import ModelConfig
 from trtpipe.runtime.metrics.decode_bandwidth import weight_read_bytes
 
@@ -55,14 +55,6 @@ class PhaseWeights:
         gathers a few rows, unless the table is also the (tied) lm_head
         (:func:`trtpipe.runtime.metrics.decode_bandwidth.weight_read_bytes`)."""
         return weight_read_bytes(self.total_bytes, self.embedding_bytes, embedding_is_lm_head=self.lm_head_bytes == 0)
-
-
-def activation_dtype(precision: str, family: str) -> str:
-    """A phase's activation dtype on a target family: int4 is weight-only (fp32 activations on
-    cpu, fp16 on GPUs), the rest run in their own dtype (as :meth:`Recipe.activation_dtype`)."""
-    if precision == "int4":
-        return "fp32" if family == "cpu" else "fp16"
-    return precision
 
 
 def _int4_cpu_bytes(config: ModelConfig, group_size: int, form: str) -> tuple[int, int, int | None]:

@@ -33,6 +33,7 @@ from trtpipe.pipeline.recipe.schema_build import (
     RuntimeSpec,
 )
 from trtpipe.pipeline.recipe.schema_validate import ValidateSpec
+from trtpipe.plugins.core.dtypes import activation_dtype, kv_cache_dtype
 from trtpipe.runtime.kv.planning import blocks_for_tokens
 
 
@@ -144,15 +145,12 @@ class Recipe(Spec):
     def activation_dtype(self, phase: Phase) -> KVDtype:
         """Activation dtype of a phase: its precision, or for ``int4`` (weight-only) fp32 on
         the cpu target and fp16 on GPU targets."""
-        p = getattr(self.precision, phase)
-        if p == "int4":
-            return "fp32" if self.target == "cpu" else "fp16"
-        return p
+        return activation_dtype(getattr(self.precision, phase), self.target)  # type: ignore[return-value]
 
     @property
     def kv_dtype(self) -> KVDtype:
         """KV pool dtype: ``kv_cache.dtype`` or, when unset, the decode activation dtype."""
-        return self.kv_cache.dtype or self.activation_dtype("decode")
+        return kv_cache_dtype(self.kv_cache.dtype, self.precision.decode, self.target)  # type: ignore[return-value]
 
     @property
     def max_blocks_per_seq(self) -> int:

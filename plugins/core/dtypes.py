@@ -43,6 +43,20 @@ BY_ONNX_TYPE: dict[int, DType] = {d.onnx_type: d for d in DTYPES.values()}
 FLOAT_NAMES: tuple[str, ...] = ("fp32", "fp16", "bf16")
 
 
+def activation_dtype(precision: str, target_family: str) -> str:
+    """The dtype a phase computes in (the one home of this rule): its precision, or for ``int4``
+    (weight-only) fp32 on the ``cpu`` target family and fp16 on GPU families."""
+    if precision == "int4":
+        return "fp32" if target_family == "cpu" else "fp16"
+    return precision
+
+
+def kv_cache_dtype(kv_cache_setting: str | None, decode_precision: str, target_family: str) -> str:
+    """The KV pool's dtype: the recipe's ``kv_cache.dtype``, else the decode phase's activation
+    dtype (:func:`activation_dtype`)."""
+    return kv_cache_setting or activation_dtype(decode_precision, target_family)
+
+
 def dtype(name: str) -> DType:
     """The record for a recipe name (``fp16``) or a numpy/manifest name (``float16``). Raises
     ValueError naming the value and the accepted names."""

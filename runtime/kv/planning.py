@@ -11,10 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-
-def cdiv(a: int, b: int) -> int:
-    """Ceiling division of non-negative ints."""
-    return -(-a // b)
+from trtpipe.plugins.core.arith import cdiv  # noqa: F401  (the home of ceil-div; re-used here)
 
 
 def blocks_for_tokens(num_tokens: int, block_size: int) -> int:

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trtpipe.plugins.core.dtypes import dtype
+from trtpipe.plugins.core.dtypes import activation_dtype, dtype
 from trtpipe.runtime.artifact.model_config import ModelConfig
 
 
@@ -160,7 +160,7 @@ def read_model_from_manifest(manifest: Any) -> DecodeReadModel | None:
             tuple(c.layer_sliding_window),
             "the decode graph's weights minus gathered-only tables (build_info.decode_weight_read_bytes)",
         )
-    act = precision if precision != "int4" else ("fp32" if manifest.target.get("name") == "cpu" else "fp16")
+    act = activation_dtype(precision, "cpu" if manifest.target.get("name") == "cpu" else "gpu")
     return decode_read_model(
         manifest.model, manifest.kv.dtype, int(weight_bytes), act, manifest.runtime_options.get("shared_initializers")
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from trtpipe.plugins.core.arith import cdiv
 from trtpipe.plugins.ops.int4_gemm.spec import INT4_GEMM
 from trtpipe.plugins.ops.int4_gemm.trt_kernels import INT4_TACTICS
 from trtpipe.plugins.ops.trt_kernels import compile_plugin_kernel
@@ -40,6 +41,6 @@ def register_int4_gemm(trtp: Any, trt: Any) -> Any:
         name, ptx, k = compile_plugin_kernel("Int4Gemm", fields(a, PLUGIN), dt, cc=TARGET_CC["cc"], tactic=a.tactic)
         bm, bn = INT4_TACTICS.get(a.tactic, INT4_TACTICS[1])[:2]
         M = a.a.shape_expr.numel() // a.K
-        return launch(trtp, name, ptx, (trtp.cdiv(M, bm), -(-a.N // bn)), k, (M,))
+        return launch(trtp, name, ptx, (trtp.cdiv(M, bm), cdiv(a.N, bn)), k, (M,))
 
     return register_plugin(trtp, PLUGIN, desc=desc, autotune=autotune, aot_impl=aot_impl)

@@ -27,6 +27,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from trtpipe.plugins.core.arith import cdiv
 from trtpipe.plugins.core.checks import as_float_array, as_int_array, positive_int, shape_error
 from trtpipe.plugins.core.errors import OpError
 from trtpipe.plugins.ops.paged_attention.spec import PAGED_ATTENTION
@@ -207,7 +208,7 @@ def _sequence_keys(
         )
     if ctx > MB * BS:
         raise OpError(
-            f"context_lens[{s}]={ctx} needs {-(-ctx // BS)} blocks but block_tables has only "
+            f"context_lens[{s}]={ctx} needs {cdiv(ctx, BS)} blocks but block_tables has only "
             f"MB={MB} columns (block_size={BS}); widen block_tables"
         )
     positions = first + np.arange(n)  # [n]
