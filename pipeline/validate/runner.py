@@ -16,9 +16,10 @@ arrival, so queueing is included; the prefill-only time is reported beside it; T
 first token; ITL is over all token gaps; percentiles interpolate linearly (numpy's default).
 
 Artifact/recipe match: the artifact must come from this recipe. When the manifest records a
-``build_info["build_hash"]`` (the hash of the build-relevant fields, i.e. everything but
-``description`` and the ``validate`` section, see :func:`build_hash`) that is compared, so budgets
-and scenarios can be edited without a rebuild; otherwise the full recipe hash is compared.
+``build_info["build_hash"]`` (the hash of the build-relevant fields: every section but
+``description``, ``runtime`` and ``validate``, see :func:`build_hash`) that is compared, so
+budgets, scenarios and runtime settings can be edited without a rebuild; otherwise the full
+recipe hash is compared.
 
 The correctness check is :mod:`trtpipe.pipeline.validate.correctness` (a typed
 :class:`CorrectnessResult`); one scenario's run :mod:`trtpipe.pipeline.validate.scenario`; the
