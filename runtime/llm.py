@@ -38,13 +38,27 @@ from trtpipe.runtime.sched.slo_policy import SloChunkPolicy, check_budget_ms, fc
 from trtpipe.runtime.sched.step_cost import StepCostModel, load_or_calibrate
 
 if TYPE_CHECKING:  # engines import their backends (onnxruntime, tensorrt) when constructed
+    from trtpipe.runtime.engines.native import NativeEngine
     from trtpipe.runtime.engines.ort import OrtEngine
     from trtpipe.runtime.engines.trt import TrtEngine
 
+ENGINES = ("auto", "native", "ort")
 
-def _load_engine(m: Manifest, pool: KVPool, num_threads: int | None) -> OrtEngine | TrtEngine:
-    """The engines of the artifact's backend over ``pool`` (their backend imported only here)."""
+
+def _load_engine(
+    m: Manifest, pool: KVPool, num_threads: int | None, engine: str = "auto"
+) -> NativeEngine | OrtEngine | TrtEngine:
+    """The engines of the artifact's backend over ``pool`` (their backend imported only here).
+    ``engine`` (cpu artifacts): ``auto`` = the native engine where the artifact has one, else
+    ONNX Runtime; ``native`` / ``ort`` force one. Raises :class:`ArtifactError` for ``native``
+    on an artifact without it, :class:`RequestError` for an unknown name."""
+    if engine not in ENGINES:
+        raise RequestError(f"engine={engine!r}: expected one of {', '.join(ENGINES)}. Fix: use auto.")
     if m.options.backend == "ort":
+        if engine == "native" or (engine == "auto" and m.options.native is not None):
+            from trtpipe.runtime.engines.native import NativeEngine
+
+            return NativeEngine(m, pool, num_threads=num_threads)
         from trtpipe.runtime.engines.ort import OrtEngine
 
         return OrtEngine(m, pool, num_threads=num_threads)
@@ -67,6 +81,8 @@ class LLM:
         tpot_budget_ms, itl_budget_ms: the ``slo`` policy's budgets (None = none; change them with
             :meth:`set_tpot_budget`); setting one measures the engine's step-cost model once.
         fuse_mixed_steps: a step's prompt chunks and decodes in one engine call where it can; False = two.
+        engine: cpu artifacts: ``auto`` (the native engine where the artifact has one, else ONNX
+            Runtime), ``native`` or ``ort``.
 
     ``prefix_cache_queries`` / ``prefix_cache_hits``: prompt tokens looked up in / found in the
     prefix cache since load (counters for ``trtpipe:prefix_cache_queries`` / ``_hits``).
@@ -85,6 +101,7 @@ class LLM:
         tpot_budget_ms: float | None = None,
         itl_budget_ms: float | None = None,
         fuse_mixed_steps: bool = True,
+        engine: str = "auto",
     ):
         require_bools(prefix_caching=prefix_caching, fuse_mixed_steps=fuse_mixed_steps)
         self.manifest: Manifest = load_manifest(artifact_dir)
@@ -95,7 +112,7 @@ class LLM:
             eos_token_id=(m.model.eos_token_ids or (None,))[0],
         )
         self.pool = KVPool(m.kv)
-        self.engine: OrtEngine | TrtEngine = _load_engine(m, self.pool, num_threads)
+        self.engine: NativeEngine | OrtEngine | TrtEngine = _load_engine(m, self.pool, num_threads, engine)
         self.block_pool = BlockPool(m.kv.num_blocks)
         self.kv_manager = KVCacheManager(self.block_pool, m.kv.block_size, m.kv.sliding_window)
         # The artifact's identity in every block hash: its build hash and its inputs (weights).
