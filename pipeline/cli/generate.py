@@ -12,7 +12,7 @@ import sys
 import click
 
 from trtpipe.pipeline.artifact.locate import resolve_artifact
-from trtpipe.pipeline.cli.common import EXIT_FAILED, EXIT_OK, THREADS_HELP, artifacts_option, fail
+from trtpipe.pipeline.cli.common import ENGINE_HELP, EXIT_FAILED, EXIT_OK, THREADS_HELP, artifacts_option, fail
 from trtpipe.plugins.core.errors import TrtpipeError
 
 GENERATE_SYSTEM_HELP = "System message of the chat template (implies --chat)."
@@ -57,6 +57,9 @@ def _add_sampling_options(f, system_help: str):
             click.option("--system", default=None, help=system_help),
             artifacts_option,
             click.option("--threads", default=None, type=click.IntRange(min=1), help=THREADS_HELP),
+            click.option(
+                "--engine", default="auto", show_default=True, type=click.Choice(["auto", "native", "ort"]), help=ENGINE_HELP
+            ),
         ]
     ):
         f = opt(f)
@@ -79,6 +82,7 @@ def generate_cmd(
     system: str | None,
     artifact_root: str,
     threads: int | None,
+    engine: str,
     stream: bool,
 ) -> None:
     """Generate text for PROMPT with a built artifact (no torch, no model package needed).
@@ -99,7 +103,7 @@ def generate_cmd(
         text = read_prompt(prompt, prompt_file)
         params = sampling_params_from_flags(**sampling_flags)
         art = resolve_artifact(recipe_or_artifact, artifact_root)
-        llm = LLM(art, num_threads=threads)
+        llm = LLM(art, num_threads=threads, engine=engine)
         if system is not None:
             ids = llm.encode_chat([{"role": "system", "content": system}, {"role": "user", "content": text}])
         else:
@@ -151,7 +155,12 @@ def _target_bandwidth(name: str) -> float | None:
 @click.argument("recipe_or_artifact")
 @_sampling_options(CHAT_SYSTEM_HELP)
 def chat_cmd(
-    recipe_or_artifact: str, sampling_flags: dict, system: str | None, artifact_root: str, threads: int | None
+    recipe_or_artifact: str,
+    sampling_flags: dict,
+    system: str | None,
+    artifact_root: str,
+    threads: int | None,
+    engine: str,
 ) -> None:
     """Talk with a built artifact, turn by turn (the chat template, streamed answers).
 
@@ -170,7 +179,7 @@ def chat_cmd(
 
     try:
         params = sampling_params_from_flags(**sampling_flags)
-        llm = LLM(resolve_artifact(recipe_or_artifact, artifact_root), num_threads=threads)
+        llm = LLM(resolve_artifact(recipe_or_artifact, artifact_root), num_threads=threads, engine=engine)
         if not llm.manifest.model.chat_template:
             raise TrtpipeError(
                 "this model has no chat template in its metadata, so it cannot chat. "

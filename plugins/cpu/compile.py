@@ -66,3 +66,11 @@ def compile_library(isa: str, cache_dir: Path | None = None) -> Path:
             raise OpError(f"compiling the host CPU kernels for {isa} failed:\n{r.stderr[-4000:]}")
         os.replace(out, lib)  # atomic: a concurrent build sees the whole file or none
     return lib
+
+
+def sources_hash() -> str:
+    """Hash of the kernel sources alone (enters the build's inputs hash)."""
+    h = hashlib.sha256()
+    for s in (*SOURCES, "tp.h"):
+        h.update((CSRC / s).read_bytes())
+    return h.hexdigest()[:16]

@@ -54,3 +54,12 @@ def host_isa(flags: frozenset[str] | None = None) -> str | None:
         if not missing_flags(isa, flags):
             return isa
     return None
+
+
+def resolve_isa(setting: str, flags: frozenset[str] | None = None) -> str | None:
+    """The ISA a recipe's ``engine.cpu_isa`` names: ``host`` -> :func:`host_isa` (None when this
+    CPU runs none), else the setting itself (checked)."""
+    if setting == "host":
+        return host_isa(flags)
+    missing_flags(setting, frozenset())  # raises for an unknown name
+    return setting

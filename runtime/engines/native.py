@@ -63,7 +63,7 @@ class NativeEngine:
             self.lib = L.load(manifest.path(nat.library))
         except OpError as e:
             raise ArtifactError(f"{e}. Fix: `{manifest.rebuild_command}`.") from e
-        self.manifest, self.pool = manifest, pool
+        self.manifest, self.pool, self.isa = manifest, pool, nat.isa
         self.threads = _threads(num_threads, manifest)
         self.lib.tp_set_threads(self.threads)
         self.levels = dict(nat.activation_levels)
