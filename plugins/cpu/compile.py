@@ -1,5 +1,6 @@
 """Compile ``csrc/`` into one shared library for a target ISA (:mod:`.isa`) with the system C
-compiler (``$CC``, else ``cc``): ``-O3 -fopenmp`` and the ISA's flags, never ``-march=native``
+compiler (``$CC``, else ``cc``): ``-O3 -fopenmp -fno-math-errno -std=c11`` (ISO C: no FMA contraction, so the arithmetic is what
+the sources write) and the ISA's flags, never ``-march=native``
 (the build machine is not the target). Builds are cached by (sources, ISA, compiler) under
 ``$TRTPIPE_CACHE`` (default ``~/.cache/trtpipe``)/cpu-kernels.
 """
@@ -18,6 +19,7 @@ from trtpipe.plugins.cpu.isa import ISAS
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = ("act.c", "gemm.c", "ops.c", "attention.c", "forward.c")
+HEADERS = ("tp.h", "vmath.h")
 LIBRARY_NAME = "libtrtpipe_cpu.so"
 
 
@@ -29,15 +31,15 @@ def compiler() -> str | None:
 def _command(cc: str, isa: str, out: Path) -> list[str]:
     flags, _, define = ISAS[isa]
     srcs = [str(CSRC / s) for s in SOURCES]
-    return [cc, "-O3", "-fopenmp", "-fPIC", "-shared", "-std=c11", f"-D{define}", *flags, *srcs, "-o", str(out), "-lm"]
+    return [cc, "-O3", "-fopenmp", "-fno-math-errno", "-fPIC", "-shared", "-std=c11", f"-D{define}", *flags, *srcs, "-o", str(out), "-lm"]
 
 
 def build_key(isa: str, cc: str) -> str:
-    """Hash of the sources, ISA and compiler version: what decides a rebuild."""
+    """Hash of the sources, ISA, flags and compiler version: what decides a rebuild."""
     h = hashlib.sha256()
-    for s in (*SOURCES, "tp.h"):
+    for s in (*SOURCES, *HEADERS):
         h.update((CSRC / s).read_bytes())
-    h.update(isa.encode())
+    h.update(" ".join(_command("cc", isa, Path("lib"))).encode())
     ver = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
     h.update(ver.encode())
     return h.hexdigest()[:16]
@@ -71,6 +73,6 @@ def compile_library(isa: str, cache_dir: Path | None = None) -> Path:
 def sources_hash() -> str:
     """Hash of the kernel sources alone (enters the build's inputs hash)."""
     h = hashlib.sha256()
-    for s in (*SOURCES, "tp.h"):
+    for s in (*SOURCES, *HEADERS):
         h.update((CSRC / s).read_bytes())
     return h.hexdigest()[:16]

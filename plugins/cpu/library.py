@@ -91,6 +91,9 @@ def load(path: str | Path) -> C.CDLL:
         C.c_int, C.c_int, C.c_int, C.c_int, C.c_int, C.c_int, C.c_float, C.c_int, _f32p,
     ]  # fmt: skip
     lib.tp_kv_write.argtypes = [_f32p, _f32p, _f32p, _f32p, C.c_int, _i64p] + [C.c_int] * 5
+    lib.tp_rmsnorm.argtypes = [_f32p, _f32p, C.c_float, _f32p, C.c_int, C.c_int]
+    lib.tp_silu_mul.argtypes = [_f32p, _f32p, C.c_int, C.c_int]
+    lib.tp_rope.argtypes = [_f32p, C.c_int, C.c_int, C.c_int, C.c_int, _i64p, _f32p, _f32p]
     _loaded[key] = lib
     return lib
 

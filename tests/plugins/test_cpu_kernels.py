@@ -95,16 +95,29 @@ def test_gemm_matches_the_integer_reference_and_the_float_product(lib, kind, M):
         assert np.abs(y - exact).max() / scale < tol
 
 
+ATTENTION_CASES = {
+    # H, KVH, D, BS, chunk lengths, context lengths: small shapes (the kernels' plain loops) and
+    # SmolLM2's (9:3 heads, D 64, blocks of 16: the vector paths), with a 40-token chunk (3 query blocks)
+    "small": (4, 2, 16, 4, [3, 6, 1], [9, 6, 11]),
+    "smollm2": (9, 3, 64, 16, [40, 17, 1], [75, 17, 50]),
+}
+
+
 @pytest.mark.parametrize("window", [0, 5])
-def test_paged_attention_matches_the_op_reference(lib, window):
+@pytest.mark.parametrize("case", list(ATTENTION_CASES))
+def test_paged_attention_matches_the_op_reference(lib, window, case):
     """A prefill chunk continuing a cached prefix, a fresh prompt and a 1-token decode row in one
-    call (GQA 4:2, scattered blocks), against plugins/ops/paged_attention/reference.py."""
+    call (GQA, scattered blocks), against plugins/ops/paged_attention/reference.py."""
     rng = np.random.default_rng(4)
-    H, KVH, D, BS, NB = 4, 2, 16, 4, 12
-    chunks, ctx = [3, 6, 1], [9, 6, 11]  # tokens this step, tokens in the pool after it
+    H, KVH, D, BS, chunks, ctx = ATTENTION_CASES[case]
     S, T = len(chunks), sum(chunks)
-    MB = 3
-    tables = np.array([[3, 7, 1], [5, 2, 0], [9, 4, 11]], np.int64)
+    MB = max(-(-c // BS) for c in ctx)
+    NB = S * MB + 2
+    perm = rng.permutation(np.arange(1, NB))  # scattered physical blocks, 0 the null block
+    tables = np.zeros((S, MB), np.int64)
+    for s in range(S):
+        n = -(-ctx[s] // BS)
+        tables[s, :n] = perm[s * MB : s * MB + n]
     qsl = np.concatenate([[0], np.cumsum(chunks)]).astype(np.int64)
     slots = np.concatenate(
         [[tables[s, p // BS] * BS + p % BS for p in range(ctx[s] - chunks[s], ctx[s])] for s in range(S)]
@@ -133,6 +146,23 @@ def test_paged_attention_matches_the_op_reference(lib, window):
         library.ptr(out, f32p),
     )  # fmt: skip
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_silu_mul_and_rmsnorm_match_numpy(lib):
+    rng = np.random.default_rng(5)
+    F, M = 72, 3  # 72: vector lanes and a scalar tail
+    gu = (rng.standard_normal((M, 2 * F)) * 4).astype(np.float32)
+    gu[0, :4] = [-100.0, 100.0, 0.0, -87.5]  # exp under- and overflow edges
+    y = np.zeros((M, F), np.float32)
+    lib.tp_silu_mul(library.ptr(gu, library._f32p), library.ptr(y, library._f32p), M, F)
+    g, u = gu[:, :F].astype(np.float64), gu[:, F:].astype(np.float64)
+    np.testing.assert_allclose(y, g / (1 + np.exp(-g)) * u, rtol=2e-6, atol=1e-30)
+    x = rng.standard_normal((M, 96)).astype(np.float32)
+    w = rng.standard_normal(96).astype(np.float32)
+    out = np.zeros_like(x)
+    lib.tp_rmsnorm(library.ptr(x, library._f32p), library.ptr(w, library._f32p), 1e-5, library.ptr(out, library._f32p), M, 96)
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(out, w * x64 / np.sqrt((x64**2).mean(1, keepdims=True) + 1e-5), rtol=2e-6, atol=1e-7)
 
 
 def test_unknown_isa_and_missing_flags_are_named():

@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include "tp.h"
+#include "vmath.h"
 
 void tp_rmsnorm(const float *x, const float *w, float eps, float *y, int M, int H) {
 #pragma omp parallel for schedule(static) if (M > 8)
@@ -42,7 +43,13 @@ void tp_silu_mul(const float *gu, float *y, int M, int F) {
   for (int m = 0; m < M; m++) {
     const float *g = gu + (size_t)m * 2 * F, *u = g + F;
     float *yr = y + (size_t)m * F;
-    for (int i = 0; i < F; i++) yr[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+    int i = 0;
+    for (; i + VL <= F; i += VL) {
+      const fv gv = FV_LOAD(g + i);
+      const fv e = tp_vexp(FV_SUB(FV_ZERO(), gv));
+      FV_STORE(yr + i, FV_MUL(FV_DIV(gv, FV_ADD(FV_SET1(1.f), e)), FV_LOAD(u + i)));
+    }
+    for (; i < F; i++) yr[i] = g[i] / (1.f + expf(-g[i])) * u[i];
   }
 }
 
