@@ -58,7 +58,11 @@ def _add_sampling_options(f, system_help: str):
             artifacts_option,
             click.option("--threads", default=None, type=click.IntRange(min=1), help=THREADS_HELP),
             click.option(
-                "--engine", default="auto", show_default=True, type=click.Choice(["auto", "native", "ort"]), help=ENGINE_HELP
+                "--engine",
+                default="auto",
+                show_default=True,
+                type=click.Choice(["auto", "native", "ort"]),
+                help=ENGINE_HELP,
             ),
         ]
     ):
@@ -137,7 +141,7 @@ def _request_stats(llm, out) -> str:
     ttft = f"{m.ttft_s * 1e3:.1f} ms" if m.ttft_s is not None else "n/a"
     target = llm.manifest.target.get("name")
     peak = None if target in (None, "cpu") else _target_bandwidth(target)
-    bw = request_decode_note(llm.manifest, m.prompt_tokens, m.output_tokens, m.tpot_s, peak)
+    bw = request_decode_note(llm.manifest, m.prompt_tokens, m.output_tokens, m.tpot_s, peak, llm.engine.backend)
     return f"[{out.finish_reason}] {m.output_tokens} tokens, TTFT {ttft}, TPOT {tpot}{bw}"
 
 

@@ -230,17 +230,16 @@ class EngineSpec(Spec):
     Q4_1 artifact; peak 620 vs 794 MiB with the int8 form; TPOT within noise once ORT's
     memory-pattern planning is off for that session); needs the same precision in both phases.
     ``two`` loads the decode graph in its own session. ``auto`` = one when prefill and decode precisions are equal.
-    ``cpu_backend`` (cpu only): which engine runs the artifact. ``native``: the host CPU
-    kernels (``plugins/cpu``: tile-interleaved Q4/Q8 GEMMs on VNNI or AVX2, fused paged attention,
-    the whole forward in one C call per step; needs GGUF Q4_0/Q4_1 linears, a Q8_0 embedding and
-    head, fp32 KV and a C compiler at build); ``ort``: ONNX Runtime only; ``auto`` (default):
-    native where the model and the build machine allow it, else ort, the reason printed. The ONNX
-    graphs are built either way (``--engine ort`` runs them). ``cpu_isa`` (native): the target
-    CPU's instruction set, ``host`` (the build machine's best: avx512_vnni, else avx2),
-    ``avx512_vnni`` or ``avx2`` (portable to every x86-64 since 2015); recorded in the manifest,
-    and an artifact whose ISA the running CPU lacks is refused with the rebuild command.
-    ``cpu_activation_levels`` (native): int8 levels of each GEMM's activations, one value or one
-    per phase: 2 (default; relative error ~1e-5: the fp32 reference's answers) or 1 (faster).
+    ``cpu_backend`` (cpu only): ``native`` runs the host CPU kernels (``plugins/cpu``: Q4/Q8
+    GEMMs on VNNI or AVX2, fused paged attention, one C call per step; needs GGUF Q4_0/Q4_1
+    linears, a Q8_0 embedding and head, fp32 KV, a C compiler at build); ``ort`` ONNX Runtime
+    only; ``auto`` (default) native where the model and build machine allow it, else ort (the
+    reason printed). The ONNX graphs are built either way (``--engine ort`` runs them).
+    ``cpu_isa`` (native): ``host`` (the build machine's best: avx512_vnni, else avx2),
+    ``avx512_vnni`` or ``avx2`` (every x86-64 since 2015); recorded in the manifest; an artifact
+    whose ISA the running CPU lacks is refused with the rebuild command.
+    ``cpu_activation_levels`` (native): int8 levels of GEMM activations, one value or per phase:
+    2 (default; ~1e-5 relative error: the reference's answers) or 1 (faster; flips near-ties).
     ``ort_fused_steps`` (cpu only): a step that carries prompt chunks and decode tokens runs them
     in one call of the prefill graph (the decode tokens as trailing 1-token rows, which the graph
     then sends through a decode attention path instead of padding them to the longest chunk), so

@@ -16,9 +16,9 @@ from typing import Any
 
 from trtpipe.pipeline.artifact.identity import rebuild_command
 from trtpipe.pipeline.recipe import Recipe, build_fields, build_hash, recipe_hash
+from trtpipe.pipeline.stages.errors import BuildError
 from trtpipe.pipeline.stages.export import export_graphs
 from trtpipe.pipeline.stages.golden.stage import GOLDEN_FILE, write_golden
-from trtpipe.pipeline.stages.errors import BuildError
 from trtpipe.pipeline.stages.load import PreparedModel, load_model, prepare_model
 from trtpipe.pipeline.stages.lower_ort import check_cpu_precisions, lower_ort
 from trtpipe.pipeline.stages.native import native_support, write_native

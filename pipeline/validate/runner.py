@@ -251,7 +251,7 @@ def _write_report(
         scenarios=reports,
         correctness=correctness.to_dict(),
         env=env,
-        decode_read=read_model_from_manifest(llm.manifest),
+        decode_read=read_model_from_manifest(llm.manifest, llm.engine.backend),
         target_bandwidth_bytes_per_s=peak_bw,
     )
 

@@ -31,7 +31,21 @@ def compiler() -> str | None:
 def _command(cc: str, isa: str, out: Path) -> list[str]:
     flags, _, define = ISAS[isa]
     srcs = [str(CSRC / s) for s in SOURCES]
-    return [cc, "-O3", "-fopenmp", "-fno-math-errno", "-fPIC", "-shared", "-std=c11", f"-D{define}", *flags, *srcs, "-o", str(out), "-lm"]
+    return [
+        cc,
+        "-O3",
+        "-fopenmp",
+        "-fno-math-errno",
+        "-fPIC",
+        "-shared",
+        "-std=c11",
+        f"-D{define}",
+        *flags,
+        *srcs,
+        "-o",
+        str(out),
+        "-lm",
+    ]
 
 
 def build_key(isa: str, cc: str) -> str:

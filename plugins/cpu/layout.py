@@ -68,7 +68,9 @@ def tile_q4(codes: np.ndarray, d: np.ndarray, m: np.ndarray, name: str = "weight
     c = codes.reshape(N // TILE, TILE, K // 8, 2, 4)  # [tile, r, g, half, i]
     packed = c[:, :, :, 0, :] | (c[:, :, :, 1, :] << 4)  # [tile, r, g, i]
     out = np.ascontiguousarray(packed.transpose(0, 2, 1, 3)).reshape(-1)  # [tile, g, r, i]
-    return TiledWeight("q4", N, K, out, _blocks_fp16(f"{name} scales", d, N, K), _blocks_fp16(f"{name} minimums", m, N, K))
+    return TiledWeight(
+        "q4", N, K, out, _blocks_fp16(f"{name} scales", d, N, K), _blocks_fp16(f"{name} minimums", m, N, K)
+    )
 
 
 def tile_q8(codes: np.ndarray, d: np.ndarray, name: str = "weight") -> TiledWeight:
@@ -86,9 +88,14 @@ def concat_rows(name: str, parts: list[TiledWeight]) -> TiledWeight:
     if len(kinds) != 1 or len(Ks) != 1:
         raise OpError(f"{name}: cannot fuse linears of kinds {sorted(kinds)} and K {sorted(Ks)}")
     kind, K = kinds.pop(), Ks.pop()
-    m = np.concatenate([p.m for p in parts]) if kind == "q4" else None  # type: ignore[misc]
+    m = np.concatenate([p.m for p in parts if p.m is not None]) if kind == "q4" else None
     return TiledWeight(
-        kind, sum(p.N for p in parts), K, np.concatenate([p.codes for p in parts]), np.concatenate([p.d for p in parts]), m
+        kind,
+        sum(p.N for p in parts),
+        K,
+        np.concatenate([p.codes for p in parts]),
+        np.concatenate([p.d for p in parts]),
+        m,
     )
 
 

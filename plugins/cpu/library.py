@@ -90,7 +90,7 @@ def load(path: str | Path) -> C.CDLL:
         _f32p, C.c_int, _f32p, _f32p, _i64p, C.c_int, _i64p, _i64p,
         C.c_int, C.c_int, C.c_int, C.c_int, C.c_int, C.c_int, C.c_float, C.c_int, _f32p,
     ]  # fmt: skip
-    lib.tp_kv_write.argtypes = [_f32p, _f32p, _f32p, _f32p, C.c_int, _i64p] + [C.c_int] * 5
+    lib.tp_kv_write.argtypes = [_f32p, _f32p, _f32p, _f32p, C.c_int, _i64p, C.c_int, C.c_int, C.c_int, C.c_int, C.c_int]
     lib.tp_rmsnorm.argtypes = [_f32p, _f32p, C.c_float, _f32p, C.c_int, C.c_int]
     lib.tp_silu_mul.argtypes = [_f32p, _f32p, C.c_int, C.c_int]
     lib.tp_rope.argtypes = [_f32p, C.c_int, C.c_int, C.c_int, C.c_int, _i64p, _f32p, _f32p]
@@ -107,7 +107,7 @@ def ptr(a: np.ndarray, kind):
 
 def weight_struct(w: TiledWeight) -> Weight:
     """The C view of a tiled weight (its arrays must outlive the struct)."""
-    m = ptr(w.m.view(np.uint16), _u16p) if w.m is not None else C.cast(None, _u16p)
+    m = ptr(w.m.view(np.uint16), _u16p) if w.m is not None else _u16p()  # NULL
     return Weight(_KINDS[w.kind], w.N, w.K, ptr(w.codes, _u8p), ptr(w.d.view(np.uint16), _u16p), m)
 
 

@@ -160,7 +160,9 @@ def test_silu_mul_and_rmsnorm_match_numpy(lib):
     x = rng.standard_normal((M, 96)).astype(np.float32)
     w = rng.standard_normal(96).astype(np.float32)
     out = np.zeros_like(x)
-    lib.tp_rmsnorm(library.ptr(x, library._f32p), library.ptr(w, library._f32p), 1e-5, library.ptr(out, library._f32p), M, 96)
+    lib.tp_rmsnorm(
+        library.ptr(x, library._f32p), library.ptr(w, library._f32p), 1e-5, library.ptr(out, library._f32p), M, 96
+    )
     x64 = x.astype(np.float64)
     np.testing.assert_allclose(out, w * x64 / np.sqrt((x64**2).mean(1, keepdims=True) + 1e-5), rtol=2e-6, atol=1e-7)
 
