@@ -80,14 +80,17 @@ def test_native_greedy_text_is_the_references(default_artifact, llms):
     assert list(out.output_token_ids)[:n] == seq["output_ids"][:n]
 
 
-def test_a_mixed_step_equals_its_parts(llms):
-    """Prompt chunks and 1-token rows in one forward give each sequence's logits of separate calls."""
+def test_a_rows_logits_do_not_depend_on_its_batch(llms):
+    """Batch invariance, bit for bit: activations are quantized per row, each row's sums run in
+    one order whatever the batch, so sequences prefilled together (one a 1-token row) give the
+    logits of separate calls exactly."""
     native = llms[0]
     p1 = native.encode_prompt(FRANCE, chat=True)
     p2 = native.encode_prompt("Hi", chat=False)
-    together = _prefill(native, [p1, p2])
-    apart = np.concatenate([_prefill(native, [p1]), _prefill(native, [p2])])
-    np.testing.assert_allclose(together, apart, rtol=0, atol=1e-4)
+    p3 = p1[:1]
+    together = _prefill(native, [p1, p2, p3])
+    apart = np.concatenate([_prefill(native, [p1]), _prefill(native, [p2]), _prefill(native, [p3])])
+    np.testing.assert_array_equal(together, apart)
 
 
 def test_an_isa_the_cpu_lacks_is_refused_with_the_rebuild(default_artifact, monkeypatch):
@@ -115,3 +118,29 @@ def test_a_slot_outside_the_pool_is_an_error_not_a_write(llms):
     )
     with pytest.raises(ArtifactError, match="outside the KV pool"):
         native.engine.prefill(batch)
+
+
+def test_a_prompt_in_two_chunks_gives_the_logits_of_one(llms):
+    """Chunked prefill (and so a prefix-cache hit) reads the first chunk's K/V back from the pool:
+    the last token's logits equal one-chunk prefill's bit for bit."""
+    native = llms[0]
+    ids = native.encode_prompt(FRANCE, chat=True)
+    bs = native.manifest.kv.block_size
+    table = list(range(1, 1 + -(-len(ids) // bs)))
+
+    def chunk(lo: int, hi: int) -> np.ndarray:
+        batch = PrefillBatch(
+            request_ids=("a",),
+            input_ids=np.asarray(ids[lo:hi], np.int64),
+            positions=np.arange(lo, hi, dtype=np.int64),
+            slot_mapping=np.asarray([table[p // bs] * bs + p % bs for p in range(lo, hi)], np.int64),
+            block_tables=np.asarray([table], np.int64),
+            context_lens=np.asarray([hi], np.int64),
+            query_start_loc=np.asarray([0, hi - lo], np.int64),
+            last_token_indices=np.asarray([hi - lo - 1], np.int64),
+        )
+        return native.engine.prefill(batch)
+
+    whole = chunk(0, len(ids))
+    chunk(0, 21)
+    np.testing.assert_array_equal(chunk(21, len(ids)), whole)
