@@ -103,10 +103,10 @@ def build_cpu(
         if golden:
             timings["golden_s"] = write_golden(recipe, model, exported, artifact_root, tmp, log=log)[1]
         native = None
-        isa = choose_cpu_backend(recipe, model, log)
-        if isa is not None:
+        chosen = choose_cpu_backend(recipe, model, log)
+        if chosen is not None:
             t = time.perf_counter()
-            native = write_native(recipe, model, tmp, isa, log)
+            native = write_native(model, tmp, *chosen, log=log)
             native["activation_levels"] = recipe.engine.cpu_activation_levels.model_dump()
             timings["native_s"] = time.perf_counter() - t
         decode_graph = lowered.graphs[ort_decode_graph(recipe)]
@@ -119,11 +119,15 @@ def build_cpu(
     return timings
 
 
-def choose_cpu_backend(recipe: Recipe, model: PreparedModel, log: Callable[[str], None] = print) -> str | None:
-    """The ISA to build the native engine for, or None for ONNX Runtime only
+def choose_cpu_backend(
+    recipe: Recipe, model: PreparedModel, log: Callable[[str], None] = print
+) -> tuple[str, Path] | None:
+    """The ISA and compiled library of the native engine, or None for ONNX Runtime only
     (``engine.cpu_backend``: ``auto`` falls back with the reason printed; ``native`` raises
-    :class:`BuildError` with it)."""
-    from trtpipe.plugins.cpu.compile import compiler
+    :class:`BuildError` with it). Compiling is part of the choice: a compiler that cannot build
+    the kernels (no OpenMP, an old gcc) is a reason like any other."""
+    from trtpipe.plugins.core.errors import OpError
+    from trtpipe.plugins.cpu.compile import compile_library, compiler
     from trtpipe.plugins.cpu.isa import resolve_isa
 
     setting = recipe.engine.cpu_backend
@@ -135,8 +139,11 @@ def choose_cpu_backend(recipe: Recipe, model: PreparedModel, log: Callable[[str]
         reason = "this build machine runs neither avx512_vnni nor avx2 (set engine.cpu_isa to the target's)"
     if reason is None and compiler() is None:
         reason = "no C compiler on the build machine (install gcc)"
-    if reason is None:
-        return isa
+    if reason is None and isa is not None:
+        try:
+            return isa, compile_library(isa)
+        except OpError as e:
+            reason = str(e)
     if setting == "native":
         raise BuildError(f"engine.cpu_backend = native: {reason}. Fix: set engine.cpu_backend: auto (or ort).")
     log(f"engine: ONNX Runtime (the native CPU engine cannot run this build: {reason})")

@@ -24,7 +24,6 @@ import numpy as np
 from trtpipe.pipeline.model.quantize import LINEAR_NAMES
 from trtpipe.pipeline.model.weights import LoadedModel, WeightTensor
 from trtpipe.pipeline.recipe import Recipe
-from trtpipe.pipeline.stages.errors import BuildError
 from trtpipe.pipeline.stages.load import PreparedModel
 from trtpipe.plugins.cpu.layout import TiledWeight, concat_rows, tile_q4, tile_q8
 from trtpipe.plugins.ops.int4_gemm.layout import unpack_int4_codes
@@ -110,19 +109,12 @@ def native_tensors(loaded: LoadedModel) -> dict[str, np.ndarray]:
 
 
 def write_native(
-    recipe: Recipe, model: PreparedModel, out_dir: Path, isa: str, log: Callable[[str], None] = print
+    model: PreparedModel, out_dir: Path, isa: str, library: Path, log: Callable[[str], None] = print
 ) -> dict[str, Any]:
-    """Write ``native.bin`` and the kernel library for ``isa`` into ``out_dir``; returns the
-    manifest's ``runtime_options.native``. Raises :class:`BuildError` when the library cannot be
-    compiled (no C compiler: the message says so and how to build without it)."""
-    from trtpipe.plugins.core.errors import OpError
-    from trtpipe.plugins.cpu.compile import compile_library
-
-    try:
-        lib = compile_library(isa)
-    except OpError as e:
-        raise BuildError(f"{e}") from e
-    shutil.copyfile(lib, out_dir / LIBRARY_FILE)
+    """Write ``native.bin`` and a copy of the kernel ``library`` (compiled for ``isa``) into
+    ``out_dir``; returns the manifest's ``runtime_options.native`` (without activation levels,
+    which are the recipe's)."""
+    shutil.copyfile(library, out_dir / LIBRARY_FILE)
     tensors = native_tensors(model.loaded)
     table: dict[str, list[Any]] = {}
     offset = 0
