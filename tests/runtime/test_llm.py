@@ -81,7 +81,7 @@ def test_decode_through_prefill_graph_equals_decode_graph(int4_artifact, tmp_pat
             (tmp_path / f.name).symlink_to(f)
     manifest["runtime_options"]["ort_decode_graph"] = "decode"
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
-    one, two = LLM(int4_artifact), LLM(tmp_path)
+    one, two = LLM(int4_artifact, engine="ort"), LLM(tmp_path, engine="ort")
     assert list(one.engine.sessions) == ["prefill"] and list(two.engine.sessions) == ["prefill", "decode"]
     prompts = ["The capital of France is", "def fib(n):", "Once upon a time, in a land far away,"]
     sp = SamplingParams(max_new_tokens=24, ignore_eos=True)

@@ -50,7 +50,8 @@ def test_long_prompt_during_decodes_keeps_steps_within_the_budget(default_artifa
     for s in log:  # planned = predicted x the host factor the policy used then
         if s.prefill_tokens and s.decode_batch:
             assert (
-                s.predicted_s * s.host_factor * 1e3 <= budget_ms + 1e-6 or s.prefill_tokens == llm.kv_manager.block_size
+                # or the policy's floor, one block (a prompt's last chunk may be shorter)
+                s.predicted_s * s.host_factor * 1e3 <= budget_ms + 1e-6 or s.prefill_tokens <= llm.kv_manager.block_size
             )
     # the policy tracks the host: its factor is the median measured/predicted of the last mixed steps
     recent = [s for s in log if s.prefill_tokens and s.decode_batch][-HOST_FACTOR_WINDOW:]
