@@ -15,7 +15,9 @@ continuous batching). Token ids and text are kept apart. Timings per request com
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,6 +31,8 @@ from trtpipe.runtime.kv.block_pool import BlockPool
 from trtpipe.runtime.kv.cache_manager import KVCacheManager
 from trtpipe.runtime.kv.pool import KVPool
 from trtpipe.runtime.metrics.request_metrics import RequestTimer, StepStats
+from trtpipe.runtime.sample.grammar import GrammarCompiler
+from trtpipe.runtime.sample.logprobs import check_logprobs_mode
 from trtpipe.runtime.sample.params import SamplingParams, require_bools
 from trtpipe.runtime.sample.sampler import make_generator
 from trtpipe.runtime.sched.request import Request, new_request
@@ -67,6 +71,9 @@ class LLM:
         tpot_budget_ms, itl_budget_ms: the ``slo`` policy's budgets (None = none; change them with
             :meth:`set_tpot_budget`); setting one measures the engine's step-cost model once.
         fuse_mixed_steps: a step's prompt chunks and decodes in one engine call where it can; False = two.
+        logprobs_mode: "raw" (log-softmax of the engine's logits, the default, vLLM's
+            ``raw_logprobs``) or "processed" (of the logits sampled from: after bias, penalties,
+            the grammar mask and temperature).
 
     ``prefix_cache_queries`` / ``prefix_cache_hits``: prompt tokens looked up in / found in the
     prefix cache since load (counters for ``trtpipe:prefix_cache_queries`` / ``_hits``).
@@ -85,8 +92,10 @@ class LLM:
         tpot_budget_ms: float | None = None,
         itl_budget_ms: float | None = None,
         fuse_mixed_steps: bool = True,
+        logprobs_mode: str = "raw",
     ):
         require_bools(prefix_caching=prefix_caching, fuse_mixed_steps=fuse_mixed_steps)
+        check_logprobs_mode(logprobs_mode)
         self.manifest: Manifest = load_manifest(artifact_dir)
         m = self.manifest
         self.tokenizer = Tokenizer.from_file(
@@ -125,7 +134,10 @@ class LLM:
             step_stats,
             fuse_mixed_steps=self.fuse_mixed_steps,
             step_cost=lambda: self.step_cost,
+            grammars=lambda: self.grammars,
+            logprobs_mode=logprobs_mode,
         )
+        self._grammars: GrammarCompiler | None = None
         self.step_cost_log = self._runner.step_cost_log  # the slo policy's (predicted, measured) steps
         self.set_tpot_budget(tpot_budget_ms, itl_budget_ms)
 
@@ -167,14 +179,16 @@ class LLM:
         return self.step_cost
 
     @property
-    def prefix_cache_queries(self) -> int:
-        """Prompt tokens looked up in the prefix cache since load (counter)."""
-        return self.scheduler.prefix_cache_queries
+    def grammars(self) -> GrammarCompiler:
+        """The structured-output compiler for this artifact's tokenizer (made on first use)."""
+        if self._grammars is None:
+            m = self.manifest
+            text = Path(m.path(m.tokenizer_file)).read_text(encoding="utf-8")
+            self._grammars = GrammarCompiler(text, self.tokenizer.vocab_size, self.tokenizer.eos_token_id)
+        return self._grammars
 
-    @property
-    def prefix_cache_hits(self) -> int:
-        """Prompt tokens found in the prefix cache since load (counter)."""
-        return self.scheduler.prefix_cache_hits
+    prefix_cache_queries = property(lambda self: self.scheduler.prefix_cache_queries, doc="Prompt tokens looked up.")
+    prefix_cache_hits = property(lambda self: self.scheduler.prefix_cache_hits, doc="Prompt tokens found cached.")
 
     # -- requests ----------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | bytes, chat: bool = False) -> list[int]:
@@ -205,9 +219,12 @@ class LLM:
         """A checked request for this artifact (text is encoded first, chat-templated when
         ``chat``), not queued yet: :func:`~trtpipe.runtime.sched.request.new_request` is the one
         place requests are checked. Pure (no engine state): the server calls it on its own
-        thread, then :meth:`submit` on the engine's. Raises :class:`RequestError`."""
+        thread, then :meth:`submit` on the engine's. A ``params.structured`` schema is compiled
+        here (cached by its hash) and the request gets its own matcher: call this off an event
+        loop. Raises :class:`RequestError` (``field`` "response_format" for a schema llguidance
+        cannot compile)."""
         ids = self.encode_prompt(prompt, chat) if isinstance(prompt, (str, bytes)) else list(prompt)
-        return new_request(
+        req = new_request(
             request_id or f"req-{next(self._ids)}",
             ids,
             params or SamplingParams(),
@@ -216,13 +233,42 @@ class LLM:
             arrival_time_s=arrival_s,
             cache_salt=cache_salt,
         )
+        if req.sampling_params.structured is not None:
+            req.grammar = self.grammars.matcher(req.sampling_params.structured)
+        return req
+
+    def new_requests(
+        self,
+        prompt: str | bytes | Sequence[int],
+        params: Sequence[SamplingParams],
+        *,
+        chat: bool = False,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+    ) -> list[Request]:
+        """The choices of one prompt (OpenAI's ``n``): one checked request per ``params`` entry
+        (choice i typically with seed + i), ids ``<id>`` then ``<id>-1``, ``<id>-2``... Every
+        choice after the first waits for the first's prompt KV and shares its full blocks
+        through the prefix cache (with prefix caching on); only the last partial block is
+        recomputed per choice. Raises :class:`RequestError` as :meth:`new_request`."""
+        ids = self.encode_prompt(prompt, chat) if isinstance(prompt, (str, bytes)) else list(prompt)
+        base = request_id or f"req-{next(self._ids)}"
+        arrival = time.monotonic()
+        out = []
+        for i, p in enumerate(params):
+            req = self.new_request(
+                ids, p, request_id=base if i == 0 else f"{base}-{i}", arrival_s=arrival, cache_salt=cache_salt
+            )
+            req.share_prefix_with = base if i > 0 and self.scheduler.prefix_cache.enabled else None
+            out.append(req)
+        return out
 
     def submit(self, request: Request, on_text: Callable[[str], None] | None = None) -> str:
         """Queue a request made by :meth:`new_request`; returns its id. ``on_text`` gets each new
         text piece (whole characters). Raises :class:`RequestError` for an id already in use."""
         ids = request.prompt_token_ids
         self.scheduler.add_request(request)
-        out = RequestOutput(request.request_id, ids)
+        out = RequestOutput(request.request_id, ids, logprobs=None if request.sampling_params.logprobs is None else [])
         self._live[request.request_id] = LiveRequest(
             request,
             IncrementalDetokenizer(self.tokenizer.backend, list(ids)),
@@ -285,6 +331,11 @@ class LLM:
         return self._runner.engine_time_s
 
     @property
+    def grammar_time_s(self) -> float:
+        """Seconds spent on structured-output masks and matchers inside steps since load."""
+        return self._runner.grammar_time_s
+
+    @property
     def step_stats(self) -> StepStats:
         """The per-step counters the steps feed (a workload swaps in its own for a run)."""
         return self._runner.step_stats
@@ -293,9 +344,7 @@ class LLM:
     def step_stats(self, stats: StepStats) -> None:
         self._runner.step_stats = stats
 
-    @property
-    def steps(self) -> int:
-        return self._runner.steps
+    steps = property(lambda self: self._runner.steps, doc="Steps run since load.")
 
     @property
     def num_preemptions(self) -> int:
@@ -316,10 +365,17 @@ class LLM:
         *,
         chat: bool = False,
     ) -> list[RequestOutput]:
-        """Run all prompts as one continuous batch; outputs in prompt order."""
+        """Run all prompts as one continuous batch; outputs in prompt order. A prompt whose params
+        ask ``n`` > 1 gives n outputs in a row (choice i sampled with seed + i, prompt KV shared:
+        :meth:`new_requests`)."""
         prompts = list(prompts)
         plist = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
-        rids = [self.add_request(p, sp, chat=chat) for p, sp in zip(prompts, plist)]
+        rids = []
+        for p, sp in zip(prompts, plist):
+            sp = sp or SamplingParams()
+            seeds = [None if sp.seed is None else sp.seed + i for i in range(sp.n)]
+            for req in self.new_requests(p, [replace(sp, seed=s, n=1) for s in seeds], chat=chat):
+                rids.append(self.submit(req))
         by_id = {o.request_id: o for o in self.run_until_done()}
         return [by_id[r] for r in rids]
 

@@ -21,7 +21,9 @@ from typing import Any
 import numpy as np
 
 from trtpipe.runtime.metrics.request_metrics import StepStats
-from trtpipe.runtime.sample.sampler import sample
+from trtpipe.runtime.sample.grammar import consume
+from trtpipe.runtime.sample.logprobs import TokenLogprobs
+from trtpipe.runtime.sample.sampler import SampleRow, sample_rows
 from trtpipe.runtime.sched.batch import DecodeBatch, PrefillBatch
 from trtpipe.runtime.sched.request import Request, RequestStatus
 from trtpipe.runtime.sched.request_output import LiveRequest, RequestOutput
@@ -35,7 +37,10 @@ class StepRunner:
     """Steps ``scheduler``'s requests through ``engine`` (an OrtEngine or TrtEngine: ``prefill``,
     ``decode``, ``last_step_s``). ``live``: request id -> :class:`LiveRequest` (detokenizer,
     timer, generator, output), filled by the LLM as requests arrive. ``step_cost``: the LLM's
-    step-cost model once measured (None before), for the slo policy's log."""
+    step-cost model once measured (None before), for the slo policy's log. ``grammars``: the
+    LLM's grammar compiler (masks of structured-output rows), called only when a row has a
+    matcher. ``logprobs_mode``: "raw" or "processed" (:mod:`trtpipe.runtime.sample.logprobs`).
+    ``grammar_time_s``: seconds spent filling grammar masks and advancing matchers."""
 
     def __init__(
         self,
@@ -46,6 +51,8 @@ class StepRunner:
         *,
         fuse_mixed_steps: bool,
         step_cost: Callable[[], StepCostModel | None],
+        grammars: Callable[[], Any] | None = None,
+        logprobs_mode: str = "raw",
     ):
         self.engine = engine
         self.scheduler = scheduler
@@ -57,6 +64,11 @@ class StepRunner:
         self.steps = 0
         self.num_preemptions = 0
         self.step_cost_log: deque[StepSample] = deque(maxlen=100_000)
+        self._grammars = grammars
+        self.logprobs_mode = logprobs_mode
+        self.grammar_time_s = 0.0
+        self._logprobs: dict[str, TokenLogprobs] = {}  # this step's records, until _emit
+        self._rejected: list[Request] = []  # finished this step: the grammar refused the token
 
     def step(self) -> list[RequestOutput]:
         """One scheduler step: prefill chunks + one decode batch. Returns finished outputs.
@@ -79,6 +91,8 @@ class StepRunner:
             self.scheduler.update(step, {})
             raise
         finished = self.scheduler.update(step, sampled)
+        finished.extend(self._rejected)
+        self._rejected = []
         self.steps += 1
         self.num_preemptions += len(step.preempted)
         self._log_step_cost(step, time.perf_counter() - t_step)
@@ -153,6 +167,9 @@ class StepRunner:
                 continue
             piece = live.detok.add(tok)
             live.output.output_token_ids.append(tok)
+            rec = self._logprobs.pop(rid, None)
+            if rec is not None and live.output.logprobs is not None:
+                live.output.logprobs.append(rec)
             live.timer.on_tokens(t, 1, piece)
             live.request.itl_sum_s = t - live.timer.token_times_s[0]  # the slo policy's TPOT so far
             if live.append_text(piece):
@@ -169,9 +186,40 @@ class StepRunner:
         return done
 
     def _sample(self, logits: np.ndarray, rids: list[str]) -> list[int]:
-        params = [self.live[r].request.sampling_params for r in rids]
-        gens = [self.live[r].rng for r in rids]
-        return [int(x) for x in sample(np.asarray(logits, np.float32), params, gens)]
+        """Sample ``[S, V]`` logits for ``rids`` (:func:`sample_rows`): grammar masks for rows with
+        a matcher, then advance those matchers; keeps logprob records for :meth:`_emit`."""
+        reqs = [self.live[r].request for r in rids]
+        rows = [
+            SampleRow(q.sampling_params, self.live[q.request_id].rng, q.prompt_token_ids, q.output_token_ids)
+            for q in reqs
+        ]
+        constrained = [i for i, q in enumerate(reqs) if q.grammar is not None]
+        bitmask = None
+        t0 = time.perf_counter()
+        if constrained and self._grammars is not None:
+            bitmask = self._grammars().fill_bitmask([reqs[i].grammar for i in constrained], constrained, len(rids))
+        self.grammar_time_s += time.perf_counter() - t0
+        toks, lps = sample_rows(
+            np.asarray(logits, np.float32),
+            rows,
+            eos_token_ids=self.scheduler.eos_token_ids,
+            bitmask=bitmask,
+            constrained=np.asarray(constrained, np.int64),
+            logprobs_mode=self.logprobs_mode,
+        )
+        t0 = time.perf_counter()
+        for i in constrained:
+            error = consume(reqs[i].grammar, int(toks[i]))
+            if error is not None:  # only a contradicting min_tokens/grammar row gets here
+                rid = rids[i]
+                done = self.scheduler.finish_request(rid, RequestStatus.FINISHED_ERROR, f"structured output: {error}")
+                if done is not None:
+                    self._rejected.append(done)
+        self.grammar_time_s += time.perf_counter() - t0
+        for rid, rec in zip(rids, lps):
+            if rec is not None:
+                self._logprobs[rid] = rec
+        return [int(x) for x in toks]
 
 
 __all__ = ["StepRunner"]

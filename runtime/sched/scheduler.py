@@ -227,6 +227,8 @@ class Scheduler:
         # Admitting while preempting would just swap requests in and out (vLLM does the same).
         while not preempted and self._waiting and budget > 0 and len(self._running) < self.max_batch_size:
             request = self._waiting[0]
+            if self._waits_for_sibling(request):
+                break  # n > 1: its prompt KV comes from the first choice's prefill (FCFS: all wait)
             hit = self._cached_prefix(request)
             num_cached = len(hit) * kv.block_size
             num_new = min(request.num_tokens - num_cached, budget)
@@ -300,6 +302,11 @@ class Scheduler:
         )
         self.last_prefill_cap = cap
         return min(self.max_num_tokens, len(decoding) + cap)
+
+    def _waits_for_sibling(self, request: Request) -> bool:
+        """True while the choice whose prompt KV ``request`` shares (n > 1) is still prefilling."""
+        sibling = self._requests.get(request.share_prefix_with or "")
+        return sibling is not None and (sibling.status is not RequestStatus.RUNNING or sibling.is_prefilling)
 
     def _cached_prefix(self, request: Request) -> list[int]:
         """Block ids of the longest cached prefix of ``request``'s tokens ([] when caching is off)."""

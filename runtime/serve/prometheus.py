@@ -20,7 +20,9 @@ Counters: ``prompt_tokens`` (prompt tokens of requests that got their prefill), 
 length, abort, timeout, error), ``num_preemptions``, ``requests_rejected{reason}`` (queue_full,
 shutting_down, engine_dead, bad_request, unauthorized), ``prefix_cache_queries`` / ``prefix_cache_hits``
 (prompt tokens looked up in / found in the prefix cache, vLLM v1's counters; hit rate = hits /
-queries; read from ``LLM.prefix_cache_queries`` / ``_hits`` at scrape time). Gauges are read at scrape time from the
+queries; read from ``LLM.prefix_cache_queries`` / ``_hits`` at scrape time),
+``ignored_request_fields{field}`` (request fields neither OpenAI's nor a known extension: ignored,
+as vLLM does, and counted; the field name is truncated to 64 characters). Gauges are read at scrape time from the
 engine: ``num_requests_running``, ``num_requests_waiting``, ``kv_cache_usage_perc`` (fraction of
 usable KV blocks in use, 0..1, as vLLM), ``kv_blocks_in_use``.
 """
@@ -145,6 +147,8 @@ class ServeMetrics:
         self._rejected = Counter(
             PREFIX + "requests_rejected", "Requests refused before admission.", (*labels, "reason"), registry=reg
         )
+        doc = "Unknown request fields ignored (vLLM logs them), by field name."
+        self._ignored = Counter(PREFIX + "ignored_request_fields", doc, (*labels, "field"), registry=reg)
         self._prefix = {
             name: Counter(PREFIX + name, doc, labels, registry=reg).labels(model_name)
             for name, doc in (
@@ -190,6 +194,11 @@ class ServeMetrics:
             self.tpot.observe(m.tpot_s)
         for gap in m.itl_s:
             self.itl.observe(gap)
+
+    def on_ignored_fields(self, fields: tuple[str, ...]) -> None:
+        """Count the unknown fields of one request (``ignored_request_fields_total{field}``)."""
+        for name in fields:
+            self._ignored.labels(self.model_name, name).inc()
 
     def on_rejected(self, reason: str) -> None:
         self._rejected.labels(self.model_name, reason).inc()
