@@ -25,6 +25,10 @@ from trtpipe.runtime.errors import RequestError
 from trtpipe.runtime.sample.structured import StructuredOutput
 
 MAX_CACHED_GRAMMARS = 256
+# JSON layout: json.dumps' separators and no other whitespace. llguidance's default (any run of
+# whitespace between tokens) lets a small model loop on newlines until max_tokens (measured:
+# 2 of 16 SmolLM2 outputs cut mid-document); a schema's "x-guidance" options still override this.
+JSON_OPTIONS: Any = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 class GrammarCompiler:
@@ -73,7 +77,7 @@ class GrammarCompiler:
 
         grammar = ""
         try:
-            grammar = LLMatcher.grammar_from_json_schema(so.schema_json)
+            grammar = LLMatcher.grammar_from_json_schema(so.schema_json, defaults=JSON_OPTIONS)
             is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, self.lltokenizer)
         except ValueError as e:
             is_error, messages = True, [str(e)]
