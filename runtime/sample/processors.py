@@ -95,21 +95,29 @@ def apply_min_tokens(
         logits[r, t] = -np.inf
 
 
+# byte value -> the 8 additive masks of its bits (0.0 where the bit is set, -inf where not): one
+# gather turns a bitmask row into an additive [V] mask, ~3x faster than unpackbits + np.where
+_BYTE_TO_MASK = np.where(
+    np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little").astype(bool), 0.0, -np.inf
+).astype(np.float32)  # [256, 8]
+
+
 def apply_bitmask(logits: np.ndarray, bitmask: np.ndarray, rows: np.ndarray) -> None:
     """Set -inf where a constrained row's bit is 0, in place.
 
     Args:
         logits: ``[S, V]`` float32.
         bitmask: ``[S, ceil(V / 32)]`` int32, llguidance's layout (bit ``t % 32`` of word
-            ``t // 32`` is 1 when token t is allowed).
+            ``t // 32`` is 1 when token t is allowed; little-endian words, so byte ``t // 8``
+            holds bit ``t % 8``).
         rows: ``[R]`` int64 indices of the constrained rows (the others are left alone).
     """
     if len(rows) == 0:
         return
     vocab = logits.shape[1]
-    words = np.ascontiguousarray(bitmask[rows]).view(np.uint8)  # little-endian: bit 0 first
-    allowed = np.unpackbits(words, axis=1, bitorder="little")[:, :vocab].astype(bool)  # [R, V]
-    logits[rows] = np.where(allowed, logits[rows], -np.inf)
+    words = np.ascontiguousarray(bitmask[rows]).view(np.uint8)  # [R, 4 * W]
+    additive = _BYTE_TO_MASK[words].reshape(len(rows), -1)[:, :vocab]  # [R, V] 0 or -inf
+    logits[rows] += additive
 
 
 __all__ = [

@@ -149,6 +149,7 @@ async def _stream(
             done[i] = out = event.output
             if out.finish_reason == "error":
                 yield error_chunk(out.error_message or "engine error")
+                yield DONE
                 return
             yield b.chunk("", finish_reason=out.finish_reason, first=i in first, index=i)
         if b.req.include_usage:
