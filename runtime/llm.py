@@ -138,6 +138,7 @@ class LLM:
             logprobs_mode=logprobs_mode,
         )
         self._grammars: GrammarCompiler | None = None
+        self.scheduler.fork_choices = hasattr(self.engine, "copy_blocks")  # n > 1 forks the prompt KV
         self.step_cost_log = self._runner.step_cost_log  # the slo policy's (predicted, measured) steps
         self.set_tpot_budget(tpot_budget_ms, itl_budget_ms)
 
@@ -248,9 +249,10 @@ class LLM:
     ) -> list[Request]:
         """The choices of one prompt (OpenAI's ``n``): one checked request per ``params`` entry
         (choice i typically with seed + i), ids ``<id>`` then ``<id>-1``, ``<id>-2``... Every
-        choice after the first waits for the first's prompt KV and shares its full blocks
-        through the prefix cache (with prefix caching on); only the last partial block is
-        recomputed per choice. Raises :class:`RequestError` as :meth:`new_request`."""
+        choice after the first waits for the first's prefill, then forks its prompt KV (copy-on-
+        write of the partial last block; :mod:`trtpipe.runtime.sched.admission`) and samples its
+        first token from the same logits; an engine that cannot copy blocks (TensorRT) shares the
+        full blocks through the prefix cache instead. Raises :class:`RequestError` as :meth:`new_request`."""
         ids = self.encode_prompt(prompt, chat) if isinstance(prompt, (str, bytes)) else list(prompt)
         base = request_id or f"req-{next(self._ids)}"
         arrival = time.monotonic()
@@ -259,7 +261,8 @@ class LLM:
             req = self.new_request(
                 ids, p, request_id=base if i == 0 else f"{base}-{i}", arrival_s=arrival, cache_salt=cache_salt
             )
-            req.share_prefix_with = base if i > 0 and self.scheduler.prefix_cache.enabled else None
+            shares = self.scheduler.fork_choices or self.scheduler.prefix_cache.enabled
+            req.share_prefix_with = base if i > 0 and shares else None
             out.append(req)
         return out
 

@@ -78,6 +78,9 @@ class StepRunner:
         finishes the step's requests with an error (their KV blocks freed) and re-raises.
         """
         step = self.scheduler.schedule()
+        copies = self.scheduler.kv_manager.take_pending_copies()  # copy-on-write of forked blocks
+        if copies:
+            self.engine.copy_blocks(copies)
         sampled: dict[str, int] = {}
         t_step = time.perf_counter()
         fused = self.fuse_mixed_steps and bool(step.prefills) and bool(step.decodes)
@@ -125,13 +128,30 @@ class StepRunner:
         if not rows:
             return
         rids = [batch.request_ids[i] for i in rows]
+        forked = self._fork_rows(prefills, batch.request_ids, rows, rids)
         toks = self._sample(logits[rows], rids)
         t = now()
-        ended = {p.request_id for p in prefills}
+        ended = {p.request_id for p in prefills} | forked
         for rid, tok in zip(rids, toks):
             sampled[rid] = tok
             if rid in ended:
                 self.live[rid].timer.on_prefill_end(t)
+
+    def _fork_rows(
+        self, prefills: Sequence[ScheduledPrefill], batch_ids: Sequence[str], rows: list[int], rids: list[str]
+    ) -> set[str]:
+        """n > 1: the choices that fork a prefill finishing its prompt now sample their first token
+        from its logits row (appended to ``rows`` / ``rids``); their timers mark the prefill."""
+        forked = set()
+        for p in prefills:
+            for child in self.scheduler.fork_candidates(p):
+                rows.append(batch_ids.index(p.request_id))
+                rids.append(child.request_id)
+                live = self.live[child.request_id]
+                live.timer.on_prefill_start(time.monotonic())
+                live.prefill_started = True
+                forked.add(child.request_id)
+        return forked
 
     def _decode(self, decodes: tuple[ScheduledDecode, ...], sampled: dict[str, int]) -> None:
         """Run the decode engine once for every decoding sequence (one token each); sample into

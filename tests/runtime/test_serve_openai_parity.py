@@ -229,12 +229,15 @@ def test_n_choices_equal_single_runs_with_seed_plus_i_and_count_usage(client):
 
 def test_n_shares_prompt_blocks_in_the_python_api(llm):
     """Four choices of a 100-token prompt: KV blocks in use while all four decode are fewer than
-    4 x one choice's; every choice equals its single run; every block free at the end."""
+    4 x one choice's (the prompt's 6 full blocks shared, the partial one copied on write); only
+    the first choice prefilled; every choice equals its single run (seed + i); every block free
+    at the end."""
     from trtpipe.runtime.sample.params import SamplingParams
 
     prompt = llm.encode_prompt("The history of the lighthouse " * 20)[:100]
     params = [SamplingParams(max_new_tokens=8, temperature=1.0, seed=3 + i) for i in range(4)]
     reqs = llm.new_requests(prompt, params)
+    queries = llm.prefix_cache_queries
     for q in reqs:
         llm.submit(q)
     peak, outs = 0, {}
@@ -243,8 +246,12 @@ def test_n_shares_prompt_blocks_in_the_python_api(llm):
         peak = max(peak, llm.block_pool.num_used)
     single_blocks = -(-(100 + 8) // llm.kv_manager.block_size)  # 7 blocks of 16
     assert peak < 4 * single_blocks, (peak, single_blocks)
+    assert peak == 100 // 16 + 4  # 6 shared full blocks + each choice's copy of the partial one
+    assert llm.prefix_cache_queries - queries == 100  # only the first choice prefilled (the others forked)
     singles = [llm.generate([prompt], p)[0].output_token_ids for p in params]
     assert [outs[q.request_id].output_token_ids for q in reqs] == singles
+    n4 = llm.generate([prompt], SamplingParams(max_new_tokens=8, temperature=1.0, seed=3, n=4))
+    assert [o.output_token_ids for o in n4] == singles  # the same through generate(n=4)
     assert llm.scheduler.kv_blocks_used == 0
     print(f"n=4: peak {peak} KV blocks in use vs {4 * single_blocks} unshared")
 
