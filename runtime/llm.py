@@ -271,7 +271,9 @@ class LLM:
         text piece (whole characters). Raises :class:`RequestError` for an id already in use."""
         ids = request.prompt_token_ids
         self.scheduler.add_request(request)
-        out = RequestOutput(request.request_id, ids, logprobs=None if request.sampling_params.logprobs is None else [])
+        sp = request.sampling_params
+        out = RequestOutput(request.request_id, ids, logprobs=None if sp.logprobs is None else [])
+        out.prompt_logprobs = None if sp.prompt_logprobs is None else [None]
         self._live[request.request_id] = LiveRequest(
             request,
             IncrementalDetokenizer(self.tokenizer.backend, list(ids)),

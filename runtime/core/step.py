@@ -22,7 +22,7 @@ import numpy as np
 
 from trtpipe.runtime.metrics.request_metrics import StepStats
 from trtpipe.runtime.sample.grammar import consume
-from trtpipe.runtime.sample.logprobs import TokenLogprobs
+from trtpipe.runtime.sample.logprobs import TokenLogprobs, gather, log_softmax
 from trtpipe.runtime.sample.sampler import SampleRow, sample_rows
 from trtpipe.runtime.sched.batch import DecodeBatch, PrefillBatch
 from trtpipe.runtime.sched.request import Request, RequestStatus
@@ -123,6 +123,7 @@ class StepRunner:
         batch = PrefillBatch.from_scheduled([*prefills, *(d.as_prefill_chunk() for d in decodes)])
         logits = self.engine.prefill(batch)  # [S, V] float32, rows in batch.request_ids order
         self.engine_time_s += self.engine.last_step_s
+        self._prompt_logprobs(prefills, batch.request_ids, logits)
         last = {p.request_id for p in prefills if p.is_last_chunk} | {d.request_id for d in decodes}
         rows = [i for i, rid in enumerate(batch.request_ids) if rid in last]
         if not rows:
@@ -136,6 +137,19 @@ class StepRunner:
             sampled[rid] = tok
             if rid in ended:
                 self.live[rid].timer.on_prefill_end(t)
+
+    def _prompt_logprobs(self, prefills: Sequence[ScheduledPrefill], batch_ids: Sequence[str], logits: Any) -> None:
+        """Requests that asked ``prompt_logprobs`` prefill one token per step (``chunk_cap``): the
+        chunk at position p gives the raw logprobs of prompt token p + 1 (entry p + 1 of
+        ``output.prompt_logprobs``; entry 0, the first token, is None as in OpenAI's echo)."""
+        for p in prefills:
+            live = self.live[p.request_id]
+            want, lps = live.request.sampling_params.prompt_logprobs, live.output.prompt_logprobs
+            prompt, nxt = live.request.prompt_token_ids, p.context_len
+            if want is None or lps is None or nxt >= len(prompt) or len(lps) != nxt:
+                continue  # (a recompute after preemption finds its entries there already)
+            row = log_softmax(np.asarray(logits[batch_ids.index(p.request_id)], np.float32)[None])
+            lps.append(gather(row, np.array([prompt[nxt]]), [want])[0])
 
     def _fork_rows(
         self, prefills: Sequence[ScheduledPrefill], batch_ids: Sequence[str], rows: list[int], rids: list[str]

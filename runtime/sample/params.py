@@ -5,7 +5,8 @@ Follows vLLM's ``SamplingParams`` (reduced) and OpenAI's ranges: temperature 0 m
 ``presence_penalty`` / ``frequency_penalty`` in [-2, 2] (OpenAI), ``repetition_penalty`` > 0
 (vLLM's, 1.0 = off), ``logit_bias`` token id -> bias in [-100, 100], ``min_tokens`` (EOS and stop
 tokens masked until reached), ``logprobs`` (None = off, N = the sampled token's log-probability
-plus the N most likely, 0-20), ``n`` (1-8 choices of one prompt), ``structured`` (a JSON schema
+plus the N most likely, 0-20), ``prompt_logprobs`` (the same for every prompt token after the
+first; the prompt is then prefilled one token per step, without the prefix cache), ``n`` (1-8 choices of one prompt), ``structured`` (a JSON schema
 or "any JSON object" the output must follow, see :mod:`trtpipe.runtime.sample.structured`).
 """
 
@@ -50,6 +51,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     min_tokens: int = 0
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     n: int = 1
     structured: StructuredOutput | None = None
 
@@ -109,9 +111,10 @@ class SamplingParams:
             raise bad("logit_bias", "token id (int >= 0) -> bias in [-100, 100]", 'pass e.g. {"42": 5}')
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_new_tokens:
             raise bad("min_tokens", f"an int in [0, max_new_tokens = {self.max_new_tokens}]", "pass e.g. 4")
-        lp = self.logprobs
-        if lp is not None and (not _is_int(lp) or not 0 <= lp <= MAX_TOP_LOGPROBS):
-            raise bad("logprobs", f"None or an int in [0, {MAX_TOP_LOGPROBS}]", "pass e.g. logprobs=5")
+        for name in ("logprobs", "prompt_logprobs"):
+            lp = getattr(self, name)
+            if lp is not None and (not _is_int(lp) or not 0 <= lp <= MAX_TOP_LOGPROBS):
+                raise bad(name, f"None or an int in [0, {MAX_TOP_LOGPROBS}]", f"pass e.g. {name}=5")
         if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
             raise bad("n", f"an int in [1, {MAX_N}]", "pass e.g. n=2, or send more requests")
         if self.structured is not None and not isinstance(self.structured, StructuredOutput):

@@ -1,6 +1,7 @@
 """Admission rules the scheduler applies to one request: whether it could ever fit the KV pool
-(:func:`never_fits`), and which waiting choices of ``n`` > 1 join their first choice by forking its
-prompt KV instead of prefilling (:func:`forkable_choices`).
+(:func:`never_fits`), how large its prefill chunks may be (:func:`chunk_cap`: one token at a time
+for prompt logprobs), and which waiting choices of ``n`` > 1 join their first choice by forking
+its prompt KV instead of prefilling (:func:`forkable_choices`).
 
 Parallel sampling (vLLM's ``n``), one prompt prefilled once::
 
@@ -65,6 +66,18 @@ def forkable_choices(parent: Request, context_len: int, waiting: Iterable[Reques
     return out[:room]
 
 
+def chunk_cap(request: Request) -> int:
+    """Most tokens one prefill chunk of ``request`` may hold: 1 while a request that asked
+    ``prompt_logprobs`` computes its prompt (the prefill graph returns the last token's logits
+    only, so each prompt token gets its own chunk and logits row; other requests' prefill is
+    unchanged), else no cap."""
+    if request.sampling_params.prompt_logprobs is not None and request.num_computed_tokens < len(
+        request.prompt_token_ids
+    ):
+        return 1
+    return 1 << 30
+
+
 def waits_for_sibling(request: Request, unfinished: Mapping[str, Request]) -> bool:
     """True while the choice whose prompt KV ``request`` shares (n > 1) has not finished its
     prefill (then there is nothing to fork or to find in the prefix cache yet)."""
@@ -82,4 +95,4 @@ def fork_choice(kv: KVCacheManager, parent: Request, child: Request) -> None:
     child.block_hashes = list(parent.block_hashes)
 
 
-__all__ = ["fork_choice", "forkable_choices", "never_fits", "waits_for_sibling"]
+__all__ = ["chunk_cap", "fork_choice", "forkable_choices", "never_fits", "waits_for_sibling"]

@@ -35,6 +35,8 @@ class RequestOutput:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (usage.prompt_tokens_details)
     # one record per output token when the request asked ``logprobs`` (None otherwise)
     logprobs: list[TokenLogprobs] | None = None
+    # one record per prompt token when the request asked ``prompt_logprobs`` (entry 0: None)
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
 
 @dataclass

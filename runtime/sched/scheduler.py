@@ -46,7 +46,7 @@ from collections.abc import Iterable, Mapping
 from trtpipe.runtime.errors import RequestError, TrtpipeError
 from trtpipe.runtime.kv.cache_manager import KVCacheManager
 from trtpipe.runtime.kv.prefix_cache import PrefixCache
-from trtpipe.runtime.sched.admission import fork_choice, forkable_choices, never_fits, waits_for_sibling
+from trtpipe.runtime.sched.admission import chunk_cap, fork_choice, forkable_choices, never_fits, waits_for_sibling
 from trtpipe.runtime.sched.request import Request, RequestStatus
 from trtpipe.runtime.sched.step import ChunkPolicy, DecodeProgress, ScheduledDecode, ScheduledPrefill, SchedulerStep
 
@@ -210,7 +210,8 @@ class Scheduler:
                 # Leave one token for every decode behind us, so decodes are never starved. (With
                 # FCFS admission only the newest request can be mid-prefill; this is a guard.)
                 reserved = sum(1 for r in self._running[i + 1 :] if not r.is_prefilling)
-                num_new = min(request.num_prefill_tokens - request.num_computed_tokens, budget - reserved)
+                todo = min(request.num_prefill_tokens - request.num_computed_tokens, chunk_cap(request))
+                num_new = min(todo, budget - reserved)
                 if num_new <= 0:
                     i += 1
                     continue
@@ -230,9 +231,9 @@ class Scheduler:
             request = self._waiting[0]
             if waits_for_sibling(request, self._requests):
                 break  # n > 1: its prompt KV comes from the first choice's prefill (FCFS: all wait)
-            hit = self._cached_prefix(request)
+            hit = self._cached_prefix(request) if chunk_cap(request) > 1 else []  # prompt logprobs: compute all
             num_cached = len(hit) * kv.block_size
-            num_new = min(request.num_tokens - num_cached, budget)
+            num_new = min(request.num_tokens - num_cached, budget, chunk_cap(request))
             if not kv.allocate_slots(request.request_id, num_new, num_cached, cached_block_ids=hit):
                 break  # FCFS: nobody overtakes the head of the queue
             self._waiting.popleft()

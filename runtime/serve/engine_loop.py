@@ -46,6 +46,7 @@ class Delta:
     text: str
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprobs, ...] | None = None
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None  # on the first delta, if asked
 
 
 @dataclass(frozen=True)
@@ -249,9 +250,11 @@ class EngineLoop:
         text = "".join(served.pieces)
         if ids or text:
             lps = None if out.logprobs is None else tuple(out.logprobs[served.num_ids_sent :])
+            first = served.num_ids_sent == 0 and out.prompt_logprobs is not None
+            plps = tuple(out.prompt_logprobs or ()) if first else None
             served.pieces.clear()
             served.num_ids_sent += len(ids)
-            served.sink(Delta(text, ids, lps))
+            served.sink(Delta(text, ids, lps, plps))
 
     def _finish(self, served: _Served, out: RequestOutput) -> None:
         # metrics first: a client that scrapes /metrics right after its last chunk finds its request

@@ -21,6 +21,7 @@ token that ends inside a character (its ``bytes`` still carry the partial charac
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -62,7 +63,6 @@ class ResponseBuilder:
     token_bytes: Callable[[int], bytes] = lambda t: b""
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
-    _base: int = 0  # completions' text_offset of the first completion character (echo: after the prompt)
     _bytes: dict[int, bytes] = field(default_factory=dict)  # bytes of each choice's tokens so far
 
     @property
@@ -160,15 +160,19 @@ class ResponseBuilder:
                 content.append({"token": tok, "logprob": lp, "bytes": raw, "top_logprobs": alts})
             return {"content": content, "refusal": None}
         tokens: list[str] = []
-        values: list[float] = []
-        tops: list[dict[str, float]] = []
+        values: list[float | None] = []
+        tops: list[dict[str, float] | None] = []
         offsets: list[int] = []
         for r in records:
             tok, lp, raw = self._entry(r.token_id, r.logprob)
             so_far = self._bytes.get(index, b"")
-            offsets.append(self._base + len(so_far.decode("utf-8", errors="ignore")))
+            offsets.append(len(so_far.decode("utf-8", errors="ignore")))
             self._bytes[index] = so_far + bytes(raw)
             tokens.append(tok)
+            if math.isnan(r.logprob):  # echo: the prompt's first token has none
+                values.append(None)
+                tops.append(None)
+                continue
             values.append(lp)
             top: dict[str, float] = {}
             for i, v in zip(r.top_ids, r.top_logprobs):
@@ -176,14 +180,17 @@ class ResponseBuilder:
             tops.append(top)
         return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
-    def start_offsets(self, num_chars: int) -> None:
-        """Completions under ``echo``: text offsets count from after the prompt text."""
-        self._base = num_chars
+
+def prompt_logprob_records(prompt_ids: Sequence[int], records: Sequence[TokenLogprobs | None]) -> list[TokenLogprobs]:
+    """The prompt's records for ``echo`` with ``logprobs``: the first token (no logprob: NaN,
+    sent as null) then one per later prompt token (``RequestOutput.prompt_logprobs``)."""
+    head = [TokenLogprobs(int(prompt_ids[0]), math.nan, (), ())] if prompt_ids else []
+    return head + [r for r in records[1:] if r is not None]
 
 
 def _finite(x: float) -> float:
     """JSON has no -inf: a masked token's log-probability (processed mode) is sent as -9999.0, as vLLM does."""
-    return x if x > -9999.0 else -9999.0
+    return x if math.isnan(x) or x > -9999.0 else -9999.0
 
 
 def error_chunk(message: str, type_: str = "server_error", status: int = 500) -> bytes:
@@ -191,4 +198,4 @@ def error_chunk(message: str, type_: str = "server_error", status: int = 500) ->
     return sse({"error": {"message": message, "type": type_, "param": None, "code": status}})
 
 
-__all__ = ["Choice", "DONE", "ResponseBuilder", "error_chunk", "sse"]
+__all__ = ["Choice", "DONE", "ResponseBuilder", "error_chunk", "prompt_logprob_records", "sse"]

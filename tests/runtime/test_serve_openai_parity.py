@@ -113,6 +113,28 @@ def test_completions_logprobs_shape(client):
     assert echo.choices[0].text == "The lighthouse keeper" + r.choices[0].text
 
 
+def test_echo_with_logprobs_scores_the_prompt_like_numpy(client, llm):
+    """echo + logprobs (evaluation harnesses score a text this way): the prompt's tokens come
+    first, the first with null logprob, every later one equal to a NumPy log-softmax of the
+    teacher-forced logits; streamed == non-streamed."""
+    prompt = "The lighthouse keeper climbed the stairs"
+    ids = llm.encode_prompt(prompt)
+    kw = dict(model=MODEL, prompt=prompt, max_tokens=3, temperature=0, logprobs=2, echo=True)
+    r = client.completions.create(**kw)
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text.startswith(prompt) and len(lp.tokens) == len(ids) + 3
+    assert "".join(lp.tokens[: len(ids)]) == prompt and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    ref = _ref_logprobs(llm, ids[:1], ids[1:])
+    got = np.array(lp.token_logprobs[1 : len(ids)])
+    assert np.abs(got - ref[np.arange(len(ids) - 1), ids[1:]]).max() < 1e-4
+    assert all(len(t) == 2 for t in lp.top_logprobs[1:])
+    chunks = list(client.completions.create(**kw, stream=True))
+    streamed = [v for c in chunks if c.choices and c.choices[0].logprobs for v in c.choices[0].logprobs.token_logprobs]
+    assert streamed[0] is None
+    np.testing.assert_allclose(streamed[1:], lp.token_logprobs[1:], atol=1e-6)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == r.choices[0].text
+
+
 # -- penalties, bias, min_tokens, stop_token_ids ------------------------------------------------------
 
 
@@ -293,7 +315,7 @@ VALIDATION = [  # (endpoint, body, field named, a piece of the message)
     ("chat", {**CHAT, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages[0].content[0].type", "text only"),
     ("chat", {**CHAT, "messages": [{"role": "tool", "content": "42"}]}, "messages[0].tool_call_id", "tool"),
-    ("completions", {"model": MODEL, "prompt": "hi", "echo": True, "logprobs": 1}, "echo", "logprobs"),
+    ("completions", {"model": MODEL, "prompt": "hi", "prompt_logprobs": 1}, "prompt_logprobs", "echo"),
     ("completions", {"model": MODEL, "prompt": "hi", "suffix": "end"}, "suffix", "not supported"),
     ("completions", {"model": MODEL, "prompt": "hi", "max_tokens": 4, "min_tokens": 5}, "min_tokens", "max_tokens"),
 ]  # fmt: skip

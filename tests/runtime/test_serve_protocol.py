@@ -75,7 +75,7 @@ def test_chat_content_parts_are_joined():
         ({"model": "m", "prompt": "hi", "temperature": float("nan")}, "temperature"),
         ({"model": "m", "prompt": "hi", "max_tokens": True}, "max_tokens"),
         ({"model": "m", "prompt": "hi", "best_of": 3}, "best_of"),
-        ({"model": "m", "prompt": "hi", "echo": True, "logprobs": 2}, "echo"),  # prompt logprobs: not computed
+        ({"model": "m", "prompt": "hi", "echo": "yes"}, "echo"),
         ({"model": "m", "prompt": "hi", "tools": [{"type": "function"}]}, "tools"),
         ({"model": "m", "prompt": [1, -2]}, "prompt"),
         ({"model": "m", "prompt": "  "}, "prompt"),

@@ -70,7 +70,7 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "prompt_cache_key": ((), "drop prompt_cache_key; send cache_salt to separate prefix caches"),
     # vLLM's extensions that would change the output and are not implemented
     "min_p": ((0, 0.0), "drop min_p (use top_p or top_k)"),
-    "prompt_logprobs": ((), "drop prompt_logprobs; completions echo with logprobs is not supported either"),
+    "prompt_logprobs": ((), "drop prompt_logprobs; send echo: true with logprobs to /v1/completions"),
     "allowed_token_ids": ((), "drop allowed_token_ids; use logit_bias or a response_format schema"),
     "bad_words": (([],), "drop bad_words; use logit_bias -100 on their tokens"),
     "guided_regex": ((), "drop guided_regex; use a json_schema string pattern"),

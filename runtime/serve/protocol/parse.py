@@ -129,8 +129,9 @@ def _common(doc: dict, served_models: tuple[str, ...], kind: str) -> dict:
 
 def parse_completion(doc: dict, served_models: tuple[str, ...]) -> GenerationRequest:
     """``POST /v1/completions``: ``prompt`` is a non-empty string, a list of one string, or a
-    non-empty list of token ids. ``echo`` puts the prompt text before the completion (not with
-    ``logprobs``: prompt logprobs are not computed)."""
+    non-empty list of token ids. ``echo`` puts the prompt text before the completion, and with
+    ``logprobs`` the prompt tokens' logprobs before the completion's (the first is null); the
+    prompt is then prefilled one token per step (its TTFT grows with its length)."""
     common = _common(doc, served_models, "completion")
     prompt = doc.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -148,10 +149,6 @@ def parse_completion(doc: dict, served_models: tuple[str, ...]) -> GenerationReq
             "send one prompt per request",
         )
     echo = get_bool(doc, "echo")
-    if echo and common["logprobs"] is not None:
-        raise bad_field(
-            "echo", True, "false when logprobs is set (prompt logprobs are not computed)", "drop echo or logprobs"
-        )
     if common["max_tokens"] is None:
         common["max_tokens"] = 16  # OpenAI's documented default for completions
     return GenerationRequest(kind="completion", prompt=prompt, messages=None, echo=echo, **common)

@@ -64,6 +64,7 @@ class GenerationRequest:
             logit_bias=self.logit_bias,
             min_tokens=min(self.min_tokens, max_new_tokens),
             logprobs=self.logprobs,
+            prompt_logprobs=self.logprobs if self.echo else None,
             structured=self.structured,
         )  # checked with the prompt by new_request, the one place requests are checked
 

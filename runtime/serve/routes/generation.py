@@ -37,7 +37,7 @@ from trtpipe.runtime.serve.protocol import (
     parse_completion,
     parse_json_body,
 )
-from trtpipe.runtime.serve.responses import DONE, Choice, ResponseBuilder, error_chunk
+from trtpipe.runtime.serve.responses import DONE, Choice, ResponseBuilder, error_chunk, prompt_logprob_records
 from trtpipe.runtime.serve.state import ServeState, ready_engine, reject
 
 
@@ -132,15 +132,22 @@ async def _stream(
     """SSE chunks until every choice's Final event. Cancelled by Starlette when the client
     disconnects; the ``finally`` then aborts the unfinished choices (KV freed before the next step)."""
     done: dict[int, Any] = {}
+    echo_lp = bool(echo) and b.req.logprobs is not None  # the echo chunk waits for the prompt's logprobs
+    prompt_records = None
     try:
         first = set(range(len(rids)))
         for i in range(len(rids)):
-            if b.req.kind == "chat" or echo:
+            if b.req.kind == "chat" or (echo and not echo_lp):
                 yield b.chunk(echo, first=True, index=i)
                 first.discard(i)
         while len(done) < len(rids):
             i, event = await events.get()
             if isinstance(event, Delta):
+                if event.prompt_logprobs is not None and prompt_records is None:
+                    prompt_records = prompt_logprob_records(b.prompt_token_ids, event.prompt_logprobs)
+                if echo_lp and i in first:
+                    yield b.chunk(echo, first=True, index=i, logprobs=prompt_records)
+                    first.discard(i)
                 if event.text or event.token_ids:
                     yield b.chunk(event.text, event.token_ids, first=i in first, index=i, logprobs=event.logprobs)
                     first.discard(i)
@@ -195,5 +202,17 @@ async def _collect(
     failed = next((o for o in outs if o.finish_reason == "error"), None)
     if failed is not None:
         raise ServeError(500, f"engine error: {failed.error_message}", type_="server_error")
-    choices = [Choice(i, echo + o.text, o.output_token_ids, o.finish_reason, o.logprobs) for i, o in enumerate(outs)]
+    prompt_records: list = []
+    if echo and b.req.logprobs is not None:  # every choice shares the first one's prompt
+        prompt_records = prompt_logprob_records(b.prompt_token_ids, outs[0].prompt_logprobs or ())
+    choices = [
+        Choice(
+            i,
+            echo + o.text,
+            o.output_token_ids,
+            o.finish_reason,
+            None if o.logprobs is None else prompt_records + o.logprobs,
+        )
+        for i, o in enumerate(outs)
+    ]
     return JSONResponse(b.full(choices, outs[0].cached_tokens))
