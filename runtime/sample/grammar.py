@@ -124,8 +124,8 @@ def consume(matcher: Any, token_id: int) -> str | None:
 
 def _schema_error(so: StructuredOutput, reason: str) -> RequestError:
     """400 naming the schema path (JSON pointer) whose value the reason quotes, when one does."""
-    path = next((p for p, v in _leaves(so.schema, "") if v.lstrip("#") and v.lstrip("#") in reason), None)
-    where = f"at {path or '/'}" if path is not None else "(path not located; the schema as a whole)"
+    hit = next(((p, v) for p, v in _leaves(so.schema, "") if v.lstrip("#") and v.lstrip("#") in reason), None)
+    where = f"at {hit[0]} = {hit[1]!r:.60}" if hit is not None else "(path not located; the schema as a whole)"
     return RequestError(
         f"response_format.json_schema {where}: llguidance cannot compile it: {reason.strip()}; expected a "
         "JSON Schema llguidance supports (no look-around in patterns, resolvable $refs, known types). "

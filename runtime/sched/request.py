@@ -108,7 +108,8 @@ class Request:
     # Structured output: the request's llguidance matcher (None: unconstrained), made off the
     # engine thread by LLM.new_request; advanced by the step runner with every sampled token.
     grammar: Any = None
-    # n > 1: the sibling whose prompt KV this request waits for and then shares (prefix cache).
+    # n > 1: the first choice, whose prefill this choice waits for and whose prompt KV it then
+    # shares (fork + copy-on-write, or the prefix cache where the engine cannot copy blocks).
     share_prefix_with: str | None = None
 
     def __post_init__(self) -> None:

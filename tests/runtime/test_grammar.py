@@ -48,7 +48,7 @@ def test_an_uncompilable_schema_names_its_path(compiler, schema, path, reason):
     with pytest.raises(RequestError) as e:
         compiler.compile(StructuredOutput.json_schema(schema))
     msg = str(e.value)
-    assert e.value.field == "response_format" and f"at {path}:" in msg and reason in msg and "Fix" in msg
+    assert e.value.field == "response_format" and f"at {path} = " in msg and reason in msg and "Fix" in msg
 
 
 def test_masks_follow_the_schema_token_by_token(compiler, default_artifact):
