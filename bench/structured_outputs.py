@@ -90,36 +90,44 @@ def conformance(llm, schemas: list[dict], temperature: float, seed: int, max_new
     return ok, failures
 
 
-def step_cost(llm, schemas: list[dict], batch: int, num_tokens: int = 48) -> dict:
-    """Per-step grammar time (ms) and step time (ms) for ``batch`` constrained rows, and the step
-    time of the same batch unconstrained (ignore_eos keeps every row for ``num_tokens`` steps)."""
+def _run(llm, schemas: list[dict], batch: int, structured: bool, num_tokens: int) -> dict:
+    """One batch of ``batch`` requests: ms of grammar work per step and the median TPOT."""
     from trtpipe.runtime.sample.params import SamplingParams
     from trtpipe.runtime.sample.structured import StructuredOutput
 
-    out = {}
-    for label, structured in (("free", False), ("schema", True)):
-        params = [
-            SamplingParams(
-                max_new_tokens=num_tokens, structured=StructuredOutput.json_schema(schemas[i]) if structured else None
-            )
-            for i in range(batch)
-        ]
-        prompts = [prompt_for(schemas[i]) for i in range(batch)]
-        g0, s0, t0 = llm.grammar_time_s, llm.steps, time.perf_counter()
-        outs = llm.generate(prompts, params, chat=True)
-        wall, steps = time.perf_counter() - t0, llm.steps - s0
-        tpots = [o.metrics.tpot_s for o in outs if o.metrics and o.metrics.tpot_s]
-        out[label] = {
-            "step_ms": 1e3 * wall / steps,
-            "grammar_ms_per_step": 1e3 * (llm.grammar_time_s - g0) / steps,
-            "tpot_ms_median": 1e3 * sorted(tpots)[len(tpots) // 2] if tpots else None,
-            "steps": steps,
-        }
-    s = out["schema"]
-    s["mask_apply_ms_per_step"] = mask_apply_ms(batch, llm.tokenizer.vocab_size)
-    total = s["grammar_ms_per_step"] + s["mask_apply_ms_per_step"]
-    s["grammar_pct_of_tpot"] = 100 * total / s["tpot_ms_median"] if s["tpot_ms_median"] else None
-    return out
+    params = [
+        SamplingParams(max_new_tokens=num_tokens, structured=StructuredOutput.json_schema(s) if structured else None)
+        for s in schemas[:batch]
+    ]
+    g0, s0 = llm.grammar_time_s, llm.steps
+    outs = llm.generate([prompt_for(s) for s in schemas[:batch]], params, chat=True)
+    steps = llm.steps - s0
+    tpots = sorted(o.metrics.tpot_s for o in outs if o.metrics and o.metrics.tpot_s)
+    return {"grammar_ms_per_step": 1e3 * (llm.grammar_time_s - g0) / steps, "tpot_ms": 1e3 * tpots[len(tpots) // 2]}
+
+
+def step_cost(llm, schemas: list[dict], batch: int, num_tokens: int = 48, repeats: int = 3) -> dict:
+    """Structured-output cost per step at ``batch`` rows: llguidance's mask fill + matcher advance
+    (``LLM.grammar_time_s`` per step) plus the NumPy bitmask application, as % of the median TPOT
+    of the same batch unconstrained. Constrained and free runs alternate ``repeats`` times (the
+    host is shared: medians of interleaved runs)."""
+    runs: dict[str, list[dict]] = {"free": [], "schema": []}
+    for _ in range(repeats):
+        runs["free"].append(_run(llm, schemas, batch, False, num_tokens))
+        runs["schema"].append(_run(llm, schemas, batch, True, num_tokens))
+
+    def median(label: str, key: str) -> float:
+        values = sorted(r[key] for r in runs[label])
+        return values[len(values) // 2]
+
+    grammar_ms = median("schema", "grammar_ms_per_step") + mask_apply_ms(batch, llm.tokenizer.vocab_size)
+    tpot_free = median("free", "tpot_ms")
+    return {
+        "grammar_ms_per_step": grammar_ms,
+        "tpot_ms_free": tpot_free,
+        "tpot_ms_schema": median("schema", "tpot_ms"),
+        "grammar_pct_of_tpot": 100 * grammar_ms / tpot_free,
+    }
 
 
 def mask_apply_ms(batch: int, vocab: int, repeats: int = 200) -> float:
