@@ -36,6 +36,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from trtpipe.runtime.llm import RequestOutput
 
 PREFIX = "trtpipe:"
+MAX_IGNORED_FIELD_LABELS = 64  # distinct unknown-field names with their own series (then "_other")
 
 # vLLM v1 bucket lists (seconds).
 TTFT_BUCKETS_S = (
@@ -149,6 +150,7 @@ class ServeMetrics:
         )
         doc = "Unknown request fields ignored (vLLM logs them), by field name."
         self._ignored = Counter(PREFIX + "ignored_request_fields", doc, (*labels, "field"), registry=reg)
+        self._ignored_seen: set[str] = set()
         self._prefix = {
             name: Counter(PREFIX + name, doc, labels, registry=reg).labels(model_name)
             for name, doc in (
@@ -196,8 +198,13 @@ class ServeMetrics:
             self.itl.observe(gap)
 
     def on_ignored_fields(self, fields: tuple[str, ...]) -> None:
-        """Count the unknown fields of one request (``ignored_request_fields_total{field}``)."""
+        """Count the unknown fields of one request (``ignored_request_fields_total{field}``). Field
+        names come from clients: past MAX_IGNORED_FIELD_LABELS distinct names the rest count as
+        ``field="_other"``, so a client cannot grow the scrape without bound."""
         for name in fields:
+            if name not in self._ignored_seen and len(self._ignored_seen) >= MAX_IGNORED_FIELD_LABELS:
+                name = "_other"
+            self._ignored_seen.add(name)
             self._ignored.labels(self.model_name, name).inc()
 
     def on_rejected(self, reason: str) -> None:

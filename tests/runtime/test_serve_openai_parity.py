@@ -135,6 +135,31 @@ def test_echo_with_logprobs_scores_the_prompt_like_numpy(client, llm):
     assert "".join(c.choices[0].text for c in chunks if c.choices) == r.choices[0].text
 
 
+def test_processed_logprobs_mode_reports_what_was_sampled_from(default_artifact, llm):
+    """``LLM(logprobs_mode="processed")`` (``trtpipe serve --logprobs-mode processed``): the
+    logprobs after logit_bias and the schema mask, where raw mode reports the model's own."""
+    from trtpipe.runtime.errors import RequestError
+    from trtpipe.runtime.llm import LLM
+    from trtpipe.runtime.sample.params import SamplingParams
+    from trtpipe.runtime.sample.structured import StructuredOutput
+
+    with pytest.raises(RequestError, match="logprobs_mode"):
+        LLM(default_artifact, logprobs_mode="cooked")
+    processed = LLM(default_artifact, logprobs_mode="processed")
+    biased = SamplingParams(max_new_tokens=2, logprobs=1, logit_bias={7042: 100.0})
+    p_out = processed.generate([FRANCE_PROMPT], biased, chat=True)[0]
+    r_out = llm.generate([FRANCE_PROMPT], biased, chat=True)[0]
+    assert p_out.output_token_ids == r_out.output_token_ids == [7042, 7042]
+    assert all(abs(r.logprob) < 1e-5 for r in p_out.logprobs)  # +100: certain after the bias
+    assert all(r.logprob < -5 for r in r_out.logprobs)  # the model itself did not expect it
+    schema = SamplingParams(max_new_tokens=1, logprobs=20, structured=StructuredOutput.json_object())
+    first = processed.generate([FRANCE_PROMPT], schema, chat=True)[0].logprobs[0]
+    allowed = [t for t, v in zip(first.top_ids, first.top_logprobs) if v > -np.inf]
+    assert 0 < len(allowed) < 20 and first.top_logprobs[-1] == -np.inf  # the mask leaves a few openers
+    assert all(llm.tokenizer.token_bytes(t).startswith(b"{") for t in allowed)
+    assert sum(np.exp(first.top_logprobs)) == pytest.approx(1.0, abs=1e-5)  # all the mass is on them
+
+
 # -- penalties, bias, min_tokens, stop_token_ids ------------------------------------------------------
 
 
