@@ -1,6 +1,9 @@
 """A against B (against C ...): trtpipe artifacts side by side, in separate processes, interleaved.
 
     python bench/artifact_ab.py base=artifacts/smollm2-135m-cpu/cpu new=/tmp/arts/x/cpu [--rounds 5]
+    python bench/artifact_ab.py ort=artifacts/smollm2-135m-cpu/cpu@ort native=artifacts/smollm2-135m-cpu/cpu@native
+
+``DIR@ENGINE`` runs that artifact on one engine (auto, native, ort; default auto).
 
 Each round runs every artifact's worker once (``peers.py``'s trtpipe worker: load, warm up on every
 shape, TTFT at 16/128/512 prompt tokens, TPOT over 64 tokens at each, 8 concurrent requests, peak
@@ -85,17 +88,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the raw runs here")
     args = ap.parse_args(argv)
     arts: dict[str, Path] = {}
+    engines: dict[str, str] = {}
     for a in args.artifacts:
-        label, sep, path = a.partition("=")
-        if not sep or not (Path(path) / "manifest.json").is_file():
-            ap.error(f"{a!r}: expected LABEL=ARTIFACT_DIR with a manifest.json in it")
+        label, sep, where = a.partition("=")
+        path, _, engine = where.partition("@")
+        if not sep or not (Path(path) / "manifest.json").is_file() or engine not in ("", "auto", "native", "ort"):
+            ap.error(f"{a!r}: expected LABEL=ARTIFACT_DIR[@auto|native|ort] with a manifest.json in it")
         arts[label] = Path(path)
+        engines[label] = engine or "auto"
     runs: dict[str, list[dict]] = {k: [] for k in arts}
     with tempfile.TemporaryDirectory() as tmp:
         specs = {}
         for label, path in arts.items():
             specs[label] = Path(tmp) / f"{label}.json"
-            specs[label].write_text(json.dumps(make_spec(path, args.threads)))
+            specs[label].write_text(json.dumps({**make_spec(path, args.threads), "engine": engines[label]}))
         for r in range(args.rounds):
             wait_quiet(60, 0.3)
             for i, label in enumerate(round_order(list(arts), r)):

@@ -17,6 +17,9 @@ copy bandwidth          NumPy ``copyto`` of 256 MiB: (read + write bytes) / s (w
 fp32 peak               ``MatMul`` [1024, 2048] x [2048, 2048] float32 (MLAS SGEMM): 2MNK FLOP / s
 int8 peak               ``MatMulInteger`` [1024, 2048] uint8 x [2048, 2048] int8 (MLAS QGEMM: AVX2
                         ``vpmaddubsw``, AVX-512 VNNI ``vpdpbusd`` where the CPU has it): 2MNK op / s
+bf16 peak               torch ``matmul`` [1024, 2048] x [2048, 2048] bfloat16 (oneDNN: AVX-512 BF16
+                        ``vdpbf16ps`` or AMX-BF16 where the CPU has them; None without torch):
+                        2MNK FLOP / s
 int4 GEMM, M=256        ``MatMulNBits`` K=576, N=3072, block 32, no zero-point input (its
                         symmetric kernel, which trtpipe's exact Q4_1 form and onnxruntime-genai
                         int4 run), accuracy level 4 (int8 activations); 2MNK op / s
@@ -55,6 +58,7 @@ class HostPeaks:
     int8_ops_per_s: float
     int4_gemm_ops_per_s: float  # MatMulNBits, M = 256, int8 activations
     int4_gemv_bytes_per_s: float  # MatMulNBits, M = 1: weight bytes read / s
+    bf16_flops_per_s: float | None = None  # torch bf16 matmul; None without torch (or in older reports)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -65,6 +69,9 @@ class HostPeaks:
             f"copy bandwidth     {self.copy_bytes_per_s / 1e9:7.1f} GB/s   (NumPy copy, read + write bytes)",
             f"fp32 peak          {self.fp32_flops_per_s / 1e9:7.0f} GFLOP/s (MatMul 1024x2048x2048)",
             f"int8 peak          {self.int8_ops_per_s / 1e9:7.0f} GOP/s   (MatMulInteger u8 x s8 1024x2048x2048)",
+            "bf16 peak          "
+            + (f"{self.bf16_flops_per_s / 1e9:7.0f} GFLOP/s" if self.bf16_flops_per_s else "    n/a        ")
+            + " (torch matmul bf16 1024x2048x2048)",
             f"int4 GEMM, M=256   {self.int4_gemm_ops_per_s / 1e9:7.0f} GOP/s   (MatMulNBits 576x3072, no zero points, accuracy 4)",
             f"int4 GEMV, M=1     {self.int4_gemv_bytes_per_s / 1e9:7.1f} GB/s   (the same, weight bytes read / s)",
         ]
@@ -133,6 +140,20 @@ def _matmul_rate(threads: int, integer: bool) -> float:
     return 2 * m * n * k / _best_s(lambda: s.run(None, {"a": a}))
 
 
+def _bf16_rate(threads: int) -> float | None:
+    """torch's bf16 matmul (oneDNN picks AMX-BF16 / AVX-512 BF16 where the CPU has them)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(threads)
+    m, k, n = 1024, 2048, 2048
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    b = torch.randn(k, n, generator=g).to(torch.bfloat16)
+    return 2 * m * n * k / _best_s(lambda: torch.matmul(a, b))
+
+
 NUM_GEMV_WEIGHTS = 40  # 40 x 1.1 MB: more than a Zen 3/4 L3 (32 MiB), so the GEMV reads DRAM
 
 
@@ -179,6 +200,7 @@ def measure_peaks(threads: int = 2) -> HostPeaks:
         _matmul_rate(threads, integer=True),
         gemm,
         gemv,
+        _bf16_rate(threads),
     )
 
 

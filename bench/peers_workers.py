@@ -36,7 +36,7 @@ class TrtpipeAdapter(_Adapter):
 
         self.SamplingParams = SamplingParams
         self.rss_after_import = _rss_bytes()
-        self.llm = LLM(self.spec["artifact"], num_threads=self.threads)
+        self.llm = LLM(self.spec["artifact"], num_threads=self.threads, engine=self.spec.get("engine", "auto"))
         self.rss_after_load = _rss_bytes()
         self.rss_file_after_load = _rss_bytes("RssFile")
 

@@ -177,7 +177,7 @@ def time_decode(llm, ids: list[int], num_steps: int, num_runs: int, threads: int
     kept = sorted(rows)[: max(1, int(len(rows) * 0.9))]
     step, engine, ort_run = (statistics.fmean(r[i] for r in kept) for i in range(3))
     overhead, wrapper = step - engine, engine - ort_run
-    read = read_model_from_manifest(llm.manifest)
+    read = read_model_from_manifest(llm.manifest, llm.engine.backend)
     bw = None if read is None else decode_bandwidth(read, step, len(ids) + num_steps // 2)
     return {
         "threads": threads,

@@ -1,7 +1,7 @@
 """The target table, the one home of target facts: what a build needs (:data:`BUILD_TARGETS`: SM,
 platform, builder workspace) and memory, bandwidth and peak FLOP/s of each deployment target.
 
-The build (``pipeline/build/``), the farm (node routing, matrix order) and the estimate read it.
+The build (``pipeline/stages/``), the farm (node routing, matrix order) and the estimate read it.
 Used by ``trtpipe estimate`` (see :mod:`trtpipe.pipeline.estimate` and ``docs/estimate.md``).
 GPU rows are **published peaks** (data sheets), not measurements; the host CPU row is measured
 once per process (a NumPy copy for bandwidth, a float32 matmul for FLOP/s) unless the caller

@@ -26,6 +26,7 @@ from trtpipe.runtime.artifact.detokenizer import IncrementalDetokenizer
 from trtpipe.runtime.artifact.manifest import Manifest, load_manifest
 from trtpipe.runtime.artifact.tokenizer import Tokenizer
 from trtpipe.runtime.core.step import StepRunner
+from trtpipe.runtime.engines.select import load_engine
 from trtpipe.runtime.errors import RequestError
 from trtpipe.runtime.kv.block_pool import BlockPool
 from trtpipe.runtime.kv.cache_manager import KVCacheManager
@@ -42,19 +43,9 @@ from trtpipe.runtime.sched.slo_policy import SloChunkPolicy, check_budget_ms, fc
 from trtpipe.runtime.sched.step_cost import StepCostModel, load_or_calibrate
 
 if TYPE_CHECKING:  # engines import their backends (onnxruntime, tensorrt) when constructed
+    from trtpipe.runtime.engines.native import NativeEngine
     from trtpipe.runtime.engines.ort import OrtEngine
     from trtpipe.runtime.engines.trt import TrtEngine
-
-
-def _load_engine(m: Manifest, pool: KVPool, num_threads: int | None) -> OrtEngine | TrtEngine:
-    """The engines of the artifact's backend over ``pool`` (their backend imported only here)."""
-    if m.options.backend == "ort":
-        from trtpipe.runtime.engines.ort import OrtEngine
-
-        return OrtEngine(m, pool, num_threads=num_threads)
-    from trtpipe.runtime.engines.trt import TrtEngine
-
-    return TrtEngine(m, pool)
 
 
 class LLM:
@@ -71,6 +62,8 @@ class LLM:
         tpot_budget_ms, itl_budget_ms: the ``slo`` policy's budgets (None = none; change them with
             :meth:`set_tpot_budget`); setting one measures the engine's step-cost model once.
         fuse_mixed_steps: a step's prompt chunks and decodes in one engine call where it can; False = two.
+        engine: cpu artifacts: ``auto`` (the native engine where the artifact has one, else ONNX
+            Runtime), ``native`` or ``ort``.
         logprobs_mode: "raw" (log-softmax of the engine's logits, the default, vLLM's
             ``raw_logprobs``) or "processed" (of the logits sampled from: after bias, penalties,
             the grammar mask and temperature).
@@ -92,6 +85,7 @@ class LLM:
         tpot_budget_ms: float | None = None,
         itl_budget_ms: float | None = None,
         fuse_mixed_steps: bool = True,
+        engine: str = "auto",
         logprobs_mode: str = "raw",
     ):
         require_bools(prefix_caching=prefix_caching, fuse_mixed_steps=fuse_mixed_steps)
@@ -104,7 +98,7 @@ class LLM:
             eos_token_id=(m.model.eos_token_ids or (None,))[0],
         )
         self.pool = KVPool(m.kv)
-        self.engine: OrtEngine | TrtEngine = _load_engine(m, self.pool, num_threads)
+        self.engine: NativeEngine | OrtEngine | TrtEngine = load_engine(m, self.pool, num_threads, engine)
         self.block_pool = BlockPool(m.kv.num_blocks)
         self.kv_manager = KVCacheManager(self.block_pool, m.kv.block_size, m.kv.sliding_window)
         # The artifact's identity in every block hash: its build hash and its inputs (weights).

@@ -56,7 +56,7 @@ def build_command(recipe: Recipe, artifact_root: str | Path = "artifacts") -> st
 def inputs_hash(recipe: Recipe, model_path: Path) -> str:
     """sha256 over what determines the artifact: the recipe's build hash, the model file(s) (name,
     size, mtime), the trtpipe version, the artifact format (the KV pool layout), the op ABI hash
-    and the ONNX Runtime version."""
+    the ONNX Runtime version, and for the native CPU engine the resolved ISA and kernel sources."""
     from trtpipe.plugins.ops.abi import op_schema_abi_hash
     from trtpipe.runtime.artifact.manifest import FORMAT_VERSION
 
@@ -70,6 +70,12 @@ def inputs_hash(recipe: Recipe, model_path: Path) -> str:
     h.update(TRTPIPE_VERSION.encode())
     h.update(f"format {FORMAT_VERSION}".encode())  # a layout change rebuilds GPU build specs too
     h.update(op_schema_abi_hash().encode())
+    if recipe.target == "cpu" and recipe.engine.cpu_backend != "ort":
+        from trtpipe.plugins.cpu.compile import sources_hash
+        from trtpipe.plugins.cpu.isa import resolve_isa
+
+        # cpu_isa: host resolves per build machine: a build on another CPU kind is another artifact
+        h.update(f"cpu kernels {resolve_isa(recipe.engine.cpu_isa)} {sources_hash()}".encode())
     try:
         import onnxruntime
 

@@ -14,7 +14,7 @@ from trtpipe.plugins.core.errors import TrtpipeError
 
 def _plain_log(msg: str) -> None:
     """A build step's line where stderr is no terminal: rich's log wrapped it at 80 columns and
-    tagged it with a source line (``cli_build.py:66``)."""
+    tagged it with a source line (``build.py:66``)."""
     click.echo(f"[{time.strftime('%H:%M:%S')}] {msg}", err=True)
 
 

@@ -13,7 +13,11 @@ from trtpipe.pipeline.artifact.locate import ARTIFACTS_ENV, DEFAULT_ARTIFACTS_RO
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NEEDS_TARGET = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it; not 1, which means a failed budget
-THREADS_HELP = "ONNX Runtime intra-op threads (default: the recipe's engine.intra_op_num_threads, else ONNX Runtime's)."
+ENGINE_HELP = (
+    "cpu artifacts: the engine that runs them. auto (default): the native CPU kernels where the "
+    "artifact has them (engine.cpu_backend), else ONNX Runtime; native or ort forces one."
+)
+THREADS_HELP = "CPU threads of the engine (default: the recipe's engine.intra_op_num_threads, else the CPUs this process may use for the native engine, ONNX Runtime's default for ort)."
 
 
 def fail(e: Exception, code: int = EXIT_USAGE) -> NoReturn:

@@ -12,7 +12,7 @@ import sys
 import click
 
 from trtpipe.pipeline.artifact.locate import resolve_artifact
-from trtpipe.pipeline.cli.common import EXIT_FAILED, EXIT_OK, THREADS_HELP, artifacts_option, fail
+from trtpipe.pipeline.cli.common import ENGINE_HELP, EXIT_FAILED, EXIT_OK, THREADS_HELP, artifacts_option, fail
 from trtpipe.plugins.core.errors import TrtpipeError
 
 GENERATE_SYSTEM_HELP = "System message of the chat template (implies --chat)."
@@ -57,6 +57,13 @@ def _add_sampling_options(f, system_help: str):
             click.option("--system", default=None, help=system_help),
             artifacts_option,
             click.option("--threads", default=None, type=click.IntRange(min=1), help=THREADS_HELP),
+            click.option(
+                "--engine",
+                default="auto",
+                show_default=True,
+                type=click.Choice(["auto", "native", "ort"]),
+                help=ENGINE_HELP,
+            ),
         ]
     ):
         f = opt(f)
@@ -79,6 +86,7 @@ def generate_cmd(
     system: str | None,
     artifact_root: str,
     threads: int | None,
+    engine: str,
     stream: bool,
 ) -> None:
     """Generate text for PROMPT with a built artifact (no torch, no model package needed).
@@ -99,7 +107,7 @@ def generate_cmd(
         text = read_prompt(prompt, prompt_file)
         params = sampling_params_from_flags(**sampling_flags)
         art = resolve_artifact(recipe_or_artifact, artifact_root)
-        llm = LLM(art, num_threads=threads)
+        llm = LLM(art, num_threads=threads, engine=engine)
         if system is not None:
             ids = llm.encode_chat([{"role": "system", "content": system}, {"role": "user", "content": text}])
         else:
@@ -133,7 +141,7 @@ def _request_stats(llm, out) -> str:
     ttft = f"{m.ttft_s * 1e3:.1f} ms" if m.ttft_s is not None else "n/a"
     target = llm.manifest.target.get("name")
     peak = None if target in (None, "cpu") else _target_bandwidth(target)
-    bw = request_decode_note(llm.manifest, m.prompt_tokens, m.output_tokens, m.tpot_s, peak)
+    bw = request_decode_note(llm.manifest, m.prompt_tokens, m.output_tokens, m.tpot_s, peak, llm.engine.backend)
     return f"[{out.finish_reason}] {m.output_tokens} tokens, TTFT {ttft}, TPOT {tpot}{bw}"
 
 
@@ -151,7 +159,12 @@ def _target_bandwidth(name: str) -> float | None:
 @click.argument("recipe_or_artifact")
 @_sampling_options(CHAT_SYSTEM_HELP)
 def chat_cmd(
-    recipe_or_artifact: str, sampling_flags: dict, system: str | None, artifact_root: str, threads: int | None
+    recipe_or_artifact: str,
+    sampling_flags: dict,
+    system: str | None,
+    artifact_root: str,
+    threads: int | None,
+    engine: str,
 ) -> None:
     """Talk with a built artifact, turn by turn (the chat template, streamed answers).
 
@@ -170,7 +183,7 @@ def chat_cmd(
 
     try:
         params = sampling_params_from_flags(**sampling_flags)
-        llm = LLM(resolve_artifact(recipe_or_artifact, artifact_root), num_threads=threads)
+        llm = LLM(resolve_artifact(recipe_or_artifact, artifact_root), num_threads=threads, engine=engine)
         if not llm.manifest.model.chat_template:
             raise TrtpipeError(
                 "this model has no chat template in its metadata, so it cannot chat. "

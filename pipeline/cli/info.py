@@ -48,7 +48,10 @@ def _info_summary(m) -> dict:
 def _engine_summary(o) -> dict:
     """The runtime options that change how steps run (``manifest.runtime_options``, typed)."""
     if o.backend == "ort":
+        nat = o.native
         return {
+            "runs_on": "native" if nat is not None else "ort",
+            "native": None if nat is None else {"isa": nat.isa, "activation_levels": dict(nat.activation_levels)},
             "decode_steps_graph": o.ort_decode_graph,
             "fused_mixed_steps": bool(o.ort_fused_steps),
             "intra_op_num_threads": o.intra_op_num_threads,
@@ -56,14 +59,24 @@ def _engine_summary(o) -> dict:
     return {"layout": o.layout, "kv_in_place": o.kv_in_place}
 
 
-def _engine_row(e: dict) -> str:
+def _engine_rows(e: dict) -> list[tuple[str, str]]:
+    """The table's engine rows: the native CPU engine (when built) and the ONNX Runtime one."""
     if "fused_mixed_steps" not in e:
-        return f"layout {e['layout']}, KV written in place {'yes' if e['kv_in_place'] else 'no'}"
+        return [("engine", f"layout {e['layout']}, KV written in place {'yes' if e['kv_in_place'] else 'no'}")]
     threads = e["intra_op_num_threads"] or "ONNX Runtime's default"
-    return (
+    ort = (
         f"decode steps on the {e['decode_steps_graph']} graph; mixed steps fused "
         f"(engine.ort_fused_steps) {'yes' if e['fused_mixed_steps'] else 'no'}; threads {threads}"
     )
+    if not e.get("native"):
+        return [("engine", ort)]
+    n = e["native"]
+    levels = "/".join(str(n["activation_levels"][p]) for p in ("prefill", "decode"))
+    native = (
+        f"native CPU kernels for {n['isa']} (int8 activation levels prefill/decode {levels}; threads "
+        f"{e['intra_op_num_threads'] or 'one per CPU this process may use'})"
+    )
+    return [("engine", native), ("--engine ort", ort)]
 
 
 @click.command("info")
@@ -110,7 +123,7 @@ def info_cmd(recipe_or_artifact: str, artifact_root: str, as_json: bool) -> None
             f"vocab {model['vocab_size']}, chat template {'yes' if model['chat_template'] else 'no'}",
         ),
         *((f"{ph} graph", f"{g['file']} ({g['precision']})") for ph, g in d["graphs"].items()),
-        ("engine", _engine_row(d["engine"])),
+        *_engine_rows(d["engine"]),
         (
             "KV pool",
             f"{kv['num_blocks']} blocks x {kv['block_size']} tokens, {kv['dtype']}, "

@@ -153,13 +153,21 @@ def _gpu_target_issues(r: Recipe) -> list[Issue]:
                 "remove engine.intra_op_num_threads, or use target: cpu",
             )
         )
-    for key in ("ort_accuracy_level", "ort_float_zero_points", "ort_sessions", "ort_fused_steps"):
+    for key in (
+        "ort_accuracy_level",
+        "ort_float_zero_points",
+        "ort_sessions",
+        "ort_fused_steps",
+        "cpu_backend",
+        "cpu_isa",
+        "cpu_activation_levels",
+    ):
         if key in r.engine.model_fields_set:
             out.append(
                 Issue(
                     ("engine", key),
                     getattr(r.engine, key),
-                    "no ONNX Runtime settings on GPU targets (they build TensorRT plans)",
+                    "no ONNX Runtime or host-CPU settings on GPU targets (they build TensorRT plans)",
                     f"remove engine.{key}, or use target: cpu",
                 )
             )

@@ -177,6 +177,14 @@ class PhaseAccuracyLevels(Spec):
     decode: Literal[0, 4]
 
 
+class PhaseActivationLevels(Spec):
+    """int8 levels of GEMM activations per phase in the native CPU engine: 2 (~15 bits, the
+    reference's answers) or 1 (8 bits, faster, flips near-ties)."""
+
+    prefill: Literal[1, 2]
+    decode: Literal[1, 2]
+
+
 class EngineSpec(Spec):
     """How engines are built.
 
@@ -222,6 +230,16 @@ class EngineSpec(Spec):
     Q4_1 artifact; peak 620 vs 794 MiB with the int8 form; TPOT within noise once ORT's
     memory-pattern planning is off for that session); needs the same precision in both phases.
     ``two`` loads the decode graph in its own session. ``auto`` = one when prefill and decode precisions are equal.
+    ``cpu_backend`` (cpu only): ``native`` runs the host CPU kernels (``plugins/cpu``: Q4/Q8
+    GEMMs on VNNI or AVX2, fused paged attention, one C call per step; needs GGUF Q4_0/Q4_1
+    linears, a Q8_0 embedding and head, fp32 KV, a C compiler at build); ``ort`` ONNX Runtime
+    only; ``auto`` (default) native where the model and build machine allow it, else ort (the
+    reason printed). The ONNX graphs are built either way (``--engine ort`` runs them).
+    ``cpu_isa`` (native): ``host`` (the build machine's best: avx512_vnni, else avx2),
+    ``avx512_vnni`` or ``avx2`` (every x86-64 since 2015); recorded in the manifest; an artifact
+    whose ISA the running CPU lacks is refused with the rebuild command.
+    ``cpu_activation_levels`` (native): int8 levels of GEMM activations, one value or per phase:
+    2 (default; ~1e-5 relative error: the reference's answers) or 1 (faster; flips near-ties).
     ``ort_fused_steps`` (cpu only): a step that carries prompt chunks and decode tokens runs them
     in one call of the prefill graph (the decode tokens as trailing 1-token rows, which the graph
     then sends through a decode attention path instead of padding them to the longest chunk), so
@@ -245,6 +263,21 @@ class EngineSpec(Spec):
     ort_float_zero_points: Literal["exact", "int8"] = "exact"
     ort_sessions: Literal["auto", "one", "two"] = "auto"
     ort_fused_steps: bool = False
+    cpu_backend: Literal["auto", "native", "ort"] = "auto"
+    cpu_isa: Literal["host", "avx512_vnni", "avx2"] = "host"
+    cpu_activation_levels: PhaseActivationLevels = Field(
+        default_factory=lambda: PhaseActivationLevels(prefill=2, decode=2), examples=[2, {"prefill": 2, "decode": 1}]
+    )
+
+    @field_validator("cpu_activation_levels", mode="before")
+    @classmethod
+    def _one_activation_level_for_both_phases(cls, v: object) -> object:
+        """``cpu_activation_levels: 2`` is ``{prefill: 2, decode: 2}`` (one canonical form)."""
+        if isinstance(v, bool) or not isinstance(v, int):
+            return v
+        if v not in (1, 2):
+            raise fail(Issue((), v, "1 or 2 (int8 levels), or {prefill: .., decode: ..}", "use 2"))
+        return {"prefill": v, "decode": v}
 
     @field_validator("ort_accuracy_level", mode="before")
     @classmethod

@@ -1,7 +1,9 @@
 """The CPU build (target ``cpu``): load -> export -> lower for ONNX Runtime -> package -> golden
 -> manifest, into a staging folder that is published only when complete.
 
-There is no compile step on the CPU: ONNX Runtime runs the lowered graphs as they are.
+ONNX Runtime runs the lowered graphs as they are; where ``engine.cpu_backend`` resolves to
+``native`` (:func:`choose_cpu_backend`), the native stage (``native.py``) adds the host CPU
+kernels' weights and library beside them, and the runtime runs those.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from typing import Any
 
 from trtpipe.pipeline.artifact.identity import rebuild_command
 from trtpipe.pipeline.recipe import Recipe, build_fields, build_hash, recipe_hash
+from trtpipe.pipeline.stages.errors import BuildError
 from trtpipe.pipeline.stages.export import export_graphs
 from trtpipe.pipeline.stages.golden.stage import GOLDEN_FILE, write_golden
 from trtpipe.pipeline.stages.load import PreparedModel, load_model, prepare_model
 from trtpipe.pipeline.stages.lower_ort import check_cpu_precisions, lower_ort
+from trtpipe.pipeline.stages.native import native_support, write_native
 from trtpipe.pipeline.stages.package import (
     DATA_FILE,
     SharedInitializers,
@@ -98,13 +102,52 @@ def build_cpu(
         (tmp / TOKENIZER_FILE).write_text(loaded.tokenizer_json or "", encoding="utf-8")
         if golden:
             timings["golden_s"] = write_golden(recipe, model, exported, artifact_root, tmp, log=log)[1]
+        native = None
+        chosen = choose_cpu_backend(recipe, model, log)
+        if chosen is not None:
+            t = time.perf_counter()
+            native = write_native(model, tmp, *chosen, log=log)
+            native["activation_levels"] = recipe.engine.cpu_activation_levels.model_dump()
+            timings["native_s"] = time.perf_counter() - t
         decode_graph = lowered.graphs[ort_decode_graph(recipe)]
         manifest = cpu_manifest(
-            recipe, model, tmp, inputs_hash, shared, artifact_root, timings, golden=golden, decode_graph=decode_graph
-        )
+            recipe, model, tmp, inputs_hash, shared, artifact_root, timings, golden=golden, decode_graph=decode_graph,
+            native=native,
+        )  # fmt: skip
         atomic_write_text(tmp / MANIFEST_NAME, manifest.to_json())
         publish_artifact(tmp, final, log)
     return timings
+
+
+def choose_cpu_backend(
+    recipe: Recipe, model: PreparedModel, log: Callable[[str], None] = print
+) -> tuple[str, Path] | None:
+    """The ISA and compiled library of the native engine, or None for ONNX Runtime only
+    (``engine.cpu_backend``: ``auto`` falls back with the reason printed; ``native`` raises
+    :class:`BuildError` with it). Compiling is part of the choice: a compiler that cannot build
+    the kernels (no OpenMP, an old gcc) is a reason like any other."""
+    from trtpipe.plugins.core.errors import OpError
+    from trtpipe.plugins.cpu.compile import compile_library, compiler
+    from trtpipe.plugins.cpu.isa import resolve_isa
+
+    setting = recipe.engine.cpu_backend
+    if setting == "ort":
+        return None
+    isa = resolve_isa(recipe.engine.cpu_isa)
+    reason = native_support(recipe, model)
+    if reason is None and isa is None:
+        reason = "this build machine runs neither avx512_vnni nor avx2 (set engine.cpu_isa to the target's)"
+    if reason is None and compiler() is None:
+        reason = "no C compiler on the build machine (install gcc)"
+    if reason is None and isa is not None:
+        try:
+            return isa, compile_library(isa)
+        except OpError as e:
+            reason = str(e)
+    if setting == "native":
+        raise BuildError(f"engine.cpu_backend = native: {reason}. Fix: set engine.cpu_backend: auto (or ort).")
+    log(f"engine: ONNX Runtime (the native CPU engine cannot run this build: {reason})")
+    return None
 
 
 def cpu_manifest(
@@ -118,6 +161,7 @@ def cpu_manifest(
     *,
     golden: bool,
     decode_graph: Any,
+    native: dict[str, Any] | None = None,
 ) -> Manifest:
     """The manifest of a CPU artifact whose files are all in ``out_dir`` (hashed here);
     ``decode_graph``: the lowered graph that runs decode steps (its weight bytes are recorded)."""
@@ -154,13 +198,19 @@ def cpu_manifest(
             "intra_op_num_threads": getattr(recipe.engine, "intra_op_num_threads", None),
             "ort_decode_graph": ort_decode_graph(recipe),
             "ort_fused_steps": recipe.engine.ort_fused_steps,
+            "native": native,
         },
-        build_info=_build_info(recipe, out_dir, artifact_root, timings, decode_graph),
+        build_info=_build_info(recipe, out_dir, artifact_root, timings, decode_graph, native),
     )
 
 
 def _build_info(
-    recipe: Recipe, out_dir: Path, artifact_root: Path, timings: dict[str, Any], decode_graph: Any
+    recipe: Recipe,
+    out_dir: Path,
+    artifact_root: Path,
+    timings: dict[str, Any],
+    decode_graph: Any,
+    native: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The manifest's ``build_info``: how, where and from what the artifact was built."""
     return {
@@ -172,5 +222,10 @@ def _build_info(
         "host": platform.node(),
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "weights_bytes": (out_dir / DATA_FILE).stat().st_size,
-        "decode_weight_read_bytes": graph_weight_read_bytes(decode_graph),
+        # what one decode step reads: native.bin whole (the head is the tied embedding) for the
+        # native engine, else the decode graph's initializers
+        "decode_weight_read_bytes": (
+            (out_dir / native["weights_file"]).stat().st_size if native else graph_weight_read_bytes(decode_graph)
+        ),
+        "decode_weight_read_bytes_ort": graph_weight_read_bytes(decode_graph),
     }

@@ -99,6 +99,15 @@ def select_scenarios(recipe: Recipe, names: Sequence[str]) -> list[Scenario]:
     return [s for s in recipe.validation.scenarios if not wanted or s.name in wanted]
 
 
+def engine_description(llm: Any) -> str:
+    """``native CPU kernels (avx512_vnni, 2 threads)`` or ``ort 1.23.2`` (the manifest's backend)."""
+    e = llm.engine
+    if e.backend == "native":
+        return f"native CPU kernels ({e.isa}, {e.threads} threads)"
+    m = llm.manifest
+    return f"{m.backend.get('name')} {m.backend.get('version')}"
+
+
 def _env(llm: Any, recipe: Recipe, art: Path, threads: int | None) -> dict:
     m = llm.manifest
     try:
@@ -113,9 +122,10 @@ def _env(llm: Any, recipe: Recipe, art: Path, threads: int | None) -> dict:
         "cpu_count": os.cpu_count(),
         "load_avg_1_5_15m_at_start": load,
         "backend": f"{m.backend.get('name')} {m.backend.get('version')}",
+        "engine": engine_description(llm),
         "intra_op_threads": threads
         or m.runtime_options.get("intra_op_num_threads")
-        or "onnxruntime default (one per physical core)",
+        or (llm.engine.threads if llm.engine.backend == "native" else "onnxruntime default (one per physical core)"),
         "artifact_dir": str(art),
         "recipe_hash": recipe_hash(recipe),
         "build_hash": build_hash(recipe),
@@ -241,7 +251,7 @@ def _write_report(
         scenarios=reports,
         correctness=correctness.to_dict(),
         env=env,
-        decode_read=read_model_from_manifest(llm.manifest),
+        decode_read=read_model_from_manifest(llm.manifest, llm.engine.backend),
         target_bandwidth_bytes_per_s=peak_bw,
     )
 
@@ -279,9 +289,8 @@ def _load_llm(r: Recipe, art: Path, threads: int | None, err: Any) -> Any:
         art, num_threads=threads, prefix_caching=r.runtime.prefix_caching, scheduler_policy=r.runtime.scheduler.policy
     )
     err.print(
-        f"  loaded in {time.perf_counter() - t:.1f} s ({llm.manifest.backend.get('name')} "
-        f"{llm.manifest.backend.get('version')}, prefill {r.precision.prefill}, decode "
-        f"{r.precision.decode})"
+        f"  loaded in {time.perf_counter() - t:.1f} s ({engine_description(llm)}, prefill {r.precision.prefill}, "
+        f"decode {r.precision.decode})"
     )
     return llm
 

@@ -11,6 +11,9 @@ backend are ``None`` here, explicitly.
     ort      shared_initializers     {name: SharedInitializer}  byte ranges in that file ({} = none)
     ort      intra_op_num_threads    int >= 1 | null            ORT threads (null: ORT's default)
     ort      ort_decode_graph        "prefill" | "decode"       graph that runs decode steps
+    ort      native                  NativeOptions | null       the host CPU kernels' engine, built
+                                                                beside the graphs (recipe
+                                                                engine.cpu_backend; null: none)
     ort      ort_fused_steps         bool (absent: false)       the prefill graph takes a mixed
                                                                 step's decodes (recipe
                                                                 engine.ort_fused_steps); artifacts
@@ -50,6 +53,20 @@ class SharedInitializer:
 
 
 @dataclass(frozen=True)
+class NativeOptions:
+    """``runtime_options.native``: the native CPU engine's files and settings (written by
+    ``pipeline/stages/native.py``): ``isa`` the kernels were compiled for (``plugins/cpu/isa.py``),
+    ``library`` and ``weights_file`` (artifact files), ``tensors`` (``native.bin``'s table),
+    ``activation_levels`` {phase: 1 | 2} (int8 levels of GEMM activations)."""
+
+    isa: str
+    library: str
+    weights_file: str
+    tensors: Mapping[str, Any]
+    activation_levels: Mapping[str, int]
+
+
+@dataclass(frozen=True)
 class RuntimeOptions:
     """Typed ``manifest.runtime_options`` (see the module docstring for each field)."""
 
@@ -60,6 +77,7 @@ class RuntimeOptions:
     intra_op_num_threads: int | None  # None also for ort: ORT picks its default
     ort_decode_graph: str | None
     ort_fused_steps: bool | None
+    native: NativeOptions | None
     # trt only (None for ort)
     layout: str | None
     kv_in_place: bool | None
@@ -108,6 +126,7 @@ def parse_runtime_options(
         intra_op_num_threads=None,
         ort_decode_graph=None,
         ort_fused_steps=None,
+        native=None,
         layout=layout,
         kv_in_place=in_place,
         profiles=profiles,
@@ -135,6 +154,7 @@ def _parse_ort(options: Mapping[str, Any], bad: Any) -> RuntimeOptions:
     fused = options.get("ort_fused_steps", False)
     if not isinstance(fused, bool):
         raise bad("ort_fused_steps", "true or false")
+    native = _parse_native(options.get("native"), bad)
     return RuntimeOptions(
         backend="ort",
         shared_data_file=data_file,
@@ -142,10 +162,31 @@ def _parse_ort(options: Mapping[str, Any], bad: Any) -> RuntimeOptions:
         intra_op_num_threads=threads,
         ort_decode_graph=decode_graph,
         ort_fused_steps=fused,
+        native=native,
         layout=None,
         kv_in_place=None,
         profiles=None,
     )
 
 
-__all__ = ["RuntimeOptions", "SharedInitializer", "parse_runtime_options", "REQUIRED_OPTIONS"]
+def _parse_native(nat: Any, bad: Any) -> NativeOptions | None:
+    if nat is None:
+        return None
+    from trtpipe.plugins.cpu.isa import ISAS
+
+    expected = "an object {isa, library, weights_file, tensors, activation_levels}"
+    if not isinstance(nat, Mapping):
+        raise bad("native", expected)
+    try:
+        levels = {ph: int(nat["activation_levels"][ph]) for ph in ("prefill", "decode")}
+        out = NativeOptions(
+            str(nat["isa"]), str(nat["library"]), str(nat["weights_file"]), dict(nat["tensors"]), levels
+        )
+    except (KeyError, TypeError, ValueError):
+        raise bad("native", expected) from None
+    if out.isa not in ISAS or set(levels.values()) - {1, 2}:
+        raise bad("native", f"isa one of {', '.join(ISAS)} and activation levels 1 or 2")
+    return out
+
+
+__all__ = ["NativeOptions", "RuntimeOptions", "SharedInitializer", "parse_runtime_options", "REQUIRED_OPTIONS"]

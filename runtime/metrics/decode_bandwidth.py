@@ -141,15 +141,18 @@ def decode_read_model(
     )
 
 
-def read_model_from_manifest(manifest: Any) -> DecodeReadModel | None:
-    """The read model of a loaded :class:`~trtpipe.runtime.artifact.manifest.Manifest`; None when the
-    manifest does not record its weight bytes (``build_info.weights_bytes``, artifacts built
+def read_model_from_manifest(manifest: Any, engine: str | None = None) -> DecodeReadModel | None:
+    """The read model of a loaded :class:`~trtpipe.runtime.artifact.manifest.Manifest` for the
+    engine that runs it (``engine.backend``; None: the one the artifact runs by default). None when
+    the manifest does not record its weight bytes (``build_info.weights_bytes``, artifacts built
     before it was written)."""
     weight_bytes = manifest.build_info.get("weights_bytes")
     if not weight_bytes:
         return None
     precision = manifest.graphs["decode"].precision
     read_bytes = manifest.build_info.get("decode_weight_read_bytes")
+    if engine == "ort":  # an artifact with a native engine records ONNX Runtime's figure beside it
+        read_bytes = manifest.build_info.get("decode_weight_read_bytes_ort", read_bytes)
     if read_bytes:  # counted on the graph that runs decode steps at build time (cpu artifacts)
         c = manifest.model
         return DecodeReadModel(
@@ -158,7 +161,8 @@ def read_model_from_manifest(manifest: Any) -> DecodeReadModel | None:
             c.head_dim,
             tuple(c.layer_num_kv_heads),
             tuple(c.layer_sliding_window),
-            "the decode graph's weights minus gathered-only tables (build_info.decode_weight_read_bytes)",
+            "the decode step's weights: native.bin, or the decode graph's minus gathered-only tables "
+            "(build_info.decode_weight_read_bytes)",
         )
     act = activation_dtype(precision, "cpu" if manifest.target.get("name") == "cpu" else "gpu")
     return decode_read_model(
@@ -238,12 +242,17 @@ def scenario_decode_bandwidth(
 
 
 def request_decode_note(
-    manifest: Any, prompt_tokens: int, output_tokens: int, tpot_s: float | None, peak_bytes_per_s: float | None = None
+    manifest: Any,
+    prompt_tokens: int,
+    output_tokens: int,
+    tpot_s: float | None,
+    peak_bytes_per_s: float | None = None,
+    engine: str | None = None,
 ) -> str:
     """``trtpipe generate``'s figure for one request: ``"; decode 116 tokens/s, decode bandwidth
     ..."`` at the request's mean decode context (prompt plus half the output, batch 1); "" when
     it has no TPOT or the manifest lacks its weight bytes."""
-    model = read_model_from_manifest(manifest)
+    model = read_model_from_manifest(manifest, engine)
     bw = (
         None
         if model is None

@@ -70,6 +70,7 @@ class StepCostModel:
     num_threads: int | None = None
     calibration_s: float = 0.0
     fused: bool = False  # mixed steps are one prefill call (see the module docstring)
+    engine: str = ""  # the engine measured ("native", "ort", "trt"): each has its own costs
     fused_s: tuple[float, float, float] | None = None  # f0 [s], f1 [s/prompt token], f2 [s/decode row]
 
     def prefill_time_s(self, num_tokens: int, context: int = 0) -> float:
@@ -315,7 +316,8 @@ def load_or_calibrate(
     log=None,
 ) -> StepCostModel:
     """The artifact's ``step_cost.json`` when it was measured on this host and CPU
-    (:func:`~trtpipe.runtime.artifact.host_cpu.host_id`) with these threads (and the same ``fused``); else calibrate now and write it there (atomically; a read-only
+    (:func:`~trtpipe.runtime.artifact.host_cpu.host_id`) with these threads, the same ``fused`` and the same
+    engine (``engine.backend``); else calibrate now and write it there (atomically; a read-only
     artifact just skips the write)."""
     from trtpipe.runtime.artifact.manifest import atomic_write_text
 
@@ -323,12 +325,13 @@ def load_or_calibrate(
     if path.is_file():
         try:
             model = StepCostModel.from_json(path.read_text(encoding="utf-8"))
-            if model.host == host_id() and model.num_threads == num_threads and model.fused == fused:
+            same_engine = model.engine == getattr(engine, "backend", "")
+            if model.host == host_id() and model.num_threads == num_threads and model.fused == fused and same_engine:
                 return model
         except (ValueError, KeyError, TypeError):
             pass  # unreadable or old: measure again
     model = calibrate(engine, block_pool, block_size, max_num_tokens, max_batch_size, fused=fused)
-    model = StepCostModel(**{**asdict(model), "num_threads": num_threads})
+    model = StepCostModel(**{**asdict(model), "num_threads": num_threads, "engine": getattr(engine, "backend", "")})
     if log is not None:
         log(f"step-cost model measured in {model.calibration_s:.1f} s (error {model.error_ms:.1f} ms)")
     try:

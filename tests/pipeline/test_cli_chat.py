@@ -151,7 +151,7 @@ def test_chat_command_exits_nonzero_on_an_engine_error(monkeypatch):
     import trtpipe.pipeline.cli.generate as cli_generate
     import trtpipe.runtime.llm as runtime_llm
 
-    def fake_llm(path, num_threads=None):
+    def fake_llm(path, num_threads=None, engine="auto"):
         llm = FailingLLM(max_seq_len=100)
         llm.manifest.model = SimpleNamespace(chat_template="{{ messages }}")
         return llm

@@ -377,7 +377,10 @@ def test_info_table_and_json(arts):
     assert f"{m['kv']['num_blocks']} blocks x {m['kv']['block_size']} tokens" in table
     assert "decode graph   decode.onnx (int4)" in table
     opts = m["runtime_options"]
+    native = opts.get("native")
     assert d["engine"] == {
+        "runs_on": "native" if native else "ort",
+        "native": native and {"isa": native["isa"], "activation_levels": native["activation_levels"]},
         "decode_steps_graph": opts["ort_decode_graph"],
         "fused_mixed_steps": bool(opts.get("ort_fused_steps", False)),
         "intra_op_num_threads": opts["intra_op_num_threads"],
@@ -385,6 +388,8 @@ def test_info_table_and_json(arts):
     assert (
         f"decode steps on the {opts['ort_decode_graph']} graph; mixed steps fused (engine.ort_fused_steps) no" in table
     )
+    if native:
+        assert f"native CPU kernels for {native['isa']}" in table
 
 
 def test_info_says_the_artifact_fuses_mixed_steps(arts, tmp_path):

@@ -680,3 +680,44 @@ def test_yaml_error_without_an_opened_construct_keeps_the_parsers_line(tmp_path)
     with pytest.raises(RecipeError) as e:
         load_recipe(path)
     assert e.value.problems[0].path.startswith("line 4, column ")
+
+
+def test_native_cpu_engine_settings_resolve_and_are_checked(cpu_data):
+    r = parse_recipe(copy.deepcopy(cpu_data), origin="ok.yaml")
+    assert (r.engine.cpu_backend, r.engine.cpu_isa) == ("auto", "host")
+    assert r.engine.cpu_activation_levels.model_dump() == {"prefill": 2, "decode": 2}
+    d = copy.deepcopy(cpu_data)
+    d["engine"] = {"cpu_activation_levels": 1, "cpu_isa": "avx2", "cpu_backend": "native"}
+    e = parse_recipe(d, origin="ok.yaml").engine
+    assert e.cpu_activation_levels.model_dump() == {"prefill": 1, "decode": 1} and e.cpu_isa == "avx2"
+    d["engine"] = {"cpu_activation_levels": 3}
+    assert_problem(error_of(d, lambda x: None), "engine.cpu_activation_levels", "3", "use 2")
+    d["engine"] = {"cpu_isa": "amx"}
+    assert_problem(error_of(d, lambda x: None), "engine.cpu_isa", "'amx'")
+    gpu = yaml.safe_load(resolve_recipe_path("llama2-7b-a100").read_text())
+    err = error_of(gpu, lambda x: x.setdefault("engine", {}).update(cpu_backend="native"))
+    assert_problem(err, "engine.cpu_backend", "'native'", "remove engine.cpu_backend")
+
+
+def test_auto_builds_onnx_runtime_only_where_native_cannot_run(tiny_recipes, tmp_path):
+    """A float (Hugging Face) model: auto says why and builds ONNX Runtime only; native refuses."""
+    from trtpipe.pipeline.stages.cpu import choose_cpu_backend
+    from trtpipe.pipeline.stages.errors import BuildError
+    from trtpipe.pipeline.stages.load import load_model, prepare_model
+
+    data = yaml.safe_load(tiny_recipes["a100"].read_text())
+    data.update(name="tiny-cpu", target="cpu", precision={"prefill": "int4", "decode": "int4"})
+    data["kv_cache"]["dtype"] = "fp32"
+    data["engine"] = {}
+    r = parse_recipe(data, origin="tiny-cpu.yaml", base_dir=tiny_recipes["a100"].parent)
+    model = prepare_model(r, load_model(r))
+    lines: list[str] = []
+    assert choose_cpu_backend(r, model, lines.append) is None
+    assert lines == [
+        "engine: ONNX Runtime (the native CPU engine cannot run this build: linear weights of GGUF type F32 "
+        "(native: Q4_0 / Q4_1))"
+    ]
+    data["engine"] = {"cpu_backend": "native"}
+    r = parse_recipe(data, origin="tiny-cpu.yaml", base_dir=tiny_recipes["a100"].parent)
+    with pytest.raises(BuildError, match=r"cpu_backend = native: linear weights of GGUF type F32.*Fix: set"):
+        choose_cpu_backend(r, model, lines.append)

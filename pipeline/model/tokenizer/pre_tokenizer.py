@@ -127,7 +127,7 @@ def pre_tokenizer_spec(pre: str | None) -> PreTokenizerSpec:
             f"GGUF metadata {KEY_PRE} = {pre!r} is not a pre-tokenizer trtpipe knows; expected one "
             f"of {sorted(PRE_TOKENIZER_SPECS)}. Fix: build from the Hugging Face folder "
             "(tokenizer.json), or add its split regexes from llama.cpp src/llama-vocab.cpp to "
-            "PRE_TOKENIZER_SPECS in trtpipe/pipeline/tokenizer_gguf/pre_tokenizer.py."
+            "PRE_TOKENIZER_SPECS in pipeline/model/tokenizer/pre_tokenizer.py."
         )
     return spec
 

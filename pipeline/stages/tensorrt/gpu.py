@@ -2,7 +2,7 @@
 
 ::
 
-    write_build_spec (any machine)                          build_from_spec (the target GPU: compile_trt.py)
+    write_build_spec (any machine)                          build_from_spec (the target GPU: compile.py)
     ─────────────────────────────────────────               ─────────────────────────────────────────────
     load -> export -> lower for TensorRT (variants)          check GPU == target SM, TensorRT version
     profiles (profiles.py), checked                          pick lowering, register plugins

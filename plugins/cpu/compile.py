@@ -1,0 +1,92 @@
+"""Compile ``csrc/`` into one shared library for a target ISA (:mod:`.isa`) with the system C
+compiler (``$CC``, else ``cc``): ``-O3 -fopenmp -fno-math-errno -std=c11`` (ISO C: no FMA contraction, so the arithmetic is what
+the sources write) and the ISA's flags, never ``-march=native``
+(the build machine is not the target). Builds are cached by (sources, ISA, compiler) under
+``$TRTPIPE_CACHE`` (default ``~/.cache/trtpipe``)/cpu-kernels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from trtpipe.plugins.core.errors import OpError
+from trtpipe.plugins.cpu.isa import ISAS
+
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = ("act.c", "gemm.c", "ops.c", "attention.c", "forward.c")
+HEADERS = ("tp.h", "vmath.h")
+LIBRARY_NAME = "libtrtpipe_cpu.so"
+
+
+def compiler() -> str | None:
+    """The C compiler's path, or None when there is none."""
+    return shutil.which(os.environ.get("CC", "cc"))
+
+
+def _command(cc: str, isa: str, out: Path) -> list[str]:
+    flags, _, define = ISAS[isa]
+    srcs = [str(CSRC / s) for s in SOURCES]
+    return [
+        cc,
+        "-O3",
+        "-fopenmp",
+        "-fno-math-errno",
+        "-fPIC",
+        "-shared",
+        "-std=c11",
+        f"-D{define}",
+        *flags,
+        *srcs,
+        "-o",
+        str(out),
+        "-lm",
+    ]
+
+
+def build_key(isa: str, cc: str) -> str:
+    """Hash of the sources, ISA, flags and compiler version: what decides a rebuild."""
+    h = hashlib.sha256()
+    for s in (*SOURCES, *HEADERS):
+        h.update((CSRC / s).read_bytes())
+    h.update(" ".join(_command("cc", isa, Path("lib"))).encode())
+    ver = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
+    h.update(ver.encode())
+    return h.hexdigest()[:16]
+
+
+def compile_library(isa: str, cache_dir: Path | None = None) -> Path:
+    """The library for ``isa`` (compiled on first use, then cached). Raises :class:`OpError`
+    when there is no C compiler, the ISA is unknown, or compilation fails (with its output)."""
+    if isa not in ISAS:
+        raise OpError(f"cpu ISA {isa!r}: expected one of {', '.join(ISAS)}")
+    cc = compiler()
+    if cc is None:
+        raise OpError(
+            f"no C compiler ({os.environ.get('CC', 'cc')}) to build the host CPU kernels. "
+            "Fix: install gcc (apt install gcc), or set engine.cpu_backend: ort in the recipe."
+        )
+    root = cache_dir or Path(os.environ.get("TRTPIPE_CACHE", Path.home() / ".cache" / "trtpipe")) / "cpu-kernels"
+    lib = root / f"{isa}-{build_key(isa, cc)}" / LIBRARY_NAME
+    if lib.is_file():
+        return lib
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
+        out = Path(tmp) / LIBRARY_NAME
+        r = subprocess.run(_command(cc, isa, out), capture_output=True, text=True, check=False)
+        if r.returncode != 0:
+            raise OpError(f"compiling the host CPU kernels for {isa} failed:\n{r.stderr[-4000:]}")
+        os.replace(out, lib)  # atomic: a concurrent build sees the whole file or none
+    return lib
+
+
+def sources_hash() -> str:
+    """Hash of the kernel sources alone (enters the build's inputs hash)."""
+    h = hashlib.sha256()
+    for s in (*SOURCES, *HEADERS):
+        h.update((CSRC / s).read_bytes())
+    return h.hexdigest()[:16]

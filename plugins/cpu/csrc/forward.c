@@ -1,0 +1,105 @@
+/* The Llama decoder forward of one step (Hugging Face LlamaModel order), every op a tp.h kernel:
+ *
+ *   h = embed(ids)
+ *   per layer: x = rmsnorm(h); qkv = x Wqkv; rope(q, k); write k, v; a = attention(q)
+ *              h += a Wo; x = rmsnorm(h); gu = x Wgate_up; h += (silu(g) * u) Wdown
+ *   logits = rmsnorm(h[last token of each sequence]) Whead
+ *
+ * Scratch memory is one workspace grown on demand (steps of one engine are sequential). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "tp.h"
+
+typedef struct {
+  size_t cap;
+  char *base;
+} workspace;
+
+static workspace g_ws = {0, NULL};
+
+static void *ws_take(char **cur, size_t bytes) {
+  void *p = *cur;
+  *cur += (bytes + 63) & ~(size_t)63;
+  return p;
+}
+
+static void qact_take(char **cur, tp_qact *a, int M, int K) {
+  const int nb = K / TP_GROUP;
+  a->q1 = ws_take(cur, (size_t)M * K);
+  a->q2 = ws_take(cur, (size_t)M * K);
+  a->s1 = ws_take(cur, sizeof(float) * M * nb);
+  a->s2 = ws_take(cur, sizeof(float) * M * nb);
+  a->asum = ws_take(cur, sizeof(float) * M * nb);
+  a->qsum1 = ws_take(cur, sizeof(int32_t) * M * nb);
+  a->qsum2 = ws_take(cur, sizeof(int32_t) * M * nb);
+}
+
+static size_t qact_bytes(int M, int K) { return 2 * (size_t)M * K + 5 * sizeof(float) * M * (K / TP_GROUP) + 7 * 64; }
+
+static int check_step(const tp_model *m, const tp_step *s) {
+  const int64_t slots = (int64_t)m->num_blocks * m->block_size;
+  for (int t = 0; t < s->T; t++) {
+    if (s->input_ids[t] < 0 || s->input_ids[t] >= m->vocab) return -4;
+    if (s->positions[t] < 0 || s->positions[t] >= m->max_positions) return -2;
+    if (s->slot_mapping[t] < 0 || s->slot_mapping[t] >= slots) return -3;
+  }
+  for (int i = 0; i < s->S; i++) {
+    const int64_t need = (s->context_lens[i] + m->block_size - 1) / m->block_size;
+    if (need > s->MB) return -3;
+    for (int64_t b = 0; b < need; b++) {
+      const int64_t id = s->block_tables[(size_t)i * s->MB + b];
+      if (id < 0 || id >= m->num_blocks) return -3;
+    }
+  }
+  return 0;
+}
+
+int tp_forward(const tp_model *m, const tp_step *s, float *logits) {
+  int rc = check_step(m, s);
+  if (rc) return rc;
+  const int T = s->T, S = s->S, Hd = m->hidden, D = m->head_dim, H = m->num_heads, KVH = m->num_kv_heads;
+  const int F = m->ffn, nqkv = (H + 2 * KVH) * D;
+  const int kmax = Hd > F ? Hd : F;
+  size_t need = sizeof(float) * ((size_t)T * (2 * Hd + nqkv + H * D + 2 * F + F) + (size_t)S * 2 * Hd) +
+                qact_bytes(T, kmax) + 16 * 64;
+  if (need > g_ws.cap) {
+    free(g_ws.base);
+    g_ws.base = aligned_alloc(64, (need + 63) & ~(size_t)63);
+    g_ws.cap = g_ws.base ? need : 0;
+    if (!g_ws.base) return -1;
+  }
+  char *cur = g_ws.base;
+  float *h = ws_take(&cur, sizeof(float) * T * Hd), *x = ws_take(&cur, sizeof(float) * T * Hd);
+  float *qkv = ws_take(&cur, sizeof(float) * T * nqkv), *att = ws_take(&cur, sizeof(float) * T * H * D);
+  float *gu = ws_take(&cur, sizeof(float) * T * 2 * F), *act = ws_take(&cur, sizeof(float) * T * F);
+  float *hl = ws_take(&cur, sizeof(float) * S * Hd), *xl = ws_take(&cur, sizeof(float) * S * Hd);
+  tp_qact qa;
+  qact_take(&cur, &qa, T, kmax);
+
+  tp_embed_q8(&m->embed, s->input_ids, T, h);
+  for (int l = 0; l < m->num_layers; l++) {
+    const tp_layer *L = &m->layers[l];
+    tp_rmsnorm(h, L->attn_norm, m->eps, x, T, Hd);
+    tp_quant_act(x, T, Hd, s->levels, &qa);
+    tp_gemm(&L->qkv, &qa, qkv, nqkv, 0);
+    tp_rope(qkv, nqkv, T, H + KVH, D, s->positions, m->rope_cos, m->rope_sin); /* q heads, then k heads */
+    tp_kv_write(L->key_cache, L->value_cache, qkv + H * D, qkv + (H + KVH) * D, nqkv, s->slot_mapping, T, KVH,
+                m->num_blocks, m->block_size, D);
+    tp_attention(qkv, nqkv, L->key_cache, L->value_cache, s->block_tables, s->MB, s->context_lens,
+                 s->query_start_loc, S, H, KVH, m->num_blocks, m->block_size, D, m->scale, m->sliding_window, att);
+    tp_quant_act(att, T, H * D, s->levels, &qa);
+    tp_gemm(&L->o, &qa, h, Hd, 1);
+    tp_rmsnorm(h, L->mlp_norm, m->eps, x, T, Hd);
+    tp_quant_act(x, T, Hd, s->levels, &qa);
+    tp_gemm(&L->gate_up, &qa, gu, 2 * F, 0);
+    tp_silu_mul(gu, act, T, F);
+    tp_quant_act(act, T, F, s->levels, &qa);
+    tp_gemm(&L->down, &qa, h, Hd, 1);
+  }
+  for (int i = 0; i < S; i++) memcpy(hl + (size_t)i * Hd, h + (size_t)s->last_token_indices[i] * Hd, sizeof(float) * Hd);
+  tp_rmsnorm(hl, m->final_norm, m->eps, xl, S, Hd);
+  tp_quant_act(xl, S, Hd, s->levels, &qa);
+  tp_gemm(&m->head, &qa, logits, m->vocab, 0);
+  return 0;
+}

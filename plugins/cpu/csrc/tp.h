@@ -1,0 +1,112 @@
+/* trtpipe host CPU kernels: shared declarations.
+ *
+ * Compiled per target ISA by plugins/cpu/compile.py into one shared library: TP_ISA_AVX512
+ * (AVX-512 F/BW/VL + VNNI + F16C) or TP_ISA_AVX2 (AVX2 + FMA + F16C). The NumPy references the
+ * tests hold these kernels to are in plugins/cpu/reference.py.
+ *
+ * Weight layouts (built in NumPy by plugins/cpu/layout.py; a "tile" = 16 consecutive output rows):
+ *
+ *   Q4 (blockwise 4-bit, group 32, w[n,k] = d[n,b] * q[n,k] + m[n,b], q in 0..15: GGUF Q4_1):
+ *     codes  [N/16][K/8][16 rows][4 bytes]  byte i of row r in k-group g: low nibble q[r][8g+i],
+ *                                           high nibble q[r][8g+4+i]
+ *     d, m   [N/16][K/32][16] fp16          per tile, per block, the 16 rows' scale and minimum
+ *   Q8 (blockwise 8-bit, group 32, w[n,k] = d[n,b] * (u[n,k] - 128), u in 0..255: GGUF Q8_0):
+ *     codes  [N/16][K/4][16 rows][4 bytes]  u[r][4j + i]
+ *     d      [N/16][K/32][16] fp16
+ *
+ * Activations of a GEMM are quantized per 32-block to int8, in one or two levels:
+ *   x[k] ~ s1 * q1[k] + s2 * q2[k],  s1 = max|x| / 127, q2 quantizes the residual x - s1 q1.
+ * Two levels keep ~15 bits (relative error ~1e-5 of the block maximum), one level ~8 bits.
+ * The sum over a block of x itself (asum) stays fp32, so the Q4 minimum term m * sum(x) is exact.
+ * Integer dot products are exact; scales and sums are fp32.
+ */
+#ifndef TP_H
+#define TP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define TP_GROUP 32 /* weights per block along K */
+#define TP_TILE 16  /* output rows per tile */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* one GEMM's quantized activations: M rows of K values (buffers owned by the caller) */
+typedef struct {
+  int M, K, levels;
+  int8_t *q1, *q2;        /* [M][K] */
+  float *s1, *s2, *asum;  /* [M][K/32] */
+  int32_t *qsum1, *qsum2; /* [M][K/32]: sum of q1 (q2) over each block (the Q8 offset term) */
+} tp_qact;
+
+enum { TP_W_Q4 = 1, TP_W_Q8 = 2 };
+
+typedef struct {
+  int kind, N, K;
+  const uint8_t *codes;
+  const uint16_t *d, *m; /* fp16 scales (and Q4 minimums; NULL for Q8) */
+} tp_weight;
+
+typedef struct {
+  const float *attn_norm, *mlp_norm; /* [hidden] */
+  tp_weight qkv;                     /* N = (H + 2 KVH) * D: q rows, then k, then v */
+  tp_weight o;                       /* N = hidden, K = H * D */
+  tp_weight gate_up;                 /* N = 2F: gate rows, then up */
+  tp_weight down;                    /* N = hidden, K = F */
+  float *key_cache, *value_cache;    /* [KVH][NB][BS][D] fp32, head-major */
+} tp_layer;
+
+typedef struct {
+  int num_layers, hidden, num_heads, num_kv_heads, head_dim, ffn, vocab;
+  int num_blocks, block_size, sliding_window, max_positions;
+  float eps, scale;
+  const float *rope_cos, *rope_sin; /* [max_positions][D] */
+  tp_weight embed;                  /* Q8 [vocab][hidden]: rows gathered and dequantized */
+  const float *final_norm;
+  tp_weight head;                   /* [vocab][hidden] */
+  const tp_layer *layers;
+} tp_model;
+
+typedef struct {
+  int T, S, MB, levels;
+  const int64_t *input_ids, *positions, *slot_mapping; /* [T] */
+  const int64_t *block_tables;                          /* [S][MB] */
+  const int64_t *context_lens;                          /* [S]: tokens in the pool after this step */
+  const int64_t *query_start_loc;                       /* [S+1] */
+  const int64_t *last_token_indices;                    /* [S] */
+} tp_step;
+
+void tp_set_threads(int n);
+int tp_get_threads(void);
+const char *tp_isa(void);
+
+/* scratch sizes: a tp_qact for M rows of K */
+void tp_quant_act(const float *x, int M, int K, int levels, tp_qact *a);
+/* y [M][N] (+)= x @ W^T: a holds x quantized (tp_quant_act) */
+void tp_gemm(const tp_weight *w, const tp_qact *a, float *y, int ldy, int accumulate);
+
+void tp_rmsnorm(const float *x, const float *w, float eps, float *y, int M, int H);
+void tp_rope(float *x, int ld, int T, int heads, int D, const int64_t *positions, const float *cos_t,
+             const float *sin_t);
+void tp_silu_mul(const float *gu, float *y, int M, int F);
+void tp_embed_q8(const tp_weight *table, const int64_t *ids, int T, float *h);
+
+/* k, v rows of ld floats (KVH heads of D each) written at slot_mapping into the head-major pool */
+void tp_kv_write(float *kc, float *vc, const float *k, const float *v, int ld, const int64_t *slot_mapping, int T,
+                 int KVH, int NB, int BS, int D);
+/* causal GQA attention of q [T][ldq] (H heads of D) over the pool; out [T][H*D] */
+void tp_attention(const float *q, int ldq, const float *kc, const float *vc, const int64_t *block_tables, int MB,
+                  const int64_t *context_lens, const int64_t *query_start_loc, int S, int H, int KVH, int NB, int BS,
+                  int D, float scale, int W, float *out);
+
+/* the whole forward of one step: logits [S][vocab] of each sequence's last token.
+ * Returns 0, or a negative code: -1 out of memory, -2 a position outside the rotary table,
+ * -3 a slot or block id outside the pool, -4 an input id outside the vocabulary. */
+int tp_forward(const tp_model *m, const tp_step *s, float *logits);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

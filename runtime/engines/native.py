@@ -1,0 +1,147 @@
+"""The native CPU engine: the host CPU kernels (``plugins/cpu/csrc``, compiled for the artifact's
+ISA at build) run the whole Llama forward of a step in one C call over the shared KV pool.
+
+``prefill(batch) -> logits [S, V] float32`` (last token of each sequence) and
+``decode(batch) -> logits [S, V]`` take the ONNX Runtime engine's batches: one forward serves any
+mix of prompt chunks and 1-token decode rows, so a mixed step runs as one call
+(``fuses_mixed_steps``). Activations enter each GEMM as int8 in one or two levels per phase
+(``runtime_options.native.activation_levels``; two keep ~15 bits: ``csrc/tp.h``). Weights are
+memory-mapped from ``native.bin`` and read in place (no prepacked copy).
+
+Threads: OpenMP (libgomp), ``OMP_WAIT_POLICY=PASSIVE`` unless the environment sets it: a step has
+~14 parallel regions per layer, and on a shared CPU a spinning waiter steals the core the other
+thread needs (measured on a 2-core Zen 4 with another job running: TPOT 27.6 ms spinning, 7.4 ms
+passive, 6.7 ms with one thread; ONNX Runtime 47.7 ms).
+
+Raises :class:`ArtifactError` when the CPU lacks the ISA the library was built for (it would die
+with SIGILL), or the library or weights cannot be loaded.
+"""
+
+from __future__ import annotations
+
+import ctypes as C
+import os
+import time
+from dataclasses import asdict
+
+import numpy as np
+
+from trtpipe.plugins.core.errors import OpError
+from trtpipe.plugins.core.rope import rope_cos_sin
+from trtpipe.plugins.cpu import library as L
+from trtpipe.plugins.cpu.isa import missing_flags
+from trtpipe.plugins.cpu.layout import TiledWeight
+from trtpipe.runtime.artifact.manifest import Manifest
+from trtpipe.runtime.engines.native_weights import NativeWeights
+from trtpipe.runtime.errors import ArtifactError
+from trtpipe.runtime.kv.pool import KVPool
+from trtpipe.runtime.sched.batch import DecodeBatch, PrefillBatch
+
+
+def _threads(num_threads: int | None, manifest: Manifest) -> int:
+    if num_threads:
+        return num_threads
+    if manifest.options.intra_op_num_threads:
+        return manifest.options.intra_op_num_threads
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+class NativeEngine:
+    """See the module docstring."""
+
+    backend = "native"
+    fuses_mixed_steps = True
+
+    def __init__(self, manifest: Manifest, pool: KVPool, num_threads: int | None = None):
+        nat = manifest.options.native
+        if nat is None:
+            raise ArtifactError(f"artifact {manifest.root} has no native engine. Fix: `{manifest.rebuild_command}`.")
+        lacks = missing_flags(nat.isa)
+        if lacks:
+            raise ArtifactError(
+                f"artifact {manifest.root} was lowered for {nat.isa}, and this CPU lacks {', '.join(lacks)}. "
+                f"Fix: rebuild for this host (`{manifest.rebuild_command}` with engine.cpu_isa: host), "
+                "or run it with --engine ort."
+            )
+        if pool.keys[0].dtype != np.float32:
+            raise ArtifactError(f"native engine: KV pool dtype {pool.keys[0].dtype}, expected float32")
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read by libgomp when the library loads
+        try:
+            self.lib = L.load(manifest.path(nat.library))
+        except OpError as e:
+            raise ArtifactError(f"{e}. Fix: `{manifest.rebuild_command}`.") from e
+        self.manifest, self.pool, self.isa = manifest, pool, nat.isa
+        self.threads = _threads(num_threads, manifest)
+        self.lib.tp_set_threads(self.threads)
+        self.levels = dict(nat.activation_levels)
+        self.weights = NativeWeights(manifest.path(nat.weights_file), nat.tensors, manifest.rebuild_command)
+        self._build_model()
+        self.last_step_s = 0.0
+
+    def _weight(self, prefix: str, kind: str, N: int, K: int) -> L.Weight:
+        w = self.weights
+        m = w.tensor(f"{prefix}.m") if kind == "q4" else None
+        return L.weight_struct(TiledWeight(kind, N, K, w.tensor(f"{prefix}.codes"), w.tensor(f"{prefix}.d"), m))
+
+    def _build_model(self) -> None:
+        c, kv, w = self.manifest.model, self.manifest.kv, self.weights
+        H, KVH, D, Hd, F = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size, c.intermediate_size
+        self._max_positions = max(self.manifest.limits.max_seq_len, 1)
+        scaling = None if c.rope_scaling is None else asdict(c.rope_scaling)
+        self._cos, self._sin = rope_cos_sin(self._max_positions, D, c.rope_theta, scaling)
+        layers = (L.Layer * c.num_layers)()
+        for i in range(c.num_layers):
+            p = f"layers.{i}"
+            layers[i] = L.Layer(
+                L.ptr(w.tensor(f"{p}.attn_norm"), L._f32p),
+                L.ptr(w.tensor(f"{p}.mlp_norm"), L._f32p),
+                self._weight(f"{p}.qkv", "q4", (H + 2 * KVH) * D, Hd),
+                self._weight(f"{p}.o", "q4", Hd, H * D),
+                self._weight(f"{p}.gate_up", "q4", 2 * F, Hd),
+                self._weight(f"{p}.down", "q4", Hd, F),
+                L.ptr(self.pool.keys[i], L._f32p),
+                L.ptr(self.pool.values[i], L._f32p),
+            )
+        embed = self._weight("embed", "q8", c.vocab_size, Hd)
+        head = self._weight("head", "q8", c.vocab_size, Hd) if w.has("head.codes") else embed
+        self._layers = layers
+        self.model = L.Model(
+            c.num_layers, Hd, H, KVH, D, F, c.vocab_size,
+            kv.num_blocks, kv.block_size, kv.sliding_window, self._max_positions,
+            c.rms_norm_eps, 1.0 / float(np.sqrt(D)),
+            L.ptr(self._cos, L._f32p), L.ptr(self._sin, L._f32p),
+            embed, L.ptr(w.tensor("final_norm"), L._f32p), head, layers,
+        )  # fmt: skip
+
+    def _run(self, feeds: dict[str, np.ndarray], levels: int) -> np.ndarray:
+        t0 = time.perf_counter()
+        a = {k: np.ascontiguousarray(v, np.int64) for k, v in feeds.items()}
+        T, S = len(a["input_ids"]), len(a["context_lens"])
+        bt = a["block_tables"]
+        step = L.Step(
+            T, S, bt.shape[1], levels,
+            *(L.ptr(a[k], L._i64p) for k in (
+                "input_ids", "positions", "slot_mapping", "block_tables", "context_lens",
+                "query_start_loc", "last_token_indices",
+            )),
+        )  # fmt: skip
+        logits = np.empty((S, self.manifest.model.vocab_size), np.float32)
+        rc = self.lib.tp_forward(C.byref(self.model), C.byref(step), L.ptr(logits, L._f32p))
+        if rc:
+            raise ArtifactError(f"native engine: {L.FORWARD_ERRORS.get(rc, f'error {rc}')} (step of {T} tokens)")
+        self.last_step_s = time.perf_counter() - t0
+        return logits
+
+    def prefill(self, batch: PrefillBatch) -> np.ndarray:
+        return self._run(batch.feeds(), self.levels["prefill"])
+
+    def decode(self, batch: DecodeBatch) -> np.ndarray:
+        feeds = batch.feeds()
+        n = len(feeds["input_ids"])
+        feeds["query_start_loc"] = np.arange(n + 1, dtype=np.int64)
+        feeds["last_token_indices"] = np.arange(n, dtype=np.int64)
+        return self._run(feeds, self.levels["decode"])
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy-on-write before a step: the kernels read and write the host pool in place."""
+        self.pool.copy_blocks(copies)

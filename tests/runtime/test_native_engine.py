@@ -1,0 +1,146 @@
+"""The native CPU engine on the real model (the default artifact: built with it where the host
+and a C compiler allow), against the same artifact's ONNX Runtime graphs (fp32 activations: the
+reference's arithmetic) and the fp32 reference's recorded greedy outputs (golden.json)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.reference_outputs import golden_sequence, guaranteed_length
+from trtpipe.plugins.cpu.compile import compiler
+from trtpipe.plugins.cpu.isa import host_isa
+from trtpipe.runtime.errors import ArtifactError
+from trtpipe.runtime.sched.batch import PrefillBatch
+
+pytestmark = pytest.mark.skipif(compiler() is None or host_isa() is None, reason="no C compiler or no AVX2")
+FRANCE = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def llms(default_artifact):
+    from trtpipe.runtime.llm import LLM
+
+    return LLM(default_artifact, engine="native"), LLM(default_artifact, engine="ort")
+
+
+def _prefill(llm, prompts: list[list[int]]) -> np.ndarray:
+    """Logits of the last token of each prompt, all prompts as one prefill batch (fresh blocks)."""
+    bs = llm.manifest.kv.block_size
+    tables, slots, pos, next_block = [], [], [], 1
+    for ids in prompts:
+        nblk = -(-len(ids) // bs)
+        table = list(range(next_block, next_block + nblk))
+        next_block += nblk
+        tables.append(table)
+        slots += [table[p // bs] * bs + p % bs for p in range(len(ids))]
+        pos += list(range(len(ids)))
+    mb = max(len(t) for t in tables)
+    lens = [len(p) for p in prompts]
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    batch = PrefillBatch(
+        request_ids=tuple(str(i) for i in range(len(prompts))),
+        input_ids=np.asarray([t for p in prompts for t in p], np.int64),
+        positions=np.asarray(pos, np.int64),
+        slot_mapping=np.asarray(slots, np.int64),
+        block_tables=np.asarray([t + [0] * (mb - len(t)) for t in tables], np.int64),
+        context_lens=np.asarray(lens, np.int64),
+        query_start_loc=qsl,
+        last_token_indices=qsl[1:] - 1,
+    )
+    return llm.engine.prefill(batch)
+
+
+def test_default_artifact_runs_the_native_engine_for_this_host(default_artifact, llms):
+    from trtpipe.runtime.llm import LLM
+
+    native = llms[0].manifest.options.native
+    assert native is not None and native.isa == host_isa()
+    assert native.activation_levels == {"prefill": 2, "decode": 2}
+    assert LLM(default_artifact).engine.backend == "native"  # auto
+
+
+def test_native_logits_match_onnx_runtime_fp32_activations(llms):
+    native, ort = llms
+    prompts = [native.encode_prompt(FRANCE, chat=True), native.encode_prompt("Why is the sky blue?", chat=False)]
+    a, b = _prefill(native, prompts), _prefill(ort, prompts)
+    assert a.shape == b.shape == (2, native.manifest.model.vocab_size)
+    assert (a.argmax(1) == b.argmax(1)).all()
+    # two int8 levels: ~1e-5 relative per GEMM; measured max |diff| 0.0096 over 2 x 49,152 logits up to 25.3
+    assert np.abs(a - b).max() < 0.02, np.abs(a - b).max()
+
+
+def test_native_greedy_text_is_the_references(default_artifact, llms):
+    from trtpipe.runtime.sample.params import SamplingParams
+
+    native = llms[0]
+    seq = golden_sequence(default_artifact, FRANCE)
+    n = guaranteed_length(seq)
+    out = native.generate([FRANCE], SamplingParams(max_new_tokens=n, temperature=0.0), chat=True)[0]
+    assert list(out.output_token_ids)[:n] == seq["output_ids"][:n]
+
+
+def test_a_rows_logits_do_not_depend_on_its_batch(llms):
+    """Batch invariance, bit for bit: activations are quantized per row, each row's sums run in
+    one order whatever the batch, so sequences prefilled together (one a 1-token row) give the
+    logits of separate calls exactly."""
+    native = llms[0]
+    p1 = native.encode_prompt(FRANCE, chat=True)
+    p2 = native.encode_prompt("Hi", chat=False)
+    p3 = p1[:1]
+    together = _prefill(native, [p1, p2, p3])
+    apart = np.concatenate([_prefill(native, [p1]), _prefill(native, [p2]), _prefill(native, [p3])])
+    np.testing.assert_array_equal(together, apart)
+
+
+def test_an_isa_the_cpu_lacks_is_refused_with_the_rebuild(default_artifact, monkeypatch):
+    import trtpipe.runtime.engines.native as nat
+    from trtpipe.runtime.llm import LLM
+
+    monkeypatch.setattr(nat, "missing_flags", lambda isa: ["avx512_vnni"])
+    with pytest.raises(ArtifactError, match=r"lacks avx512_vnni.*trtpipe build.*--engine ort"):
+        LLM(default_artifact, engine="native")
+    assert LLM(default_artifact, engine="ort").engine.backend == "ort"
+
+
+def test_a_slot_outside_the_pool_is_an_error_not_a_write(llms):
+    native = llms[0]
+    nb, bs = native.manifest.kv.num_blocks, native.manifest.kv.block_size
+    batch = PrefillBatch(
+        request_ids=("x",),
+        input_ids=np.asarray([1], np.int64),
+        positions=np.asarray([0], np.int64),
+        slot_mapping=np.asarray([nb * bs], np.int64),
+        block_tables=np.asarray([[1]], np.int64),
+        context_lens=np.asarray([1], np.int64),
+        query_start_loc=np.asarray([0, 1], np.int64),
+        last_token_indices=np.asarray([0], np.int64),
+    )
+    with pytest.raises(ArtifactError, match="outside the KV pool"):
+        native.engine.prefill(batch)
+
+
+def test_a_prompt_in_two_chunks_gives_the_logits_of_one(llms):
+    """Chunked prefill (and so a prefix-cache hit) reads the first chunk's K/V back from the pool:
+    the last token's logits equal one-chunk prefill's bit for bit."""
+    native = llms[0]
+    ids = native.encode_prompt(FRANCE, chat=True)
+    bs = native.manifest.kv.block_size
+    table = list(range(1, 1 + -(-len(ids) // bs)))
+
+    def chunk(lo: int, hi: int) -> np.ndarray:
+        batch = PrefillBatch(
+            request_ids=("a",),
+            input_ids=np.asarray(ids[lo:hi], np.int64),
+            positions=np.arange(lo, hi, dtype=np.int64),
+            slot_mapping=np.asarray([table[p // bs] * bs + p % bs for p in range(lo, hi)], np.int64),
+            block_tables=np.asarray([table], np.int64),
+            context_lens=np.asarray([hi], np.int64),
+            query_start_loc=np.asarray([0, hi - lo], np.int64),
+            last_token_indices=np.asarray([hi - lo - 1], np.int64),
+        )
+        return native.engine.prefill(batch)
+
+    whole = chunk(0, len(ids))
+    chunk(0, 21)
+    np.testing.assert_array_equal(chunk(21, len(ids)), whole)
