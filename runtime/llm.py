@@ -89,7 +89,6 @@ class LLM:
         logprobs_mode: str = "raw",
     ):
         require_bools(prefix_caching=prefix_caching, fuse_mixed_steps=fuse_mixed_steps)
-        check_logprobs_mode(logprobs_mode)
         self.manifest: Manifest = load_manifest(artifact_dir)
         m = self.manifest
         self.tokenizer = Tokenizer.from_file(
@@ -129,7 +128,7 @@ class LLM:
             fuse_mixed_steps=self.fuse_mixed_steps,
             step_cost=lambda: self.step_cost,
             grammars=lambda: self.grammars,
-            logprobs_mode=logprobs_mode,
+            logprobs_mode=check_logprobs_mode(logprobs_mode),
         )
         self._grammars: GrammarCompiler | None = None
         self.scheduler.fork_choices = hasattr(self.engine, "copy_blocks")  # n > 1 forks the prompt KV
