@@ -5,9 +5,11 @@ structured outputs validated with `jsonschema`, n > 1 (each choice == the single
 i), and the strict-validation table (each refusal names the field; a concurrent good request
 completes). Every network wait is bounded; the server only listens on 127.0.0.1.
 
-Batch invariance: the default artifact runs fp32 activations (``ort_accuracy_level: 0``), so a
-request's greedy text does not depend on its batch neighbours: the "unchanged beside constrained
-requests" and "n > 1 == single runs" checks rely on that.
+Batch invariance: the default artifact's engines do not let a row's logits depend on its batch
+neighbours (ONNX Runtime with fp32 activations, ``ort_accuracy_level: 0``; the native engine,
+whose batch and chunk invariance tests/runtime/test_native_engine.py checks bit for bit), so a
+request's greedy text does not depend on its batch: the "unchanged beside constrained requests"
+and "n > 1 == single runs" checks rely on that.
 """
 
 from __future__ import annotations
