@@ -15,7 +15,9 @@ continuous batching). Token ids and text are kept apart. Timings per request com
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,11 +26,14 @@ from trtpipe.runtime.artifact.detokenizer import IncrementalDetokenizer
 from trtpipe.runtime.artifact.manifest import Manifest, load_manifest
 from trtpipe.runtime.artifact.tokenizer import Tokenizer
 from trtpipe.runtime.core.step import StepRunner
+from trtpipe.runtime.engines.select import load_engine
 from trtpipe.runtime.errors import RequestError
 from trtpipe.runtime.kv.block_pool import BlockPool
 from trtpipe.runtime.kv.cache_manager import KVCacheManager
 from trtpipe.runtime.kv.pool import KVPool
 from trtpipe.runtime.metrics.request_metrics import RequestTimer, StepStats
+from trtpipe.runtime.sample.grammar import GrammarCompiler
+from trtpipe.runtime.sample.logprobs import check_logprobs_mode
 from trtpipe.runtime.sample.params import SamplingParams, require_bools
 from trtpipe.runtime.sample.sampler import make_generator
 from trtpipe.runtime.sched.request import Request, new_request
@@ -41,30 +46,6 @@ if TYPE_CHECKING:  # engines import their backends (onnxruntime, tensorrt) when 
     from trtpipe.runtime.engines.native import NativeEngine
     from trtpipe.runtime.engines.ort import OrtEngine
     from trtpipe.runtime.engines.trt import TrtEngine
-
-ENGINES = ("auto", "native", "ort")
-
-
-def _load_engine(
-    m: Manifest, pool: KVPool, num_threads: int | None, engine: str = "auto"
-) -> NativeEngine | OrtEngine | TrtEngine:
-    """The engines of the artifact's backend over ``pool`` (their backend imported only here).
-    ``engine`` (cpu artifacts): ``auto`` = the native engine where the artifact has one, else
-    ONNX Runtime; ``native`` / ``ort`` force one. Raises :class:`ArtifactError` for ``native``
-    on an artifact without it, :class:`RequestError` for an unknown name."""
-    if engine not in ENGINES:
-        raise RequestError(f"engine={engine!r}: expected one of {', '.join(ENGINES)}. Fix: use auto.")
-    if m.options.backend == "ort":
-        if engine == "native" or (engine == "auto" and m.options.native is not None):
-            from trtpipe.runtime.engines.native import NativeEngine
-
-            return NativeEngine(m, pool, num_threads=num_threads)
-        from trtpipe.runtime.engines.ort import OrtEngine
-
-        return OrtEngine(m, pool, num_threads=num_threads)
-    from trtpipe.runtime.engines.trt import TrtEngine
-
-    return TrtEngine(m, pool)
 
 
 class LLM:
@@ -83,6 +64,9 @@ class LLM:
         fuse_mixed_steps: a step's prompt chunks and decodes in one engine call where it can; False = two.
         engine: cpu artifacts: ``auto`` (the native engine where the artifact has one, else ONNX
             Runtime), ``native`` or ``ort``.
+        logprobs_mode: "raw" (log-softmax of the engine's logits, the default, vLLM's
+            ``raw_logprobs``) or "processed" (of the logits sampled from: after bias, penalties,
+            the grammar mask and temperature).
 
     ``prefix_cache_queries`` / ``prefix_cache_hits``: prompt tokens looked up in / found in the
     prefix cache since load (counters for ``trtpipe:prefix_cache_queries`` / ``_hits``).
@@ -102,6 +86,7 @@ class LLM:
         itl_budget_ms: float | None = None,
         fuse_mixed_steps: bool = True,
         engine: str = "auto",
+        logprobs_mode: str = "raw",
     ):
         require_bools(prefix_caching=prefix_caching, fuse_mixed_steps=fuse_mixed_steps)
         self.manifest: Manifest = load_manifest(artifact_dir)
@@ -112,7 +97,7 @@ class LLM:
             eos_token_id=(m.model.eos_token_ids or (None,))[0],
         )
         self.pool = KVPool(m.kv)
-        self.engine: NativeEngine | OrtEngine | TrtEngine = _load_engine(m, self.pool, num_threads, engine)
+        self.engine: NativeEngine | OrtEngine | TrtEngine = load_engine(m, self.pool, num_threads, engine)
         self.block_pool = BlockPool(m.kv.num_blocks)
         self.kv_manager = KVCacheManager(self.block_pool, m.kv.block_size, m.kv.sliding_window)
         # The artifact's identity in every block hash: its build hash and its inputs (weights).
@@ -142,7 +127,11 @@ class LLM:
             step_stats,
             fuse_mixed_steps=self.fuse_mixed_steps,
             step_cost=lambda: self.step_cost,
+            grammars=lambda: self.grammars,
+            logprobs_mode=check_logprobs_mode(logprobs_mode),
         )
+        self._grammars: GrammarCompiler | None = None
+        self.scheduler.fork_choices = hasattr(self.engine, "copy_blocks")  # n > 1 forks the prompt KV
         self.step_cost_log = self._runner.step_cost_log  # the slo policy's (predicted, measured) steps
         self.set_tpot_budget(tpot_budget_ms, itl_budget_ms)
 
@@ -184,14 +173,16 @@ class LLM:
         return self.step_cost
 
     @property
-    def prefix_cache_queries(self) -> int:
-        """Prompt tokens looked up in the prefix cache since load (counter)."""
-        return self.scheduler.prefix_cache_queries
+    def grammars(self) -> GrammarCompiler:
+        """The structured-output compiler for this artifact's tokenizer (made on first use)."""
+        if self._grammars is None:
+            m = self.manifest
+            text = Path(m.path(m.tokenizer_file)).read_text(encoding="utf-8")
+            self._grammars = GrammarCompiler(text, self.tokenizer.vocab_size, self.tokenizer.eos_token_id)
+        return self._grammars
 
-    @property
-    def prefix_cache_hits(self) -> int:
-        """Prompt tokens found in the prefix cache since load (counter)."""
-        return self.scheduler.prefix_cache_hits
+    prefix_cache_queries = property(lambda self: self.scheduler.prefix_cache_queries, doc="Prompt tokens looked up.")
+    prefix_cache_hits = property(lambda self: self.scheduler.prefix_cache_hits, doc="Prompt tokens found cached.")
 
     # -- requests ----------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | bytes, chat: bool = False) -> list[int]:
@@ -222,9 +213,12 @@ class LLM:
         """A checked request for this artifact (text is encoded first, chat-templated when
         ``chat``), not queued yet: :func:`~trtpipe.runtime.sched.request.new_request` is the one
         place requests are checked. Pure (no engine state): the server calls it on its own
-        thread, then :meth:`submit` on the engine's. Raises :class:`RequestError`."""
+        thread, then :meth:`submit` on the engine's. A ``params.structured`` schema is compiled
+        here (cached by its hash) and the request gets its own matcher: call this off an event
+        loop. Raises :class:`RequestError` (``field`` "response_format" for a schema llguidance
+        cannot compile)."""
         ids = self.encode_prompt(prompt, chat) if isinstance(prompt, (str, bytes)) else list(prompt)
-        return new_request(
+        req = new_request(
             request_id or f"req-{next(self._ids)}",
             ids,
             params or SamplingParams(),
@@ -233,13 +227,46 @@ class LLM:
             arrival_time_s=arrival_s,
             cache_salt=cache_salt,
         )
+        if req.sampling_params.structured is not None:
+            req.grammar = self.grammars.matcher(req.sampling_params.structured)
+        return req
+
+    def new_requests(
+        self,
+        prompt: str | bytes | Sequence[int],
+        params: Sequence[SamplingParams],
+        *,
+        chat: bool = False,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+    ) -> list[Request]:
+        """The choices of one prompt (OpenAI's ``n``): one checked request per ``params`` entry
+        (choice i typically with seed + i), ids ``<id>`` then ``<id>-1``, ``<id>-2``... Every
+        choice after the first waits for the first's prefill, then forks its prompt KV (copy-on-
+        write of the partial last block; :mod:`trtpipe.runtime.sched.admission`) and samples its
+        first token from the same logits; an engine that cannot copy blocks (TensorRT) shares the
+        full blocks through the prefix cache instead. Raises :class:`RequestError` as :meth:`new_request`."""
+        ids = self.encode_prompt(prompt, chat) if isinstance(prompt, (str, bytes)) else list(prompt)
+        base = request_id or f"req-{next(self._ids)}"
+        arrival = time.monotonic()
+        out = []
+        for i, p in enumerate(params):
+            req = self.new_request(
+                ids, p, request_id=base if i == 0 else f"{base}-{i}", arrival_s=arrival, cache_salt=cache_salt
+            )
+            shares = self.scheduler.fork_choices or self.scheduler.prefix_cache.enabled
+            req.share_prefix_with = base if i > 0 and shares else None
+            out.append(req)
+        return out
 
     def submit(self, request: Request, on_text: Callable[[str], None] | None = None) -> str:
         """Queue a request made by :meth:`new_request`; returns its id. ``on_text`` gets each new
         text piece (whole characters). Raises :class:`RequestError` for an id already in use."""
         ids = request.prompt_token_ids
         self.scheduler.add_request(request)
-        out = RequestOutput(request.request_id, ids)
+        sp = request.sampling_params
+        out = RequestOutput(request.request_id, ids, logprobs=None if sp.logprobs is None else [])
+        out.prompt_logprobs = None if sp.prompt_logprobs is None else [None]
         self._live[request.request_id] = LiveRequest(
             request,
             IncrementalDetokenizer(self.tokenizer.backend, list(ids)),
@@ -302,6 +329,11 @@ class LLM:
         return self._runner.engine_time_s
 
     @property
+    def grammar_time_s(self) -> float:
+        """Seconds spent on structured-output masks and matchers inside steps since load."""
+        return self._runner.grammar_time_s
+
+    @property
     def step_stats(self) -> StepStats:
         """The per-step counters the steps feed (a workload swaps in its own for a run)."""
         return self._runner.step_stats
@@ -310,9 +342,7 @@ class LLM:
     def step_stats(self, stats: StepStats) -> None:
         self._runner.step_stats = stats
 
-    @property
-    def steps(self) -> int:
-        return self._runner.steps
+    steps = property(lambda self: self._runner.steps, doc="Steps run since load.")
 
     @property
     def num_preemptions(self) -> int:
@@ -333,10 +363,17 @@ class LLM:
         *,
         chat: bool = False,
     ) -> list[RequestOutput]:
-        """Run all prompts as one continuous batch; outputs in prompt order."""
+        """Run all prompts as one continuous batch; outputs in prompt order. A prompt whose params
+        ask ``n`` > 1 gives n outputs in a row (choice i sampled with seed + i, prompt KV shared:
+        :meth:`new_requests`)."""
         prompts = list(prompts)
         plist = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
-        rids = [self.add_request(p, sp, chat=chat) for p, sp in zip(prompts, plist)]
+        rids = []
+        for p, sp in zip(prompts, plist):
+            sp = sp or SamplingParams()
+            seeds = [None if sp.seed is None else sp.seed + i for i in range(sp.n)]
+            for req in self.new_requests(p, [replace(sp, seed=s, n=1) for s in seeds], chat=chat):
+                rids.append(self.submit(req))
         by_id = {o.request_id: o for o in self.run_until_done()}
         return [by_id[r] for r in rids]
 

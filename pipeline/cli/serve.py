@@ -108,6 +108,14 @@ def _need_serve_extra() -> None:
     "(artifact folder: none, so every step within the TPOT budget). Without a TPOT budget it is also "
     "the TPOT budget; refused under --scheduler-policy fcfs.",
 )
+@click.option(
+    "--logprobs-mode",
+    type=click.Choice(["raw", "processed"]),
+    default="raw",
+    show_default=True,
+    help="What logprobs report (vLLM's --logprobs-mode): raw = log-softmax of the model's logits; "
+    "processed = of the logits sampled from (after logit_bias, penalties, the schema mask, temperature).",
+)
 def serve_cmd(
     recipe_or_artifact: str,
     host: str,
@@ -122,6 +130,7 @@ def serve_cmd(
     scheduler_policy: str | None,
     tpot_budget_ms: float | None,
     itl_budget_ms: float | None,
+    logprobs_mode: str,
 ) -> None:
     """Serve a built artifact over an OpenAI-compatible HTTP API (no torch needed).
 
@@ -185,6 +194,7 @@ def serve_cmd(
         api_key=api_key,
         shutdown_grace_s=shutdown_grace_s,
         num_threads=threads,
+        logprobs_mode=logprobs_mode,
         **settings,
     )
     sys.exit(serve(cfg, echo=lambda s: click.echo(s, err=True)))

@@ -39,6 +39,8 @@ class Tokenizer:
                 )
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
+        self._byte_level: bool | None = None  # is the vocabulary byte-level BPE (found on first use)
+        self._added: set[str] = set()
 
     @classmethod
     def from_file(
@@ -117,3 +119,41 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         """The vocabulary spelling of an id, or None."""
         return self._backend.id_to_token(token_id)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes one token stands for (OpenAI's logprobs ``bytes``): byte-level BPE
+        spellings mapped back through GPT-2's byte alphabet; added/special tokens as their UTF-8
+        text. A token inside a multi-byte character has only part of it."""
+        spelling = self._backend.id_to_token(int(token_id)) or ""
+        if self._byte_level is None:
+            self._byte_level = _is_byte_level(self._backend)
+            self._added = {t.content for t in self._backend.get_added_tokens_decoder().values()}
+        if not self._byte_level or spelling in self._added:
+            return spelling.encode("utf-8")
+        table = _byte_decoder()
+        if all(c in table for c in spelling):
+            return bytes(table[c] for c in spelling)
+        return spelling.encode("utf-8")
+
+
+def _is_byte_level(backend: _BackendTokenizer) -> bool:
+    import json
+
+    return json.loads(backend.to_str()).get("decoder", {}).get("type") == "ByteLevel"
+
+
+_BYTE_DECODER: dict[str, int] = {}
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's printable-character -> byte table (``bytes_to_unicode`` inverted)."""
+    if not _BYTE_DECODER:
+        keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+        chars, extra = list(keep), 0
+        for b in range(256):
+            if b not in keep:
+                keep.append(b)
+                chars.append(256 + extra)
+                extra += 1
+        _BYTE_DECODER.update({chr(c): b for b, c in zip(keep, chars)})
+    return _BYTE_DECODER

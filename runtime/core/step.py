@@ -21,7 +21,9 @@ from typing import Any
 import numpy as np
 
 from trtpipe.runtime.metrics.request_metrics import StepStats
-from trtpipe.runtime.sample.sampler import sample
+from trtpipe.runtime.sample.grammar import consume
+from trtpipe.runtime.sample.logprobs import TokenLogprobs, gather, log_softmax
+from trtpipe.runtime.sample.sampler import SampleRow, sample_rows
 from trtpipe.runtime.sched.batch import DecodeBatch, PrefillBatch
 from trtpipe.runtime.sched.request import Request, RequestStatus
 from trtpipe.runtime.sched.request_output import LiveRequest, RequestOutput
@@ -35,7 +37,10 @@ class StepRunner:
     """Steps ``scheduler``'s requests through ``engine`` (an OrtEngine or TrtEngine: ``prefill``,
     ``decode``, ``last_step_s``). ``live``: request id -> :class:`LiveRequest` (detokenizer,
     timer, generator, output), filled by the LLM as requests arrive. ``step_cost``: the LLM's
-    step-cost model once measured (None before), for the slo policy's log."""
+    step-cost model once measured (None before), for the slo policy's log. ``grammars``: the
+    LLM's grammar compiler (masks of structured-output rows), called only when a row has a
+    matcher. ``logprobs_mode``: "raw" or "processed" (:mod:`trtpipe.runtime.sample.logprobs`).
+    ``grammar_time_s``: seconds spent filling grammar masks and advancing matchers."""
 
     def __init__(
         self,
@@ -46,6 +51,8 @@ class StepRunner:
         *,
         fuse_mixed_steps: bool,
         step_cost: Callable[[], StepCostModel | None],
+        grammars: Callable[[], Any] | None = None,
+        logprobs_mode: str = "raw",
     ):
         self.engine = engine
         self.scheduler = scheduler
@@ -57,6 +64,11 @@ class StepRunner:
         self.steps = 0
         self.num_preemptions = 0
         self.step_cost_log: deque[StepSample] = deque(maxlen=100_000)
+        self._grammars = grammars
+        self.logprobs_mode = logprobs_mode
+        self.grammar_time_s = 0.0
+        self._logprobs: dict[str, TokenLogprobs] = {}  # this step's records, until _emit
+        self._rejected: list[Request] = []  # finished this step: the grammar refused the token
 
     def step(self) -> list[RequestOutput]:
         """One scheduler step: prefill chunks + one decode batch. Returns finished outputs.
@@ -66,6 +78,9 @@ class StepRunner:
         finishes the step's requests with an error (their KV blocks freed) and re-raises.
         """
         step = self.scheduler.schedule()
+        copies = self.scheduler.kv_manager.take_pending_copies()  # copy-on-write of forked blocks
+        if copies:
+            self.engine.copy_blocks(copies)
         sampled: dict[str, int] = {}
         t_step = time.perf_counter()
         fused = self.fuse_mixed_steps and bool(step.prefills) and bool(step.decodes)
@@ -79,6 +94,8 @@ class StepRunner:
             self.scheduler.update(step, {})
             raise
         finished = self.scheduler.update(step, sampled)
+        finished.extend(self._rejected)
+        self._rejected = []
         self.steps += 1
         self.num_preemptions += len(step.preempted)
         self._log_step_cost(step, time.perf_counter() - t_step)
@@ -106,18 +123,49 @@ class StepRunner:
         batch = PrefillBatch.from_scheduled([*prefills, *(d.as_prefill_chunk() for d in decodes)])
         logits = self.engine.prefill(batch)  # [S, V] float32, rows in batch.request_ids order
         self.engine_time_s += self.engine.last_step_s
+        self._prompt_logprobs(prefills, batch.request_ids, logits)
         last = {p.request_id for p in prefills if p.is_last_chunk} | {d.request_id for d in decodes}
         rows = [i for i, rid in enumerate(batch.request_ids) if rid in last]
         if not rows:
             return
         rids = [batch.request_ids[i] for i in rows]
+        forked = self._fork_rows(prefills, batch.request_ids, rows, rids)
         toks = self._sample(logits[rows], rids)
         t = now()
-        ended = {p.request_id for p in prefills}
+        ended = {p.request_id for p in prefills} | forked
         for rid, tok in zip(rids, toks):
             sampled[rid] = tok
             if rid in ended:
                 self.live[rid].timer.on_prefill_end(t)
+
+    def _prompt_logprobs(self, prefills: Sequence[ScheduledPrefill], batch_ids: Sequence[str], logits: Any) -> None:
+        """Requests that asked ``prompt_logprobs`` prefill one token per step (``chunk_cap``): the
+        chunk at position p gives the raw logprobs of prompt token p + 1 (entry p + 1 of
+        ``output.prompt_logprobs``; entry 0, the first token, is None as in OpenAI's echo)."""
+        for p in prefills:
+            live = self.live[p.request_id]
+            want, lps = live.request.sampling_params.prompt_logprobs, live.output.prompt_logprobs
+            prompt, nxt = live.request.prompt_token_ids, p.context_len
+            if want is None or lps is None or nxt >= len(prompt) or len(lps) != nxt:
+                continue  # (a recompute after preemption finds its entries there already)
+            row = log_softmax(np.asarray(logits[batch_ids.index(p.request_id)], np.float32)[None])
+            lps.append(gather(row, np.array([prompt[nxt]]), [want])[0])
+
+    def _fork_rows(
+        self, prefills: Sequence[ScheduledPrefill], batch_ids: Sequence[str], rows: list[int], rids: list[str]
+    ) -> set[str]:
+        """n > 1: the choices that fork a prefill finishing its prompt now sample their first token
+        from its logits row (appended to ``rows`` / ``rids``); their timers mark the prefill."""
+        forked = set()
+        for p in prefills:
+            for child in self.scheduler.fork_candidates(p):
+                rows.append(batch_ids.index(p.request_id))
+                rids.append(child.request_id)
+                live = self.live[child.request_id]
+                live.timer.on_prefill_start(time.monotonic())
+                live.prefill_started = True
+                forked.add(child.request_id)
+        return forked
 
     def _decode(self, decodes: tuple[ScheduledDecode, ...], sampled: dict[str, int]) -> None:
         """Run the decode engine once for every decoding sequence (one token each); sample into
@@ -153,6 +201,9 @@ class StepRunner:
                 continue
             piece = live.detok.add(tok)
             live.output.output_token_ids.append(tok)
+            rec = self._logprobs.pop(rid, None)
+            if rec is not None and live.output.logprobs is not None:
+                live.output.logprobs.append(rec)
             live.timer.on_tokens(t, 1, piece)
             live.request.itl_sum_s = t - live.timer.token_times_s[0]  # the slo policy's TPOT so far
             if live.append_text(piece):
@@ -169,9 +220,40 @@ class StepRunner:
         return done
 
     def _sample(self, logits: np.ndarray, rids: list[str]) -> list[int]:
-        params = [self.live[r].request.sampling_params for r in rids]
-        gens = [self.live[r].rng for r in rids]
-        return [int(x) for x in sample(np.asarray(logits, np.float32), params, gens)]
+        """Sample ``[S, V]`` logits for ``rids`` (:func:`sample_rows`): grammar masks for rows with
+        a matcher, then advance those matchers; keeps logprob records for :meth:`_emit`."""
+        reqs = [self.live[r].request for r in rids]
+        rows = [
+            SampleRow(q.sampling_params, self.live[q.request_id].rng, q.prompt_token_ids, q.output_token_ids)
+            for q in reqs
+        ]
+        constrained = [i for i, q in enumerate(reqs) if q.grammar is not None]
+        bitmask = None
+        t0 = time.perf_counter()
+        if constrained and self._grammars is not None:
+            bitmask = self._grammars().fill_bitmask([reqs[i].grammar for i in constrained], constrained, len(rids))
+        self.grammar_time_s += time.perf_counter() - t0
+        toks, lps = sample_rows(
+            np.asarray(logits, np.float32),
+            rows,
+            eos_token_ids=self.scheduler.eos_token_ids,
+            bitmask=bitmask,
+            constrained=np.asarray(constrained, np.int64),
+            logprobs_mode=self.logprobs_mode,
+        )
+        t0 = time.perf_counter()
+        for i in constrained:
+            error = consume(reqs[i].grammar, int(toks[i]))
+            if error is not None:  # only a contradicting min_tokens/grammar row gets here
+                rid = rids[i]
+                done = self.scheduler.finish_request(rid, RequestStatus.FINISHED_ERROR, f"structured output: {error}")
+                if done is not None:
+                    self._rejected.append(done)
+        self.grammar_time_s += time.perf_counter() - t0
+        for rid, rec in zip(rids, lps):
+            if rec is not None:
+                self._logprobs[rid] = rec
+        return [int(x) for x in toks]
 
 
 __all__ = ["StepRunner"]

@@ -141,3 +141,7 @@ class NativeEngine:
         feeds["query_start_loc"] = np.arange(n + 1, dtype=np.int64)
         feeds["last_token_indices"] = np.arange(n, dtype=np.int64)
         return self._run(feeds, self.levels["decode"])
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy-on-write before a step: the kernels read and write the host pool in place."""
+        self.pool.copy_blocks(copies)

@@ -107,6 +107,10 @@ class OrtEngine:
         self.release_mapped_weight_pages()
         self.last_step_s = 0.0
 
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy-on-write before a step: the graphs read and write the host pool in place."""
+        self.pool.copy_blocks(copies)
+
     def release_mapped_weight_pages(self) -> bool:
         """Drop the resident pages of the memory-mapped ``weights.data`` (see the module
         docstring); returns False where the platform has no ``madvise(MADV_DONTNEED)``."""

@@ -59,6 +59,17 @@ class KVPool:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.keys) + sum(a.nbytes for a in self.values)
 
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy every layer's K and V block ``src`` into ``dst`` for each ``(src, dst)`` pair
+        (copy-on-write of a shared block, ``KVCacheManager.take_pending_copies``); one fancy-index
+        assignment per array, so it costs ``len(copies)`` blocks per layer, not the pool."""
+        if not copies:
+            return
+        src = np.array([c[0] for c in copies], dtype=np.int64)
+        dst = np.array([c[1] for c in copies], dtype=np.int64)
+        for arr in (*self.keys, *self.values):  # [kv_heads, num_blocks, block_size, head_dim]
+            arr[:, dst] = arr[:, src]
+
     def ort_values(self):
         """``[(k_0, v_0), ...]`` as ``onnxruntime.OrtValue`` views of the same memory (cached)."""
         if self._ort_values is None:

@@ -34,19 +34,24 @@ from trtpipe.runtime.sched.step import ScheduledDecode, ScheduledPrefill
 _probe_ids = itertools.count()
 
 
-def _argmax_row(logits: np.ndarray) -> int:
-    """argmax of the single row of ``logits`` [1, V] (first index on ties, as numpy does)."""
-    return int(np.argmax(np.asarray(logits)[0]))
-
-
 def teacher_forced_agreement(llm: Any, prompt_ids: Sequence[int], target_ids: Sequence[int]) -> tuple[float, list[int]]:
     """Teacher-force ``target_ids`` after ``prompt_ids``; return (agreement, predicted ids).
+
+    Returns the fraction of positions where the engine's argmax equals the target (0..1) and the
+    ``len(target_ids)`` argmax ids (of :func:`teacher_forced_logits`, which says what it runs and raises).
+    """
+    preds = [int(i) for i in np.argmax(teacher_forced_logits(llm, prompt_ids, target_ids), axis=-1)]
+    agree = sum(p == t for p, t in zip(preds, target_ids))
+    return agree / len(preds), preds
+
+
+def teacher_forced_logits(llm: Any, prompt_ids: Sequence[int], target_ids: Sequence[int]) -> np.ndarray:
+    """``[len(target_ids), V]`` float32: the engine's logits for each target position, fed the
+    targets before it (row 0 from the prefill of the prompt, row i from decoding target i - 1).
 
     ``llm``: an :class:`~trtpipe.runtime.llm.LLM` (uses its ``engine``, ``kv_manager`` and the
     manifest's ``max_num_tokens`` / ``max_seq_len``). The prompt is prefilled in chunks of at most
     ``max_num_tokens`` tokens; then each target token but the last is decoded one at a time.
-    Returns the fraction of positions where the engine's argmax equals the target (0..1) and the
-    ``len(target_ids)`` argmax ids.
 
     Raises :class:`RequestError` for an empty prompt or target, a sequence longer than
     ``max_seq_len``, or a KV pool too full to hold it.
@@ -77,7 +82,7 @@ def teacher_forced_agreement(llm: Any, prompt_ids: Sequence[int], target_ids: Se
                 "request is running, or give the pool more blocks."
             )
 
-    preds: list[int] = []
+    rows: list[np.ndarray] = []
     try:
         pos = 0
         logits: np.ndarray | None = None
@@ -95,17 +100,16 @@ def teacher_forced_agreement(llm: Any, prompt_ids: Sequence[int], target_ids: Se
             logits = llm.engine.prefill(PrefillBatch.from_scheduled([chunk_rec]))  # [1, V]
             pos += n
         assert logits is not None  # the prompt is non-empty (checked above)
-        preds.append(_argmax_row(logits))
+        rows.append(np.asarray(logits, np.float32)[0])
         for tok in target[:-1]:
             allocate(1, pos)
             rec = ScheduledDecode(seq_id, tok, pos, tuple(kv.block_table(seq_id)), kv.slot_mapping(seq_id, pos, 1)[0])
             logits = llm.engine.decode(DecodeBatch.from_scheduled([rec]))  # [1, V]
-            preds.append(_argmax_row(logits))
+            rows.append(np.asarray(logits, np.float32)[0])
             pos += 1
     finally:
         kv.free(seq_id)
-    agree = sum(p == t for p, t in zip(preds, target))
-    return agree / len(target), preds
+    return np.stack(rows)
 
 
 def greedy_ids(llm: Any, prompt_ids: Sequence[int], n: int) -> list[int]:

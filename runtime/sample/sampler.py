@@ -10,14 +10,26 @@ Greedy rows (temperature 0) take the argmax of the raw logits: no softmax, no ra
 the fast path for the common case. Sampling rows draw one uniform number from their own
 ``np.random.Generator`` (``make_generator`` seeds it from ``SamplingParams.seed``), so a seeded
 request reproduces its tokens whatever else shares the batch.
+
+:func:`sample_rows` is the step's full path (DESIGN.md's sampling contract)::
+
+    raw logits [S, V] ──(rows asking logprobs, raw mode)──► log_softmax ──► TokenLogprobs
+        └─► logit bias, penalties, min_tokens, grammar mask (processors, whole batch) ──► argmax / draw
+                                                       └─(processed mode)──► log_softmax(x / T)
+
+Rows that need no processing are not copied. A row whose every token is masked (a grammar and
+``min_tokens`` that contradict) degenerates to its raw argmax rather than failing the step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
+from trtpipe.runtime.sample import processors
+from trtpipe.runtime.sample.logprobs import TokenLogprobs, gather, log_softmax
 from trtpipe.runtime.sample.params import SamplingParams
 
 _fallback_rng = np.random.default_rng()
@@ -55,6 +67,66 @@ def sample(
         rng = generators[row] if generators[row] is not None else _fallback_rng
         token_ids[row] = _sample_row(logits[row], params[row], rng)
     return token_ids
+
+
+@dataclass(frozen=True, slots=True)
+class SampleRow:
+    """What the sampler needs of one row: its parameters, generator and token history."""
+
+    params: SamplingParams
+    rng: np.random.Generator | None
+    prompt_token_ids: Sequence[int] = ()
+    output_token_ids: Sequence[int] = ()
+
+
+def sample_rows(
+    logits: np.ndarray,
+    rows: Sequence[SampleRow],
+    *,
+    eos_token_ids: Iterable[int] = (),
+    bitmask: np.ndarray | None = None,
+    constrained: np.ndarray | None = None,
+    logprobs_mode: str = "raw",
+) -> tuple[np.ndarray, list[TokenLogprobs | None]]:
+    """Pick one token per row after bias, penalties, ``min_tokens`` and the grammar mask.
+
+    Args:
+        logits: ``[S, V]`` float32 raw engine logits, one row per sequence.
+        rows: ``S`` :class:`SampleRow` (params validated upstream).
+        eos_token_ids: the model's EOS ids (masked under ``min_tokens``).
+        bitmask: ``[S, ceil(V / 32)]`` int32 llguidance token bitmask, or None.
+        constrained: ``[R]`` int64 rows that ``bitmask`` applies to (None: none).
+        logprobs_mode: "raw" (log-softmax of ``logits``) or "processed" (of what was sampled from).
+
+    Returns:
+        ``(token_ids [S] int64, logprobs)``: one :class:`TokenLogprobs` per row that asked
+        ``params.logprobs`` (None for the others).
+    """
+    logits = np.asarray(logits, dtype=np.float32)
+    params = [r.params for r in rows]
+    want = [i for i, p in enumerate(params) if p.logprobs is not None]
+    raw_lp = log_softmax(logits[want]) if want and logprobs_mode == "raw" else None
+    rows_c = np.zeros(0, np.int64) if constrained is None else np.asarray(constrained, np.int64)
+    touched = [i for i, r in enumerate(rows) if processors.needs_processing(r.params, len(r.output_token_ids))]
+    x = logits
+    if touched or len(rows_c):
+        x = logits.copy()
+        processors.apply_logit_bias(x, params)
+        processors.apply_penalties(x, params, [r.prompt_token_ids for r in rows], [r.output_token_ids for r in rows])
+        processors.apply_min_tokens(x, params, [len(r.output_token_ids) for r in rows], eos_token_ids)
+        if bitmask is not None:
+            processors.apply_bitmask(x, bitmask, rows_c)
+        dead = ~np.isfinite(x.max(axis=-1))
+        x[dead] = logits[dead]  # an all-masked row: fall back to the raw logits
+    token_ids = sample(x, params, [r.rng for r in rows])
+    out: list[TokenLogprobs | None] = [None] * len(rows)
+    if want:
+        if raw_lp is None:
+            temps = np.array([params[i].temperature or 1.0 for i in want], np.float32)[:, None]
+            raw_lp = log_softmax(x[want] / temps)
+        for i, rec in zip(want, gather(raw_lp, token_ids[want], [params[i].logprobs or 0 for i in want])):
+            out[i] = rec
+    return token_ids, out
 
 
 def _sample_row(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
@@ -101,4 +173,4 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
-__all__ = ["sample", "make_generator", "filtered_distribution"]
+__all__ = ["SampleRow", "filtered_distribution", "make_generator", "sample", "sample_rows"]

@@ -24,6 +24,7 @@ import enum
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from trtpipe.runtime.errors import RequestError
 from trtpipe.runtime.sample.params import SamplingParams
@@ -104,6 +105,12 @@ class Request:
     # Wall time [s] from the first output token to the latest, as the client sees it (set by
     # whoever times the tokens, e.g. LLM; 0.0 otherwise): the slo policy's TPOT so far.
     itl_sum_s: float = 0.0
+    # Structured output: the request's llguidance matcher (None: unconstrained), made off the
+    # engine thread by LLM.new_request; advanced by the step runner with every sampled token.
+    grammar: Any = None
+    # n > 1: the first choice, whose prefill this choice waits for and whose prompt KV it then
+    # shares (fork + copy-on-write, or the prefix cache where the engine cannot copy blocks).
+    share_prefix_with: str | None = None
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = tuple(int(t) for t in self.prompt_token_ids)
@@ -150,7 +157,7 @@ def new_request(
 
     Raises :class:`RequestError` (its ``field`` names what is wrong: ``prompt``,
     ``cache_salt`` or the sampling field) for bad sampling parameters, an empty prompt, token ids
-    outside ``[0, vocab_size)``, a prompt that leaves no room for an output token
+    outside ``[0, vocab_size)`` (prompt, ``logit_bias``, ``stop_token_ids``), a prompt that leaves no room for an output token
     (:func:`prompt_length_error`), or a salt that is not a string.
     """
     params.validate()
@@ -164,6 +171,14 @@ def new_request(
             "Fix: send ids from this model's tokenizer.",
             field="prompt",
         )
+    for name, tokens in (("logit_bias", [t for t, _ in params.logit_bias]), ("stop_token_ids", params.stop_token_ids)):
+        outside = [t for t in tokens if t >= vocab_size]
+        if outside:
+            raise RequestError(
+                f"{name}: token id {outside[0]}: expected ids in [0, {vocab_size}) (this model's vocabulary). "
+                "Fix: use ids from this model's tokenizer (POST /tokenize).",
+                field=name,
+            )
     too_long = prompt_length_error(len(ids), max_seq_len)
     if too_long is not None:
         raise RequestError(too_long, field="prompt", code="context_length_exceeded")

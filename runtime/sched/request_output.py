@@ -16,6 +16,7 @@ import numpy as np
 
 from trtpipe.runtime.artifact.detokenizer import IncrementalDetokenizer, find_stop, stop_prefix_len
 from trtpipe.runtime.metrics.request_metrics import RequestMetrics, RequestTimer
+from trtpipe.runtime.sample.logprobs import TokenLogprobs
 from trtpipe.runtime.sched.request import Request
 
 
@@ -32,6 +33,10 @@ class RequestOutput:
     error_message: str | None = None
     metrics: RequestMetrics | None = None
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (usage.prompt_tokens_details)
+    # one record per output token when the request asked ``logprobs`` (None otherwise)
+    logprobs: list[TokenLogprobs] | None = None
+    # one record per prompt token when the request asked ``prompt_logprobs`` (entry 0: None)
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
 
 @dataclass

@@ -34,9 +34,8 @@ the pool is shared instead of recomputed, capped so that at least the last token
 logits give the next token). After every step the blocks that became full are offered to the
 cache (``update``), so a preempted request usually finds its own blocks again.
 
-The step's records (``ScheduledPrefill``, ``ScheduledDecode``, ``SchedulerStep``) live in
-:mod:`trtpipe.runtime.sched.step`, so the engines import records, not the scheduler; they are frozen
-and contain plain ints/tuples only (see ``docs/contracts.md``).
+Choices of ``n`` > 1 wait for their first choice's prefill, then fork its prompt KV
+(:mod:`trtpipe.runtime.sched.admission`). The step's records live in :mod:`trtpipe.runtime.sched.step`.
 """
 
 from __future__ import annotations
@@ -47,6 +46,7 @@ from collections.abc import Iterable, Mapping
 from trtpipe.runtime.errors import RequestError, TrtpipeError
 from trtpipe.runtime.kv.cache_manager import KVCacheManager
 from trtpipe.runtime.kv.prefix_cache import PrefixCache
+from trtpipe.runtime.sched.admission import chunk_cap, fork_choice, forkable_choices, never_fits, waits_for_sibling
 from trtpipe.runtime.sched.request import Request, RequestStatus
 from trtpipe.runtime.sched.step import ChunkPolicy, DecodeProgress, ScheduledDecode, ScheduledPrefill, SchedulerStep
 
@@ -112,6 +112,8 @@ class Scheduler:
         self._waiting: deque[Request] = deque()  # WAITING and PREEMPTED, admission order
         self._running: list[Request] = []  # RUNNING, oldest admission first
         self._unreported: list[Request] = []  # finished outside a step, reported by update()
+        self.fork_choices = False  # n > 1: fork the prompt KV (needs an engine that copies blocks)
+        self._forking: dict[str, list[Request]] = {}  # this step: parent id -> choices that fork it
         self._step_in_flight = False
 
     # -- queries -----------------------------------------------------------------------------
@@ -132,8 +134,7 @@ class Scheduler:
         """True while some request is waiting, running, or finished but not yet reported."""
         return bool(self._requests) or bool(self._unreported)
 
-    def get_request(self, request_id: str) -> Request | None:
-        """The unfinished request with this id, or None."""
+    def get_request(self, request_id: str) -> Request | None:  # None when unknown or finished
         return self._requests.get(request_id)
 
     # -- requests in and out -----------------------------------------------------------------
@@ -157,7 +158,7 @@ class Scheduler:
                 f"request {request.request_id!r}: status = {request.status.value}: expected a "
                 "new WAITING request without outputs; fix: create a new Request"
             )
-        reason = self._never_fits(request)
+        reason = never_fits(request, self.kv_manager, self.max_num_tokens, self.max_seq_len)
         if reason is not None:
             request.finish(RequestStatus.FINISHED_ERROR, reason)
             self._unreported.append(request)
@@ -209,7 +210,8 @@ class Scheduler:
                 # Leave one token for every decode behind us, so decodes are never starved. (With
                 # FCFS admission only the newest request can be mid-prefill; this is a guard.)
                 reserved = sum(1 for r in self._running[i + 1 :] if not r.is_prefilling)
-                num_new = min(request.num_prefill_tokens - request.num_computed_tokens, budget - reserved)
+                todo = min(request.num_prefill_tokens - request.num_computed_tokens, chunk_cap(request))
+                num_new = min(todo, budget - reserved)
                 if num_new <= 0:
                     i += 1
                     continue
@@ -227,9 +229,11 @@ class Scheduler:
         # Admitting while preempting would just swap requests in and out (vLLM does the same).
         while not preempted and self._waiting and budget > 0 and len(self._running) < self.max_batch_size:
             request = self._waiting[0]
-            hit = self._cached_prefix(request)
+            if waits_for_sibling(request, self._requests):
+                break  # n > 1: its prompt KV comes from the first choice's prefill (FCFS: all wait)
+            hit = self._cached_prefix(request) if chunk_cap(request) > 1 else []  # prompt logprobs: compute all
             num_cached = len(hit) * kv.block_size
-            num_new = min(request.num_tokens - num_cached, budget)
+            num_new = min(request.num_tokens - num_cached, budget, chunk_cap(request))
             if not kv.allocate_slots(request.request_id, num_new, num_cached, cached_block_ids=hit):
                 break  # FCFS: nobody overtakes the head of the queue
             self._waiting.popleft()
@@ -257,6 +261,7 @@ class Scheduler:
         """
         assert self._step_in_flight, "update() without schedule()"
         self._step_in_flight = False
+        forking, self._forking = self._forking, {}
         finished, self._unreported = self._unreported, []
         for prefill in step.prefills:
             request = self._live(prefill.request_id)
@@ -264,6 +269,12 @@ class Scheduler:
                 continue
             request.num_computed_tokens += prefill.num_tokens
             self._cache_full_blocks(request)
+            for child in forking.pop(prefill.request_id, ()):  # before the parent may finish
+                self._waiting.remove(child)
+                fork_choice(self.kv_manager, request, child)
+                self._running.append(child)
+                if self._append_token(child, sampled[child.request_id]):
+                    finished.append(child)
             if prefill.is_last_chunk and self._append_token(request, sampled[prefill.request_id]):
                 finished.append(request)
         for decode in step.decodes:
@@ -300,6 +311,18 @@ class Scheduler:
         )
         self.last_prefill_cap = cap
         return min(self.max_num_tokens, len(decoding) + cap)
+
+    def fork_candidates(self, prefill: ScheduledPrefill) -> list[Request]:
+        """Between ``schedule`` and ``update``: the choices (n > 1) that fork this prefill's request
+        in ``update``, reserved now; the caller samples their first tokens into ``sampled``."""
+        parent = self._live(prefill.request_id)
+        if not self.fork_choices or parent is None or not prefill.is_last_chunk:
+            return []
+        room = self.max_batch_size - len(self._running) - sum(len(v) for v in self._forking.values())
+        children = forkable_choices(parent, prefill.context_len, self._waiting, room)
+        if children:
+            self._forking[parent.request_id] = children
+        return children
 
     def _cached_prefix(self, request: Request) -> list[int]:
         """Block ids of the longest cached prefix of ``request``'s tokens ([] when caching is off)."""
@@ -370,24 +393,6 @@ class Scheduler:
             block_table=tuple(self.kv_manager.block_table(request.request_id)),
             slot=self.kv_manager.slot_mapping(request.request_id, position, 1)[0],
         )
-
-    def _never_fits(self, request: Request) -> str | None:
-        """Why ``request`` can never run (its KV would not fit the whole pool), or None. Prevents
-        waiting forever for the impossible."""
-        num_prompt = len(request.prompt_token_ids)
-        # KV is written for every token but the last sampled one; generation stops at
-        # max_new_tokens outputs or max_seq_len tokens (after the first output at least).
-        max_new = request.sampling_params.max_new_tokens
-        num_kv_tokens = max(num_prompt, min(num_prompt + max_new - 1, self.max_seq_len - 1))
-        num_blocks = self.kv_manager.max_live_blocks(num_kv_tokens, self.max_num_tokens)
-        num_usable = self.kv_manager.block_pool.num_blocks - 1
-        if num_blocks > num_usable:
-            return (
-                f"request needs up to {num_blocks} KV blocks ({num_kv_tokens} tokens) but the "
-                f"pool has {num_usable}; fix: lower max_new_tokens, shorten the prompt, or give "
-                "the KV pool more blocks"
-            )
-        return None
 
 
 __all__ = ["ChunkPolicy", "Scheduler", "SchedulerStep", "ScheduledPrefill", "ScheduledDecode"]

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trtpipe.runtime.llm import LLM, RequestOutput
+from trtpipe.runtime.sample.logprobs import TokenLogprobs
 from trtpipe.runtime.sched.request import Request
 from trtpipe.runtime.serve.errors import EngineBusy
 
@@ -39,10 +40,13 @@ MAX_FAILED_STEPS_IN_A_ROW = 3  # then the loop stops: /health turns 503, every r
 
 @dataclass(frozen=True)
 class Delta:
-    """New output of one request since the last event: text (whole characters) and token ids."""
+    """New output of one request since the last event: text (whole characters), token ids and,
+    when the request asked logprobs, one record per new token."""
 
     text: str
     token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprobs, ...] | None = None
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None  # on the first delta, if asked
 
 
 @dataclass(frozen=True)
@@ -245,9 +249,12 @@ class EngineLoop:
         # flush drops its incomplete bytes (the ids still carry them)
         text = "".join(served.pieces)
         if ids or text:
+            lps = None if out.logprobs is None else tuple(out.logprobs[served.num_ids_sent :])
+            first = served.num_ids_sent == 0 and out.prompt_logprobs is not None
+            plps = tuple(out.prompt_logprobs or ()) if first else None
             served.pieces.clear()
             served.num_ids_sent += len(ids)
-            served.sink(Delta(text, ids))
+            served.sink(Delta(text, ids, lps, plps))
 
     def _finish(self, served: _Served, out: RequestOutput) -> None:
         # metrics first: a client that scrapes /metrics right after its last chunk finds its request

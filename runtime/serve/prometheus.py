@@ -20,7 +20,9 @@ Counters: ``prompt_tokens`` (prompt tokens of requests that got their prefill), 
 length, abort, timeout, error), ``num_preemptions``, ``requests_rejected{reason}`` (queue_full,
 shutting_down, engine_dead, bad_request, unauthorized), ``prefix_cache_queries`` / ``prefix_cache_hits``
 (prompt tokens looked up in / found in the prefix cache, vLLM v1's counters; hit rate = hits /
-queries; read from ``LLM.prefix_cache_queries`` / ``_hits`` at scrape time). Gauges are read at scrape time from the
+queries; read from ``LLM.prefix_cache_queries`` / ``_hits`` at scrape time),
+``ignored_request_fields{field}`` (request fields neither OpenAI's nor a known extension: ignored,
+as vLLM does, and counted; the field name is truncated to 64 characters). Gauges are read at scrape time from the
 engine: ``num_requests_running``, ``num_requests_waiting``, ``kv_cache_usage_perc`` (fraction of
 usable KV blocks in use, 0..1, as vLLM), ``kv_blocks_in_use``.
 """
@@ -34,6 +36,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from trtpipe.runtime.llm import RequestOutput
 
 PREFIX = "trtpipe:"
+MAX_IGNORED_FIELD_LABELS = 64  # distinct unknown-field names with their own series (then "_other")
 
 # vLLM v1 bucket lists (seconds).
 TTFT_BUCKETS_S = (
@@ -145,6 +148,9 @@ class ServeMetrics:
         self._rejected = Counter(
             PREFIX + "requests_rejected", "Requests refused before admission.", (*labels, "reason"), registry=reg
         )
+        doc = "Unknown request fields ignored (vLLM logs them), by field name."
+        self._ignored = Counter(PREFIX + "ignored_request_fields", doc, (*labels, "field"), registry=reg)
+        self._ignored_seen: set[str] = set()
         self._prefix = {
             name: Counter(PREFIX + name, doc, labels, registry=reg).labels(model_name)
             for name, doc in (
@@ -190,6 +196,16 @@ class ServeMetrics:
             self.tpot.observe(m.tpot_s)
         for gap in m.itl_s:
             self.itl.observe(gap)
+
+    def on_ignored_fields(self, fields: tuple[str, ...]) -> None:
+        """Count the unknown fields of one request (``ignored_request_fields_total{field}``). Field
+        names come from clients: past MAX_IGNORED_FIELD_LABELS distinct names the rest count as
+        ``field="_other"``, so a client cannot grow the scrape without bound."""
+        for name in fields:
+            if name not in self._ignored_seen and len(self._ignored_seen) >= MAX_IGNORED_FIELD_LABELS:
+                name = "_other"
+            self._ignored_seen.add(name)
+            self._ignored.labels(self.model_name, name).inc()
 
     def on_rejected(self, reason: str) -> None:
         self._rejected.labels(self.model_name, reason).inc()

@@ -57,6 +57,7 @@ class ServeConfig:
     scheduler_policy: str = "slo"
     tpot_budget_ms: float | None = None
     itl_budget_ms: float | None = None
+    logprobs_mode: str = "raw"  # "raw" | "processed" (vLLM's --logprobs-mode)
 
 
 class _Server(uvicorn.Server):
@@ -109,6 +110,7 @@ def _load(cfg: ServeConfig, state: ServeState, url: str, echo: Callable[[str], N
             num_threads=cfg.num_threads,
             prefix_caching=cfg.prefix_caching,
             scheduler_policy=cfg.scheduler_policy,
+            logprobs_mode=cfg.logprobs_mode,
         )
         chunking = llm.set_tpot_budget(
             cfg.tpot_budget_ms, cfg.itl_budget_ms

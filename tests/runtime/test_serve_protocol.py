@@ -75,7 +75,7 @@ def test_chat_content_parts_are_joined():
         ({"model": "m", "prompt": "hi", "temperature": float("nan")}, "temperature"),
         ({"model": "m", "prompt": "hi", "max_tokens": True}, "max_tokens"),
         ({"model": "m", "prompt": "hi", "best_of": 3}, "best_of"),
-        ({"model": "m", "prompt": "hi", "echo": True}, "echo"),
+        ({"model": "m", "prompt": "hi", "echo": "yes"}, "echo"),
         ({"model": "m", "prompt": "hi", "tools": [{"type": "function"}]}, "tools"),
         ({"model": "m", "prompt": [1, -2]}, "prompt"),
         ({"model": "m", "prompt": "  "}, "prompt"),
@@ -180,3 +180,79 @@ def test_bound_url_names_the_port_actually_bound():
         assert bound_url(SimpleNamespace(), "http://127.0.0.1:0") == "http://127.0.0.1:0"  # not listening yet
     finally:
         sock.close()
+
+
+def test_ignored_fields_are_counted_with_a_bounded_label_set():
+    """Unknown fields are ignored and counted; past 64 distinct names they count as "_other", so
+    clients cannot grow /metrics without bound. Known refused fields are 400s, not counts."""
+    from serve_util import read_metrics
+
+    from trtpipe.runtime.serve.prometheus import MAX_IGNORED_FIELD_LABELS, ServeMetrics
+
+    req = parse_chat({**_CHAT, "x_trace": 1, "vendor_opt": {"a": 1}}, MODELS)
+    assert req.ignored_fields == ("vendor_opt", "x_trace")
+    m = ServeMetrics("m")
+    for i in range(MAX_IGNORED_FIELD_LABELS + 5):
+        m.on_ignored_fields((f"f{i}",))
+    got = read_metrics(m.render().decode())
+    assert got['trtpipe:ignored_request_fields_total{field="f0"}'] == 1
+    assert got['trtpipe:ignored_request_fields_total{field="_other"}'] == 5
+    with pytest.raises(ServeError) as e:
+        parse_chat({**_CHAT, "tools": [{"type": "function"}]}, MODELS)
+    assert e.value.param == "tools"
+
+
+_CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize(
+    "extra,param",
+    [
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+        ({"temperature": 2.5}, "temperature"),
+        ({"frequency_penalty": -2.01}, "frequency_penalty"),
+        ({"logprobs": "yes"}, "logprobs"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "bad name!", "schema": {}}}},
+         "response_format.json_schema.name"),
+        ({"response_format": {"type": "json_object"}, "guided_json": {"type": "object"}}, "guided_json"),
+        ({"structured_outputs": {"regex": "a+"}}, "structured_outputs"),
+        ({"messages": [{"role": "user", "content": "hi", "colour": "red"}]}, "messages[0].colour"),
+    ],
+)  # fmt: skip
+def test_strict_chat_fields(extra, param):
+    with pytest.raises(ServeError) as e:
+        parse_chat({**_CHAT, **extra}, MODELS)
+    assert e.value.status == 400 and e.value.param == param and "Fix" in e.value.message
+
+
+def test_supported_fields_reach_the_sampling_params():
+    req = parse_chat(
+        {
+            **_CHAT,
+            "messages": [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi"}],
+            "presence_penalty": 0.5,
+            "frequency_penalty": -0.5,
+            "repetition_penalty": 1.2,
+            "logit_bias": {"7": -100, "9": 3.5},
+            "min_tokens": 2,
+            "stop_token_ids": [2, 5],
+            "n": 3,
+            "seed": 10,
+            "logprobs": True,
+            "top_logprobs": 4,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}},
+        },
+        MODELS,
+    )
+    assert req.messages[0] == {"role": "system", "content": "be brief"}  # developer renders as system
+    p = req.sampling_params(16, index=2)
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.5, -0.5, 1.2)
+    assert (p.logit_bias, p.min_tokens, p.stop_token_ids, p.seed, p.logprobs) == (
+        ((7, -100.0), (9, 3.5)),
+        2,
+        (2, 5),
+        12,
+        4,
+    )
+    assert req.n == 3 and p.structured is not None and p.structured.schema == {"type": "object"}
+    p.validate()

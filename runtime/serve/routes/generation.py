@@ -1,22 +1,24 @@
-"""``POST /v1/completions`` and ``POST /v1/chat/completions`` (streaming or not).
+"""``POST /v1/completions`` and ``POST /v1/chat/completions`` (streaming or not, ``n`` choices).
 
 One path per request::
 
     body ──parse (protocol: OpenAI's fields)──► GenerationRequest ──encode──► prompt ids
-         ──LLM.new_request (the one check: prompt, length, sampling)──► Request
-         ──EngineLoop.submit──► engine thread ──events──► this request's asyncio.Queue
+         ──LLM.new_requests (the one check: prompt, length, sampling; a schema compiled, cached by
+           hash, in a worker thread: never on the event loop)──► n Requests (choice i: seed + i)
+         ──EngineLoop.submit──► engine thread ──(choice index, event)──► this request's asyncio.Queue
          ──► SSE chunks (stream) or one JSON body
 
 A client that leaves is detected from the ASGI connection, as vLLM does: for streams,
 Starlette's ``StreamingResponse`` listens for ``http.disconnect`` and cancels the generator; for
 non-streamed requests the handler races the result against ``request.receive()`` returning
-``http.disconnect`` (vLLM's ``with_cancellation``). Either way the ``finally`` cancels the request
-in the engine, which frees its KV blocks before the next step.
+``http.disconnect`` (vLLM's ``with_cancellation``). Either way the ``finally`` cancels every
+unfinished choice in the engine, which frees its KV blocks before the next step.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -25,6 +27,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from trtpipe.runtime.errors import RequestError
 from trtpipe.runtime.llm import LLM
+from trtpipe.runtime.sched.request import Request as RuntimeRequest
 from trtpipe.runtime.serve.engine_loop import Delta, EngineLoop, Final
 from trtpipe.runtime.serve.errors import EngineBusy, ServeError, busy_error, from_request_error
 from trtpipe.runtime.serve.protocol import (
@@ -34,8 +37,8 @@ from trtpipe.runtime.serve.protocol import (
     parse_completion,
     parse_json_body,
 )
-from trtpipe.runtime.serve.responses import DONE, ResponseBuilder, error_chunk
-from trtpipe.runtime.serve.state import ready_engine, reject
+from trtpipe.runtime.serve.responses import DONE, Choice, ResponseBuilder, error_chunk, prompt_logprob_records
+from trtpipe.runtime.serve.state import ServeState, ready_engine, reject
 
 
 async def completions(request: Request) -> Response:
@@ -56,6 +59,37 @@ def _chat_ids(llm: LLM, req: GenerationRequest) -> list[int]:
     return llm.encode_chat([dict(m) for m in req.messages or ()])
 
 
+async def _checked(
+    request: Request,
+    state: ServeState,
+    eng: EngineLoop,
+    parse: Callable[[dict, tuple[str, ...]], GenerationRequest],
+    encode: Callable[[LLM, GenerationRequest], list[int]],
+    prompt_field: str,
+) -> tuple[GenerationRequest, list[int], list[RuntimeRequest]]:
+    """Parse, encode and check; the n runtime requests. 400 (counted) for anything refused."""
+    try:
+        req = parse(parse_json_body(await request.body()), (state.model_name,))
+        if req.ignored_fields and state.metrics is not None:
+            state.metrics.on_ignored_fields(req.ignored_fields)
+        ids = encode(eng.llm, req)
+        limit = eng.llm.manifest.limits.max_seq_len
+        num_new = max_new_tokens(req, len(ids), limit, prompt_field)
+        make = functools.partial(
+            eng.llm.new_requests,
+            ids,
+            [req.sampling_params(num_new, i) for i in range(req.n)],
+            cache_salt=req.cache_salt,
+        )
+        # a schema is compiled (llguidance, up to ~1 s for a large one) in a worker thread
+        news = await asyncio.get_running_loop().run_in_executor(None, make) if req.structured else make()
+    except ServeError as e:
+        raise reject(state, "bad_request", e) from e
+    except RequestError as e:
+        raise reject(state, "bad_request", from_request_error(e, prompt_field)) from e
+    return req, ids, news
+
+
 async def _generate(
     request: Request,
     parse: Callable[[dict, tuple[str, ...]], GenerationRequest],
@@ -63,67 +97,75 @@ async def _generate(
     prompt_field: str,
 ) -> Response:
     state, eng = ready_engine(request)
-    try:
-        req = parse(parse_json_body(await request.body()), (state.model_name,))
-        ids = encode(eng.llm, req)
-        limit = eng.llm.manifest.limits.max_seq_len
-        params = req.sampling_params(max_new_tokens(req, len(ids), limit, prompt_field))
-        new = eng.llm.new_request(ids, params, cache_salt=req.cache_salt)
-    except ServeError as e:
-        raise reject(state, "bad_request", e) from e
-    except RequestError as e:
-        raise reject(state, "bad_request", from_request_error(e, prompt_field)) from e
+    req, ids, news = await _checked(request, state, eng, parse, encode, prompt_field)
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
 
-    def sink(event: Any) -> None:  # engine thread -> this request's queue
-        try:
-            loop.call_soon_threadsafe(events.put_nowait, event)
-        except RuntimeError:  # the event loop is closed (server exiting): nobody listens
-            pass
+    def sink_of(index: int) -> Callable[[Any], None]:
+        def sink(event: Any) -> None:  # engine thread -> this request's queue
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, (index, event))
+            except RuntimeError:  # the event loop is closed (server exiting): nobody listens
+                pass
 
+        return sink
+
+    rids: list[str] = []
     try:
-        rid = eng.submit(new, sink)
+        for i, new in enumerate(news):
+            rids.append(eng.submit(new, sink_of(i)))
     except EngineBusy as e:
+        for rid in rids:
+            eng.cancel(rid)
         raise reject(state, e.reason, busy_error(e)) from e
-    builder = ResponseBuilder(req, tuple(ids))
+    builder = ResponseBuilder(req, tuple(ids), eng.llm.tokenizer.token_bytes)
+    echo = eng.llm.tokenizer.decode(ids, skip_special_tokens=False) if req.echo else ""
     if req.stream:
-        return StreamingResponse(
-            _stream(eng, rid, events, builder), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-        )
-    return await _collect(request, eng, rid, events, builder)
+        stream = _stream(eng, rids, events, builder, echo)
+        return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return await _collect(request, eng, rids, events, builder, echo)
 
 
-async def _stream(eng: EngineLoop, rid: str, events: asyncio.Queue, b: ResponseBuilder) -> AsyncIterator[bytes]:
-    """SSE chunks until the Final event. Cancelled by Starlette when the client disconnects; the
-    ``finally`` then aborts the request in the engine (KV freed before the next step)."""
-    finished = False
+async def _stream(
+    eng: EngineLoop, rids: list[str], events: asyncio.Queue, b: ResponseBuilder, echo: str
+) -> AsyncIterator[bytes]:
+    """SSE chunks until every choice's Final event. Cancelled by Starlette when the client
+    disconnects; the ``finally`` then aborts the unfinished choices (KV freed before the next step)."""
+    done: dict[int, Any] = {}
+    echo_lp = bool(echo) and b.req.logprobs is not None  # the echo chunk waits for the prompt's logprobs
+    prompt_records = None
     try:
-        first = True
-        if b.req.kind == "chat":
-            yield b.chunk("", first=True)
-            first = False
-        while True:
-            event = await events.get()
+        first = set(range(len(rids)))
+        for i in range(len(rids)):
+            if b.req.kind == "chat" or (echo and not echo_lp):
+                yield b.chunk(echo, first=True, index=i)
+                first.discard(i)
+        while len(done) < len(rids):
+            i, event = await events.get()
             if isinstance(event, Delta):
-                if event.text or b.req.return_token_ids:
-                    yield b.chunk(event.text, event.token_ids, first=first)
-                    first = False
+                if event.prompt_logprobs is not None and prompt_records is None:
+                    prompt_records = prompt_logprob_records(b.prompt_token_ids, event.prompt_logprobs)
+                if echo_lp and i in first:
+                    yield b.chunk(echo, first=True, index=i, logprobs=prompt_records)
+                    first.discard(i)
+                if event.text or event.token_ids:
+                    yield b.chunk(event.text, event.token_ids, first=i in first, index=i, logprobs=event.logprobs)
+                    first.discard(i)
                 continue
             assert isinstance(event, Final)
-            finished = True
-            out = event.output
+            done[i] = out = event.output
             if out.finish_reason == "error":
                 yield error_chunk(out.error_message or "engine error")
-            else:
-                yield b.chunk("", finish_reason=out.finish_reason, first=first)
-                if b.req.include_usage:
-                    yield b.usage_chunk(len(out.output_token_ids), out.cached_tokens)
-            yield DONE
-            return
+                yield DONE
+                return
+            yield b.chunk("", finish_reason=out.finish_reason, first=i in first, index=i)
+        if b.req.include_usage:
+            yield b.usage_chunk(sum(len(o.output_token_ids) for o in done.values()), done[0].cached_tokens)
+        yield DONE
     finally:
-        if not finished:
-            eng.cancel(rid)
+        for i, rid in enumerate(rids):
+            if i not in done:
+                eng.cancel(rid)
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -131,14 +173,17 @@ async def _wait_disconnect(request: Request) -> None:
         pass
 
 
-async def _collect(request: Request, eng: EngineLoop, rid: str, events: asyncio.Queue, b: ResponseBuilder) -> Response:
-    """Gather the whole output, or abort the request if the client disconnects first."""
+async def _collect(
+    request: Request, eng: EngineLoop, rids: list[str], events: asyncio.Queue, b: ResponseBuilder, echo: str
+) -> Response:
+    """Gather every choice's output, or abort them all if the client disconnects first."""
+    finals: dict[int, Any] = {}
 
-    async def result() -> Final:
-        while True:
-            event = await events.get()
+    async def result() -> None:
+        while len(finals) < len(rids):
+            i, event = await events.get()
             if isinstance(event, Final):
-                return event
+                finals[i] = event.output
 
     task = asyncio.ensure_future(result())
     watcher = asyncio.ensure_future(_wait_disconnect(request))
@@ -148,10 +193,26 @@ async def _collect(request: Request, eng: EngineLoop, rid: str, events: asyncio.
         watcher.cancel()
         if not task.done():
             task.cancel()
-            eng.cancel(rid)
+            for i, rid in enumerate(rids):
+                if i not in finals:
+                    eng.cancel(rid)
     if task not in done:
         return Response(status_code=499)  # client closed the request (nobody reads this)
-    out = task.result().output
-    if out.finish_reason == "error":
-        raise ServeError(500, f"engine error: {out.error_message}", type_="server_error")
-    return JSONResponse(b.full(out.text, out.output_token_ids, out.finish_reason, out.cached_tokens))
+    outs = [finals[i] for i in range(len(rids))]
+    failed = next((o for o in outs if o.finish_reason == "error"), None)
+    if failed is not None:
+        raise ServeError(500, f"engine error: {failed.error_message}", type_="server_error")
+    prompt_records: list = []
+    if echo and b.req.logprobs is not None:  # every choice shares the first one's prompt
+        prompt_records = prompt_logprob_records(b.prompt_token_ids, outs[0].prompt_logprobs or ())
+    choices = [
+        Choice(
+            i,
+            echo + o.text,
+            o.output_token_ids,
+            o.finish_reason,
+            None if o.logprobs is None else prompt_records + o.logprobs,
+        )
+        for i, o in enumerate(outs)
+    ]
+    return JSONResponse(b.full(choices, outs[0].cached_tokens))

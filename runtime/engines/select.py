@@ -1,0 +1,42 @@
+"""Which engine runs an artifact: its backend's (ONNX Runtime or TensorRT), or on cpu artifacts
+the native engine where the artifact has one; each backend is imported only when chosen."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from trtpipe.runtime.artifact.manifest import Manifest
+from trtpipe.runtime.errors import RequestError
+from trtpipe.runtime.kv.pool import KVPool
+
+if TYPE_CHECKING:  # engines import their backends (onnxruntime, tensorrt) when constructed
+    from trtpipe.runtime.engines.native import NativeEngine
+    from trtpipe.runtime.engines.ort import OrtEngine
+    from trtpipe.runtime.engines.trt import TrtEngine
+
+ENGINES = ("auto", "native", "ort")
+
+
+def load_engine(
+    m: Manifest, pool: KVPool, num_threads: int | None, engine: str = "auto"
+) -> NativeEngine | OrtEngine | TrtEngine:
+    """The engines of the artifact's backend over ``pool`` (their backend imported only here).
+    ``engine`` (cpu artifacts): ``auto`` = the native engine where the artifact has one, else
+    ONNX Runtime; ``native`` / ``ort`` force one. Raises :class:`ArtifactError` for ``native``
+    on an artifact without it, :class:`RequestError` for an unknown name."""
+    if engine not in ENGINES:
+        raise RequestError(f"engine={engine!r}: expected one of {', '.join(ENGINES)}. Fix: use auto.")
+    if m.options.backend == "ort":
+        if engine == "native" or (engine == "auto" and m.options.native is not None):
+            from trtpipe.runtime.engines.native import NativeEngine
+
+            return NativeEngine(m, pool, num_threads=num_threads)
+        from trtpipe.runtime.engines.ort import OrtEngine
+
+        return OrtEngine(m, pool, num_threads=num_threads)
+    from trtpipe.runtime.engines.trt import TrtEngine
+
+    return TrtEngine(m, pool)
+
+
+__all__ = ["ENGINES", "load_engine"]
