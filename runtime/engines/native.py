@@ -8,10 +8,12 @@ mix of prompt chunks and 1-token decode rows, so a mixed step runs as one call
 (``runtime_options.native.activation_levels``; two keep ~15 bits: ``csrc/tp.h``). Weights are
 memory-mapped from ``native.bin`` and read in place (no prepacked copy).
 
-Threads: OpenMP (libgomp), ``OMP_WAIT_POLICY=PASSIVE`` unless the environment sets it: a step has
-~14 parallel regions per layer, and on a shared CPU a spinning waiter steals the core the other
-thread needs (measured on a 2-core Zen 4 with another job running: TPOT 27.6 ms spinning, 7.4 ms
-passive, 6.7 ms with one thread; ONNX Runtime 47.7 ms).
+Threads: OpenMP (libgomp) with its default wait policy (spin, then sleep): a decode step has ~150
+parallel regions. Measured on a 2-core Zen 4, 64 tokens of "Tell me a story." (TPOT medians):
+quiet 5.3 ms (``OMP_WAIT_POLICY=ACTIVE`` 4.7, ``PASSIVE`` 12.7: a sleeping thread wakes ~50 us
+late per region); with one core taken by another process 15.4 ms (ACTIVE 16.7, PASSIVE 9.8,
+ONNX Runtime 27.4). On a CPU shared with other jobs, ``OMP_WAIT_POLICY=PASSIVE`` or
+``--threads 1`` is the faster setting; the environment is read when the library loads.
 
 Raises :class:`ArtifactError` when the CPU lacks the ISA the library was built for (it would die
 with SIGILL), or the library or weights cannot be loaded.
@@ -65,7 +67,6 @@ class NativeEngine:
             )
         if pool.keys[0].dtype != np.float32:
             raise ArtifactError(f"native engine: KV pool dtype {pool.keys[0].dtype}, expected float32")
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read by libgomp when the library loads
         try:
             self.lib = L.load(manifest.path(nat.library))
         except OpError as e:
