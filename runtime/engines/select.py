@@ -23,7 +23,8 @@ def load_engine(
     """The engines of the artifact's backend over ``pool`` (their backend imported only here).
     ``engine`` (cpu artifacts): ``auto`` = the native engine where the artifact has one, else
     ONNX Runtime; ``native`` / ``ort`` force one. Raises :class:`ArtifactError` for ``native``
-    on an artifact without it, :class:`RequestError` for an unknown name."""
+    on an artifact without it, :class:`RequestError` for an unknown name or for native / ort on
+    a TensorRT artifact."""
     if engine not in ENGINES:
         raise RequestError(f"engine={engine!r}: expected one of {', '.join(ENGINES)}. Fix: use auto.")
     if m.options.backend == "ort":
@@ -34,6 +35,11 @@ def load_engine(
         from trtpipe.runtime.engines.ort import OrtEngine
 
         return OrtEngine(m, pool, num_threads=num_threads)
+    if engine != "auto":
+        raise RequestError(
+            f"engine={engine!r}: this artifact is a {m.options.backend} build (target {m.target.get('name')}); "
+            "native and ort run cpu artifacts only. Fix: use auto (or leave --engine out)."
+        )
     from trtpipe.runtime.engines.trt import TrtEngine
 
     return TrtEngine(m, pool)
