@@ -365,8 +365,8 @@ class LLM:
     ) -> list[RequestOutput]:
         """Run all prompts as one continuous batch; outputs in prompt order. A prompt whose params
         ask ``n`` > 1 gives n outputs in a row (choice i sampled with seed + i, prompt KV shared:
-        :meth:`new_requests`)."""
-        prompts = list(prompts)
+        :meth:`new_requests`). A single ``str`` is one prompt (as in vLLM), not a list of characters."""
+        prompts = [prompts] if isinstance(prompts, (str, bytes)) else list(prompts)
         plist = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
         rids = []
         for p, sp in zip(prompts, plist):

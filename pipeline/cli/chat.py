@@ -22,7 +22,7 @@ from typing import BinaryIO
 from trtpipe.pipeline.cli.prompt import decode_utf8
 from trtpipe.runtime.errors import RequestError
 
-HELP = "commands: /exit or Ctrl-D ends, /reset forgets the conversation, /help shows this"
+HELP = "commands: /exit or Ctrl-D ends, /reset forgets the conversation, /help shows this; //text sends /text"
 
 
 @dataclass
@@ -102,6 +102,10 @@ def run_chat(
             note("conversation reset")
         elif line == "/help":
             note(HELP)
+        elif line.startswith("//"):  # "//x" sends "/x" as a message
+            failed = not _turn(llm, params, conv, line[1:], out, note) or failed
+        elif line.startswith("/") and " " not in line:
+            note(f"unknown command {line!r} ({HELP}); to send it as a message, write it as /{line}")
         elif line:
             failed = not _turn(llm, params, conv, line, out, note) or failed
 

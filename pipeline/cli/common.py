@@ -17,7 +17,7 @@ ENGINE_HELP = (
     "cpu artifacts: the engine that runs them. auto (default): the native CPU kernels where the "
     "artifact has them (engine.cpu_backend), else ONNX Runtime; native or ort forces one."
 )
-THREADS_HELP = "CPU threads of the engine (default: the recipe's engine.intra_op_num_threads, else the CPUs this process may use for the native engine, ONNX Runtime's default for ort)."
+THREADS_HELP = "CPU threads of the engine (default: the recipe's engine.intra_op_num_threads, else the CPUs this process may use for the native engine, ONNX Runtime's default for ort). On a CPU busy with other jobs, 1 (or OMP_WAIT_POLICY=PASSIVE) is often faster."
 
 
 def fail(e: Exception, code: int = EXIT_USAGE) -> NoReturn:

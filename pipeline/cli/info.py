@@ -59,6 +59,13 @@ def _engine_summary(o) -> dict:
     return {"layout": o.layout, "kv_in_place": o.kv_in_place}
 
 
+def _backend_row(m) -> str:
+    """The manifest's backend, and the native engine beside it where the artifact has one."""
+    ort = f"{m.backend.get('name')} {m.backend.get('version', '')}".strip()
+    native = m.options.native if m.options.backend == "ort" else None
+    return f"native CPU engine ({native.isa}), {ort} graphs beside it" if native else ort
+
+
 def _engine_rows(e: dict) -> list[tuple[str, str]]:
     """The table's engine rows: the native CPU engine (when built) and the ONNX Runtime one."""
     if "fused_mixed_steps" not in e:
@@ -116,7 +123,7 @@ def info_cmd(recipe_or_artifact: str, artifact_root: str, as_json: bool) -> None
             f"{m.target.get('name')} ({m.target.get('platform')}"
             + (f", sm_{m.target['sm']})" if m.target.get("sm") else ")"),
         ),
-        ("backend", f"{m.backend.get('name')} {m.backend.get('version', '')}".strip()),
+        ("backend", _backend_row(m)),
         (
             "model",
             f"{model['name']}: {model['num_layers']} layers, hidden {model['hidden_size']}, "

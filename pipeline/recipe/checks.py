@@ -138,6 +138,17 @@ def _cpu_target_issues(r: Recipe) -> list[Issue]:
                     f"remove engine.{key}, or pick a GPU target",
                 )
             )
+    if r.engine.cpu_backend == "ort":
+        for key in ("cpu_isa", "cpu_activation_levels"):
+            if key in r.engine.model_fields_set:
+                out.append(
+                    Issue(
+                        ("engine", key),
+                        getattr(r.engine, key),
+                        "native-engine settings only where the native engine is built (engine.cpu_backend: ort builds none)",
+                        f"remove engine.{key}, or set engine.cpu_backend: auto",
+                    )
+                )
     return out
 
 

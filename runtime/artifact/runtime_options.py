@@ -111,7 +111,7 @@ def parse_runtime_options(
         )
 
     if name == "ort":
-        return _parse_ort(options, bad)
+        return _parse_ort(options, bad, where, rebuild)
     layout, in_place, profiles = options["layout"], options["kv_in_place"], options["profiles"]
     if layout not in TRT_LAYOUTS:
         raise bad("layout", " or ".join(repr(v) for v in TRT_LAYOUTS))
@@ -133,7 +133,7 @@ def parse_runtime_options(
     )
 
 
-def _parse_ort(options: Mapping[str, Any], bad: Any) -> RuntimeOptions:
+def _parse_ort(options: Mapping[str, Any], bad: Any, where: str, rebuild: str) -> RuntimeOptions:
     data_file, shared = options["shared_data_file"], options["shared_initializers"]
     threads, decode_graph = options["intra_op_num_threads"], options["ort_decode_graph"]
     if not isinstance(data_file, str) or not data_file:
@@ -154,7 +154,7 @@ def _parse_ort(options: Mapping[str, Any], bad: Any) -> RuntimeOptions:
     fused = options.get("ort_fused_steps", False)
     if not isinstance(fused, bool):
         raise bad("ort_fused_steps", "true or false")
-    native = _parse_native(options.get("native"), bad)
+    native = _parse_native(options.get("native"), where, rebuild)
     return RuntimeOptions(
         backend="ort",
         shared_data_file=data_file,
@@ -169,24 +169,40 @@ def _parse_ort(options: Mapping[str, Any], bad: Any) -> RuntimeOptions:
     )
 
 
-def _parse_native(nat: Any, bad: Any) -> NativeOptions | None:
+def _parse_native(nat: Any, where: str, rebuild: str) -> NativeOptions | None:
+    """``runtime_options.native`` checked key by key (a message names the key and its value,
+    never the whole section: its tensor table is large)."""
     if nat is None:
         return None
     from trtpipe.plugins.cpu.isa import ISAS
 
-    expected = "an object {isa, library, weights_file, tensors, activation_levels}"
-    if not isinstance(nat, Mapping):
-        raise bad("native", expected)
-    try:
-        levels = {ph: int(nat["activation_levels"][ph]) for ph in ("prefill", "decode")}
-        out = NativeOptions(
-            str(nat["isa"]), str(nat["library"]), str(nat["weights_file"]), dict(nat["tensors"]), levels
+    def bad(key: str, value: Any, expected: str) -> ArtifactError:
+        shown = repr(value)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        return ArtifactError(
+            f"{where}: runtime_options.native.{key} = {shown}: expected {expected}. The manifest was edited or "
+            f"damaged. Fix: `{rebuild}`."
         )
-    except (KeyError, TypeError, ValueError):
-        raise bad("native", expected) from None
-    if out.isa not in ISAS or set(levels.values()) - {1, 2}:
-        raise bad("native", f"isa one of {', '.join(ISAS)} and activation levels 1 or 2")
-    return out
+
+    if not isinstance(nat, Mapping):
+        raise bad("", nat, "an object {isa, library, weights_file, tensors, activation_levels}")
+    for key in ("library", "weights_file"):
+        if not isinstance(nat.get(key), str) or not nat.get(key):
+            raise bad(key, nat.get(key), "a file name in the artifact")
+    if nat.get("isa") not in ISAS:
+        raise bad("isa", nat.get("isa"), " or ".join(repr(i) for i in ISAS))
+    if not isinstance(nat.get("tensors"), Mapping):
+        raise bad("tensors", nat.get("tensors"), "an object {name: [dtype, [size], offset]}")
+    levels = nat.get("activation_levels")
+    if not isinstance(levels, Mapping) or any(levels.get(ph) not in (1, 2) for ph in ("prefill", "decode")):
+        raise bad("activation_levels", levels, "{prefill: 1 or 2, decode: 1 or 2}")
+    return NativeOptions(
+        nat["isa"],
+        nat["library"],
+        nat["weights_file"],
+        dict(nat["tensors"]),
+        {ph: int(levels[ph]) for ph in ("prefill", "decode")},
+    )
 
 
 __all__ = ["NativeOptions", "RuntimeOptions", "SharedInitializer", "parse_runtime_options", "REQUIRED_OPTIONS"]

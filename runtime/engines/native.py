@@ -8,12 +8,13 @@ mix of prompt chunks and 1-token decode rows, so a mixed step runs as one call
 (``runtime_options.native.activation_levels``; two keep ~15 bits: ``csrc/tp.h``). Weights are
 memory-mapped from ``native.bin`` and read in place (no prepacked copy).
 
-Threads: OpenMP (libgomp) with its default wait policy (spin, then sleep): a decode step has ~150
-parallel regions. Measured on a 2-core Zen 4, 64 tokens of "Tell me a story." (TPOT medians):
-quiet 5.3 ms (``OMP_WAIT_POLICY=ACTIVE`` 4.7, ``PASSIVE`` 12.7: a sleeping thread wakes ~50 us
-late per region); with one core taken by another process 15.4 ms (ACTIVE 16.7, PASSIVE 9.8,
-ONNX Runtime 27.4). On a CPU shared with other jobs, ``OMP_WAIT_POLICY=PASSIVE`` or
-``--threads 1`` is the faster setting; the environment is read when the library loads.
+Threads: OpenMP (libgomp); a decode step has ~150 parallel regions, so how waiting threads wait
+decides what a shared CPU costs. Unless the environment sets ``OMP_WAIT_POLICY`` or
+``GOMP_SPINCOUNT``, the engine sets ``GOMP_SPINCOUNT=2000`` (spin briefly, then sleep). Measured on
+a 2-core Zen 4, 64 tokens of "Tell me a story." (TPOT medians): quiet, libgomp's default 5.7 ms,
+spin 2000 6.45 ms, ``OMP_WAIT_POLICY=PASSIVE`` 14.9 ms (a sleeping thread wakes ~50 us late per
+region); with both cores also running other processes, default 30.9 ms, spin 2000 16.6 ms,
+PASSIVE 11.6 ms (ONNX Runtime ~27-40 ms). The environment is read when the library loads.
 
 Raises :class:`ArtifactError` when the CPU lacks the ISA the library was built for (it would die
 with SIGILL), or the library or weights cannot be loaded.
@@ -40,6 +41,21 @@ from trtpipe.runtime.kv.pool import KVPool
 from trtpipe.runtime.sched.batch import DecodeBatch, PrefillBatch
 
 
+def _inside(manifest: Manifest, rel: str):
+    """``rel`` under the artifact folder (checked on the path as written: the artifact's own files
+    may be symlinks); an ArtifactError for a path that leaves it."""
+    from pathlib import Path
+
+    root = Path(os.path.normpath(manifest.path(".")))
+    p = Path(os.path.normpath(manifest.path(rel)))
+    if root not in p.parents:
+        raise ArtifactError(
+            f"artifact {manifest.root}: runtime_options.native names {rel!r}, outside the artifact folder. "
+            f"Fix: `{manifest.rebuild_command}`."
+        )
+    return p
+
+
 def _threads(num_threads: int | None, manifest: Manifest) -> int:
     if num_threads:
         return num_threads
@@ -57,7 +73,11 @@ class NativeEngine:
     def __init__(self, manifest: Manifest, pool: KVPool, num_threads: int | None = None):
         nat = manifest.options.native
         if nat is None:
-            raise ArtifactError(f"artifact {manifest.root} has no native engine. Fix: `{manifest.rebuild_command}`.")
+            raise ArtifactError(
+                f"artifact {manifest.root} has no native engine (built with engine.cpu_backend: ort, or on a "
+                "machine or model the native engine cannot take: its build log says which). Fix: run it with "
+                "--engine ort (or auto), or set engine.cpu_backend: native in the recipe and rebuild."
+            )
         lacks = missing_flags(nat.isa)
         if lacks:
             raise ArtifactError(
@@ -67,15 +87,24 @@ class NativeEngine:
             )
         if pool.keys[0].dtype != np.float32:
             raise ArtifactError(f"native engine: KV pool dtype {pool.keys[0].dtype}, expected float32")
+        if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+            os.environ["GOMP_SPINCOUNT"] = "2000"  # see the module docstring
+        lib_path, weights_path = (_inside(manifest, f) for f in (nat.library, nat.weights_file))
         try:
-            self.lib = L.load(manifest.path(nat.library))
+            self.lib = L.load(lib_path)
         except OpError as e:
             raise ArtifactError(f"{e}. Fix: `{manifest.rebuild_command}`.") from e
+        built_for = self.lib.tp_isa().decode()
+        if built_for != nat.isa:
+            raise ArtifactError(
+                f"artifact {manifest.root}: the manifest says its kernels are for {nat.isa}, the library is built "
+                f"for {built_for}: the manifest was edited or damaged. Fix: `{manifest.rebuild_command}`."
+            )
         self.manifest, self.pool, self.isa = manifest, pool, nat.isa
         self.threads = _threads(num_threads, manifest)
         self.lib.tp_set_threads(self.threads)
         self.levels = dict(nat.activation_levels)
-        self.weights = NativeWeights(manifest.path(nat.weights_file), nat.tensors, manifest.rebuild_command)
+        self.weights = NativeWeights(weights_path, nat.tensors, manifest.rebuild_command)
         self._build_model()
         self.last_step_s = 0.0
 

@@ -303,6 +303,9 @@ def _reserve_block_tables(block_pool: Any, block_size: int, max_b: int) -> tuple
     return ids, tables
 
 
+MAX_STORED_REL_ERROR = 1.0  # a fit off by more than 100 % of a step is not kept in the artifact
+
+
 def load_or_calibrate(
     artifact_dir: str | os.PathLike,
     engine: Any,
@@ -318,7 +321,8 @@ def load_or_calibrate(
     """The artifact's ``step_cost.json`` when it was measured on this host and CPU
     (:func:`~trtpipe.runtime.artifact.host_cpu.host_id`) with these threads, the same ``fused`` and the same
     engine (``engine.backend``); else calibrate now and write it there (atomically; a read-only
-    artifact just skips the write)."""
+    artifact just skips the write; a fit whose relative error exceeds MAX_STORED_REL_ERROR, measured
+    on a busy host, is used but not written, so the next load measures again)."""
     from trtpipe.runtime.artifact.manifest import atomic_write_text
 
     path = Path(artifact_dir) / STEP_COST_FILE
@@ -334,6 +338,10 @@ def load_or_calibrate(
     model = StepCostModel(**{**asdict(model), "num_threads": num_threads, "engine": getattr(engine, "backend", "")})
     if log is not None:
         log(f"step-cost model measured in {model.calibration_s:.1f} s (error {model.error_ms:.1f} ms)")
+    if model.rel_error > MAX_STORED_REL_ERROR:  # measured on a busy host: use it now, measure again next load
+        if log is not None:
+            log(f"step-cost model not stored: relative error {model.rel_error:.0%} (the host was busy)")
+        return model
     try:
         atomic_write_text(path, model.to_json())
     except OSError:

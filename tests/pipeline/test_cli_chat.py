@@ -177,3 +177,11 @@ def test_help_texts_of_system_and_api_key():
     assert "implies --chat" in gen_help
     assert "TRTPIPE_API_KEY" in val_help.split("--api-key", 1)[1].split("--goodput", 1)[0]
     assert "1 a turn failed in the engine" in chat_help
+
+
+def test_an_unknown_command_is_reported_not_sent_and_a_double_slash_sends_it():
+    llm = FakeLLM(max_seq_len=100)
+    code, out, notes = chat(llm, "/bogus\n//bogus\n/exit\n")
+    assert code == 0 and out == "ok1\n"
+    assert any(n.startswith("unknown command '/bogus'") and "//bogus" in n for n in notes)
+    assert [m["content"] for m in llm.prompts[0]] == ["/bogus"]  # only the // line reached the model

@@ -721,3 +721,9 @@ def test_auto_builds_onnx_runtime_only_where_native_cannot_run(tiny_recipes, tmp
     r = parse_recipe(data, origin="tiny-cpu.yaml", base_dir=tiny_recipes["a100"].parent)
     with pytest.raises(BuildError, match=r"cpu_backend = native: linear weights of GGUF type F32.*Fix: set"):
         choose_cpu_backend(r, model, lines.append)
+
+
+def test_native_settings_with_the_ort_backend_are_refused(cpu_data):
+    d = copy.deepcopy(cpu_data)
+    d["engine"] = {"cpu_backend": "ort", "cpu_isa": "avx2"}
+    assert_problem(error_of(d, lambda x: None), "engine.cpu_isa", "'avx2'", "cpu_backend: auto")

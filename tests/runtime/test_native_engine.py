@@ -144,3 +144,34 @@ def test_a_prompt_in_two_chunks_gives_the_logits_of_one(llms):
     whole = chunk(0, len(ids))
     chunk(0, 21)
     np.testing.assert_array_equal(chunk(21, len(ids)), whole)
+
+
+def _edited_copy(default_artifact, tmp_path, edit):
+    import json
+
+    for f in default_artifact.iterdir():
+        if f.is_file() and f.name != "manifest.json":
+            (tmp_path / f.name).symlink_to(f)
+    m = json.loads((default_artifact / "manifest.json").read_text())
+    edit(m["runtime_options"]["native"])
+    (tmp_path / "manifest.json").write_text(json.dumps(m))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda n: n.update(isa="avx2" if n["isa"] != "avx2" else "avx512_vnni"), r"the library is built for"),
+        (lambda n: n.update(library="../../../etc/passwd"), r"outside the artifact folder"),
+        (lambda n: n.update(isa="bogus"), r"runtime_options.native.isa = 'bogus': expected 'avx512_vnni' or 'avx2'"),
+    ],
+)
+def test_an_edited_native_section_is_refused_briefly(default_artifact, tmp_path, edit, message):
+    """The manifest is not trusted: the library's own ISA, the folder, each key; the message names
+    the key and stays short (the tensor table is not dumped)."""
+    from trtpipe.runtime.llm import LLM
+
+    art = _edited_copy(default_artifact, tmp_path, edit)
+    with pytest.raises(ArtifactError, match=message) as e:
+        LLM(art, engine="native")
+    assert len(str(e.value)) < 600
