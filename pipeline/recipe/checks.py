@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     from trtpipe.pipeline.recipe.schema import Recipe
 
 
+NATIVE_SETTINGS = ("cpu_isa", "cpu_activation_levels")  # what the native engine reads (cpu_backend picks it)
+
+
 def recipe_issues(r: Recipe) -> list[Issue]:
     """Checks that need several keys but not the model's facts (every one of them, in key order)."""
     target_issues = _cpu_target_issues(r) if r.target == "cpu" else _gpu_target_issues(r)
@@ -128,28 +131,29 @@ def _cpu_target_issues(r: Recipe) -> list[Issue]:
                 "remove profiles, or pick a GPU target (orin, a100, h200)",
             )
         )
-    for key in TRT_ONLY_ENGINE_KEYS:
-        if key in r.engine.model_fields_set:
-            out.append(
-                Issue(
-                    ("engine", key),
-                    getattr(r.engine, key),
-                    "no TensorRT settings on the cpu target (it builds ONNX Runtime graphs)",
-                    f"remove engine.{key}, or pick a GPU target",
-                )
-            )
+    out += _engine_keys_set(
+        r,
+        TRT_ONLY_ENGINE_KEYS,
+        "no TensorRT settings on the cpu target (it builds ONNX Runtime graphs)",
+        "remove engine.{key}, or pick a GPU target",
+    )
     if r.engine.cpu_backend == "ort":
-        for key in ("cpu_isa", "cpu_activation_levels"):
-            if key in r.engine.model_fields_set:
-                out.append(
-                    Issue(
-                        ("engine", key),
-                        getattr(r.engine, key),
-                        "native-engine settings only where the native engine is built (engine.cpu_backend: ort builds none)",
-                        f"remove engine.{key}, or set engine.cpu_backend: auto",
-                    )
-                )
+        out += _engine_keys_set(
+            r,
+            NATIVE_SETTINGS,
+            "native-engine settings only where the native engine is built (engine.cpu_backend: ort builds none)",
+            "remove engine.{key}, or set engine.cpu_backend: auto",
+        )
     return out
+
+
+def _engine_keys_set(r: Recipe, keys: Sequence[str], expected: str, fix: str) -> list[Issue]:
+    """An issue for each of ``keys`` the recipe sets under ``engine:`` (``fix`` formats ``{key}``)."""
+    return [
+        Issue(("engine", key), getattr(r.engine, key), expected, fix.format(key=key))
+        for key in keys
+        if key in r.engine.model_fields_set
+    ]
 
 
 def _gpu_target_issues(r: Recipe) -> list[Issue]:
@@ -164,24 +168,19 @@ def _gpu_target_issues(r: Recipe) -> list[Issue]:
                 "remove engine.intra_op_num_threads, or use target: cpu",
             )
         )
-    for key in (
-        "ort_accuracy_level",
-        "ort_float_zero_points",
-        "ort_sessions",
-        "ort_fused_steps",
-        "cpu_backend",
-        "cpu_isa",
-        "cpu_activation_levels",
-    ):
-        if key in r.engine.model_fields_set:
-            out.append(
-                Issue(
-                    ("engine", key),
-                    getattr(r.engine, key),
-                    "no ONNX Runtime or host-CPU settings on GPU targets (they build TensorRT plans)",
-                    f"remove engine.{key}, or use target: cpu",
-                )
-            )
+    out += _engine_keys_set(
+        r,
+        (
+            "ort_accuracy_level",
+            "ort_float_zero_points",
+            "ort_sessions",
+            "ort_fused_steps",
+            "cpu_backend",
+            *NATIVE_SETTINGS,
+        ),
+        "no ONNX Runtime or host-CPU settings on GPU targets (they build TensorRT plans)",
+        "remove engine.{key}, or use target: cpu",
+    )
     if r.target != "orin" and "orin_trt_lt_10_7" in r.engine.model_fields_set:
         out.append(
             Issue(

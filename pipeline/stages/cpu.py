@@ -213,6 +213,7 @@ def _build_info(
     native: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The manifest's ``build_info``: how, where and from what the artifact was built."""
+    ort_read = graph_weight_read_bytes(decode_graph)
     return {
         "build_hash": build_hash(recipe),
         "build_fields": build_fields(recipe),  # names the changed settings on a mismatch
@@ -224,8 +225,6 @@ def _build_info(
         "weights_bytes": (out_dir / DATA_FILE).stat().st_size,
         # what one decode step reads: native.bin whole (the head is the tied embedding) for the
         # native engine, else the decode graph's initializers
-        "decode_weight_read_bytes": (
-            (out_dir / native["weights_file"]).stat().st_size if native else graph_weight_read_bytes(decode_graph)
-        ),
-        "decode_weight_read_bytes_ort": graph_weight_read_bytes(decode_graph),
+        "decode_weight_read_bytes": (out_dir / native["weights_file"]).stat().st_size if native else ort_read,
+        "decode_weight_read_bytes_ort": ort_read,
     }

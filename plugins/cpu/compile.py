@@ -50,9 +50,7 @@ def _command(cc: str, isa: str, out: Path) -> list[str]:
 
 def build_key(isa: str, cc: str) -> str:
     """Hash of the sources, ISA, flags and compiler version: what decides a rebuild."""
-    h = hashlib.sha256()
-    for s in (*SOURCES, *HEADERS):
-        h.update((CSRC / s).read_bytes())
+    h = hashlib.sha256(sources_hash().encode())
     h.update(" ".join(_command("cc", isa, Path("lib"))).encode())
     ver = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
     h.update(ver.encode())

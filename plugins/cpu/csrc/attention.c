@@ -118,20 +118,18 @@ void tp_attention(const float *q, int ldq, const float *kc, const float *vc, con
       const int64_t n = query_start_loc[s + 1] - query_start_loc[s], ctx = context_lens[s];
       const int64_t t0 = query_start_loc[s] + qb * QB, nt = (n - qb * QB) < QB ? (n - qb * QB) : QB;
       const int rows = (int)nt * group;
-      int64_t pmin = INT64_MAX, pmax = -1, lomin = INT64_MAX;
+      int64_t pmax = -1, lomin = INT64_MAX;
       for (int r = 0; r < rows; r++) {
         const int64_t pos = ctx - n + qb * QB + r / group;
         const int64_t lo = (W > 0 && pos - W + 1 > 0) ? pos - W + 1 : 0;
         lo_pos[2 * r] = lo;
         lo_pos[2 * r + 1] = pos;
-        pmin = pos < pmin ? pos : pmin;
         pmax = pos > pmax ? pos : pmax;
         lomin = lo < lomin ? lo : lomin;
         mx[r] = -INFINITY;
         l[r] = 0.f;
         memset(o + (size_t)r * D, 0, sizeof(float) * D);
       }
-      (void)pmin;
       const float *kh = kc + g * head, *vh = vc + g * head;
       const int64_t *bt = block_tables + (size_t)s * MB;
       for (int64_t kb = lomin / BS; kb * BS <= pmax; kb++) {
