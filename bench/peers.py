@@ -81,6 +81,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from md_analysis import read_analysis  # noqa: E402
 from peers_measure import machine_info, run_profile, run_rounds, summarize, wait_quiet  # noqa: E402,F401
 from peers_setup import (  # noqa: E402,F401
+    BENCH_DIR,
     BENCH_VENV,
     DEFAULT_ARTIFACT,
     DEFAULT_DOC,
@@ -124,6 +125,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--setup", action="store_true", help="only install the peers and build their model folders")
     ap.add_argument("--force-setup", action="store_true", help="redo every setup step")
     ap.add_argument("--no-setup", action="store_true", help="do not install anything; peers not set up get a row")
+    _add_bench_dir_options(ap)
     ap.add_argument("--engines", default=",".join(ENGINES), help=f"comma list from {', '.join(ENGINES)}")
     ap.add_argument(
         "--repeats",
@@ -172,6 +174,21 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _add_bench_dir_options(ap: argparse.ArgumentParser) -> None:
+    """Where the peers' venvs lie, and how llama.cpp is built there."""
+    ap.add_argument(
+        "--bench-dir",
+        type=Path,
+        help="the folder holding the peers' venvs (.venv-bench*); default the repo root. Reuse another "
+        "checkout's, e.g. --bench-dir /work/wt/peers (sets TRTPIPE_BENCH_DIR for every worker)",
+    )
+    ap.add_argument(
+        "--llama-amx",
+        action="store_true",
+        help="build llama.cpp with its AMX backend where the CPU has AMX (off by default: it crashed)",
+    )
+
+
 def _floors(meta: dict, artifact: Path):
     """The floors recorded in ``meta``; else measured now for ``artifact`` (raw results of runs
     from before the floors were recorded)."""
@@ -195,6 +212,19 @@ def _rewrite_from_json(args: argparse.Namespace) -> int:
     args.out.write_text(_render(meta, summary, raw["runs"], raw["profile"], raw["setup"], args.out, args.artifact))
     print(f"wrote {args.out} from {args.from_json}")
     return 0
+
+
+def _use_bench_dir(bench_dir: Path | None, argv: list[str] | None) -> None:
+    """Re-exec with ``TRTPIPE_BENCH_DIR`` set when ``--bench-dir`` names another folder than the one
+    bench/peers_setup.py read at import (every path there, and every worker, follows it)."""
+    if bench_dir is None or bench_dir.resolve() == BENCH_DIR:
+        return
+    if not bench_dir.is_dir():
+        raise SystemExit(f"--bench-dir {bench_dir}: no such folder")
+    os.environ["TRTPIPE_BENCH_DIR"] = str(bench_dir.resolve())
+    os.execv(
+        sys.executable, [sys.executable, str(Path(__file__).resolve()), *(argv if argv is not None else sys.argv[1:])]
+    )
 
 
 def _ensure_project_venv(argv: list[str] | None) -> None:
@@ -224,7 +254,14 @@ def _prepare(args: argparse.Namespace) -> tuple[list[str], dict] | int:
         or args.force_setup
         or (not args.no_setup and any(unavailable_reason(ENGINES[e], state) for e in engines))
     ):
-        state = setup(force=args.force_setup, retry_failed=args.setup or args.force_setup)
+        from peers_setup import steps_needed
+
+        state = setup(
+            force=args.force_setup,
+            retry_failed=args.setup or args.force_setup,
+            only=steps_needed(engines),
+            amx=args.llama_amx,
+        )
         if args.setup:
             print(json.dumps(state, indent=2))
             return 0 if all(s.get("ok") for s in state.values()) else 1
@@ -267,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         return worker_main(args.worker, args.spec)
     if args.from_json:
         return _rewrite_from_json(args)
+    _use_bench_dir(args.bench_dir, argv)
     _ensure_project_venv(argv)
     t_start, load_start = time.monotonic(), os.getloadavg()
     prepared = _prepare(args)

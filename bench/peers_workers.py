@@ -12,6 +12,7 @@ import resource
 import time
 from pathlib import Path
 
+from peers_anchors import OpenVinoAdapter, OpenVinoAsymAdapter, VllmAdapter
 from peers_workload import PROMPT_LENGTHS, RESULT_MARK
 
 
@@ -122,7 +123,7 @@ class LlamaCppAdapter(_Adapter):
     def versions(self):
         import llama_cpp
 
-        return {"llama-cpp-python": llama_cpp.__version__}
+        return {"llama-cpp-python": llama_cpp.__version__, "libllama": os.environ.get("LLAMA_CPP_LIB_PATH", "its own")}
 
 
 class OrtGenaiAdapter(_Adapter):
@@ -239,6 +240,9 @@ ADAPTERS = {
     "llama.cpp": LlamaCppAdapter,
     "ortgenai-int4": OrtGenaiAdapter,
     "ortgenai-fp32": OrtGenaiFp32Adapter,
+    "openvino-int4-sym": OpenVinoAdapter,
+    "openvino-int4-asym": OpenVinoAsymAdapter,
+    "vllm-bf16": VllmAdapter,
     "transformers-fp32": TransformersAdapter,
 }
 

@@ -353,7 +353,12 @@ def _setup_table(meta: dict) -> list[str]:
 
 def render(raw: dict, analysis: str) -> str:
     """docs/serving.md: the results per rate, goodput, the kept ``analysis``, how it was run,
-    machine and noise, and the setup record."""
+    machine and noise, and the setup record. Raw results of the anchors' comparison (``format``
+    2: servers x clients) are rendered by bench/serve_anchors_report.py."""
+    if raw.get("format") == 2:
+        import serve_anchors_report
+
+        return serve_anchors_report.render(raw, analysis, ANALYSIS_BEGIN)
     kept = [
         ANALYSIS_BEGIN,
         analysis.strip("\n") if analysis.strip() else "## Analysis\n\n(not written yet)",
