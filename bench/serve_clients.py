@@ -36,7 +36,8 @@ def aiperf_command(aiperf: Path, url: str, model: str, load: dict, tokenizer: Pa
     kind, value = load_args(load)
     cmd = [str(aiperf), "profile", "--model", model, "--url", url, "--endpoint-type", "completions", "--streaming"]
     cmd += ["--synthetic-input-tokens-mean", str(INPUT_TOKENS), "--synthetic-input-tokens-stddev", "0"]
-    cmd += ["--output-tokens-mean", str(OUTPUT_TOKENS), "--output-tokens-stddev", "0"]
+    # max_tokens, not max_completion_tokens: llama.cpp's servers ignore the latter
+    cmd += ["--output-tokens-mean", str(OUTPUT_TOKENS), "--output-tokens-stddev", "0", "--use-legacy-max-tokens"]
     cmd += ["--extra-inputs", json.dumps({"ignore_eos": True, "temperature": 0.0})]
     cmd += ["--tokenizer", str(tokenizer), "--random-seed", str(SEED), "--artifact-dir", str(out_dir)]
     # one worker and one record processor: the client shares the 2 cores with the server
@@ -135,14 +136,17 @@ def vllm_bench_records(out_dir: Path) -> tuple[list[dict], float | None]:
     """(per-request records, duration in s) from ``vllm-bench.json`` (``--save-detailed``:
     ``ttfts`` and ``itls`` in seconds, ``output_lens``, ``errors`` per request)."""
     d = json.loads((out_dir / "vllm-bench.json").read_text())
+    latencies = d.get("latencies") or [None] * len(d["ttfts"])
     records = []
-    for ttft, itl, n_out, err in zip(d["ttfts"], d["itls"], d["output_lens"], d["errors"]):
+    for ttft, itl, n_out, err, lat in zip(d["ttfts"], d["itls"], d["output_lens"], d["errors"], latencies):
         ok = not err
+        # vLLM's own TPOT: (latency - TTFT) / (output tokens - 1); the gaps' sum when no latency
+        decode_s = (lat - ttft) if lat is not None else sum(itl)
         records.append(
             {
                 "ok": ok,
                 "ttft_ms": ttft * 1e3 if ok else None,
-                "tpot_ms": sum(itl) * 1e3 / (n_out - 1) if ok and n_out > 1 else None,
+                "tpot_ms": decode_s * 1e3 / (n_out - 1) if ok and n_out > 1 else None,
                 "itl_ms": [g * 1e3 for g in itl] if ok else [],
                 "output_tokens": int(n_out) if ok else 0,
                 "error": (err or None) and str(err)[:300],

@@ -73,7 +73,7 @@ def server_command(engine: str, port: int, args) -> tuple[list[str], str]:
     if engine == "llama-server":
         n = args.llama_parallel
         cmd = [str(args.llama_server), "-m", str(gguf_path()), *host, "-t", t, "-tb", t, "--parallel", str(n)]
-        return cmd + ["-c", str(n * LLAMA_SERVER_CTX_PER_SLOT), "--cont-batching"], "/health"
+        return cmd + ["-c", str(n * LLAMA_SERVER_CTX_PER_SLOT), "--cont-batching", "--no-webui"], "/health"
     cmd = [str(args.llama_python), "-m", "llama_cpp.server", "--model", str(gguf_path()), "--n_threads", t]
     cmd += ["--n_threads_batch", t, "--n_ctx", "2048", "--interrupt_requests", "False", *host]
     return cmd, "/v1/models"

@@ -70,11 +70,12 @@ def test_vllm_bench_detailed_file_to_records(tmp_path):
         "itls": [[0.02, 0.04, 0.03], [], [0.01]],
         "output_lens": [4, 0, 2],
         "errors": ["", "Service Unavailable", ""],
+        "latencies": [0.19, 0.0, 0.31],
     }
     (tmp_path / "vllm-bench.json").write_text(json.dumps(doc))
     recs, duration = serve_clients.vllm_bench_records(tmp_path)
     assert duration == 10.0
-    assert recs[0]["ttft_ms"] == pytest.approx(100) and recs[0]["tpot_ms"] == pytest.approx(30)  # 90 ms / 3
+    assert recs[0]["ttft_ms"] == pytest.approx(100) and recs[0]["tpot_ms"] == pytest.approx(30)  # (190-100) / 3
     assert recs[0]["itl_ms"] == pytest.approx([20, 40, 30])
     assert not recs[1]["ok"] and recs[1]["status"] == 503 and recs[1]["ttft_ms"] is None
     assert recs[2]["tpot_ms"] == pytest.approx(10)
