@@ -11,6 +11,9 @@
 Servers (bench/serve_commands.py): one at a time (2 cores: never two loaded at once), each started
 fresh on 127.0.0.1 and a free port for each rate, driven by each client in turn, then stopped.
 
+Clients (bench/serve_clients.py): aiperf, and vLLM's ``vllm.benchmarks.serve.main`` (what ``vllm
+bench serve`` runs) from the vLLM venv.
+
 Workload (bench/serve_clients.py), the same for every server and client: random prompts of 128
 tokens, 64 output tokens with the end of sequence ignored, streamed ``/v1/completions``, greedy,
 Poisson arrivals, ``--requests-per-rate`` requests per run after ``--warmup-requests``.

@@ -5,9 +5,11 @@ Poisson arrivals (or a fixed concurrency for the capacity probe).
 
 - ``aiperf``: NVIDIA's client (``aiperf profile``, its own venv), synthetic prompts of exactly that
   length; per-request records from its ``profile_export.jsonl``.
-- ``vllm-bench``: vLLM's benchmark client, ``python -m vllm.benchmarks.serve`` from the vLLM venv
-  (what ``vllm bench serve`` runs; its console script looks up the wrong distribution name), the
-  ``random`` dataset; per-request lists from its ``--save-detailed`` result file.
+- ``vllm-bench``: vLLM's benchmark client from the vLLM venv, ``vllm.benchmarks.serve.main`` with
+  the parser of ``add_cli_args`` (:data:`VLLM_BENCH_SERVE`: exactly what ``vllm bench serve`` runs;
+  the ``vllm`` console script looks up the distribution "vllm" and fails, and the module has no
+  ``__main__`` block, so ``python -m vllm.benchmarks.serve`` does nothing), the ``random``
+  dataset; per-request lists from its ``--save-detailed`` result file.
 
 Both are turned into the same per-request records (bench/serve_goodput.py), so goodput, TTFT p95
 over the requests sent and ITL p99 are computed here the same way for both, not by each client's
@@ -24,6 +26,11 @@ INPUT_TOKENS = 128
 OUTPUT_TOKENS = 64
 SEED = 27
 CLIENTS = ("aiperf", "vllm-bench")
+VLLM_BENCH_SERVE = (
+    "import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+    "from vllm.benchmarks.serve import add_cli_args, main; "
+    "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))"
+)
 
 
 def load_args(load: dict) -> tuple[str, str]:
@@ -52,9 +59,9 @@ def aiperf_command(aiperf: Path, url: str, model: str, load: dict, tokenizer: Pa
 
 
 def vllm_bench_command(python: Path, url: str, model: str, load: dict, tokenizer: Path, out_dir: Path, warmup: int):
-    """``python -m vllm.benchmarks.serve`` for one run (what ``vllm bench serve`` runs)."""
+    """vLLM's benchmark client for one run (what ``vllm bench serve`` runs: :data:`VLLM_BENCH_SERVE`)."""
     kind, value = load_args(load)
-    cmd = [str(python), "-m", "vllm.benchmarks.serve", "--backend", "openai", "--base-url", url]
+    cmd = [str(python), "-c", VLLM_BENCH_SERVE, "--backend", "openai", "--base-url", url]
     cmd += ["--endpoint", "/v1/completions", "--model", model, "--tokenizer", str(tokenizer)]
     cmd += ["--dataset-name", "random", "--random-input-len", str(INPUT_TOKENS)]
     cmd += ["--random-output-len", str(OUTPUT_TOKENS), "--random-range-ratio", "0.0", "--ignore-eos"]
