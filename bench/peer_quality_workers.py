@@ -52,15 +52,15 @@ def _transformers(spec: dict, seqs: list[dict]) -> list[list[int]]:
 
 
 def _openvino(spec: dict, seqs: list[dict], kind: str) -> list[list[int]]:
-    import numpy as np
+    import torch
     from optimum.intel import OVModelForCausalLM
 
     d = Path(spec["models_dir"]) / f"openvino-int4-{kind}"
     m = OVModelForCausalLM.from_pretrained(str(d), ov_config={"INFERENCE_NUM_THREADS": str(spec["threads"])})
     preds = []
     for s in seqs:
-        ids = np.asarray([list(s["prompt_ids"]) + [int(t) for t in s["output_ids"]][:-1]], dtype=np.int64)
-        logits = np.asarray(m(input_ids=ids, attention_mask=np.ones_like(ids)).logits)[0]
+        ids = torch.tensor([list(s["prompt_ids"]) + [int(t) for t in s["output_ids"]][:-1]], dtype=torch.long)
+        logits = m(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0]
         if logits.shape[0] != ids.shape[1]:
             raise RuntimeError(f"OpenVINO returned logits for {logits.shape[0]} of {ids.shape[1]} positions")
         preds.append(logits[len(s["prompt_ids"]) - 1 :].argmax(-1).tolist())

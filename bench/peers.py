@@ -55,7 +55,7 @@ The machine is shared, so each worker also measures the CPU time other processes
 measured (``ForeignLoad``); a run during which they held more than
 ``--max-foreign-load`` cores (default 0.3) is kept in the raw numbers but left out of the medians.
 Rounds go on until every engine has ``--repeats`` clean runs (default 3), up to ``--max-rounds``
-(6) and ``--max-minutes`` (15); before each round the script waits up to ``--wait-quiet`` seconds
+(6) and ``--max-minutes`` (40: a round of the 8 engines takes ~7 min quiet); before each round the script waits up to ``--wait-quiet`` seconds
 for the other jobs to calm down. Reported numbers are medians over each engine's clean runs.
 
 Floors (bench/peers_floors.py): the estimate's roofline (trtpipe.pipeline.estimate) for the
@@ -147,7 +147,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--max-minutes",
         type=float,
-        default=15.0,
+        default=40.0,
         help="start no new round that would end past this many minutes of measuring (setup not counted)",
     )
     ap.add_argument(
