@@ -116,6 +116,7 @@ def main() -> int:
     ap.add_argument("--engines", default=",".join(("trtpipe", "ortgenai-int4", "ortgenai-fp32", *WORKER_ENGINES)))
     ap.add_argument("--bench-dir", type=Path, help="the folder holding the peers' venvs (as bench/peers.py)")
     ap.add_argument("--max-sequences", type=int, help="only the first N golden sequences (a smoke run)")
+    ap.add_argument("--json", type=Path, help="also write {engine: {agree, total} or {error}} here")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -130,6 +131,7 @@ def main() -> int:
         f"golden: {len(seqs)} sequences, {sum(len(s['output_ids']) for s in seqs)} tokens "
         f"({golden.get('reference', 'fp32 reference')})"
     )
+    results: dict[str, dict] = {}
     for name in [e.strip() for e in args.engines.split(",") if e.strip()]:
         try:
             if name == "trtpipe":
@@ -143,8 +145,12 @@ def main() -> int:
                 a, t = peer_agreement(name, seqs)
         except (RuntimeError, KeyError) as e:
             print(f"{name:28s} not measured: {e}", flush=True)
+            results[name] = {"error": str(e)[:800]}
             continue
         print(f"{name:28s} teacher-forced agreement {a}/{t} = {a / t:.4f}", flush=True)
+        results[name] = {"agree": a, "total": t}
+    if args.json:
+        args.json.write_text(json.dumps({"sequences": len(seqs), "engines": results}, indent=1))
     return 0
 
 
