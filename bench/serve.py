@@ -249,18 +249,18 @@ def _write(raw: dict, args) -> str:
     return md
 
 
-def _require_project_venv() -> None:
+def _require_project_venv(bench_dir: Path | None) -> None:
     """Re-execute under the project venv's Python (tokenizers must import), with TRTPIPE_BENCH_DIR
     set when ``--bench-dir`` names another folder than bench/peers_setup.py read at import.
 
     Raises SystemExit when that venv is missing or is this Python already.
     """
     argv = [str(Path(__file__).resolve()), *sys.argv[1:]]
-    if "--bench-dir" in sys.argv:
-        bench_dir = Path(sys.argv[sys.argv.index("--bench-dir") + 1]).resolve()
-        if bench_dir != peers_setup.BENCH_DIR:
-            os.environ["TRTPIPE_BENCH_DIR"] = str(bench_dir)
-            os.execv(sys.executable, [sys.executable, *argv])
+    if bench_dir is not None and bench_dir.resolve() != peers_setup.BENCH_DIR:
+        if not bench_dir.is_dir():
+            raise SystemExit(f"--bench-dir {bench_dir}: no such folder")
+        os.environ["TRTPIPE_BENCH_DIR"] = str(bench_dir.resolve())
+        os.execv(sys.executable, [sys.executable, *argv])
     try:
         import tokenizers  # noqa: F401
     except ImportError:  # the orchestrator needs the project venv's tokenizers (like bench/peers.py)
@@ -289,7 +289,7 @@ def _check_ready(args) -> dict:
 
 
 def run(args, raw_path: Path) -> int:
-    _require_project_venv()
+    _require_project_venv(args.bench_dir)
     state = _check_ready(args)
     args.trtpipe_threads_flag = "trtpipe" in args.servers and trtpipe_has_threads(args.trtpipe)
     args.vllm_python = peers_setup.venv_python("vllm")
