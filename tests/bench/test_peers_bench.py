@@ -249,3 +249,16 @@ def test_round_order_shuffles_neighbours():
     for e in engines:
         before = {o[o.index(e) - 1] for o in orders if o.index(e) > 0}
         assert len(before) >= 2 or sum(o.index(e) == 0 for o in orders) >= 2, (e, before)
+
+
+def test_setup_steps_an_engine_needs_include_their_dependencies():
+    import peers_setup
+
+    assert peers_setup.steps_needed(["openvino-int4-sym"]) == {
+        "openvino",
+        "model:hf",
+        "model:openvino-int4-sym",
+        "common",
+    }
+    assert peers_setup.steps_needed(["llama.cpp"]) == {"llama.cpp-build", "llama.cpp"}
+    assert peers_setup.steps_needed(["trtpipe"]) == set()

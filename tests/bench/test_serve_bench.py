@@ -23,9 +23,12 @@ import serve_report  # noqa: E402
 
 
 def test_pick_rates_spans_the_slower_and_the_faster_server():
-    assert serve.pick_rates({"trtpipe": 3.0, "llama.cpp": 1.0}) == [0.5, 1.0, 3.0]
-    # Close capacities: the top rate is still 1.25 x the middle one, so it saturates both.
-    assert serve.pick_rates({"trtpipe": 2.1, "llama.cpp": 2.0}) == [1.0, 2.0, 2.5]
+    # 0.25 x 1.0 = 0.25 to 1.25 x 3.2 = 4.0, geometric in 5 steps: ratio (4 / 0.25) ** (1/4) = 2.
+    assert serve.pick_rates({"trtpipe": 3.2, "vllm": 1.0, "llama-server": 2.0}) == [0.25, 0.5, 1.0, 2.0, 4.0]
+    # One capacity: 0.25 x to 1.25 x it, ratio 5 ** (1/4) = 1.4953; rounded to 3 digits.
+    assert serve.pick_rates({"trtpipe": 4.0}) == [1.0, 1.5, 2.24, 3.34, 5.0]
+    with pytest.raises(ValueError, match="no positive capacity"):
+        serve.pick_rates({"vllm": 0.0})
 
 
 def _metrics(ttft_p50, ttft_p95, itl_p90, tok_s, goodput, errors=0):
