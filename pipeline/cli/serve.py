@@ -109,6 +109,15 @@ def _need_serve_extra() -> None:
     "the TPOT budget; refused under --scheduler-policy fcfs.",
 )
 @click.option(
+    "--speculative",
+    type=click.Choice(["ngram", "off"]),
+    default=None,
+    help="Speculative decoding without a draft model: ngram proposals of the request's own context, "
+    "verified in one prefill-path chunk, sized from the verify cost measured at start (greedy outputs "
+    "unchanged). Overrides the recipe's runtime.speculative (whose max_k/min_n/max_n it keeps); "
+    'artifact folder: off. A request may opt out with "speculative": false.',
+)
+@click.option(
     "--logprobs-mode",
     type=click.Choice(["raw", "processed"]),
     default="raw",
@@ -130,6 +139,7 @@ def serve_cmd(
     scheduler_policy: str | None,
     tpot_budget_ms: float | None,
     itl_budget_ms: float | None,
+    speculative: str | None,
     logprobs_mode: str,
 ) -> None:
     """Serve a built artifact over an OpenAI-compatible HTTP API (no torch needed).
@@ -149,7 +159,9 @@ def serve_cmd(
                        sees them all; without either scheduler budget the slo policy runs FCFS
                        (chunks of max_num_tokens); an ITL budget alone is also the TPOT budget.
       ARTIFACT folder  the defaults: prefix caching on, policy slo, no TPOT budget (FCFS chunks).
-      --no-prefix-caching, --scheduler-policy, --tpot-budget-ms, --itl-budget-ms override either.
+      RECIPE           runtime.speculative (absent: off); ARTIFACT folder: off.
+      --no-prefix-caching, --scheduler-policy, --tpot-budget-ms, --itl-budget-ms, --speculative
+      override either.
     Requests may send cache_salt (vLLM's field): prefix-cache blocks are shared only within a salt.
 
     \b
@@ -178,6 +190,10 @@ def serve_cmd(
         "itl_budget_ms": itl_budget_ms,
     }
     overrides = {k: v for k, v in overrides.items() if v is not None}
+    if speculative is not None:
+        from trtpipe.runtime.spec.config import SpecConfig
+
+        overrides["speculative"] = None if speculative == "off" else settings.get("speculative") or SpecConfig()
     settings.update(overrides)
     if itl_budget_ms is not None and (problem := _unused_itl_flag(itl_budget_ms, settings)):
         _fail(TrtpipeError(problem))
@@ -213,15 +229,21 @@ def _unused_itl_flag(itl_budget_ms: float, settings: dict) -> str | None:
 
 def serve_settings(recipe_or_artifact: str, artifact_root: str) -> tuple[Path, dict, str]:
     """The artifact, the LLM's runtime settings (``prefix_caching``, ``scheduler_policy``,
-    ``tpot_budget_ms``, ``itl_budget_ms``) and where they came from: a recipe's
-    ``runtime.prefix_caching`` and ``scheduler`` section; an artifact folder's defaults. Raises TrtpipeError (CLI exit 2)."""
+    ``tpot_budget_ms``, ``itl_budget_ms``, ``speculative``) and where they came from: a recipe's
+    ``runtime.prefix_caching``, ``scheduler`` and ``speculative`` sections; an artifact folder's defaults. Raises TrtpipeError (CLI exit 2)."""
     from trtpipe.pipeline.artifact.locate import artifact_for_recipe, load_recipe_for_deploy, resolve_artifact
 
     p = Path(recipe_or_artifact)
     if p.is_dir() and (p / "manifest.json").is_file():
         return (
             p,
-            {"prefix_caching": True, "scheduler_policy": "slo", "tpot_budget_ms": None, "itl_budget_ms": None},
+            {
+                "prefix_caching": True,
+                "scheduler_policy": "slo",
+                "tpot_budget_ms": None,
+                "itl_budget_ms": None,
+                "speculative": None,
+            },
             "the defaults (an artifact folder, no recipe)",
         )
     if p.is_dir():
@@ -232,5 +254,6 @@ def serve_settings(recipe_or_artifact: str, artifact_root: str) -> tuple[Path, d
         "scheduler_policy": r.runtime.scheduler.policy,
         "tpot_budget_ms": r.runtime.scheduler.tpot_budget_ms,
         "itl_budget_ms": r.runtime.scheduler.itl_budget_ms,
+        "speculative": r.runtime.spec_config(),
     }
     return artifact_for_recipe(r, artifact_root), settings, f"recipe {r.name!r} (its runtime section)"
