@@ -107,15 +107,11 @@ class LLM:
         self.kv_manager = KVCacheManager(self.block_pool, m.kv.block_size, m.kv.sliding_window)
         # The artifact's identity in every block hash: its build hash and its inputs (weights).
         build_id = f"{(m.build_info or {}).get('build_hash') or m.recipe_hash}:{m.inputs_hash}"
+        lim = m.limits
         self.scheduler = Scheduler(
-            self.kv_manager,
-            m.limits.max_num_tokens,
-            m.limits.max_batch_size,
-            m.limits.max_seq_len,
-            eos_token_ids=m.model.eos_token_ids,
-            enable_prefix_caching=prefix_caching,
-            build_hash=build_id,
-        )
+            self.kv_manager, lim.max_num_tokens, lim.max_batch_size, lim.max_seq_len, eos_token_ids=m.model.eos_token_ids,
+            enable_prefix_caching=prefix_caching, build_hash=build_id,
+        )  # fmt: skip
         step_stats = step_stats or StepStats(num_kv_blocks=m.kv.num_blocks - 1)
         self._live: dict[str, LiveRequest] = {}
         self._ids = itertools.count()

@@ -70,7 +70,7 @@ class StepRunner:
         self._grammars = grammars
         self.logprobs_mode = logprobs_mode
         self.grammar_time_s = 0.0
-        self._logprobs: dict[str, TokenLogprobs] = {}  # this step's records, until _emit
+        self._logprobs: dict[str, Any] = {}  # this step's records (a tuple for a verify row), until _emit
         self._rejected: list[Request] = []  # finished this step: the grammar refused the token
 
     def step(self) -> list[RequestOutput]:
@@ -163,7 +163,7 @@ class StepRunner:
             got = verify(rows, d.draft_token_ids, row, eos_token_ids=eos, logprobs_mode=self.logprobs_mode)
             sampled[d.request_id] = got.token_ids
             if q.sampling_params.logprobs is not None:
-                self._logprobs[d.request_id] = got.logprobs  # type: ignore[assignment]
+                self._logprobs[d.request_id] = got.logprobs
             if speculator is not None:
                 speculator.on_verified(d.request_id, len(d.draft_token_ids), got.num_accepted)
 
@@ -196,7 +196,7 @@ class StepRunner:
                 forked.add(child.request_id)
         return forked
 
-    def _decode(self, decodes: tuple[ScheduledDecode, ...], sampled: dict[str, int]) -> None:
+    def _decode(self, decodes: tuple[ScheduledDecode, ...], sampled: dict[str, int | tuple[int, ...]]) -> None:
         """Run the decode engine once for every decoding sequence (one token each); sample into
         ``sampled``."""
         if not decodes:
@@ -220,7 +220,7 @@ class StepRunner:
         if isinstance(policy, SloChunkPolicy) and prefill_tokens and step.decodes:  # a mixed step: re-plan
             self.scheduler.chunk_policy = policy.tracking_host(self.step_cost_log)
 
-    def _emit(self, sampled: dict[str, int], finished: list[Request]) -> list[RequestOutput]:
+    def _emit(self, sampled: dict[str, int | tuple[int, ...]], finished: list[Request]) -> list[RequestOutput]:
         """Detokenize the sampled tokens into the outputs (stop strings finish requests), then
         close the finished ones; returns their outputs."""
         t = time.monotonic()
@@ -231,7 +231,7 @@ class StepRunner:
             rec = self._logprobs.pop(rid, None)
             if isinstance(got, tuple):  # a verify row: the tokens the scheduler kept (it stops at EOS)
                 toks = got[: len(live.request.output_token_ids) - len(live.output.output_token_ids)]
-                recs = tuple(rec) if rec is not None else (None,) * len(toks)  # type: ignore[arg-type]
+                recs = tuple(rec) if rec is not None else (None,) * len(toks)
             else:
                 toks, recs = (got,), (rec,)
             for tok, lp in zip(toks, recs):

@@ -51,7 +51,7 @@ from trtpipe.runtime.kv.prefix_cache import PrefixCache
 from trtpipe.runtime.sched.admission import chunk_cap, fork_choice, forkable_choices, never_fits, waits_for_sibling
 from trtpipe.runtime.sched.records import decode_record, prefill_record
 from trtpipe.runtime.sched.request import Request, RequestStatus
-from trtpipe.runtime.sched.speculation import fits_verify, propose_drafts
+from trtpipe.runtime.sched.speculation import propose_drafts, verify_tokens
 from trtpipe.runtime.sched.step import ChunkPolicy, DecodeProgress, ScheduledDecode, ScheduledPrefill, SchedulerStep
 
 
@@ -207,10 +207,7 @@ class Scheduler:
         prefills: list[ScheduledPrefill] = []
         decodes: list[ScheduledDecode] = []
         preempted: list[str] = []
-        drafts: dict[str, tuple[int, ...]] = {}
-        if self.speculator is not None:
-            n_wait, batch = len(self._waiting), self.max_batch_size
-            drafts = propose_drafts(self.speculator, self._running, n_wait, batch, budget, self.max_seq_len)
+        drafts = self._drafts(budget)  # speculative decoding: request id -> proposed tokens
 
         i = 0
         while i < len(self._running):  # preemption pops from the tail, so re-check the length
@@ -225,9 +222,7 @@ class Scheduler:
                     i += 1
                     continue
             else:
-                num_new = 1 + len(drafts.get(request.request_id, ()))
-                if num_new > 1 and not fits_verify(kv, request, num_new, len(self._running) - i - 1):
-                    num_new = 1  # a verify never preempts: plain decode this step
+                num_new = verify_tokens(kv, request, drafts, len(self._running) - i - 1)
             if not self._allocate_or_preempt(request, num_new, preempted):
                 break  # it preempted itself: it was the newest, nothing is behind it
             budget -= num_new
@@ -264,7 +259,7 @@ class Scheduler:
 
         return SchedulerStep(prefills=tuple(prefills), decodes=tuple(decodes), preempted=tuple(preempted))
 
-    def update(self, step: SchedulerStep, sampled: Mapping[str, int | Sequence[int]]) -> list[Request]:
+    def update(self, step: SchedulerStep, sampled: Mapping[str, Any]) -> list[Request]:
         """Apply the engines' results; return the requests that finished (blocks already freed).
 
         ``sampled`` maps request id -> token id for every decode and every last prefill chunk
@@ -311,6 +306,13 @@ class Scheduler:
     def _live(self, request_id: str) -> Request | None:
         request = self._requests.get(request_id)
         return request if request is not None and request.status is RequestStatus.RUNNING else None
+
+    def _drafts(self, budget: int) -> dict[str, tuple[int, ...]]:
+        """This step's proposals (:func:`~trtpipe.runtime.sched.speculation.propose_drafts`), {} when off."""
+        if self.speculator is None:
+            return {}
+        n_wait, batch = len(self._waiting), self.max_batch_size
+        return propose_drafts(self.speculator, self._running, n_wait, batch, budget, self.max_seq_len)
 
     def _step_token_budget(self) -> int:
         """``max_num_tokens``, or with a chunk policy: this step's decodes + its prefill cap."""

@@ -1,6 +1,6 @@
 """The scheduler's side of speculative decoding: which decoding requests verify proposed tokens
 this step (:func:`propose_drafts`, asking the speculator of :mod:`trtpipe.runtime.spec`, passed
-in) and whether a verify row fits the KV pool (:func:`fits_verify`).
+in) and whether a verify row fits the KV pool (:func:`verify_tokens`).
 
 Rules, each keeping the non-speculative scheduler's guarantees:
 
@@ -51,11 +51,14 @@ def propose_drafts(
     return out
 
 
-def fits_verify(kv: Any, request: Any, num_tokens: int, num_behind: int) -> bool:
-    """Whether ``request`` can take ``num_tokens`` slots (its token and the proposal) while leaving
-    a block for each of ``num_behind`` decoding requests after it (a verify never preempts)."""
+def verify_tokens(kv: Any, request: Any, drafts: dict[str, tuple[int, ...]], num_behind: int) -> int:
+    """Tokens ``request`` computes this step: 1 + its proposal when those slots leave a block free
+    for each of ``num_behind`` requests after it (a verify never preempts), else 1 (plain decode)."""
+    num_tokens = 1 + len(drafts.get(request.request_id, ()))
+    if num_tokens == 1:
+        return 1
     need = kv.num_blocks_needed(request.request_id, num_tokens, request.num_computed_tokens)
-    return need + num_behind <= kv.block_pool.num_free
+    return num_tokens if need + num_behind <= kv.block_pool.num_free else 1
 
 
-__all__ = ["fits_verify", "propose_drafts", "speculates"]
+__all__ = ["propose_drafts", "speculates", "verify_tokens"]

@@ -73,7 +73,7 @@ def verify(
             a += 1
         tokens = drafts[:a] + [int(target[a])]
     else:
-        tokens = accept_sampled(x, drafts, row.params, row.rng)
+        tokens = accept_sampled(x, drafts, row.params, row.rng or np.random.default_rng())
         a = len(tokens) - 1
     chosen = np.asarray(tokens, np.int64)
     n = len(tokens)

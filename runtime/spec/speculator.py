@@ -17,7 +17,7 @@ drifts back to the prior and is tried again later rather than never.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from trtpipe.runtime.spec.config import SpecConfig
 from trtpipe.runtime.spec.cost import VerifyCost
@@ -48,6 +48,41 @@ class SpecCounters:
     accepted_per_position: list[int] = field(default_factory=list)
     # verifies by acceptance length (1 + accepted tokens: the tokens one verify emitted), index = length
     acceptance_length_counts: list[int] = field(default_factory=list)
+
+    def copy(self) -> SpecCounters:
+        return replace(
+            self,
+            accepted_per_position=list(self.accepted_per_position),
+            acceptance_length_counts=list(self.acceptance_length_counts),
+        )
+
+    def since(self, before: SpecCounters) -> dict:
+        """The totals added since ``before`` (a :meth:`copy`), with vLLM's derived figures:
+        acceptance rate = accepted / draft tokens, mean acceptance length = 1 + accepted / drafts."""
+        drafts = self.num_drafts - before.num_drafts
+        tokens = self.num_draft_tokens - before.num_draft_tokens
+        accepted = self.num_accepted_tokens - before.num_accepted_tokens
+        return {
+            "num_drafts": drafts,
+            "num_draft_tokens": tokens,
+            "num_accepted_tokens": accepted,
+            "acceptance_rate": accepted / tokens if tokens else None,
+            "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
+            "acceptance_length_counts": [
+                a - b for a, b in zip(self.acceptance_length_counts, before.acceptance_length_counts)
+            ],
+        }
+
+    @staticmethod
+    def line(d: dict) -> str:
+        """One line of a :meth:`since` dict for reports."""
+        if not d["num_drafts"]:
+            return "speculative decoding: no verify ran"
+        return (
+            f"speculative decoding: {d['num_drafts']} verifies, {d['num_accepted_tokens']}/{d['num_draft_tokens']} "
+            f"proposed tokens accepted ({d['acceptance_rate']:.0%}), mean acceptance length "
+            f"{d['mean_acceptance_length']:.2f} tokens per verify"
+        )
 
 
 class NgramSpeculator:
