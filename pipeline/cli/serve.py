@@ -118,6 +118,19 @@ def _need_serve_extra() -> None:
     'artifact folder: off. A request may opt out with "speculative": false.',
 )
 @click.option(
+    "--speculative-max-k",
+    type=click.IntRange(1, 16),
+    default=None,
+    help="Most proposed tokens verified per request and step (recipe runtime.speculative.max_k; default 4).",
+)
+@click.option(
+    "--speculative-ngram",
+    type=(click.IntRange(1, 16), click.IntRange(1, 16)),
+    default=None,
+    metavar="MIN_N MAX_N",
+    help="N-gram lengths matched, longest first (recipe runtime.speculative.min_n/max_n; default 2 4).",
+)
+@click.option(
     "--logprobs-mode",
     type=click.Choice(["raw", "processed"]),
     default="raw",
@@ -140,6 +153,8 @@ def serve_cmd(
     tpot_budget_ms: float | None,
     itl_budget_ms: float | None,
     speculative: str | None,
+    speculative_max_k: int | None,
+    speculative_ngram: tuple[int, int] | None,
     logprobs_mode: str,
 ) -> None:
     """Serve a built artifact over an OpenAI-compatible HTTP API (no torch needed).
@@ -190,10 +205,13 @@ def serve_cmd(
         "itl_budget_ms": itl_budget_ms,
     }
     overrides = {k: v for k, v in overrides.items() if v is not None}
-    if speculative is not None:
-        from trtpipe.runtime.spec.config import SpecConfig
-
-        overrides["speculative"] = None if speculative == "off" else settings.get("speculative") or SpecConfig()
+    if speculative is not None or speculative_max_k is not None or speculative_ngram is not None:
+        try:
+            overrides["speculative"] = _speculative(
+                settings.get("speculative"), speculative, speculative_max_k, speculative_ngram
+            )
+        except TrtpipeError as e:
+            _fail(e)
     settings.update(overrides)
     if itl_budget_ms is not None and (problem := _unused_itl_flag(itl_budget_ms, settings)):
         _fail(TrtpipeError(problem))
@@ -214,6 +232,30 @@ def serve_cmd(
         **settings,
     )
     sys.exit(serve(cfg, echo=lambda s: click.echo(s, err=True)))
+
+
+def _speculative(base, mode: str | None, max_k: int | None, ngram: tuple[int, int] | None):
+    """The SpecConfig the flags give on top of the recipe's (``base``, None = off): ``--speculative
+    off`` turns it off; ``ngram`` or a size flag turns it on with the flags' values over ``base``'s.
+    Raises TrtpipeError for a size flag with ``--speculative off`` or min_n > max_n."""
+    from dataclasses import replace
+
+    from trtpipe.plugins.core.errors import TrtpipeError
+    from trtpipe.runtime.spec.config import SpecConfig
+
+    if mode == "off":
+        if max_k is not None or ngram is not None:
+            raise TrtpipeError(
+                "--speculative-max-k / --speculative-ngram with --speculative off: they size speculation "
+                "that is off. Fix: drop them, or use --speculative ngram"
+            )
+        return None
+    cfg = base or SpecConfig()
+    if max_k is not None:
+        cfg = replace(cfg, max_k=max_k)
+    if ngram is not None:
+        cfg = replace(cfg, min_n=ngram[0], max_n=ngram[1])
+    return cfg
 
 
 def _unused_itl_flag(itl_budget_ms: float, settings: dict) -> str | None:

@@ -123,3 +123,52 @@ def test_serve_refuses_an_itl_budget_that_would_do_nothing_and_non_finite_budget
     assert res.exit_code == 2
     assert message in " ".join(res.output.split())
     assert "listening at" not in res.output
+
+
+def test_serve_speculative_ngram_same_greedy_text_opt_out_and_metrics(tmp_path, default_artifact):
+    """--speculative ngram over a recipe without it: the start line prints the measured verify
+    cost; a greedy chat answers the same text with speculation and with "speculative": false, and
+    /metrics counts the verifies (only the speculating request's)."""
+    doc = "The quay at Lancaster was a busy port. The quay at Lancaster had ships from the West Indies. " * 3
+    with ServerProcess(
+        default_artifact, "--speculative", "ngram", "--speculative-max-k", "3", "--speculative-ngram", "1", "3"
+    ) as s:
+        assert "speculative: ngram, up to 3 tokens per step, n-grams 1..3; measured cost of a verify" in "".join(
+            s.lines
+        )
+        texts, drafts = [], []
+        for opt_in in (False, True):
+            r = httpx.post(
+                s.url + "/v1/chat/completions",
+                timeout=120,
+                json={
+                    "model": "smollm2-135m-cpu",
+                    "max_tokens": 32,
+                    "temperature": 0,
+                    "speculative": opt_in,
+                    "messages": [{"role": "user", "content": f"Repeat this text exactly.\n\n{doc}"}],
+                },
+            )
+            assert r.status_code == 200, r.text
+            texts.append(r.json()["choices"][0]["message"]["content"])
+            drafts.append(s.metrics().get("trtpipe:spec_decode_num_drafts_total", 0.0))
+        assert texts[0] == texts[1]
+        assert drafts[0] == 0 and drafts[1] > 0  # the opted-out request never verified
+        m = s.metrics()
+        assert 0 < m["trtpipe:spec_decode_num_accepted_tokens_total"] <= m["trtpipe:spec_decode_num_draft_tokens_total"]
+        assert m["trtpipe:spec_decode_acceptance_length_count"] == drafts[1]
+
+
+def test_speculative_flags_over_the_recipes_settings():
+    from trtpipe.pipeline.cli.serve import _speculative
+    from trtpipe.plugins.core.errors import TrtpipeError
+    from trtpipe.runtime.spec.config import SpecConfig
+
+    base = SpecConfig(max_k=6, min_n=3, max_n=5)
+    assert _speculative(base, None, 2, None) == SpecConfig(max_k=2, min_n=3, max_n=5)
+    assert _speculative(None, "ngram", None, (1, 2)) == SpecConfig(max_k=4, min_n=1, max_n=2)
+    assert _speculative(base, "off", None, None) is None
+    with pytest.raises(TrtpipeError, match="speculative off"):
+        _speculative(base, "off", 3, None)
+    with pytest.raises(TrtpipeError, match="speculative.min_n"):
+        _speculative(None, "ngram", None, (4, 2))
