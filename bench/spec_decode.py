@@ -82,7 +82,7 @@ def _workloads(llm, names: list[str], n: int, task_tokens: int) -> dict[str, lis
 
     recipe = load_recipe(resolve_recipe_path(_args.recipe))
     out = {}
-    for sc in recipe.validate.scenarios:
+    for sc in recipe.validation.scenarios:
         if sc.name in names:
             items = make_workload(scenario_workload_spec(recipe, sc), llm.tokenizer, llm.manifest.model.chat_template)
             out[sc.name] = [(it.prompt_ids, it.max_new_tokens) for it in items if not it.warmup][:n]
