@@ -28,6 +28,8 @@ def _recipe(tmp_path: Path, **runtime) -> Path:
         "prefix_caching": runtime.get("prefix_caching", True),
         "scheduler": {k: v for k, v in runtime.items() if k in ("policy", "tpot_budget_ms", "itl_budget_ms")},
     }
+    if "speculative" in runtime:
+        data["runtime"]["speculative"] = runtime["speculative"]
     path = tmp_path / "serve-settings.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -35,13 +37,22 @@ def _recipe(tmp_path: Path, **runtime) -> Path:
 
 def test_settings_from_recipe_and_artifact_defaults(tmp_path, default_artifact):
     from trtpipe.pipeline.cli.serve import serve_settings
+    from trtpipe.runtime.spec.config import SpecConfig
 
     root = default_artifact.parent.parent
     art, settings, source = serve_settings(
         str(_recipe(tmp_path, prefix_caching=False, policy="fcfs", tpot_budget_ms=40, itl_budget_ms=90)), str(root)
     )
     assert art == default_artifact and source == "recipe 'smollm2-135m-cpu' (its runtime section)"
-    assert settings == {"prefix_caching": False, "scheduler_policy": "fcfs", "tpot_budget_ms": 40, "itl_budget_ms": 90}
+    assert settings == {
+        "prefix_caching": False,
+        "scheduler_policy": "fcfs",
+        "tpot_budget_ms": 40,
+        "itl_budget_ms": 90,
+        "speculative": None,
+    }
+    _, settings, _ = serve_settings(str(_recipe(tmp_path, speculative={"max_k": 3})), str(root))
+    assert settings["speculative"] == SpecConfig(max_k=3, min_n=2, max_n=4)
     art, settings, source = serve_settings(str(default_artifact), "unused")
     assert art == default_artifact and source.startswith("the defaults")
     assert settings == {
@@ -49,6 +60,7 @@ def test_settings_from_recipe_and_artifact_defaults(tmp_path, default_artifact):
         "scheduler_policy": "slo",
         "tpot_budget_ms": None,
         "itl_budget_ms": None,
+        "speculative": None,
     }
 
 
