@@ -205,13 +205,8 @@ def serve_cmd(
         "itl_budget_ms": itl_budget_ms,
     }
     overrides = {k: v for k, v in overrides.items() if v is not None}
-    if speculative is not None or speculative_max_k is not None or speculative_ngram is not None:
-        try:
-            overrides["speculative"] = _speculative(
-                settings.get("speculative"), speculative, speculative_max_k, speculative_ngram
-            )
-        except TrtpipeError as e:
-            _fail(e)
+    if (spec_flags := (speculative, speculative_max_k, speculative_ngram)) != (None, None, None):
+        overrides["speculative"] = _speculative(settings.get("speculative"), *spec_flags)
     settings.update(overrides)
     if itl_budget_ms is not None and (problem := _unused_itl_flag(itl_budget_ms, settings)):
         _fail(TrtpipeError(problem))
@@ -234,10 +229,24 @@ def serve_cmd(
     sys.exit(serve(cfg, echo=lambda s: click.echo(s, err=True)))
 
 
-def _speculative(base, mode: str | None, max_k: int | None, ngram: tuple[int, int] | None):
+def _speculative(base, mode: str | None, max_k: int | None, ngram: tuple[int, int] | None, fail_now: bool = True):
     """The SpecConfig the flags give on top of the recipe's (``base``, None = off): ``--speculative
     off`` turns it off; ``ngram`` or a size flag turns it on with the flags' values over ``base``'s.
-    Raises TrtpipeError for a size flag with ``--speculative off`` or min_n > max_n."""
+    Raises TrtpipeError for a size flag with ``--speculative off`` or min_n > max_n (``fail_now``:
+    the CLI's exit 2 with the message instead)."""
+    from trtpipe.plugins.core.errors import TrtpipeError
+
+    try:
+        return _speculative_config(base, mode, max_k, ngram)
+    except TrtpipeError as e:
+        if not fail_now:
+            raise
+        from trtpipe.pipeline.cli.common import fail
+
+        fail(e)
+
+
+def _speculative_config(base, mode: str | None, max_k: int | None, ngram: tuple[int, int] | None):
     from dataclasses import replace
 
     from trtpipe.plugins.core.errors import TrtpipeError
