@@ -41,6 +41,8 @@ from trtpipe.runtime.sched.request_output import LiveRequest, RequestOutput
 from trtpipe.runtime.sched.scheduler import Scheduler
 from trtpipe.runtime.sched.slo_policy import SloChunkPolicy, check_budget_ms, fcfs_description
 from trtpipe.runtime.sched.step_cost import StepCostModel, load_or_calibrate
+from trtpipe.runtime.spec.config import SpecConfig
+from trtpipe.runtime.spec.setup import enable_speculative
 
 if TYPE_CHECKING:  # engines import their backends (onnxruntime, tensorrt) when constructed
     from trtpipe.runtime.engines.native import NativeEngine
@@ -67,6 +69,8 @@ class LLM:
         logprobs_mode: "raw" (log-softmax of the engine's logits, the default, vLLM's
             ``raw_logprobs``) or "processed" (of the logits sampled from: after bias, penalties,
             the grammar mask and temperature).
+        speculative: a :class:`~trtpipe.runtime.spec.config.SpecConfig`: speculative decoding with
+            n-gram proposals (:func:`~trtpipe.runtime.spec.setup.enable_speculative`); None = off.
 
     ``prefix_cache_queries`` / ``prefix_cache_hits``: prompt tokens looked up in / found in the
     prefix cache since load (counters for ``trtpipe:prefix_cache_queries`` / ``_hits``).
@@ -87,6 +91,7 @@ class LLM:
         fuse_mixed_steps: bool = True,
         engine: str = "auto",
         logprobs_mode: str = "raw",
+        speculative: SpecConfig | None = None,
     ):
         require_bools(prefix_caching=prefix_caching, fuse_mixed_steps=fuse_mixed_steps)
         self.manifest: Manifest = load_manifest(artifact_dir)
@@ -102,15 +107,11 @@ class LLM:
         self.kv_manager = KVCacheManager(self.block_pool, m.kv.block_size, m.kv.sliding_window)
         # The artifact's identity in every block hash: its build hash and its inputs (weights).
         build_id = f"{(m.build_info or {}).get('build_hash') or m.recipe_hash}:{m.inputs_hash}"
+        lim = m.limits
         self.scheduler = Scheduler(
-            self.kv_manager,
-            m.limits.max_num_tokens,
-            m.limits.max_batch_size,
-            m.limits.max_seq_len,
-            eos_token_ids=m.model.eos_token_ids,
-            enable_prefix_caching=prefix_caching,
-            build_hash=build_id,
-        )
+            self.kv_manager, lim.max_num_tokens, lim.max_batch_size, lim.max_seq_len, eos_token_ids=m.model.eos_token_ids,
+            enable_prefix_caching=prefix_caching, build_hash=build_id,
+        )  # fmt: skip
         step_stats = step_stats or StepStats(num_kv_blocks=m.kv.num_blocks - 1)
         self._live: dict[str, LiveRequest] = {}
         self._ids = itertools.count()
@@ -134,6 +135,7 @@ class LLM:
         self.scheduler.fork_choices = hasattr(self.engine, "copy_blocks")  # n > 1 forks the prompt KV
         self.step_cost_log = self._runner.step_cost_log  # the slo policy's (predicted, measured) steps
         self.set_tpot_budget(tpot_budget_ms, itl_budget_ms)
+        self.speculative_description = enable_speculative(self, speculative)  # one line for reports
 
     def set_tpot_budget(self, tpot_budget_ms: float | None, itl_budget_ms: float | None = None) -> str:
         """Apply the scheduler policy for ``tpot_budget_ms`` (None: the ITL budget, else FCFS) and

@@ -109,6 +109,28 @@ def _need_serve_extra() -> None:
     "the TPOT budget; refused under --scheduler-policy fcfs.",
 )
 @click.option(
+    "--speculative",
+    type=click.Choice(["ngram", "off"]),
+    default=None,
+    help="Speculative decoding without a draft model: ngram proposals of the request's own context, "
+    "verified in one prefill-path chunk, sized from the verify cost measured at start (greedy outputs "
+    "unchanged). Overrides the recipe's runtime.speculative (whose max_k/min_n/max_n it keeps); "
+    'artifact folder: off. A request may opt out with "speculative": false.',
+)
+@click.option(
+    "--speculative-max-k",
+    type=click.IntRange(1, 16),
+    default=None,
+    help="Most proposed tokens verified per request and step (recipe runtime.speculative.max_k; default 4).",
+)
+@click.option(
+    "--speculative-ngram",
+    type=(click.IntRange(1, 16), click.IntRange(1, 16)),
+    default=None,
+    metavar="MIN_N MAX_N",
+    help="N-gram lengths matched, longest first (recipe runtime.speculative.min_n/max_n; default 2 4).",
+)
+@click.option(
     "--logprobs-mode",
     type=click.Choice(["raw", "processed"]),
     default="raw",
@@ -130,6 +152,9 @@ def serve_cmd(
     scheduler_policy: str | None,
     tpot_budget_ms: float | None,
     itl_budget_ms: float | None,
+    speculative: str | None,
+    speculative_max_k: int | None,
+    speculative_ngram: tuple[int, int] | None,
     logprobs_mode: str,
 ) -> None:
     """Serve a built artifact over an OpenAI-compatible HTTP API (no torch needed).
@@ -149,7 +174,9 @@ def serve_cmd(
                        sees them all; without either scheduler budget the slo policy runs FCFS
                        (chunks of max_num_tokens); an ITL budget alone is also the TPOT budget.
       ARTIFACT folder  the defaults: prefix caching on, policy slo, no TPOT budget (FCFS chunks).
-      --no-prefix-caching, --scheduler-policy, --tpot-budget-ms, --itl-budget-ms override either.
+      RECIPE           runtime.speculative (absent: off); ARTIFACT folder: off.
+      --no-prefix-caching, --scheduler-policy, --tpot-budget-ms, --itl-budget-ms, --speculative
+      override either.
     Requests may send cache_salt (vLLM's field): prefix-cache blocks are shared only within a salt.
 
     \b
@@ -178,6 +205,8 @@ def serve_cmd(
         "itl_budget_ms": itl_budget_ms,
     }
     overrides = {k: v for k, v in overrides.items() if v is not None}
+    if (spec_flags := (speculative, speculative_max_k, speculative_ngram)) != (None, None, None):
+        overrides["speculative"] = _speculative(settings.get("speculative"), *spec_flags)
     settings.update(overrides)
     if itl_budget_ms is not None and (problem := _unused_itl_flag(itl_budget_ms, settings)):
         _fail(TrtpipeError(problem))
@@ -200,6 +229,44 @@ def serve_cmd(
     sys.exit(serve(cfg, echo=lambda s: click.echo(s, err=True)))
 
 
+def _speculative(base, mode: str | None, max_k: int | None, ngram: tuple[int, int] | None, fail_now: bool = True):
+    """The SpecConfig the flags give on top of the recipe's (``base``, None = off): ``--speculative
+    off`` turns it off; ``ngram`` or a size flag turns it on with the flags' values over ``base``'s.
+    Raises TrtpipeError for a size flag with ``--speculative off`` or min_n > max_n (``fail_now``:
+    the CLI's exit 2 with the message instead)."""
+    from trtpipe.plugins.core.errors import TrtpipeError
+
+    try:
+        return _speculative_config(base, mode, max_k, ngram)
+    except TrtpipeError as e:
+        if not fail_now:
+            raise
+        from trtpipe.pipeline.cli.common import fail
+
+        fail(e)
+
+
+def _speculative_config(base, mode: str | None, max_k: int | None, ngram: tuple[int, int] | None):
+    from dataclasses import replace
+
+    from trtpipe.plugins.core.errors import TrtpipeError
+    from trtpipe.runtime.spec.config import SpecConfig
+
+    if mode == "off":
+        if max_k is not None or ngram is not None:
+            raise TrtpipeError(
+                "--speculative-max-k / --speculative-ngram with --speculative off: they size speculation "
+                "that is off. Fix: drop them, or use --speculative ngram"
+            )
+        return None
+    cfg = base or SpecConfig()
+    if max_k is not None:
+        cfg = replace(cfg, max_k=max_k)
+    if ngram is not None:
+        cfg = replace(cfg, min_n=ngram[0], max_n=ngram[1])
+    return cfg
+
+
 def _unused_itl_flag(itl_budget_ms: float, settings: dict) -> str | None:
     """Why ``--itl-budget-ms`` would change nothing under ``settings`` (policy fcfs) and the fix;
     None when it applies (without a TPOT budget it is also the TPOT budget)."""
@@ -213,15 +280,21 @@ def _unused_itl_flag(itl_budget_ms: float, settings: dict) -> str | None:
 
 def serve_settings(recipe_or_artifact: str, artifact_root: str) -> tuple[Path, dict, str]:
     """The artifact, the LLM's runtime settings (``prefix_caching``, ``scheduler_policy``,
-    ``tpot_budget_ms``, ``itl_budget_ms``) and where they came from: a recipe's
-    ``runtime.prefix_caching`` and ``scheduler`` section; an artifact folder's defaults. Raises TrtpipeError (CLI exit 2)."""
+    ``tpot_budget_ms``, ``itl_budget_ms``, ``speculative``) and where they came from: a recipe's
+    ``runtime.prefix_caching``, ``scheduler`` and ``speculative`` sections; an artifact folder's defaults. Raises TrtpipeError (CLI exit 2)."""
     from trtpipe.pipeline.artifact.locate import artifact_for_recipe, load_recipe_for_deploy, resolve_artifact
 
     p = Path(recipe_or_artifact)
     if p.is_dir() and (p / "manifest.json").is_file():
         return (
             p,
-            {"prefix_caching": True, "scheduler_policy": "slo", "tpot_budget_ms": None, "itl_budget_ms": None},
+            {
+                "prefix_caching": True,
+                "scheduler_policy": "slo",
+                "tpot_budget_ms": None,
+                "itl_budget_ms": None,
+                "speculative": None,
+            },
             "the defaults (an artifact folder, no recipe)",
         )
     if p.is_dir():
@@ -232,5 +305,6 @@ def serve_settings(recipe_or_artifact: str, artifact_root: str) -> tuple[Path, d
         "scheduler_policy": r.runtime.scheduler.policy,
         "tpot_budget_ms": r.runtime.scheduler.tpot_budget_ms,
         "itl_budget_ms": r.runtime.scheduler.itl_budget_ms,
+        "speculative": r.runtime.spec_config(),
     }
     return artifact_for_recipe(r, artifact_root), settings, f"recipe {r.name!r} (its runtime section)"

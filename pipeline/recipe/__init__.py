@@ -18,7 +18,8 @@ The package, one job per module (imports go down this list, never up):
     errors.py           RecipeProblem / RecipeError, the Issue records validators raise
     model_source.py     model.source -> a .gguf file, a Hugging Face folder or none
     base.py             the strict base model, literal value sets, shared value checks
-    schema_build.py     model, precision, kv_cache, scheduler, profiles, engine sections
+    schema_build.py     model, precision, kv_cache, profiles, engine sections
+    schema_runtime.py   the runtime section (scheduler, prefix caching, speculative decoding)
     schema_validate.py  validate section: scenarios, budgets (as runtime Budget records), correctness
     kv_plan.py          KV pool bytes per block and number of blocks
     checks.py           checks across sections, one function per concern

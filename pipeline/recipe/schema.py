@@ -4,8 +4,9 @@ A recipe states the model, the target, the precision of each phase (prefill and 
 paged KV cache, the scheduler limits, the TensorRT optimization profiles, the engine layout, and
 the validate workload with its latency budgets. Everything downstream (export, lowering, build,
 runtime limits, validate) reads the frozen :class:`Recipe`, never the YAML. Its sections live in
-:mod:`~trtpipe.pipeline.recipe.schema_build` and :mod:`~trtpipe.pipeline.recipe.schema_validate`;
-the checks across sections in :mod:`~trtpipe.pipeline.recipe.checks`.
+:mod:`~trtpipe.pipeline.recipe.schema_build`, :mod:`~trtpipe.pipeline.recipe.schema_runtime` and
+:mod:`~trtpipe.pipeline.recipe.schema_validate`; the checks across sections in
+:mod:`~trtpipe.pipeline.recipe.checks`.
 
 Units are in the names: ``*_ms`` milliseconds, ``*_mib`` MiB (2**20 bytes), ``*_per_s`` per second,
 ``*_tokens`` / ``max_seq_len`` / ``max_num_tokens`` tokens.
@@ -30,8 +31,8 @@ from trtpipe.pipeline.recipe.schema_build import (
     PrefillProfile,
     ProfilesSpec,
     Range,
-    RuntimeSpec,
 )
+from trtpipe.pipeline.recipe.schema_runtime import RuntimeSpec
 from trtpipe.pipeline.recipe.schema_validate import ValidateSpec
 from trtpipe.plugins.core.dtypes import activation_dtype, kv_cache_dtype
 from trtpipe.runtime.kv.planning import blocks_for_tokens

@@ -81,39 +81,6 @@ class KVCacheSpec(Spec):
         return v
 
 
-class SchedulerSpec(Spec):
-    """How the runtime divides each step between prefill and decode (``runtime.scheduler``).
-
-    ``policy``: ``slo`` sizes each step's prefill chunk from the engine's measured step-cost
-    model so the step stays within the TPOT budget (Sarathi-Serve's token budget, never below
-    one block); ``fcfs`` prefills up to ``max_num_tokens`` per step. ``tpot_budget_ms``: the
-    budget ``slo`` keeps; None = each validate scenario's tightest ``tpot_ms`` budget, else its
-    ``itl_ms`` budget (a scenario without either, and a server without this setting, run FCFS).
-    ``itl_budget_ms``: the longest token gap accepted; with it ``slo`` may plan steps up to 0.8x
-    this budget while every decoding request's TPOT stays within ``tpot_budget_ms`` (bigger
-    chunks, shorter TTFT); None = each validate scenario's tightest ``itl_ms`` budget, else
-    every step within the TPOT budget. An ITL budget without a TPOT budget is also the TPOT budget.
-    """
-
-    policy: Literal["slo", "fcfs"] = "slo"
-    tpot_budget_ms: float | None = Field(None, gt=0, allow_inf_nan=False, examples=[50])
-    itl_budget_ms: float | None = Field(None, gt=0, allow_inf_nan=False, examples=[100])
-
-
-class RuntimeSpec(Spec):
-    """How the runtime serves the artifact: settings that change no byte of what ``trtpipe build``
-    writes, so they are not part of :func:`build_hash` and changing them needs no rebuild
-    (``trtpipe serve`` and ``validate`` read them; serve's flags override them).
-
-    ``prefix_caching``: reuse the KV blocks of identical prompt prefixes across requests
-    (automatic prefix caching, vLLM v1's scheme; outputs are unchanged). ``scheduler``: see
-    :class:`SchedulerSpec`.
-    """
-
-    prefix_caching: bool = True
-    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
-
-
 class Range(Spec):
     """One dimension of a TensorRT optimization profile: ``1 <= min <= opt <= max``.
     TensorRT tunes kernels for ``opt`` and accepts any size in ``[min, max]``."""

@@ -48,7 +48,7 @@ MEASURED_BY = (
 
 def serve_command(artifact_dir: Path, port: int, threads: int | None, recipe: Recipe | None = None) -> list[str]:
     """The ``trtpipe serve ARTIFACT`` command line ``--serve`` runs, with ``recipe``'s runtime
-    settings (runtime.prefix_caching, runtime.scheduler.*) as flags: the artifact folder alone gets the
+    settings (runtime.prefix_caching, runtime.scheduler.*, runtime.speculative) as flags: the artifact folder alone gets the
     defaults (FCFS chunks), not the recipe's budgets."""
     cmd = [sys.executable, "-m", "trtpipe.pipeline.cli.main", "serve", str(artifact_dir), "--port", str(port)]
     if threads:
@@ -61,6 +61,10 @@ def serve_command(artifact_dir: Path, port: int, threads: int | None, recipe: Re
             cmd += ["--tpot-budget-ms", repr(sched.tpot_budget_ms)]
         if sched.itl_budget_ms is not None and sched.policy == "slo":  # serve refuses it under fcfs
             cmd += ["--itl-budget-ms", repr(sched.itl_budget_ms)]
+        spec = recipe.runtime.speculative
+        if spec is not None:
+            cmd += ["--speculative", spec.method, "--speculative-max-k", str(spec.max_k)]
+            cmd += ["--speculative-ngram", str(spec.min_n), str(spec.max_n)]
     return cmd
 
 

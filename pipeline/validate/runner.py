@@ -286,7 +286,11 @@ def _load_llm(r: Recipe, art: Path, threads: int | None, err: Any) -> Any:
         )
     t = time.perf_counter()
     llm = LLM(
-        art, num_threads=threads, prefix_caching=r.runtime.prefix_caching, scheduler_policy=r.runtime.scheduler.policy
+        art,
+        num_threads=threads,
+        prefix_caching=r.runtime.prefix_caching,
+        scheduler_policy=r.runtime.scheduler.policy,
+        speculative=r.runtime.spec_config(),
     )
     err.print(
         f"  loaded in {time.perf_counter() - t:.1f} s ({engine_description(llm)}, prefill {r.precision.prefill}, "
@@ -318,18 +322,25 @@ def _run_scenarios(
 ) -> list[Any]:
     """Each scenario with its prefill-chunking budget set first (recorded in ``env``); under the
     ``slo`` policy, how well the step-cost model planned its steps (warm-up included) after it
-    (``env["step_cost_error"]``, :class:`~trtpipe.runtime.measure.step_cost_error.StepCostError`)."""
+    (``env["step_cost_error"]``, :class:`~trtpipe.runtime.measure.step_cost_error.StepCostError`);
+    with ``runtime.speculative``, the scenario's verifies and acceptance (``env["spec_decode"]``,
+    warm-up included)."""
     from trtpipe.runtime.measure.step_cost_error import StepCostError
 
     reports = []
-    env["prefill_chunking"], env["step_cost_error"] = {}, {}
+    env["prefill_chunking"], env["step_cost_error"], env["spec_decode"] = {}, {}, {}
+    speculator = llm.scheduler.speculator
     for scenario, spec in specs:
         tpot_ms, itl_ms = scenario_slo_budgets_ms(r, scenario)
         why = llm.set_tpot_budget(tpot_ms, itl_ms)
         env["prefill_chunking"][scenario.name] = why
         err.print(f"scenario {scenario.name}: prefill chunks: {why}")
         llm.step_cost_log.clear()
+        before = speculator.counters.copy() if speculator is not None else None
         reports.append(run_scenario(llm, scenario, spec, err))
+        if speculator is not None:  # this scenario's verifies (runtime.speculative)
+            env["spec_decode"][scenario.name] = spec_decode = speculator.counters.since(before)
+            err.print(f"  {speculator.counters.line(spec_decode)}")
         if llm.step_cost_log:  # the slo policy logs its steps
             cost = StepCostError.of(llm.step_cost_log, itl_ms)
             env["step_cost_error"][scenario.name] = cost.to_dict()

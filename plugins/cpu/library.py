@@ -65,6 +65,7 @@ FORWARD_ERRORS = {
     -2: "a position is outside the rotary table (max_positions)",
     -3: "a slot or block id is outside the KV pool, or a context is longer than its block table",
     -4: "an input id is outside the vocabulary",
+    -5: "a logits row index is outside the step's tokens",
 }
 _KINDS = {"q4": 1, "q8": 2}
 _loaded: dict[str, C.CDLL] = {}
@@ -83,6 +84,9 @@ def load(path: str | Path) -> C.CDLL:
     lib.tp_gemm.argtypes = [C.POINTER(Weight), C.POINTER(QAct), _f32p, C.c_int, C.c_int]
     lib.tp_forward.argtypes = [C.POINTER(Model), C.POINTER(Step), _f32p]
     lib.tp_forward.restype = C.c_int
+    if hasattr(lib, "tp_forward_rows"):  # absent from libraries built before speculative decoding
+        lib.tp_forward_rows.argtypes = [C.POINTER(Model), C.POINTER(Step), C.c_int, _i64p, _f32p]
+        lib.tp_forward_rows.restype = C.c_int
     lib.tp_isa.restype = C.c_char_p
     lib.tp_set_threads.argtypes = [C.c_int]
     lib.tp_get_threads.restype = C.c_int

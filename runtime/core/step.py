@@ -6,7 +6,9 @@
     ──► incremental detokenizer (stop strings) ──► finished RequestOutputs
 
 Where the engine allows it (``fuses_mixed_steps``) a step with both is *one* prefill call, the
-decodes as 1-token rows. Under the ``slo`` policy every step's predicted and measured time is
+decodes as 1-token rows. A decode with proposed tokens (speculative decoding, :mod:`trtpipe.runtime.spec`)
+is a *verify* row: its token and the proposal run as one chunk of the prefill call with logits at
+every position; :func:`~trtpipe.runtime.spec.accept.verify` keeps the accepted prefix plus one token. Under the ``slo`` policy every step's predicted and measured time is
 logged, and a mixed step re-plans the policy for this host's speed. Used by
 :class:`~trtpipe.runtime.llm.LLM`, which owns what the runner steps over.
 """
@@ -31,6 +33,7 @@ from trtpipe.runtime.sched.scheduler import Scheduler
 from trtpipe.runtime.sched.slo_policy import SloChunkPolicy
 from trtpipe.runtime.sched.step import ScheduledDecode, ScheduledPrefill, SchedulerStep
 from trtpipe.runtime.sched.step_cost import StepCostModel, StepSample
+from trtpipe.runtime.spec.accept import verify
 
 
 class StepRunner:
@@ -67,7 +70,7 @@ class StepRunner:
         self._grammars = grammars
         self.logprobs_mode = logprobs_mode
         self.grammar_time_s = 0.0
-        self._logprobs: dict[str, TokenLogprobs] = {}  # this step's records, until _emit
+        self._logprobs: dict[str, Any] = {}  # this step's records (a tuple for a verify row), until _emit
         self._rejected: list[Request] = []  # finished this step: the grammar refused the token
 
     def step(self) -> list[RequestOutput]:
@@ -81,13 +84,15 @@ class StepRunner:
         copies = self.scheduler.kv_manager.take_pending_copies()  # copy-on-write of forked blocks
         if copies:
             self.engine.copy_blocks(copies)
-        sampled: dict[str, int] = {}
+        sampled: dict[str, int | tuple[int, ...]] = {}
         t_step = time.perf_counter()
-        fused = self.fuse_mixed_steps and bool(step.prefills) and bool(step.decodes)
+        verifies = tuple(d for d in step.decodes if d.draft_token_ids)
+        plain = tuple(d for d in step.decodes if not d.draft_token_ids)
+        fused = self.fuse_mixed_steps and bool(step.prefills or verifies) and bool(plain)
         try:
-            self._prefill(step.prefills, sampled, step.decodes if fused else ())
+            self._prefill(step.prefills, sampled, verifies + plain if fused else verifies)
             if not fused:
-                self._decode(step.decodes, sampled)
+                self._decode(plain, sampled)
         except Exception as e:  # an engine failure finishes the step's requests, frees blocks
             for rid in {p.request_id for p in step.prefills} | {d.request_id for d in step.decodes}:
                 self.scheduler.finish_request(rid, RequestStatus.FINISHED_ERROR, str(e))
@@ -108,9 +113,9 @@ class StepRunner:
         self, prefills: Sequence[ScheduledPrefill], sampled: dict, decodes: Sequence[ScheduledDecode] = ()
     ) -> None:
         """Run the prefill engine on this step's chunks (and ``decodes`` as 1-token rows, a fused
-        step); sample the rows of last chunks and of the decodes into ``sampled`` (request id ->
-        token id). Marks prefill start/end on the request timers."""
-        if not prefills:
+        step, or verify chunks); sample the rows of last chunks and of the decodes into ``sampled``
+        (request id -> token id; a verify row -> its tokens). Marks prefill start/end on the timers."""
+        if not prefills and not decodes:
             return
         now = time.monotonic
         for p in prefills:
@@ -120,11 +125,16 @@ class StepRunner:
                 live.prefill_started = True
                 cached = live.request.num_cached_tokens or 0
                 live.timer.cached_prompt_tokens = live.output.cached_tokens = cached
-        batch = PrefillBatch.from_scheduled([*prefills, *(d.as_prefill_chunk() for d in decodes)])
-        logits = self.engine.prefill(batch)  # [S, V] float32, rows in batch.request_ids order
+        verifying = {d.request_id for d in decodes if d.draft_token_ids}
+        batch = PrefillBatch.from_scheduled([*prefills, *(d.as_prefill_chunk() for d in decodes)], verifying)
+        logits = self.engine.prefill(batch)  # [L, V] float32, rows in batch.request_ids order
         self.engine_time_s += self.engine.last_step_s
+        if verifying:
+            self._verify([d for d in decodes if d.draft_token_ids], batch, logits, sampled)
+            at = [batch.logit_rows(i).stop - 1 for i in range(len(batch.request_ids))]  # last logits row
+            logits = logits[at]  # [S, V]
         self._prompt_logprobs(prefills, batch.request_ids, logits)
-        last = {p.request_id for p in prefills if p.is_last_chunk} | {d.request_id for d in decodes}
+        last = {p.request_id for p in prefills if p.is_last_chunk} | {d.request_id for d in decodes} - verifying
         rows = [i for i, rid in enumerate(batch.request_ids) if rid in last]
         if not rows:
             return
@@ -137,6 +147,25 @@ class StepRunner:
             sampled[rid] = tok
             if rid in ended:
                 self.live[rid].timer.on_prefill_end(t)
+
+    def _verify(
+        self, decodes: Sequence[ScheduledDecode], batch: PrefillBatch, logits: np.ndarray, sampled: dict
+    ) -> None:
+        """Accept a prefix of each verify row's proposal (:func:`~trtpipe.runtime.spec.accept.verify`)
+        from its ``k + 1`` logits rows; ``sampled[rid]`` = the tokens it emits."""
+        speculator = self.scheduler.speculator
+        for d in decodes:
+            live = self.live[d.request_id]
+            q = live.request
+            rows = logits[batch.logit_rows(batch.request_ids.index(d.request_id))]  # [k + 1, V]
+            row = SampleRow(q.sampling_params, live.rng, q.prompt_token_ids, q.output_token_ids)
+            eos = self.scheduler.eos_token_ids
+            got = verify(rows, d.draft_token_ids, row, eos_token_ids=eos, logprobs_mode=self.logprobs_mode)
+            sampled[d.request_id] = got.token_ids
+            if q.sampling_params.logprobs is not None:
+                self._logprobs[d.request_id] = got.logprobs
+            if speculator is not None:
+                speculator.on_verified(d.request_id, len(d.draft_token_ids), got.num_accepted)
 
     def _prompt_logprobs(self, prefills: Sequence[ScheduledPrefill], batch_ids: Sequence[str], logits: Any) -> None:
         """Requests that asked ``prompt_logprobs`` prefill one token per step (``chunk_cap``): the
@@ -167,7 +196,7 @@ class StepRunner:
                 forked.add(child.request_id)
         return forked
 
-    def _decode(self, decodes: tuple[ScheduledDecode, ...], sampled: dict[str, int]) -> None:
+    def _decode(self, decodes: tuple[ScheduledDecode, ...], sampled: dict[str, int | tuple[int, ...]]) -> None:
         """Run the decode engine once for every decoding sequence (one token each); sample into
         ``sampled``."""
         if not decodes:
@@ -191,24 +220,25 @@ class StepRunner:
         if isinstance(policy, SloChunkPolicy) and prefill_tokens and step.decodes:  # a mixed step: re-plan
             self.scheduler.chunk_policy = policy.tracking_host(self.step_cost_log)
 
-    def _emit(self, sampled: dict[str, int], finished: list[Request]) -> list[RequestOutput]:
+    def _emit(self, sampled: dict[str, int | tuple[int, ...]], finished: list[Request]) -> list[RequestOutput]:
         """Detokenize the sampled tokens into the outputs (stop strings finish requests), then
         close the finished ones; returns their outputs."""
         t = time.monotonic()
-        for rid, tok in sampled.items():
+        for rid, got in sampled.items():
             live = self.live.get(rid)
             if live is None:
                 continue
-            piece = live.detok.add(tok)
-            live.output.output_token_ids.append(tok)
             rec = self._logprobs.pop(rid, None)
-            if rec is not None and live.output.logprobs is not None:
-                live.output.logprobs.append(rec)
-            live.timer.on_tokens(t, 1, piece)
-            live.request.itl_sum_s = t - live.timer.token_times_s[0]  # the slo policy's TPOT so far
-            if live.append_text(piece):
-                self.scheduler.finish_request(rid, RequestStatus.FINISHED_STOPPED)
-                finished.append(live.request)
+            if isinstance(got, tuple):  # a verify row: the tokens the scheduler kept (it stops at EOS)
+                toks = got[: len(live.request.output_token_ids) - len(live.output.output_token_ids)]
+                recs = tuple(rec) if rec is not None else (None,) * len(toks)
+            else:
+                toks, recs = (got,), (rec,)
+            for tok, lp in zip(toks, recs):
+                if self._emit_token(live, tok, lp, t):
+                    self.scheduler.finish_request(rid, RequestStatus.FINISHED_STOPPED)
+                    finished.append(live.request)
+                    break
         done = []
         for req in finished:
             live = self.live.pop(req.request_id, None)
@@ -218,6 +248,17 @@ class StepRunner:
             live.finish(req.finish_reason or "stop", req.error_message)
             done.append(live.output)
         return done
+
+    @staticmethod
+    def _emit_token(live: LiveRequest, tok: int, rec: TokenLogprobs | None, t: float) -> bool:
+        """One token into ``live``'s output and timer; True when a stop string ends the request."""
+        piece = live.detok.add(tok)
+        live.output.output_token_ids.append(tok)
+        if rec is not None and live.output.logprobs is not None:
+            live.output.logprobs.append(rec)
+        live.timer.on_tokens(t, 1, piece)
+        live.request.itl_sum_s = t - live.timer.token_times_s[0]  # the slo policy's TPOT so far
+        return live.append_text(piece)
 
     def _sample(self, logits: np.ndarray, rids: list[str]) -> list[int]:
         """Sample ``[S, V]`` logits for ``rids`` (:func:`sample_rows`): grammar masks for rows with

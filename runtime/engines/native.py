@@ -143,7 +143,13 @@ class NativeEngine:
             embed, L.ptr(w.tensor("final_norm"), L._f32p), head, layers,
         )  # fmt: skip
 
-    def _run(self, feeds: dict[str, np.ndarray], levels: int) -> np.ndarray:
+    @property
+    def verifies_all_positions(self) -> bool:
+        """Whether this artifact's library returns logits at chosen rows (``tp_forward_rows``):
+        speculative verify chunks need every position's logits (libraries built before it lack it)."""
+        return hasattr(self.lib, "tp_forward_rows")
+
+    def _run(self, feeds: dict[str, np.ndarray], levels: int, logit_indices: np.ndarray | None = None) -> np.ndarray:
         t0 = time.perf_counter()
         a = {k: np.ascontiguousarray(v, np.int64) for k, v in feeds.items()}
         T, S = len(a["input_ids"]), len(a["context_lens"])
@@ -155,15 +161,23 @@ class NativeEngine:
                 "query_start_loc", "last_token_indices",
             )),
         )  # fmt: skip
-        logits = np.empty((S, self.manifest.model.vocab_size), np.float32)
-        rc = self.lib.tp_forward(C.byref(self.model), C.byref(step), L.ptr(logits, L._f32p))
+        if logit_indices is None:
+            logits = np.empty((S, self.manifest.model.vocab_size), np.float32)
+            rc = self.lib.tp_forward(C.byref(self.model), C.byref(step), L.ptr(logits, L._f32p))
+        else:  # speculative verify: logits at the given rows (PrefillBatch.logit_indices)
+            rows = np.ascontiguousarray(logit_indices, np.int64)
+            logits = np.empty((len(rows), self.manifest.model.vocab_size), np.float32)
+            rc = self.lib.tp_forward_rows(
+                C.byref(self.model), C.byref(step), len(rows), L.ptr(rows, L._i64p), L.ptr(logits, L._f32p)
+            )
         if rc:
             raise ArtifactError(f"native engine: {L.FORWARD_ERRORS.get(rc, f'error {rc}')} (step of {T} tokens)")
         self.last_step_s = time.perf_counter() - t0
         return logits
 
     def prefill(self, batch: PrefillBatch) -> np.ndarray:
-        return self._run(batch.feeds(), self.levels["prefill"])
+        """Logits ``[L, V]``: the last token of each row, or ``batch.logit_indices``' rows."""
+        return self._run(batch.feeds(), self.levels["prefill"], batch.logit_indices)
 
     def decode(self, batch: DecodeBatch) -> np.ndarray:
         feeds = batch.feeds()

@@ -138,9 +138,18 @@ class OrtEngine:
             out[name] = ort.OrtValue.ortvalue_from_numpy(arr)
         return out
 
+    # The prefill graph gathers its logits rows with ``last_token_indices`` (a Gather over the packed
+    # hidden states, docs/graphs.md): fed a longer list, it returns those rows, e.g. every position
+    # of a speculative verify chunk; nothing else in the graph reads it.
+    verifies_all_positions = True
+
     def prefill(self, batch: PrefillBatch) -> np.ndarray:
+        """Logits ``[L, V]``: the last token of each row, or ``batch.logit_indices``' rows."""
         t = time.perf_counter()
-        out = self.sessions["prefill"].run(batch.feeds())
+        feeds = batch.feeds()
+        if batch.logit_indices is not None:
+            feeds["last_token_indices"] = batch.logit_indices
+        out = self.sessions["prefill"].run(feeds)
         self.last_step_s = time.perf_counter() - t
         return out
 

@@ -182,6 +182,10 @@ class TrtEngine:
     """
 
     backend = "trt"
+    # Speculative verify chunks are prefill-profile shapes (T = k + 1 tokens, S >= 1), but the plans'
+    # logits gather (last_token_indices) is sized [S] by that profile, so logits at every position
+    # do not fit it: LLM refuses speculation on TensorRT (docs/tensorrt.md; untested, no GPU here).
+    verifies_all_positions = False
     fuses_mixed_steps = False
 
     def __init__(self, manifest: Manifest, pool: Any = None, *, facts: TrtRuntimeFacts | None = None):

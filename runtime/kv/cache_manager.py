@@ -1,4 +1,5 @@
-"""Per-sequence KV block lists on top of the :class:`BlockPool`: allocate, append, free, fork.
+"""Per-sequence KV block lists on top of the :class:`BlockPool`: allocate, append, free, fork,
+truncate (the rollback of rejected speculative tokens).
 
 Follows vLLM v1 ``KVCacheManager`` / ``SingleTypeKVCacheManager`` (``allocate_slots`` returns
 "does not fit" instead of raising; the sliding-window manager drops blocks that left the window;
@@ -249,6 +250,24 @@ class KVCacheManager:
         self._num_hashed.pop(seq_id, None)
         if blocks:
             self.block_pool.free([b for b in reversed(blocks) if b != NULL_BLOCK_ID])
+
+    def truncate(self, seq_id: Hashable, num_tokens: int) -> list[int]:
+        """Roll the slots of ``seq_id`` back to its first ``num_tokens`` (speculative tokens the
+        verifier rejected): blocks wholly past them are freed, last first (so the queue tail
+        follows position order, as in ``free``); returns their ids. A partly kept block keeps its
+        stale slots: they lie past the sequence's length, so attention never reads them, and the
+        next tokens overwrite them before the block is full and can be cached (only computed,
+        accepted tokens are ever hashed). Shrinking below the hashed blocks is a bug (asserted).
+        """
+        blocks = self._blocks[seq_id]
+        assert 0 <= num_tokens <= self._num_tokens[seq_id], (seq_id, num_tokens, self._num_tokens[seq_id])
+        keep = cdiv(num_tokens, self.block_size)
+        assert self._num_hashed.get(seq_id, 0) <= keep, f"{seq_id!r}: truncate into cached blocks"
+        dropped = blocks[keep:]
+        del blocks[keep:]
+        self.block_pool.free([b for b in reversed(dropped) if b != NULL_BLOCK_ID])
+        self._num_tokens[seq_id] = num_tokens
+        return dropped
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
         """Make ``child_id`` share every block of ``parent_id`` (ref counts +1, no copy now).

@@ -7,7 +7,8 @@ Follows vLLM's ``SamplingParams`` (reduced) and OpenAI's ranges: temperature 0 m
 tokens masked until reached), ``logprobs`` (None = off, N = the sampled token's log-probability
 plus the N most likely, 0-20), ``prompt_logprobs`` (the same for every prompt token after the
 first; the prompt is then prefilled one token per step, without the prefix cache), ``n`` (1-8 choices of one prompt), ``structured`` (a JSON schema
-or "any JSON object" the output must follow, see :mod:`trtpipe.runtime.sample.structured`).
+or "any JSON object" the output must follow, see :mod:`trtpipe.runtime.sample.structured`), ``speculative``
+(False: this request opts out of speculative decoding where the runtime has it on).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     n: int = 1
     structured: StructuredOutput | None = None
+    speculative: bool = True  # False: never verify proposed tokens for this request (plain decode)
 
     def __post_init__(self) -> None:
         # Accept lists/dicts for convenience but store tuples, so the record stays immutable/hashable.
@@ -117,6 +119,8 @@ class SamplingParams:
                 raise bad(name, f"None or an int in [0, {MAX_TOP_LOGPROBS}]", f"pass e.g. {name}=5")
         if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
             raise bad("n", f"an int in [1, {MAX_N}]", "pass e.g. n=2, or send more requests")
+        if not isinstance(self.speculative, bool):
+            raise bad("speculative", "True or False", "pass speculative=False to opt out of speculative decoding")
         if self.structured is not None and not isinstance(self.structured, StructuredOutput):
             raise bad("structured", "None or a StructuredOutput", "pass StructuredOutput.json_schema(schema)")
 

@@ -104,34 +104,67 @@ def sample_rows(
     """
     logits = np.asarray(logits, dtype=np.float32)
     params = [r.params for r in rows]
-    want = [i for i, p in enumerate(params) if p.logprobs is not None]
-    raw_lp = log_softmax(logits[want]) if want and logprobs_mode == "raw" else None
+    x = processed_logits(logits, rows, eos_token_ids=eos_token_ids, bitmask=bitmask, constrained=constrained)
+    token_ids = sample(x, params, [r.rng for r in rows])
+    return token_ids, logprob_records(logits, x, token_ids, params, logprobs_mode)
+
+
+def processed_logits(
+    logits: np.ndarray,
+    rows: Sequence[SampleRow],
+    *,
+    eos_token_ids: Iterable[int] = (),
+    bitmask: np.ndarray | None = None,
+    constrained: np.ndarray | None = None,
+) -> np.ndarray:
+    """``[S, V]`` float32 logits after bias, penalties, ``min_tokens`` and the grammar mask (the
+    arguments as :func:`sample_rows`); ``logits`` itself when no row needs processing. What a
+    row samples from before temperature/top-k/top-p (also the speculative verifier's target)."""
+    params = [r.params for r in rows]
     rows_c = np.zeros(0, np.int64) if constrained is None else np.asarray(constrained, np.int64)
     touched = [i for i, r in enumerate(rows) if processors.needs_processing(r.params, len(r.output_token_ids))]
-    x = logits
-    if touched or len(rows_c):
-        x = logits.copy()
-        processors.apply_logit_bias(x, params)
-        processors.apply_penalties(x, params, [r.prompt_token_ids for r in rows], [r.output_token_ids for r in rows])
-        processors.apply_min_tokens(x, params, [len(r.output_token_ids) for r in rows], eos_token_ids)
-        if bitmask is not None:
-            processors.apply_bitmask(x, bitmask, rows_c)
-        dead = ~np.isfinite(x.max(axis=-1))
-        x[dead] = logits[dead]  # an all-masked row: fall back to the raw logits
-    token_ids = sample(x, params, [r.rng for r in rows])
-    out: list[TokenLogprobs | None] = [None] * len(rows)
-    if want:
-        if raw_lp is None:
-            temps = np.array([params[i].temperature or 1.0 for i in want], np.float32)[:, None]
-            raw_lp = log_softmax(x[want] / temps)
-        for i, rec in zip(want, gather(raw_lp, token_ids[want], [params[i].logprobs or 0 for i in want])):
-            out[i] = rec
-    return token_ids, out
+    if not touched and not len(rows_c):
+        return logits
+    x = logits.copy()
+    processors.apply_logit_bias(x, params)
+    processors.apply_penalties(x, params, [r.prompt_token_ids for r in rows], [r.output_token_ids for r in rows])
+    processors.apply_min_tokens(x, params, [len(r.output_token_ids) for r in rows], eos_token_ids)
+    if bitmask is not None:
+        processors.apply_bitmask(x, bitmask, rows_c)
+    dead = ~np.isfinite(x.max(axis=-1))
+    x[dead] = logits[dead]  # an all-masked row: fall back to the raw logits
+    return x
+
+
+def logprob_records(
+    logits: np.ndarray, x: np.ndarray, token_ids: np.ndarray, params: Sequence[SamplingParams], logprobs_mode: str
+) -> list[TokenLogprobs | None]:
+    """One :class:`TokenLogprobs` per row that asked ``logprobs`` (None for the others): of the raw
+    ``logits`` ("raw") or of the processed ``x`` over the temperature ("processed"); ``token_ids``:
+    the tokens chosen per row."""
+    want = [i for i, p in enumerate(params) if p.logprobs is not None]
+    out: list[TokenLogprobs | None] = [None] * len(params)
+    if not want:
+        return out
+    if logprobs_mode == "raw":
+        lp = log_softmax(logits[want])
+    else:
+        temps = np.array([params[i].temperature or 1.0 for i in want], np.float32)[:, None]
+        lp = log_softmax(x[want] / temps)
+    for i, rec in zip(want, gather(lp, np.asarray(token_ids)[want], [params[i].logprobs or 0 for i in want])):
+        out[i] = rec
+    return out
 
 
 def _sample_row(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
     """One categorical draw from a ``[V]`` row after temperature, top-k and top-p."""
     token_ids, probs = filtered_distribution(logits, params)
+    return draw(token_ids, probs, rng)
+
+
+def draw(token_ids: np.ndarray, probs: np.ndarray, rng: np.random.Generator) -> int:
+    """One categorical draw of ``token_ids [K]`` with weights ``probs [K]`` (need not sum to 1,
+    must have a positive sum), consuming one ``rng.random()``."""
     cdf = np.cumsum(probs)
     index = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
     return int(token_ids[min(index, len(token_ids) - 1)])
@@ -173,4 +206,13 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
-__all__ = ["SampleRow", "filtered_distribution", "make_generator", "sample", "sample_rows"]
+__all__ = [
+    "SampleRow",
+    "draw",
+    "filtered_distribution",
+    "logprob_records",
+    "make_generator",
+    "processed_logits",
+    "sample",
+    "sample_rows",
+]

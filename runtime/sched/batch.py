@@ -7,7 +7,7 @@ never reads another sequence's blocks.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +29,10 @@ class PrefillBatch:
 
     input_ids, positions, slot_mapping: [T]; block_tables: [S, MB]; context_lens: [S];
     query_start_loc: [S+1]; last_token_indices: [S]; request_ids: S ids in row order.
+    ``logit_indices`` [L] (None: ``last_token_indices``): the packed tokens whose logits the engine
+    returns, row by row; ``logit_start_loc`` [S+1]: row s's logits are ``logits[lsl[s]:lsl[s+1]]``.
+    Rows named in ``from_scheduled(all_logits=...)`` (speculative verify chunks) get every
+    position's logits, the others their last token's, so a batch without verify rows is unchanged.
 
     Row order: :meth:`from_scheduled` puts rows of one token (decode tokens riding in a prefill
     call) after the longer chunks, keeping each group's order: the ONNX Runtime prefill graph
@@ -45,9 +49,11 @@ class PrefillBatch:
     context_lens: np.ndarray
     query_start_loc: np.ndarray
     last_token_indices: np.ndarray
+    logit_indices: np.ndarray | None = None
+    logit_start_loc: np.ndarray | None = None
 
     @classmethod
-    def from_scheduled(cls, prefills: Sequence[ScheduledPrefill]) -> PrefillBatch:
+    def from_scheduled(cls, prefills: Sequence[ScheduledPrefill], all_logits: Collection[str] = ()) -> PrefillBatch:
         prefills = [p for p in prefills if p.num_tokens != 1] + [p for p in prefills if p.num_tokens == 1]
         ids: list[int] = []
         pos: list[int] = []
@@ -61,6 +67,14 @@ class PrefillBatch:
             lens.append(n)
         qsl = np.zeros(len(prefills) + 1, np.int64)
         qsl[1:] = np.cumsum(lens)
+        logit_indices = lsl = None
+        if all_logits:
+            every = [p.request_id in all_logits for p in prefills]
+            logit_indices = np.concatenate(
+                [np.arange(qsl[i], qsl[i + 1]) if e else qsl[i + 1 : i + 2] - 1 for i, e in enumerate(every)]
+            ).astype(np.int64)
+            lsl = np.zeros(len(prefills) + 1, np.int64)
+            lsl[1:] = np.cumsum([n if e else 1 for n, e in zip(lens, every)])
         return cls(
             request_ids=tuple(p.request_id for p in prefills),
             input_ids=np.asarray(ids, np.int64),
@@ -70,7 +84,15 @@ class PrefillBatch:
             context_lens=np.asarray([p.start_position + len(p.token_ids) for p in prefills], np.int64),
             query_start_loc=qsl,
             last_token_indices=qsl[1:] - 1,
+            logit_indices=logit_indices,
+            logit_start_loc=lsl,
         )
+
+    def logit_rows(self, row: int) -> slice:
+        """The logits rows of batch row ``row`` (one, or every position of a verify chunk)."""
+        if self.logit_start_loc is None:
+            return slice(row, row + 1)
+        return slice(int(self.logit_start_loc[row]), int(self.logit_start_loc[row + 1]))
 
     def feeds(self) -> dict[str, np.ndarray]:
         return {

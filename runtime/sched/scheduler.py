@@ -9,6 +9,7 @@ One step (``schedule`` -> engines -> ``update``)::
 
     budget = max_num_tokens   (chunk_policy: decodes + the policy's prefill cap, see slo_policy)
     running, oldest first:  decoding  -> 1 token (ScheduledDecode)         budget -= 1
+                                         (+ k proposed tokens to verify: sched/speculation.py)
                             prefilling -> next chunk (ScheduledPrefill)     budget -= chunk
                             (chunks leave one token of budget for every decode behind them)
                             no KV block?  preempt the newest running request, retry;
@@ -41,13 +42,16 @@ Choices of ``n`` > 1 wait for their first choice's prefill, then fork its prompt
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from trtpipe.runtime.errors import RequestError, TrtpipeError
 from trtpipe.runtime.kv.cache_manager import KVCacheManager
 from trtpipe.runtime.kv.prefix_cache import PrefixCache
 from trtpipe.runtime.sched.admission import chunk_cap, fork_choice, forkable_choices, never_fits, waits_for_sibling
+from trtpipe.runtime.sched.records import decode_record, prefill_record
 from trtpipe.runtime.sched.request import Request, RequestStatus
+from trtpipe.runtime.sched.speculation import propose_drafts, verify_tokens
 from trtpipe.runtime.sched.step import ChunkPolicy, DecodeProgress, ScheduledDecode, ScheduledPrefill, SchedulerStep
 
 
@@ -115,6 +119,7 @@ class Scheduler:
         self.fork_choices = False  # n > 1: fork the prompt KV (needs an engine that copies blocks)
         self._forking: dict[str, list[Request]] = {}  # this step: parent id -> choices that fork it
         self._step_in_flight = False
+        self.speculator: Any = None  # speculative decoding (runtime.spec.speculator); None = off
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -202,6 +207,7 @@ class Scheduler:
         prefills: list[ScheduledPrefill] = []
         decodes: list[ScheduledDecode] = []
         preempted: list[str] = []
+        drafts = self._drafts(budget)  # speculative decoding: request id -> proposed tokens
 
         i = 0
         while i < len(self._running):  # preemption pops from the tail, so re-check the length
@@ -216,14 +222,16 @@ class Scheduler:
                     i += 1
                     continue
             else:
-                num_new = 1
+                num_new = verify_tokens(kv, request, drafts, len(self._running) - i - 1)
             if not self._allocate_or_preempt(request, num_new, preempted):
                 break  # it preempted itself: it was the newest, nothing is behind it
             budget -= num_new
             if request.is_prefilling:
-                prefills.append(self._prefill_record(request, num_new))
+                prefills.append(prefill_record(self.kv_manager, request, num_new))
             else:
-                decodes.append(self._decode_record(request))
+                decodes.append(
+                    decode_record(self.kv_manager, request, drafts.get(request.request_id, ())[: num_new - 1])
+                )
             i += 1
 
         # Admitting while preempting would just swap requests in and out (vLLM does the same).
@@ -247,15 +255,17 @@ class Scheduler:
                 request.num_cached_tokens = num_cached
             self._running.append(request)
             budget -= num_new
-            prefills.append(self._prefill_record(request, num_new))
+            prefills.append(prefill_record(self.kv_manager, request, num_new))
 
         return SchedulerStep(prefills=tuple(prefills), decodes=tuple(decodes), preempted=tuple(preempted))
 
-    def update(self, step: SchedulerStep, sampled: Mapping[str, int]) -> list[Request]:
+    def update(self, step: SchedulerStep, sampled: Mapping[str, Any]) -> list[Request]:
         """Apply the engines' results; return the requests that finished (blocks already freed).
 
         ``sampled`` maps request id -> token id for every decode and every last prefill chunk
-        (other entries are ignored). Requests finished since ``schedule`` are skipped. Stops, in
+        (other entries are ignored); a verify row (a decode with proposed tokens) maps to the tokens
+        it emits, its accepted proposal then one more: the slots of rejected ones are rolled back.
+        Requests finished since ``schedule`` are skipped. Stops, in
         order: EOS (unless ``ignore_eos``) or a stop token -> "stop"; ``max_new_tokens`` or
         ``max_seq_len`` reached -> "length". Requests finished by ``add_request`` are included.
         """
@@ -281,9 +291,13 @@ class Scheduler:
             request = self._live(decode.request_id)
             if request is None:
                 continue
-            request.num_computed_tokens += 1
-            self._cache_full_blocks(request)
-            if self._append_token(request, sampled[decode.request_id]):
+            got = sampled[decode.request_id]
+            tokens = tuple(got) if isinstance(got, Sequence) else (got,)
+            request.num_computed_tokens += len(tokens)  # the last token + the accepted proposal
+            if decode.draft_token_ids:
+                self.kv_manager.truncate(request.request_id, request.num_computed_tokens)  # rejected slots
+            self._cache_full_blocks(request, tokens[:-1])
+            if any(self._append_token(request, tok) for tok in tokens):  # stops at the first finish
                 finished.append(request)
         return finished
 
@@ -292,6 +306,13 @@ class Scheduler:
     def _live(self, request_id: str) -> Request | None:
         request = self._requests.get(request_id)
         return request if request is not None and request.status is RequestStatus.RUNNING else None
+
+    def _drafts(self, budget: int) -> dict[str, tuple[int, ...]]:
+        """This step's proposals (:func:`~trtpipe.runtime.sched.speculation.propose_drafts`), {} when off."""
+        if self.speculator is None:
+            return {}
+        n_wait, batch = len(self._waiting), self.max_batch_size
+        return propose_drafts(self.speculator, self._running, n_wait, batch, budget, self.max_seq_len)
 
     def _step_token_budget(self) -> int:
         """``max_num_tokens``, or with a chunk policy: this step's decodes + its prefill cap."""
@@ -328,11 +349,11 @@ class Scheduler:
         """Block ids of the longest cached prefix of ``request``'s tokens ([] when caching is off)."""
         return self.prefix_cache.cached_prefix(request.all_token_ids, request.block_hashes, request.cache_salt)
 
-    def _cache_full_blocks(self, r: Request) -> None:
-        """Offer the blocks whose KV the engine just completed to the prefix cache."""
-        self.prefix_cache.offer_full_blocks(
-            r.request_id, r.all_token_ids, r.block_hashes, r.num_computed_tokens, r.cache_salt
-        )
+    def _cache_full_blocks(self, r: Request, accepted: tuple[int, ...] = ()) -> None:
+        """Offer the blocks whose KV the engine just completed to the prefix cache (``accepted``:
+        verified proposed tokens with KV, not appended to the request yet)."""
+        tokens = r.all_token_ids + tuple(int(t) for t in accepted)
+        self.prefix_cache.offer_full_blocks(r.request_id, tokens, r.block_hashes, r.num_computed_tokens, r.cache_salt)
 
     def _append_token(self, request: Request, token_id: int) -> bool:
         """Append a sampled token; finish the request if it must stop. Returns True if finished."""
@@ -369,30 +390,6 @@ class Scheduler:
         request.num_prefill_tokens = 0
         request.num_preemptions += 1
         self._waiting.appendleft(request)
-
-    def _prefill_record(self, request: Request, num_new: int) -> ScheduledPrefill:
-        start = request.num_computed_tokens
-        end = start + num_new
-        prompt = request.prompt_token_ids
-        token_ids = prompt[start:end] if end <= len(prompt) else request.all_token_ids[start:end]
-        return ScheduledPrefill(
-            request_id=request.request_id,
-            token_ids=token_ids,
-            start_position=start,
-            block_table=tuple(self.kv_manager.block_table(request.request_id)),
-            slot_mapping=tuple(self.kv_manager.slot_mapping(request.request_id, start, num_new)),
-            is_last_chunk=end == request.num_prefill_tokens,
-        )
-
-    def _decode_record(self, request: Request) -> ScheduledDecode:
-        position = request.num_computed_tokens
-        return ScheduledDecode(
-            request_id=request.request_id,
-            token_id=request.last_token_id,
-            position=position,
-            block_table=tuple(self.kv_manager.block_table(request.request_id)),
-            slot=self.kv_manager.slot_mapping(request.request_id, position, 1)[0],
-        )
 
 
 __all__ = ["ChunkPolicy", "Scheduler", "SchedulerStep", "ScheduledPrefill", "ScheduledDecode"]

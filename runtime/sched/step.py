@@ -37,22 +37,34 @@ class ScheduledPrefill:
 
 @dataclass(frozen=True, slots=True)
 class ScheduledDecode:
-    """One token of one running sequence for the decode engine."""
+    """One token of one running sequence for the decode engine; with ``draft_token_ids`` a
+    speculative *verify* row: the token and the k proposed ones after it run as one chunk through
+    the prefill path, with logits at every position (:mod:`trtpipe.runtime.spec`)."""
 
     request_id: str
     token_id: int  # the last sampled token, whose KV is written now
     position: int  # its position
     block_table: tuple[int, ...]  # [num_logical_blocks] physical block ids, 0 = null block
     slot: int  # pool slot where its K/V are written
+    draft_token_ids: tuple[int, ...] = ()  # [k] proposed tokens verified after token_id (k = 0: plain)
+    draft_slots: tuple[int, ...] = ()  # [k] their pool slots (rolled back where rejected)
+
+    @property
+    def num_tokens(self) -> int:
+        return 1 + len(self.draft_token_ids)
 
     @property
     def context_len(self) -> int:
-        return self.position + 1
+        return self.position + 1 + len(self.draft_token_ids)
 
     def as_prefill_chunk(self) -> ScheduledPrefill:
-        """This token as a 1-token last chunk, for a prefill call that also decodes (the prefill
-        graph takes any number of tokens per sequence; its logits row is this token's)."""
-        return ScheduledPrefill(self.request_id, (self.token_id,), self.position, self.block_table, (self.slot,), True)
+        """This token (and its proposed ones) as a last chunk, for a prefill call that also decodes
+        (the prefill graph takes any number of tokens per sequence; a 1-token row's logits row is
+        this token's, a verify row asks logits at every position: ``PrefillBatch.from_scheduled``)."""
+        tokens = (self.token_id, *self.draft_token_ids)
+        return ScheduledPrefill(
+            self.request_id, tokens, self.position, self.block_table, (self.slot, *self.draft_slots), True
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +77,7 @@ class SchedulerStep:
 
     @property
     def num_tokens(self) -> int:
-        return sum(p.num_tokens for p in self.prefills) + len(self.decodes)
+        return sum(p.num_tokens for p in self.prefills) + sum(d.num_tokens for d in self.decodes)
 
     @property
     def is_empty(self) -> bool:

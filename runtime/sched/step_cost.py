@@ -81,9 +81,12 @@ class StepCostModel:
         return p0 + p1 * num_tokens + p2 * num_tokens * (context + num_tokens / 2)
 
     def predict_step_s(self, step: Any) -> float:
-        """Predicted time of a :class:`~trtpipe.runtime.sched.step.SchedulerStep` (seconds)."""
+        """Predicted time of a :class:`~trtpipe.runtime.sched.step.SchedulerStep` (seconds); a
+        speculative verify row (a decode with proposed tokens) runs as a prefill chunk."""
         chunks = [(p.num_tokens, p.start_position) for p in step.prefills]
-        return self.step_time_s(chunks, len(step.decodes), sum(d.context_len for d in step.decodes))
+        chunks += [(d.num_tokens, d.position) for d in step.decodes if d.num_tokens > 1]
+        plain = [d for d in step.decodes if d.num_tokens == 1]
+        return self.step_time_s(chunks, len(plain), sum(d.context_len for d in plain))
 
     def prefill_chunks_time_s(self, chunks: Sequence[tuple[int, int]]) -> float:
         """Predicted time of one prefill call packing ``(num_tokens, context)`` chunks."""

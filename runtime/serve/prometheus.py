@@ -24,16 +24,19 @@ queries; read from ``LLM.prefix_cache_queries`` / ``_hits`` at scrape time),
 ``ignored_request_fields{field}`` (request fields neither OpenAI's nor a known extension: ignored,
 as vLLM does, and counted; the field name is truncated to 64 characters). Gauges are read at scrape time from the
 engine: ``num_requests_running``, ``num_requests_waiting``, ``kv_cache_usage_perc`` (fraction of
-usable KV blocks in use, 0..1, as vLLM), ``kv_blocks_in_use``.
+usable KV blocks in use, 0..1, as vLLM), ``kv_blocks_in_use``. Speculative decoding's counters:
+:mod:`trtpipe.runtime.serve.spec_metrics`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 from trtpipe.runtime.llm import RequestOutput
+from trtpipe.runtime.serve.spec_metrics import SpecMetrics
 
 PREFIX = "trtpipe:"
 MAX_IGNORED_FIELD_LABELS = 64  # distinct unknown-field names with their own series (then "_other")
@@ -170,11 +173,13 @@ class ServeMetrics:
         }
         self.model_name = model_name
         self._num_preemptions_seen = 0
+        self.spec = SpecMetrics(reg, model_name)
 
-    def bind(self, read: Callable[[], dict[str, float]]) -> None:
+    def bind(self, read: Callable[[], dict[str, Any]]) -> None:
         """Read the gauges (and the preemption count) from the engine at scrape time: ``read()``
-        returns num_requests_running, num_requests_waiting, kv_cache_usage_perc, kv_blocks_in_use
-        and the running totals num_preemptions, prefix_cache_queries and prefix_cache_hits."""
+        returns num_requests_running, num_requests_waiting, kv_cache_usage_perc, kv_blocks_in_use,
+        the running totals num_preemptions, prefix_cache_queries and prefix_cache_hits, and ``spec``
+        (speculative decoding's :class:`~trtpipe.runtime.spec.speculator.SpecCounters`, or None)."""
         self._read = read
 
     def on_finished(self, out: RequestOutput) -> None:
@@ -226,6 +231,8 @@ class ServeMetrics:
                 if total > self._prefix_seen[name]:
                     counter.inc(total - self._prefix_seen[name])
                     self._prefix_seen[name] = total
+            if values.get("spec") is not None:
+                self.spec.update(values["spec"])
         return generate_latest(self.registry)
 
 

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
@@ -30,6 +30,7 @@ from trtpipe.runtime.serve.app import create_app
 from trtpipe.runtime.serve.engine_loop import EngineLoop
 from trtpipe.runtime.serve.prometheus import ServeMetrics
 from trtpipe.runtime.serve.state import ServeState
+from trtpipe.runtime.spec.config import SpecConfig
 
 EXIT_USAGE = 2  # the CLI's exit code for usage errors (trtpipe.pipeline.cli.main; runtime/ cannot import it)
 
@@ -58,6 +59,7 @@ class ServeConfig:
     tpot_budget_ms: float | None = None
     itl_budget_ms: float | None = None
     logprobs_mode: str = "raw"  # "raw" | "processed" (vLLM's --logprobs-mode)
+    speculative: SpecConfig | None = None  # speculative decoding (runtime/spec); None = off
 
 
 class _Server(uvicorn.Server):
@@ -75,9 +77,10 @@ class _Server(uvicorn.Server):
         self.on_signal()
 
 
-def engine_readings(llm: LLM, engine: EngineLoop) -> Callable[[], dict[str, float]]:
+def engine_readings(llm: LLM, engine: EngineLoop) -> Callable[[], dict[str, Any]]:
     """What ``ServeMetrics.bind`` reads at scrape time: gauges from the engine's scheduler and
-    block pool, running totals (preemptions, prefix-cache tokens) from the ``LLM``'s counters."""
+    block pool, running totals (preemptions, prefix-cache tokens) from the ``LLM``'s counters, and
+    speculative decoding's counters (``spec``: None while it is off)."""
     return lambda: {
         "num_requests_running": llm.scheduler.num_running,
         "num_requests_waiting": engine.num_waiting,
@@ -86,6 +89,7 @@ def engine_readings(llm: LLM, engine: EngineLoop) -> Callable[[], dict[str, floa
         "num_preemptions": llm.num_preemptions,
         "prefix_cache_queries": llm.prefix_cache_queries,
         "prefix_cache_hits": llm.prefix_cache_hits,
+        "spec": llm.scheduler.speculator.counters if llm.scheduler.speculator is not None else None,
     }
 
 
@@ -111,6 +115,7 @@ def _load(cfg: ServeConfig, state: ServeState, url: str, echo: Callable[[str], N
             prefix_caching=cfg.prefix_caching,
             scheduler_policy=cfg.scheduler_policy,
             logprobs_mode=cfg.logprobs_mode,
+            speculative=cfg.speculative,
         )
         chunking = llm.set_tpot_budget(
             cfg.tpot_budget_ms, cfg.itl_budget_ms
@@ -125,7 +130,7 @@ def _load(cfg: ServeConfig, state: ServeState, url: str, echo: Callable[[str], N
         array.fill(0)
     echo(
         f"trtpipe serve: prefix caching {'on' if cfg.prefix_caching else 'off'}; scheduler "
-        f"{cfg.scheduler_policy}; prefill chunks: {chunking}"
+        f"{cfg.scheduler_policy}; prefill chunks: {chunking}; {llm.speculative_description}"
     )
     metrics = ServeMetrics(cfg.model_name)
     engine = EngineLoop(

@@ -28,6 +28,8 @@ def _recipe(tmp_path: Path, **runtime) -> Path:
         "prefix_caching": runtime.get("prefix_caching", True),
         "scheduler": {k: v for k, v in runtime.items() if k in ("policy", "tpot_budget_ms", "itl_budget_ms")},
     }
+    if "speculative" in runtime:
+        data["runtime"]["speculative"] = runtime["speculative"]
     path = tmp_path / "serve-settings.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -35,13 +37,22 @@ def _recipe(tmp_path: Path, **runtime) -> Path:
 
 def test_settings_from_recipe_and_artifact_defaults(tmp_path, default_artifact):
     from trtpipe.pipeline.cli.serve import serve_settings
+    from trtpipe.runtime.spec.config import SpecConfig
 
     root = default_artifact.parent.parent
     art, settings, source = serve_settings(
         str(_recipe(tmp_path, prefix_caching=False, policy="fcfs", tpot_budget_ms=40, itl_budget_ms=90)), str(root)
     )
     assert art == default_artifact and source == "recipe 'smollm2-135m-cpu' (its runtime section)"
-    assert settings == {"prefix_caching": False, "scheduler_policy": "fcfs", "tpot_budget_ms": 40, "itl_budget_ms": 90}
+    assert settings == {
+        "prefix_caching": False,
+        "scheduler_policy": "fcfs",
+        "tpot_budget_ms": 40,
+        "itl_budget_ms": 90,
+        "speculative": None,
+    }
+    _, settings, _ = serve_settings(str(_recipe(tmp_path, speculative={"max_k": 3})), str(root))
+    assert settings["speculative"] == SpecConfig(max_k=3, min_n=2, max_n=4)
     art, settings, source = serve_settings(str(default_artifact), "unused")
     assert art == default_artifact and source.startswith("the defaults")
     assert settings == {
@@ -49,6 +60,7 @@ def test_settings_from_recipe_and_artifact_defaults(tmp_path, default_artifact):
         "scheduler_policy": "slo",
         "tpot_budget_ms": None,
         "itl_budget_ms": None,
+        "speculative": None,
     }
 
 
@@ -123,3 +135,52 @@ def test_serve_refuses_an_itl_budget_that_would_do_nothing_and_non_finite_budget
     assert res.exit_code == 2
     assert message in " ".join(res.output.split())
     assert "listening at" not in res.output
+
+
+def test_serve_speculative_ngram_same_greedy_text_opt_out_and_metrics(tmp_path, default_artifact):
+    """--speculative ngram over a recipe without it: the start line prints the measured verify
+    cost; a greedy chat answers the same text with speculation and with "speculative": false, and
+    /metrics counts the verifies (only the speculating request's)."""
+    doc = "The quay at Lancaster was a busy port. The quay at Lancaster had ships from the West Indies. " * 3
+    with ServerProcess(
+        default_artifact, "--speculative", "ngram", "--speculative-max-k", "3", "--speculative-ngram", "1", "3"
+    ) as s:
+        assert "speculative: ngram, up to 3 tokens per step, n-grams 1..3; measured cost of a verify" in "".join(
+            s.lines
+        )
+        texts, drafts = [], []
+        for opt_in in (False, True):
+            r = httpx.post(
+                s.url + "/v1/chat/completions",
+                timeout=120,
+                json={
+                    "model": "smollm2-135m-cpu",
+                    "max_tokens": 32,
+                    "temperature": 0,
+                    "speculative": opt_in,
+                    "messages": [{"role": "user", "content": f"Repeat this text exactly.\n\n{doc}"}],
+                },
+            )
+            assert r.status_code == 200, r.text
+            texts.append(r.json()["choices"][0]["message"]["content"])
+            drafts.append(s.metrics().get("trtpipe:spec_decode_num_drafts_total", 0.0))
+        assert texts[0] == texts[1]
+        assert drafts[0] == 0 and drafts[1] > 0  # the opted-out request never verified
+        m = s.metrics()
+        assert 0 < m["trtpipe:spec_decode_num_accepted_tokens_total"] <= m["trtpipe:spec_decode_num_draft_tokens_total"]
+        assert m["trtpipe:spec_decode_acceptance_length_count"] == drafts[1]
+
+
+def test_speculative_flags_over_the_recipes_settings():
+    from trtpipe.pipeline.cli.serve import _speculative
+    from trtpipe.plugins.core.errors import TrtpipeError
+    from trtpipe.runtime.spec.config import SpecConfig
+
+    base = SpecConfig(max_k=6, min_n=3, max_n=5)
+    assert _speculative(base, None, 2, None) == SpecConfig(max_k=2, min_n=3, max_n=5)
+    assert _speculative(None, "ngram", None, (1, 2)) == SpecConfig(max_k=4, min_n=1, max_n=2)
+    assert _speculative(base, "off", None, None) is None
+    with pytest.raises(TrtpipeError, match="speculative off"):
+        _speculative(base, "off", 3, None, fail_now=False)
+    with pytest.raises(TrtpipeError, match="speculative.min_n"):
+        _speculative(None, "ngram", None, (4, 2), fail_now=False)

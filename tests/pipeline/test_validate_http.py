@@ -150,6 +150,13 @@ def test_serve_flag_starts_the_server_with_the_recipes_runtime_settings(tmp_path
         "--itl-budget-ms",
         "100.0",
     ]
+    data["runtime"]["speculative"] = {"method": "ngram", "max_k": 3, "min_n": 1, "max_n": 2}
+    path.write_text(yaml.safe_dump(data))
+    cmd = serve_command(default_artifact, 1234, None, load_recipe(path))
+    assert cmd[cmd.index("--itl-budget-ms") + 2 :] == [
+        "--speculative", "ngram", "--speculative-max-k", "3", "--speculative-ngram", "1", "2",
+    ]  # fmt: skip
+    del data["runtime"]["speculative"]
     data["runtime"]["scheduler"] = {"policy": "fcfs", "itl_budget_ms": 100}  # serve refuses --itl-budget-ms under fcfs
     path.write_text(yaml.safe_dump(data))
     cmd = serve_command(default_artifact, 1234, None, load_recipe(path))

@@ -3,7 +3,9 @@
  *   h = embed(ids)
  *   per layer: x = rmsnorm(h); qkv = x Wqkv; rope(q, k); write k, v; a = attention(q)
  *              h += a Wo; x = rmsnorm(h); gu = x Wgate_up; h += (silu(g) * u) Wdown
- *   logits = rmsnorm(h[last token of each sequence]) Whead
+ *   logits = rmsnorm(h[logit_indices]) Whead      (tp_forward: the last token of each sequence;
+ *                                                tp_forward_rows: any rows, e.g. every position of a
+ *                                                speculative verify chunk)
  *
  * Scratch memory is one workspace grown on demand (steps of one engine are sequential). */
 #include <stdlib.h>
@@ -55,13 +57,17 @@ static int check_step(const tp_model *m, const tp_step *s) {
   return 0;
 }
 
-int tp_forward(const tp_model *m, const tp_step *s, float *logits) {
+int tp_forward_rows(const tp_model *m, const tp_step *s, int num_logits, const int64_t *logit_indices, float *logits) {
   int rc = check_step(m, s);
   if (rc) return rc;
-  const int T = s->T, S = s->S, Hd = m->hidden, D = m->head_dim, H = m->num_heads, KVH = m->num_kv_heads;
+  if (num_logits < 0 || num_logits > s->T) return -5;
+  for (int i = 0; i < num_logits; i++)
+    if (logit_indices[i] < 0 || logit_indices[i] >= s->T) return -5;
+  const int T = s->T, S = s->S, NL = num_logits;
+  const int Hd = m->hidden, D = m->head_dim, H = m->num_heads, KVH = m->num_kv_heads;
   const int F = m->ffn, nqkv = (H + 2 * KVH) * D;
   const int kmax = Hd > F ? Hd : F;
-  size_t need = sizeof(float) * ((size_t)T * (2 * Hd + nqkv + H * D + 2 * F + F) + (size_t)S * 2 * Hd) +
+  size_t need = sizeof(float) * ((size_t)T * (2 * Hd + nqkv + H * D + 2 * F + F) + (size_t)NL * 2 * Hd) +
                 qact_bytes(T, kmax) + 16 * 64;
   if (need > g_ws.cap) {
     free(g_ws.base);
@@ -73,7 +79,7 @@ int tp_forward(const tp_model *m, const tp_step *s, float *logits) {
   float *h = ws_take(&cur, sizeof(float) * T * Hd), *x = ws_take(&cur, sizeof(float) * T * Hd);
   float *qkv = ws_take(&cur, sizeof(float) * T * nqkv), *att = ws_take(&cur, sizeof(float) * T * H * D);
   float *gu = ws_take(&cur, sizeof(float) * T * 2 * F), *act = ws_take(&cur, sizeof(float) * T * F);
-  float *hl = ws_take(&cur, sizeof(float) * S * Hd), *xl = ws_take(&cur, sizeof(float) * S * Hd);
+  float *hl = ws_take(&cur, sizeof(float) * NL * Hd), *xl = ws_take(&cur, sizeof(float) * NL * Hd);
   tp_qact qa;
   qact_take(&cur, &qa, T, kmax);
 
@@ -97,9 +103,13 @@ int tp_forward(const tp_model *m, const tp_step *s, float *logits) {
     tp_quant_act(act, T, F, s->levels, &qa);
     tp_gemm(&L->down, &qa, h, Hd, 1);
   }
-  for (int i = 0; i < S; i++) memcpy(hl + (size_t)i * Hd, h + (size_t)s->last_token_indices[i] * Hd, sizeof(float) * Hd);
-  tp_rmsnorm(hl, m->final_norm, m->eps, xl, S, Hd);
-  tp_quant_act(xl, S, Hd, s->levels, &qa);
+  for (int i = 0; i < NL; i++) memcpy(hl + (size_t)i * Hd, h + (size_t)logit_indices[i] * Hd, sizeof(float) * Hd);
+  tp_rmsnorm(hl, m->final_norm, m->eps, xl, NL, Hd);
+  tp_quant_act(xl, NL, Hd, s->levels, &qa);
   tp_gemm(&m->head, &qa, logits, m->vocab, 0);
   return 0;
+}
+
+int tp_forward(const tp_model *m, const tp_step *s, float *logits) {
+  return tp_forward_rows(m, s, s->S, s->last_token_indices, logits);
 }

@@ -105,6 +105,10 @@ void tp_attention(const float *q, int ldq, const float *kc, const float *vc, con
  * Returns 0, or a negative code: -1 out of memory, -2 a position outside the rotary table,
  * -3 a slot or block id outside the pool, -4 an input id outside the vocabulary. */
 int tp_forward(const tp_model *m, const tp_step *s, float *logits);
+/* the same forward with logits [num_logits][vocab] of the packed rows logit_indices[0..num_logits)
+ * (any count, independent of S: a speculative verify chunk needs every position's logits);
+ * tp_forward is this with (S, last_token_indices). -5: a logit index outside [0, T). */
+int tp_forward_rows(const tp_model *m, const tp_step *s, int num_logits, const int64_t *logit_indices, float *logits);
 
 #ifdef __cplusplus
 }

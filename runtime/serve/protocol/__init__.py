@@ -3,7 +3,8 @@
 Follows the OpenAI API reference (``/v1/completions``, ``/v1/chat/completions``) and vLLM's
 extensions (``top_k``, ``ignore_eos``, ``return_token_ids``, ``cache_salt``,
 ``repetition_penalty``, ``min_tokens``, ``stop_token_ids``, ``guided_json``,
-``structured_outputs``). Every field is checked here, once, at the edge; a bad one raises
+``structured_outputs``) and trtpipe's ``speculative`` (false: plain decoding for this request
+under ``serve --speculative``). Every field is checked here, once, at the edge; a bad one raises
 :class:`ServeError` whose message names the field, the value, what was expected and the fix, and
 whose body is OpenAI's error shape::
 

@@ -44,6 +44,8 @@ COMMON_SUPPORTED = frozenset(
         "guided_json",
         "structured_outputs",
         "response_format",
+        # trtpipe's: false opts this request out of speculative decoding (serve --speculative)
+        "speculative",
     }
 )
 COMPLETION_SUPPORTED = COMMON_SUPPORTED | {"prompt", "logprobs", "echo"}

@@ -113,6 +113,7 @@ def _common(doc: dict, served_models: tuple[str, ...], kind: str) -> dict:
         stream=stream,
         include_usage=bool(opts and opts.get("include_usage")),
         return_token_ids=get_bool(doc, "return_token_ids"),
+        speculative=get_bool(doc, "speculative", True),
         cache_salt=get(
             doc,
             "cache_salt",

@@ -45,6 +45,7 @@ class GenerationRequest:
     echo: bool = False  # completions: the prompt text first
     structured: StructuredOutput | None = None
     ignored_fields: tuple[str, ...] = ()  # unknown extension fields (counted on /metrics)
+    speculative: bool = True  # false: this request opts out of speculative decoding
 
     def sampling_params(self, max_new_tokens: int, index: int = 0) -> SamplingParams:
         """The runtime's parameters for choice ``index`` (its seed is ``seed + index``, as vLLM's
@@ -66,6 +67,7 @@ class GenerationRequest:
             logprobs=self.logprobs,
             prompt_logprobs=self.logprobs if self.echo else None,
             structured=self.structured,
+            speculative=self.speculative,
         )  # checked with the prompt by new_request, the one place requests are checked
 
 
