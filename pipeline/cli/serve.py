@@ -99,14 +99,35 @@ def _need_serve_extra() -> None:
 @_budget_ms_option(
     "--tpot-budget-ms",
     "Override the recipe's runtime.scheduler.tpot_budget_ms: the TPOT the slo policy sizes prefill "
-    "chunks for (artifact folder: none, so FCFS chunks).",
+    "chunks for (neither given: derived at start, see the start line).",
 )
 @_budget_ms_option(
     "--itl-budget-ms",
     "Override the recipe's runtime.scheduler.itl_budget_ms: the longest token gap accepted; the slo "
     "policy then plans steps up to 0.8x it while each request's TPOT stays within the TPOT budget "
-    "(artifact folder: none, so every step within the TPOT budget). Without a TPOT budget it is also "
+    "(neither budget given: derived, 2x the TPOT budget). Without a TPOT budget it is also "
     "the TPOT budget; refused under --scheduler-policy fcfs.",
+)
+@click.option(
+    "--max-queue-wait-ms",
+    type=click.FloatRange(min=0),
+    default=1000.0,
+    show_default=True,
+    callback=_finite_ms,
+    help="Refuse a request (503 + Retry-After) when the work ahead of it is predicted (step-cost model) to "
+    "delay its prefill longer than this; 0: no such limit (requests queue, TTFT grows without bound).",
+)
+@click.option(
+    "--max-request-bytes",
+    type=click.IntRange(min=1024),
+    default=4 * 2**20,
+    show_default=True,
+    help="Largest request body; a larger one gets 413 before it is parsed.",
+)
+@click.option(
+    "--no-warm-up",
+    is_flag=True,
+    help="Skip the warm-up before the ready line (the first requests then run cold; to measure the difference).",
 )
 @click.option(
     "--logprobs-mode",
@@ -130,6 +151,9 @@ def serve_cmd(
     scheduler_policy: str | None,
     tpot_budget_ms: float | None,
     itl_budget_ms: float | None,
+    max_queue_wait_ms: float,
+    max_request_bytes: int,
+    no_warm_up: bool,
     logprobs_mode: str,
 ) -> None:
     """Serve a built artifact over an OpenAI-compatible HTTP API (no torch needed).
@@ -146,9 +170,12 @@ def serve_cmd(
       RECIPE           runtime.prefix_caching, runtime.scheduler.policy, runtime.scheduler.tpot_budget_ms and
                        runtime.scheduler.itl_budget_ms of the recipe. The validate scenarios' tpot_ms/
                        itl_ms budgets do not apply: they describe one workload each, a server
-                       sees them all; without either scheduler budget the slo policy runs FCFS
-                       (chunks of max_num_tokens); an ITL budget alone is also the TPOT budget.
-      ARTIFACT folder  the defaults: prefix caching on, policy slo, no TPOT budget (FCFS chunks).
+                       sees them all; without either scheduler budget serve derives them (TPOT
+                       50 ms, ITL 100 ms, raised when a full decode batch is too slow: the start
+                       line says); an ITL budget alone is also the TPOT budget.
+      ARTIFACT folder  the defaults: prefix caching on, policy slo, derived budgets.
+    Before the ready line the engine is warmed up (every decode batch and prefill chunk size, the
+    KV pool, one request); the line says how long it took.
       --no-prefix-caching, --scheduler-policy, --tpot-budget-ms, --itl-budget-ms override either.
     Requests may send cache_salt (vLLM's field): prefix-cache blocks are shared only within a salt.
 
@@ -171,13 +198,7 @@ def serve_cmd(
         name = load_manifest(art, verify_hashes=False).recipe_name
     except TrtpipeError as e:
         _fail(e)
-    overrides = {
-        "prefix_caching": False if no_prefix_caching else None,
-        "scheduler_policy": scheduler_policy,
-        "tpot_budget_ms": tpot_budget_ms,
-        "itl_budget_ms": itl_budget_ms,
-    }
-    overrides = {k: v for k, v in overrides.items() if v is not None}
+    overrides = _overrides(no_prefix_caching, scheduler_policy, tpot_budget_ms, itl_budget_ms)
     settings.update(overrides)
     if itl_budget_ms is not None and (problem := _unused_itl_flag(itl_budget_ms, settings)):
         _fail(TrtpipeError(problem))
@@ -195,9 +216,25 @@ def serve_cmd(
         shutdown_grace_s=shutdown_grace_s,
         num_threads=threads,
         logprobs_mode=logprobs_mode,
+        max_queue_wait_ms=max_queue_wait_ms or None,
+        max_request_bytes=max_request_bytes,
+        warm_up=not no_warm_up,
         **settings,
     )
     sys.exit(serve(cfg, echo=lambda s: click.echo(s, err=True)))
+
+
+def _overrides(
+    no_prefix_caching: bool, scheduler_policy: str | None, tpot_budget_ms: float | None, itl_budget_ms: float | None
+) -> dict:
+    """The runtime settings the flags override (the ones given)."""
+    overrides = {
+        "prefix_caching": False if no_prefix_caching else None,
+        "scheduler_policy": scheduler_policy,
+        "tpot_budget_ms": tpot_budget_ms,
+        "itl_budget_ms": itl_budget_ms,
+    }
+    return {k: v for k, v in overrides.items() if v is not None}
 
 
 def _unused_itl_flag(itl_budget_ms: float, settings: dict) -> str | None:
