@@ -21,6 +21,7 @@ bound keeps long texts away from the tokenizer.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -29,6 +30,9 @@ from fastapi import Request
 from trtpipe.runtime.serve.errors import ServeError
 
 NORMALIZER_SHRINK = 4  # the most a normalizer can shrink a character in UTF-8 (4 bytes -> 1)
+FAST_PATH_BYTES = 1 << 20  # bodies above this try raw_prompt_bytes before json.loads
+FAST_PATH_PREFIX_BYTES = 1 << 16  # the "prompt" key must start within this many bytes
+FAST_PATH_MAX_HOPS = 10_000  # escaped quotes skipped looking for the end of the prompt string
 
 
 def max_token_bytes(tokenizer: Any) -> int:
@@ -64,13 +68,54 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def check_prompt_bytes(texts: list[str], token_bytes: int | None, max_seq_len: int, field: str) -> None:
-    """400 ``context_length_exceeded`` when ``texts`` (the prompt, or every message's content)
-    hold so many bytes that they need max_seq_len tokens or more (module doc); nothing when
-    ``token_bytes`` is None (unknown yet)."""
+def text_bytes(texts: list[str]) -> int:
+    """UTF-8 bytes of ``texts`` (the prompt, or every message's content)."""
+    return sum(len(t.encode("utf-8", errors="surrogatepass")) for t in texts)
+
+
+def raw_prompt_bytes(raw: bytes) -> int | None:
+    """A lower bound on the UTF-8 bytes of the top-level ``"prompt"`` string of the JSON body
+    ``raw``, found without parsing the body (so a 10 MB prompt is refused without the ~15-40 ms
+    ``json.loads`` would hold the event loop for); None when it cannot tell cheaply (no such key
+    within the first FAST_PATH_PREFIX_BYTES, a key nested in another object, a prompt that is not
+    one string, too many escaped quotes). The string's raw span has no unescaped quote; every
+    escape sequence starts with a backslash and stands for at least 1 byte of the 6 it may take,
+    so the text holds at least ``len(span) - 5 x backslashes`` bytes."""
+    key = raw.find(b'"prompt"', 0, FAST_PATH_PREFIX_BYTES)
+    if key < 0:
+        return None
+    head = raw[:key].rstrip()
+    try:  # the key sits at the top level when what precedes it is the start of one object
+        if not isinstance(json.loads(head[:-1] + b"}" if head.endswith(b",") else head + b"}"), dict):
+            return None
+    except ValueError:
+        return None
+    colon = raw.find(b":", key + 8, key + 64)
+    start = colon + 1
+    while start < len(raw) and raw[start : start + 1] in b" \t\r\n":
+        start += 1
+    if colon < 0 or raw[start : start + 1] != b'"':
+        return None
+    end = start
+    for _ in range(FAST_PATH_MAX_HOPS):
+        end = raw.find(b'"', end + 1)
+        if end < 0:
+            return None
+        before = end - 1
+        while raw[before] == 0x5C:  # a backslash: this quote is escaped when an odd number precede it
+            before -= 1
+        if (end - 1 - before) % 2 == 0:
+            span = raw[start + 1 : end]
+            return max(0, len(span) - 5 * span.count(b"\\"))
+    return None
+
+
+def check_prompt_bytes(num_bytes: int, token_bytes: int | None, max_seq_len: int, field: str) -> None:
+    """400 ``context_length_exceeded`` when a prompt of ``num_bytes`` bytes of text (the prompt,
+    or every message's content: :func:`text_bytes`) needs max_seq_len tokens or more (module
+    doc); nothing when ``token_bytes`` is None (unknown yet)."""
     if token_bytes is None:
         return
-    num_bytes = sum(len(t.encode("utf-8", errors="surrogatepass")) for t in texts)
     min_tokens = math.ceil(num_bytes / token_bytes)
     if min_tokens >= max_seq_len:
         raise ServeError(
@@ -84,4 +129,13 @@ def check_prompt_bytes(texts: list[str], token_bytes: int | None, max_seq_len: i
         )
 
 
-__all__ = ["NORMALIZER_SHRINK", "body_too_large", "check_prompt_bytes", "max_token_bytes", "read_body"]
+__all__ = [
+    "FAST_PATH_BYTES",
+    "NORMALIZER_SHRINK",
+    "body_too_large",
+    "check_prompt_bytes",
+    "max_token_bytes",
+    "raw_prompt_bytes",
+    "read_body",
+    "text_bytes",
+]

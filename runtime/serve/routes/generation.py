@@ -37,7 +37,13 @@ from trtpipe.runtime.serve.protocol import (
     parse_completion,
     parse_json_body,
 )
-from trtpipe.runtime.serve.protocol.limits import check_prompt_bytes, read_body
+from trtpipe.runtime.serve.protocol.limits import (
+    FAST_PATH_BYTES,
+    check_prompt_bytes,
+    raw_prompt_bytes,
+    read_body,
+    text_bytes,
+)
 from trtpipe.runtime.serve.responses import DONE, Choice, ResponseBuilder, error_chunk, prompt_logprob_records
 from trtpipe.runtime.serve.state import ServeState, ready_engine, reject
 
@@ -73,12 +79,15 @@ async def _checked(
     loop = asyncio.get_running_loop()
     limit = eng.llm.manifest.limits.max_seq_len
     try:
-        req = parse(parse_json_body(await read_body(request, state.max_request_bytes)), (state.model_name,))
+        raw = await read_body(request, state.max_request_bytes)
+        if len(raw) > FAST_PATH_BYTES and prompt_field == "prompt" and (num := raw_prompt_bytes(raw)) is not None:
+            check_prompt_bytes(num, state.max_token_bytes, limit, prompt_field)  # a huge prompt: no json.loads
+        req = parse(parse_json_body(raw), (state.model_name,))
         if req.ignored_fields and state.metrics is not None:
             state.metrics.on_ignored_fields(req.ignored_fields)
         texts = [req.prompt] if isinstance(req.prompt, str) else []
         texts += [str(m.get("content", "")) for m in req.messages or ()]
-        check_prompt_bytes(texts, state.max_token_bytes, limit, prompt_field)
+        check_prompt_bytes(text_bytes(texts), state.max_token_bytes, limit, prompt_field)
         ids = await loop.run_in_executor(None, encode, eng.llm, req)
         num_new = max_new_tokens(req, len(ids), limit, prompt_field)
         make = functools.partial(

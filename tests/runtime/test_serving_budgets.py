@@ -1,0 +1,78 @@
+"""The budgets a server derives, the chunk sizes the slo policy picks under them, the queue wait
+admission predicts, and the engine-probe gates: all against figures computed by hand from a
+step-cost model written out here (the coefficients of the issue-27 Intel measurement)."""
+
+from __future__ import annotations
+
+import pytest
+
+from trtpipe.runtime.measure.budgets import Budget, evaluate_probe_budgets
+from trtpipe.runtime.measure.engine_probes import ProbeResult, split_gaps
+from trtpipe.runtime.sched.queue_wait import LoadSnapshot, predicted_wait_s
+from trtpipe.runtime.sched.serving_budgets import derive_serving_budgets, serving_budgets
+from trtpipe.runtime.sched.slo_policy import SloChunkPolicy
+from trtpipe.runtime.sched.step_cost import StepCostModel
+
+# prefill 5.2 ms + 1.29 ms/token; decode 6.4 ms + 1.09 ms/sequence + 8.0e-6 s/context token;
+# fused mixed step 5.8 ms + 1.30 ms/token + 1.6 ms/decode row (+ the decode context term)
+COST = StepCostModel(
+    prefill_s=(0.0052, 0.00129, 0.0), decode_s=(0.0064, 0.00109, 8.0e-6), fused=True, fused_s=(0.0058, 0.0013, 0.0016)
+)
+
+
+def test_derived_budgets_raise_tpot_to_twice_a_full_decode_batch():
+    # full batch: 6.4 + 8 x 1.09 + 8e-6 x 8 x 512 x 1e3 = 47.888 ms -> 2x = 95.776 > 50
+    b = derive_serving_budgets(COST, max_batch_size=8, max_seq_len=2048)
+    assert (b.tpot_budget_ms, b.itl_budget_ms) == (95.8, 191.6)
+    assert b.source == "derived" and "47.9 ms" in b.why and "raised from 50 ms" in b.why
+    # 4 sequences: 6.4 + 4.36 + 16.384 = 27.144 ms -> 54.3 > 50; 2 sequences at 256 (max_seq_len 512):
+    # 6.4 + 2.18 + 4.096 = 12.676 -> 25.4 < 50: the interactive SLO stays
+    assert derive_serving_budgets(COST, 4, 2048).tpot_budget_ms == 54.3
+    small = derive_serving_budgets(COST, 2, 512)
+    assert (small.tpot_budget_ms, small.itl_budget_ms) == (50.0, 100.0)
+    # given budgets win: an ITL budget alone is also the TPOT budget
+    assert serving_budgets(None, 80.0, COST, 8, 2048).tpot_budget_ms == 80.0
+    assert serving_budgets(40.0, None, COST, 8, 2048).itl_budget_ms is None
+
+
+def test_chunk_sizes_under_budgets_computed_by_hand():
+    # TPOT 50 ms, no ITL budget: 5.8 + 1.3 n + 1.6 b + 0.008 x context <= 50
+    p = SloChunkPolicy(COST, 50.0, block_size=16, max_num_tokens=512)
+    assert p.max_prefill_tokens(1, 256) == 31  # 9.448 + 1.3 n <= 50 -> n <= 31.19
+    assert p.max_prefill_tokens(8, 2048) == 16  # 34.984 + 1.3 n <= 50 -> 11, raised to one block
+    assert p.max_prefill_tokens(0, 0) == 512  # nobody decodes: whole prompts
+    # the derived pair (95.8, 191.6): steps up to 0.8 x 191.6 = 153.28 ms -> 9.448 + 1.3 n <= 153.28
+    b = derive_serving_budgets(COST, 8, 2048)
+    q = SloChunkPolicy(COST, b.tpot_budget_ms, 16, 512, b.itl_budget_ms)
+    assert q.max_prefill_tokens(1, 256) == 110
+
+
+def test_predicted_queue_wait_by_hand():
+    p = SloChunkPolicy(COST, 50.0, block_size=16, max_num_tokens=512)
+    load = LoadSnapshot(
+        prefill_tokens=300, num_waiting=2, num_decoding=2, decode_context_sum=200, remaining_decode_tokens=(10, 50)
+    )
+    # chunk beside 2 decodes: 10.6 + 1.3 n <= 50 -> 30; step 5.8 + 39 + 3.2 + 1.6 = 49.6 ms; 10 steps
+    assert predicted_wait_s(load, COST, p, max_num_tokens=512, max_batch_size=8) == pytest.approx(0.496)
+    # a batch of 3 is full (2 running + 2 waiting): row 1 frees after 50 decode steps of
+    # 6.4 + 2.18 + 1.6 = 10.18 ms = 509 ms, later than the prefill ahead
+    assert predicted_wait_s(load, COST, p, max_num_tokens=512, max_batch_size=3) == pytest.approx(0.509)
+    # channel requests add work; FCFS chunks of 512: one 512-token step with 2 decodes = 675.6 ms
+    fcfs = predicted_wait_s(load, COST, None, max_num_tokens=512, max_batch_size=8, extra_prefill_tokens=100)
+    assert fcfs == pytest.approx(0.0058 + 0.0013 * 512 + 0.0032 + 0.0016)
+    idle = LoadSnapshot(0, 0, 0, 0, ())
+    assert predicted_wait_s(idle, COST, p, max_num_tokens=512, max_batch_size=8) == 0.0
+
+
+def test_probe_gates_split_gaps_and_fail_without_data():
+    times = [0.0, 0.10, 0.11, 0.12, 0.13, 0.20, 0.21]  # gaps 100, 10, 10, 10, 70, 10 ms
+    steady, during = split_gaps(times, [(0.125, 0.19)])  # the first two gaps are left out
+    assert [round(g) for g in steady] == [10, 10] and [round(g) for g in during] == [10, 70]
+    probe = ProbeResult(cancel_ms=(100.0, 200.0, 300.0), itl_steady_ms=(10.0, 10.0), itl_during_prefill_ms=(10.0, 70.0))
+    rows = evaluate_probe_budgets(
+        probe, [Budget("cancel_ms", "p95", "max", 500.0), Budget("itl_during_prefill_ratio", "p95", "max", 1.5)]
+    )
+    assert rows[0].passed and rows[0].measured == pytest.approx(290.0)  # 200 + 0.9 x 100
+    assert not rows[1].passed and rows[1].measured == pytest.approx(67.0 / 10.0) and rows[1].unit == "x"
+    [empty] = evaluate_probe_budgets(ProbeResult(), [Budget("cancel_ms", "p95", "max", 500.0)])
+    assert not empty.passed and empty.reason.startswith("no data")
