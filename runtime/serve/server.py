@@ -33,9 +33,9 @@ from trtpipe.runtime.serve.protocol.limits import max_token_bytes
 from trtpipe.runtime.serve.startup import prepare
 from trtpipe.runtime.serve.state import ServeState
 
-# The seed article: "a wait over 1 s makes people anxious"; past it a request is refused (503 +
+# The seed article: "over 3 s most [users] give up"; past it a request is refused (503 +
 # Retry-After) rather than queued into a TTFT nobody waits for (docs/server.md: admission).
-DEFAULT_MAX_QUEUE_WAIT_MS = 1000.0
+DEFAULT_MAX_QUEUE_WAIT_MS = 3000.0
 DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20  # a max_seq_len prompt needs far less (docs/server.md: limits)
 EXIT_USAGE = 2  # the CLI's exit code for usage errors (trtpipe.pipeline.cli.main; runtime/ cannot import it)
 
