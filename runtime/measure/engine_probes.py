@@ -106,7 +106,8 @@ def split_gaps(times_s: Sequence[float], windows: Sequence[tuple[float, float]])
     """``(steady, during)`` gaps [ms] of a token stream (arrival times, s): a gap is *during* when
     its interval overlaps one of ``windows`` (start, end), else steady; the first two gaps (the
     request's own prefill and first decode) are left out."""
-    steady, during = [], []
+    steady: list[float] = []
+    during: list[float] = []
     for a, b in list(zip(times_s, times_s[1:]))[2:]:
         target = during if any(a < end and b > start for start, end in windows) else steady
         target.append((b - a) * 1e3)
