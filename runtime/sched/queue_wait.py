@@ -8,8 +8,10 @@ TTFT counts the queue. A request waits for two things, whichever ends later::
                     in the channel), run in chunks of the policy's size beside the current decodes:
                       prefill_s = ceil(tokens / chunk) x step_time(chunk, decodes)
     a batch row     with the batch full (running + waiting ahead >= max_batch_size), the j-th row
-                    to free: the j-th smallest number of tokens the running requests still decode
-                    (up to max_new_tokens), x the decode step:
+                    to free: the j-th smallest number of tokens the running requests still decode,
+                    x the decode step (a request that ignores EOS: exactly its max_new_tokens left;
+                    one that may stop at EOS: the median output length of recently finished
+                    requests, capped by what it may still emit; none finished yet: not counted):
                       row_s = remaining_sorted[j] x decode_step   (j past the running: whole
                       rounds of the longest remaining)
     wait_s = max(prefill_s, row_s) x the policy's host factor (the host's speed now)
@@ -17,8 +19,7 @@ TTFT counts the queue. A request waits for two things, whichever ends later::
 The engine thread takes a :class:`LoadSnapshot` after every step (:func:`snapshot_of`); the HTTP
 side adds what is still in the channel and calls :func:`predicted_wait_s`. Prefix-cache hits of
 waiting requests are looked up at snapshot time (a shared system prompt is not counted as work);
-a request's early stop at EOS is not foreseen, so the prediction errs long, never short, on that
-count. Follows the load-shedding rule of Orca/DistServe-style SLO serving: refuse what would miss
+a request that may stop at EOS is expected to stop where recent ones did. Follows the load-shedding rule of Orca/DistServe-style SLO serving: refuse what would miss
 anyway rather than let it delay everyone behind it.
 """
 
@@ -50,18 +51,30 @@ class LoadSnapshot:
 EMPTY = LoadSnapshot(0, 0, 0, 0, ())
 
 
-def snapshot_of(requests: Iterable[Request], prefix_cache: Any = None, block_size: int = 1) -> LoadSnapshot:
+def expected_remaining(r: Request, typical_output_tokens: int | None) -> int:
+    """Tokens ``r`` is expected still to emit (module doc: a batch row)."""
+    left = max(0, r.sampling_params.max_new_tokens - len(r.output_token_ids))
+    if r.sampling_params.ignore_eos:
+        return left
+    if typical_output_tokens is None:
+        return 0
+    return min(left, max(1, typical_output_tokens - len(r.output_token_ids)))
+
+
+def snapshot_of(
+    requests: Iterable[Request], prefix_cache: Any = None, block_size: int = 1, typical_output_tokens: int | None = None
+) -> LoadSnapshot:
     """The load of the unfinished ``requests`` (engine thread). ``prefix_cache``: a
     :class:`~trtpipe.runtime.kv.prefix_cache.PrefixCache` to discount the cached prefixes of the
-    first ``MAX_CACHE_LOOKUPS`` waiting requests (None: no discount)."""
+    first ``MAX_CACHE_LOOKUPS`` waiting requests (None: no discount). ``typical_output_tokens``:
+    the median output length of recently finished requests (None: none yet)."""
     prefill = waiting = decoding = context = lookups = 0
     remaining = []
     for r in requests:
         if r.is_finished:
             continue
-        left = max(0, r.sampling_params.max_new_tokens - len(r.output_token_ids))
         if r.status is RequestStatus.RUNNING:
-            remaining.append(left)
+            remaining.append(expected_remaining(r, typical_output_tokens))
             if r.is_prefilling:
                 prefill += r.num_prefill_tokens - r.num_computed_tokens
             else:
@@ -109,4 +122,4 @@ def predicted_wait_s(
     return factor * max(prefill_s, row_s)
 
 
-__all__ = ["EMPTY", "LoadSnapshot", "MAX_CACHE_LOOKUPS", "predicted_wait_s", "snapshot_of"]
+__all__ = ["EMPTY", "LoadSnapshot", "MAX_CACHE_LOOKUPS", "expected_remaining", "predicted_wait_s", "snapshot_of"]

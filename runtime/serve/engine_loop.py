@@ -23,8 +23,10 @@ from __future__ import annotations
 import logging
 import math
 import queue
+import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,6 +98,7 @@ class EngineLoop:
         self.llm = llm
         self.max_queue_wait_s = max_queue_wait_s
         self.load: LoadSnapshot = EMPTY  # published by the engine thread after every step
+        self._output_lengths: deque[int] = deque(maxlen=64)  # of requests that stopped or hit their length
         self.max_queued_requests = max_queued_requests
         self.request_timeout_s = request_timeout_s
         self._on_finished = on_finished or (lambda out: None)
@@ -222,7 +225,10 @@ class EngineLoop:
         """The scheduler's load for :meth:`predicted_wait_s` (only when a limit asks for it)."""
         if self.max_queue_wait_s is not None:
             sched = self.llm.scheduler
-            self.load = snapshot_of(self.llm.unfinished_requests(), sched.prefix_cache, sched.kv_manager.block_size)
+            typical = int(statistics.median(self._output_lengths)) if self._output_lengths else None
+            self.load = snapshot_of(
+                self.llm.unfinished_requests(), sched.prefix_cache, sched.kv_manager.block_size, typical
+            )
 
     def _fail_step(self, e: Exception) -> None:
         """After a failed step: ``LLM.step`` already finished that step's requests (KV freed); end
@@ -304,6 +310,8 @@ class EngineLoop:
             served.sink(Delta(text, ids, lps, plps))
 
     def _finish(self, served: _Served, out: RequestOutput) -> None:
+        if out.finish_reason in ("stop", "length"):
+            self._output_lengths.append(len(out.output_token_ids))
         # metrics first: a client that scrapes /metrics right after its last chunk finds its request
         try:
             self._on_finished(out)

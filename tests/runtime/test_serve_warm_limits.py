@@ -133,3 +133,25 @@ def test_body_limit_and_byte_bound_do_not_stall_the_server(server):
         quiet, busy = getattr(base, name), getattr(loaded, name)
         assert quiet and busy
         assert max(busy) * 1e3 <= max(quiet) * 1e3 + STALL_BOUND_MS * slowdown, (name, max(quiet), max(busy), slowdown)
+
+
+def test_overloaded_request_gets_503_with_retry_after(server):
+    """8 running requests that ignore EOS with 1000 tokens to go fill the batch: a 9th would wait
+    ~1000 decode steps for a row, past the default 3 s limit: 503 overloaded + Retry-After, and
+    the server serves again once they are gone."""
+    import contextlib
+
+    body = {"model": MODEL, "prompt": "Count slowly:", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+    with contextlib.ExitStack() as stack:
+        clients = [stack.enter_context(httpx.Client(timeout=60)) for _ in range(8)]
+        streams = [stack.enter_context(h.stream("POST", server.url + "/v1/completions", json=body)) for h in clients]
+        lines = [s.iter_lines() for s in streams]  # kept: a dropped iterator closes its connection
+        for it in lines:  # the first chunk of each: all 8 run
+            while not next(it).startswith("data: "):
+                pass
+        r = httpx.post(server.url + "/v1/completions", json={**body, "stream": False}, timeout=60)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "overloaded", r.text
+        assert int(r.headers["retry-after"]) >= 1 and "--max-queue-wait-ms 3000" in r.json()["error"]["message"]
+    ok = httpx.post(server.url + "/v1/completions", json={**body, "max_tokens": 2, "stream": False}, timeout=60)
+    assert ok.status_code == 200
+    assert server.metrics()['trtpipe:requests_rejected_total{reason="overloaded"}'] >= 1

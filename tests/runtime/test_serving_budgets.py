@@ -8,7 +8,7 @@ import pytest
 
 from trtpipe.runtime.measure.budgets import Budget, evaluate_probe_budgets
 from trtpipe.runtime.measure.engine_probes import ProbeResult, split_gaps
-from trtpipe.runtime.sched.queue_wait import LoadSnapshot, predicted_wait_s
+from trtpipe.runtime.sched.queue_wait import LoadSnapshot, expected_remaining, predicted_wait_s
 from trtpipe.runtime.sched.serving_budgets import derive_serving_budgets, serving_budgets
 from trtpipe.runtime.sched.slo_policy import SloChunkPolicy
 from trtpipe.runtime.sched.step_cost import StepCostModel
@@ -76,3 +76,16 @@ def test_probe_gates_split_gaps_and_fail_without_data():
     assert not rows[1].passed and rows[1].measured == pytest.approx(67.0 / 10.0) and rows[1].unit == "x"
     [empty] = evaluate_probe_budgets(ProbeResult(), [Budget("cancel_ms", "p95", "max", 500.0)])
     assert not empty.passed and empty.reason.startswith("no data")
+
+
+def test_expected_remaining_tokens():
+    from types import SimpleNamespace as NS
+
+    def req(max_new: int, done: int, ignore_eos: bool):
+        return NS(sampling_params=NS(max_new_tokens=max_new, ignore_eos=ignore_eos), output_token_ids=[0] * done)
+
+    assert expected_remaining(req(1000, 10, True), 40) == 990  # ignores EOS: exactly what is left
+    assert expected_remaining(req(1000, 10, False), 40) == 30  # may stop: where recent ones stopped
+    assert expected_remaining(req(1000, 50, False), 40) == 1  # past the median: one more at least
+    assert expected_remaining(req(20, 10, False), 40) == 10  # capped by max_new_tokens
+    assert expected_remaining(req(1000, 10, False), None) == 0  # no history: not counted
