@@ -111,7 +111,7 @@ def _need_serve_extra() -> None:
 @click.option(
     "--max-queue-wait-ms",
     type=click.FloatRange(min=0),
-    default=3000.0,
+    default=10000.0,
     show_default=True,
     callback=_finite_ms,
     help="Refuse a request (503 + Retry-After) when the work ahead of it is predicted (step-cost model) to "
