@@ -87,7 +87,9 @@ def run_chat(llm, recipe, rate: float, results: dict, rep: int) -> None:
     from trtpipe.runtime.sched.serving_budgets import derive_serving_budgets
 
     limits = llm.manifest.limits
-    derived = derive_serving_budgets(llm.step_cost_model(), limits.max_batch_size, limits.max_seq_len)
+    derived = derive_serving_budgets(
+        llm.step_cost_model(), limits.max_batch_size, limits.max_seq_len, llm.kv_manager.block_size
+    )
     for policy in ("slo", "fcfs"):
         llm.block_pool.reset_prefix_cache()
         llm.scheduler_policy = policy

@@ -171,7 +171,9 @@ def run_budgets_ms(recipe: Recipe, scenario: Scenario, llm: Any) -> tuple[float 
     if tpot_ms is not None or recipe.runtime.scheduler.policy != "slo":
         return tpot_ms, itl_ms
     limits = llm.manifest.limits
-    derived = derive_serving_budgets(llm.step_cost_model(), limits.max_batch_size, limits.max_seq_len)
+    derived = derive_serving_budgets(
+        llm.step_cost_model(), limits.max_batch_size, limits.max_seq_len, llm.kv_manager.block_size
+    )
     return derived.tpot_budget_ms, derived.itl_budget_ms
 
 

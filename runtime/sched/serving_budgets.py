@@ -3,33 +3,34 @@
 A server sees every kind of traffic at once, so no one validate scenario's budget applies; without
 any budget the ``slo`` policy would prefill FCFS (whole prompts per step), and one long prompt
 stalls every decoding stream for its whole prefill (issue 27: ITL p99 215 ms at 1 req/s). So
-``trtpipe serve`` derives a pair from the interactive SLO of the seed article and vLLM's
-benchmark goodput (TPOT <= 50 ms) and from the engine's measured step-cost model
-(:mod:`trtpipe.runtime.sched.step_cost`)::
+``trtpipe serve`` keeps the interactive SLO of the seed article and of vLLM's benchmark goodput
+(TPOT <= 50 ms, and ITL <= 2x that) when the engine can hold it, and raises it just enough when it
+cannot, from the engine's measured step-cost model (:mod:`trtpipe.runtime.sched.step_cost`)::
 
-    full_decode_ms = cost.decode_time_s(max_batch_size, max_batch_size * context)   context: 512
-                                                              tokens (less when max_seq_len is shorter)
-    tpot_budget_ms = max(INTERACTIVE_TPOT_MS, DECODE_HEADROOM x full_decode_ms)
+    context        = 512 tokens per sequence (less when max_seq_len is shorter)
+    min_mixed_ms   = cost.step_time_s([(block_size, context)], max_batch_size, max_batch_size x context)
+                     the smallest step that decodes a full batch and still advances a prompt (one block)
+    step cap       = ITL_BUDGET_MARGIN (0.8) x ITL budget       (the slo policy's longest planned step)
+    tpot_budget_ms = max(INTERACTIVE_TPOT_MS, min_mixed_ms / (0.8 x ITL_OVER_TPOT))
     itl_budget_ms  = ITL_OVER_TPOT x tpot_budget_ms
 
-``DECODE_HEADROOM`` = 2: a step that decodes a full batch must still carry a prefill chunk of
-several blocks, or a waiting prompt advances by one block per step and its TTFT grows with the
-decode batch. An engine whose full decode batch fits half the interactive TPOT keeps 50 ms; a
-slower one gets a budget it can hold (said on the start line: never a budget that every step
-would break). The ``slo`` policy (:mod:`trtpipe.runtime.sched.slo_policy`) then sizes every
-step's prefill chunk from these budgets: stall-free chunked prefill, every running decode in
-every step.
+so the smallest mixed step at a full batch always fits the step cap: a waiting prompt is never
+starved by a full decode batch, and the SLO is not raised when it is already holdable (TPOT is a
+mean: decode-only steps shorter than the budget leave slack for the mixed ones). The start line says
+which (never a budget that every step would break); the ``slo`` policy
+(:mod:`trtpipe.runtime.sched.slo_policy`) then sizes every step's prefill chunk from these budgets:
+stall-free chunked prefill, every running decode in every step.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trtpipe.runtime.sched.slo_policy import ITL_BUDGET_MARGIN
 from trtpipe.runtime.sched.step_cost import StepCostModel
 
 INTERACTIVE_TPOT_MS = 50.0  # seed article (summary TPOT p95) and vLLM bench serve's goodput TPOT
 ITL_OVER_TPOT = 2.0  # the longest gap a streaming client accepts: 2x the mean (ITL p99 <= 100 ms)
-DECODE_HEADROOM = 2.0  # the budget holds a full decode batch plus as much again for prefill
 REFERENCE_CONTEXT_TOKENS = 512  # context per sequence of the "full decode batch"
 
 
@@ -44,23 +45,24 @@ class ServingBudgets:
     why: str
 
 
-def derive_serving_budgets(cost: StepCostModel, max_batch_size: int, max_seq_len: int) -> ServingBudgets:
+def derive_serving_budgets(
+    cost: StepCostModel, max_batch_size: int, max_seq_len: int, block_size: int
+) -> ServingBudgets:
     """The derived pair (module doc) for an engine with step-cost model ``cost``; sizes in tokens
     and sequences (>= 1)."""
     context = min(REFERENCE_CONTEXT_TOKENS, max(1, max_seq_len // 2))
-    full_decode_ms = cost.decode_time_s(max_batch_size, max_batch_size * context) * 1e3
-    held = DECODE_HEADROOM * full_decode_ms
+    chunk = min(block_size, max(1, max_seq_len - context))
+    min_mixed_ms = cost.step_time_s([(chunk, context)], max_batch_size, max_batch_size * context) * 1e3
+    held = min_mixed_ms / (ITL_BUDGET_MARGIN * ITL_OVER_TPOT)
     tpot = max(INTERACTIVE_TPOT_MS, held)
-    raised = (
-        f"raised from {INTERACTIVE_TPOT_MS:g} ms to {DECODE_HEADROOM:g}x the predicted full decode batch"
-        if tpot > INTERACTIVE_TPOT_MS
-        else f"the interactive SLO; a full decode batch is predicted at {full_decode_ms:.1f} ms <= 1/{DECODE_HEADROOM:g} of it"
-    )
-    why = (
-        f"derived: TPOT {tpot:.0f} ms ({raised}; {max_batch_size} sequences x {context} tokens: "
-        f"{full_decode_ms:.1f} ms), ITL {ITL_OVER_TPOT:g}x = {ITL_OVER_TPOT * tpot:.0f} ms"
-    )
-    return ServingBudgets(round(tpot, 1), round(ITL_OVER_TPOT * tpot, 1), "derived", why)
+    fits = f"{max_batch_size} decodes x {context} tokens + a {chunk}-token chunk: {min_mixed_ms:.1f} ms"
+    if tpot > INTERACTIVE_TPOT_MS:
+        why = f"raised from {INTERACTIVE_TPOT_MS:g} ms so that the smallest full-batch mixed step fits the step cap ({fits})"
+    else:
+        why = f"the interactive SLO; the smallest full-batch mixed step fits its step cap ({fits})"
+    tpot = round(tpot, 1)
+    itl = round(ITL_OVER_TPOT * tpot, 1)
+    return ServingBudgets(tpot, itl, "derived", f"derived: TPOT {tpot:g} ms, ITL {itl:g} ms ({why})")
 
 
 def serving_budgets(
@@ -69,6 +71,7 @@ def serving_budgets(
     cost: StepCostModel,
     max_batch_size: int,
     max_seq_len: int,
+    block_size: int,
 ) -> ServingBudgets:
     """The budgets given (recipe or flags: either one given counts, the slo policy fills in the
     other, see :meth:`~trtpipe.runtime.llm.LLM.set_tpot_budget`), else :func:`derive_serving_budgets`."""
@@ -76,11 +79,10 @@ def serving_budgets(
         tpot = tpot_budget_ms if tpot_budget_ms is not None else itl_budget_ms
         assert tpot is not None
         return ServingBudgets(float(tpot), itl_budget_ms, "given", "given by the recipe or the flags")
-    return derive_serving_budgets(cost, max_batch_size, max_seq_len)
+    return derive_serving_budgets(cost, max_batch_size, max_seq_len, block_size)
 
 
 __all__ = [
-    "DECODE_HEADROOM",
     "INTERACTIVE_TPOT_MS",
     "ITL_OVER_TPOT",
     "REFERENCE_CONTEXT_TOKENS",

@@ -49,7 +49,9 @@ def prepare(
     cost = llm.step_cost_model()
     budgets = None
     if scheduler_policy == "slo":
-        budgets = serving_budgets(tpot_budget_ms, itl_budget_ms, cost, limits.max_batch_size, limits.max_seq_len)
+        budgets = serving_budgets(
+            tpot_budget_ms, itl_budget_ms, cost, limits.max_batch_size, limits.max_seq_len, llm.kv_manager.block_size
+        )
         chunking = llm.set_tpot_budget(budgets.tpot_budget_ms, budgets.itl_budget_ms)
         chunking = f"{chunking}; budgets {budgets.why}"
     else:

@@ -20,19 +20,21 @@ COST = StepCostModel(
 )
 
 
-def test_derived_budgets_raise_tpot_to_twice_a_full_decode_batch():
-    # full batch: 6.4 + 8 x 1.09 + 8e-6 x 8 x 512 x 1e3 = 47.888 ms -> 2x = 95.776 > 50
-    b = derive_serving_budgets(COST, max_batch_size=8, max_seq_len=2048)
-    assert (b.tpot_budget_ms, b.itl_budget_ms) == (95.8, 191.6)
-    assert b.source == "derived" and "47.9 ms" in b.why and "raised from 50 ms" in b.why
-    # 4 sequences: 6.4 + 4.36 + 16.384 = 27.144 ms -> 54.3 > 50; 2 sequences at 256 (max_seq_len 512):
-    # 6.4 + 2.18 + 4.096 = 12.676 -> 25.4 < 50: the interactive SLO stays
-    assert derive_serving_budgets(COST, 4, 2048).tpot_budget_ms == 54.3
-    small = derive_serving_budgets(COST, 2, 512)
-    assert (small.tpot_budget_ms, small.itl_budget_ms) == (50.0, 100.0)
-    # given budgets win: an ITL budget alone is also the TPOT budget
-    assert serving_budgets(None, 80.0, COST, 8, 2048).tpot_budget_ms == 80.0
-    assert serving_budgets(40.0, None, COST, 8, 2048).itl_budget_ms is None
+def test_derived_budgets_keep_the_interactive_slo_or_raise_it_just_enough():
+    # the smallest full-batch mixed step: fused 5.8 + 1.3 x 16 + 1.6 x 8 + 0.008 x 8 x 512 = 72.168 ms
+    # <= 0.8 x 100 ms: the engine holds TPOT 50 / ITL 100
+    b = derive_serving_budgets(COST, max_batch_size=8, max_seq_len=2048, block_size=16)
+    assert (b.tpot_budget_ms, b.itl_budget_ms, b.source) == (50.0, 100.0, "derived")
+    assert "the interactive SLO" in b.why and "72.2 ms" in b.why
+    # a slower attention (d2 = 2e-5 s per context token): 5.8 + 20.8 + 12.8 + 81.92 = 121.32 ms;
+    # TPOT = 121.32 / (0.8 x 2) = 75.825 -> 75.8, ITL 151.6: that step just fits 0.8 x ITL
+    slow = StepCostModel(COST.prefill_s, (0.0064, 0.00109, 2.0e-5), fused=True, fused_s=COST.fused_s)
+    r = derive_serving_budgets(slow, 8, 2048, 16)
+    assert (r.tpot_budget_ms, r.itl_budget_ms) == (75.8, 151.6) and "raised from 50 ms" in r.why
+    # max_seq_len 512: 256 tokens of context; given budgets win; an ITL budget alone is also the TPOT budget
+    assert derive_serving_budgets(slow, 8, 512, 16).tpot_budget_ms == 50.2  # (5.8+20.8+12.8+40.96) / 1.6 = 50.225
+    assert serving_budgets(None, 80.0, COST, 8, 2048, 16).tpot_budget_ms == 80.0
+    assert serving_budgets(40.0, None, COST, 8, 2048, 16).itl_budget_ms is None
 
 
 def test_chunk_sizes_under_budgets_computed_by_hand():
@@ -41,10 +43,10 @@ def test_chunk_sizes_under_budgets_computed_by_hand():
     assert p.max_prefill_tokens(1, 256) == 31  # 9.448 + 1.3 n <= 50 -> n <= 31.19
     assert p.max_prefill_tokens(8, 2048) == 16  # 34.984 + 1.3 n <= 50 -> 11, raised to one block
     assert p.max_prefill_tokens(0, 0) == 512  # nobody decodes: whole prompts
-    # the derived pair (95.8, 191.6): steps up to 0.8 x 191.6 = 153.28 ms -> 9.448 + 1.3 n <= 153.28
-    b = derive_serving_budgets(COST, 8, 2048)
+    # with the ITL budget 100 ms, steps up to 0.8 x 100 = 80 ms while TPOT holds: 9.448 + 1.3 n <= 80
+    b = derive_serving_budgets(COST, 8, 2048, 16)
     q = SloChunkPolicy(COST, b.tpot_budget_ms, 16, 512, b.itl_budget_ms)
-    assert q.max_prefill_tokens(1, 256) == 110
+    assert q.max_prefill_tokens(1, 256) == 54  # n <= 54.27
 
 
 def test_predicted_queue_wait_by_hand():
