@@ -313,6 +313,10 @@ class LLM:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def unfinished_requests(self) -> list[Request]:
+        """The requests submitted and not finished yet, in submission order (for load reports)."""
+        return [live.request for live in self._live.values()]
+
     def partial_output(self, request_id: str) -> RequestOutput | None:
         """The live (unfinished) output of a request, updated in place by every step; None once
         it finished or was cancelled (the finished one is what :meth:`step` returned)."""

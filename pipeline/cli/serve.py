@@ -99,13 +99,13 @@ def _need_serve_extra() -> None:
 @_budget_ms_option(
     "--tpot-budget-ms",
     "Override the recipe's runtime.scheduler.tpot_budget_ms: the TPOT the slo policy sizes prefill "
-    "chunks for (artifact folder: none, so FCFS chunks).",
+    "chunks for (neither given: derived at start, see the start line).",
 )
 @_budget_ms_option(
     "--itl-budget-ms",
     "Override the recipe's runtime.scheduler.itl_budget_ms: the longest token gap accepted; the slo "
     "policy then plans steps up to 0.8x it while each request's TPOT stays within the TPOT budget "
-    "(artifact folder: none, so every step within the TPOT budget). Without a TPOT budget it is also "
+    "(neither budget given: derived, 2x the TPOT budget). Without a TPOT budget it is also "
     "the TPOT budget; refused under --scheduler-policy fcfs.",
 )
 @click.option(
@@ -129,6 +129,27 @@ def _need_serve_extra() -> None:
     default=None,
     metavar="MIN_N MAX_N",
     help="N-gram lengths matched, longest first (recipe runtime.speculative.min_n/max_n; default 2 4).",
+)
+@click.option(
+    "--max-queue-wait-ms",
+    type=click.FloatRange(min=0),
+    default=10000.0,
+    show_default=True,
+    callback=_finite_ms,
+    help="Refuse a request (503 + Retry-After) when the work ahead of it is predicted (step-cost model) to "
+    "delay its prefill longer than this; 0: no such limit (requests queue, TTFT grows without bound).",
+)
+@click.option(
+    "--max-request-bytes",
+    type=click.IntRange(min=1024),
+    default=4 * 2**20,
+    show_default=True,
+    help="Largest request body; a larger one gets 413 before it is parsed.",
+)
+@click.option(
+    "--no-warm-up",
+    is_flag=True,
+    help="Skip the warm-up before the ready line (the first requests then run cold; to measure the difference).",
 )
 @click.option(
     "--logprobs-mode",
@@ -155,6 +176,9 @@ def serve_cmd(
     speculative: str | None,
     speculative_max_k: int | None,
     speculative_ngram: tuple[int, int] | None,
+    max_queue_wait_ms: float,
+    max_request_bytes: int,
+    no_warm_up: bool,
     logprobs_mode: str,
 ) -> None:
     """Serve a built artifact over an OpenAI-compatible HTTP API (no torch needed).
@@ -171,9 +195,12 @@ def serve_cmd(
       RECIPE           runtime.prefix_caching, runtime.scheduler.policy, runtime.scheduler.tpot_budget_ms and
                        runtime.scheduler.itl_budget_ms of the recipe. The validate scenarios' tpot_ms/
                        itl_ms budgets do not apply: they describe one workload each, a server
-                       sees them all; without either scheduler budget the slo policy runs FCFS
-                       (chunks of max_num_tokens); an ITL budget alone is also the TPOT budget.
-      ARTIFACT folder  the defaults: prefix caching on, policy slo, no TPOT budget (FCFS chunks).
+                       sees them all; without either scheduler budget serve derives them (TPOT
+                       50 ms, ITL 100 ms, raised when a full decode batch is too slow: the start
+                       line says); an ITL budget alone is also the TPOT budget.
+      ARTIFACT folder  the defaults: prefix caching on, policy slo, derived budgets.
+    Before the ready line the engine is warmed up (every decode batch and prefill chunk size, the
+    KV pool, one request); the line says how long it took.
       RECIPE           runtime.speculative (absent: off); ARTIFACT folder: off.
       --no-prefix-caching, --scheduler-policy, --tpot-budget-ms, --itl-budget-ms, --speculative
       override either.
@@ -198,13 +225,7 @@ def serve_cmd(
         name = load_manifest(art, verify_hashes=False).recipe_name
     except TrtpipeError as e:
         _fail(e)
-    overrides = {
-        "prefix_caching": False if no_prefix_caching else None,
-        "scheduler_policy": scheduler_policy,
-        "tpot_budget_ms": tpot_budget_ms,
-        "itl_budget_ms": itl_budget_ms,
-    }
-    overrides = {k: v for k, v in overrides.items() if v is not None}
+    overrides = _overrides(no_prefix_caching, scheduler_policy, tpot_budget_ms, itl_budget_ms)
     if (spec_flags := (speculative, speculative_max_k, speculative_ngram)) != (None, None, None):
         overrides["speculative"] = _speculative(settings.get("speculative"), *spec_flags)
     settings.update(overrides)
@@ -224,6 +245,9 @@ def serve_cmd(
         shutdown_grace_s=shutdown_grace_s,
         num_threads=threads,
         logprobs_mode=logprobs_mode,
+        max_queue_wait_ms=max_queue_wait_ms or None,
+        max_request_bytes=max_request_bytes,
+        warm_up=not no_warm_up,
         **settings,
     )
     sys.exit(serve(cfg, echo=lambda s: click.echo(s, err=True)))
@@ -265,6 +289,19 @@ def _speculative_config(base, mode: str | None, max_k: int | None, ngram: tuple[
     if ngram is not None:
         cfg = replace(cfg, min_n=ngram[0], max_n=ngram[1])
     return cfg
+
+
+def _overrides(
+    no_prefix_caching: bool, scheduler_policy: str | None, tpot_budget_ms: float | None, itl_budget_ms: float | None
+) -> dict:
+    """The runtime settings the flags override (the ones given)."""
+    overrides = {
+        "prefix_caching": False if no_prefix_caching else None,
+        "scheduler_policy": scheduler_policy,
+        "tpot_budget_ms": tpot_budget_ms,
+        "itl_budget_ms": itl_budget_ms,
+    }
+    return {k: v for k, v in overrides.items() if v is not None}
 
 
 def _unused_itl_flag(itl_budget_ms: float, settings: dict) -> str | None:

@@ -124,13 +124,29 @@ class Budgets(Spec):
     """Latency budgets of a scenario (see DESIGN.md "Metrics" for the definitions):
     ``ttft_ms``, ``tpot_ms``, ``e2e_ms`` over requests, ``itl_ms`` over tokens, each with
     percentile limits; ``min_output_tokens_per_s``: lower limit on output throughput (output
-    tokens of measured requests / wall time of the measured phase)."""
+    tokens of measured requests / wall time of the measured phase). Engine gates, measured by
+    probes after the workload: ``cancel_ms`` (percentiles of cancel -> KV blocks freed, at
+    saturation) and ``itl_during_prefill_ratio`` (a decoding request's ITL p95 while another request
+    prefills, over its steady ITL p95)."""
 
     ttft_ms: PercentileBudget | None = None
     tpot_ms: PercentileBudget | None = None
     itl_ms: PercentileBudget | None = None
     e2e_ms: PercentileBudget | None = None
     min_output_tokens_per_s: float | None = Field(None, gt=0, examples=[100])
+    # engine-level gates, measured by probes after the scenario's workload
+    # (runtime/measure/engine_probes.py), not by the workload itself
+    cancel_ms: PercentileBudget | None = None
+    itl_during_prefill_ratio: float | None = Field(None, gt=0, allow_inf_nan=False, examples=[1.5])
+
+    def engine_budgets(self) -> tuple[Budget, ...]:
+        """The probe budgets as runtime records: ``Budget("cancel_ms", "p95", "max", 500.0)`` (a
+        cancelled request's KV freed within, at saturation) and ``Budget("itl_during_prefill_ratio",
+        "p95", "max", 1.5)`` (a decoding request's ITL p95 while another prefills / its steady ITL p95)."""
+        out = [Budget("cancel_ms", p, "max", float(v)) for p, v in (self.cancel_ms.items() if self.cancel_ms else [])]
+        if self.itl_during_prefill_ratio is not None:
+            out.append(Budget("itl_during_prefill_ratio", "p95", "max", float(self.itl_during_prefill_ratio)))
+        return tuple(out)
 
     def limits(self) -> list[tuple[str, str, float]]:
         """Latency limits as ``[(metric, percentile, limit_ms)]``, e.g.

@@ -185,21 +185,51 @@ def _local_chat_template(artifact_dir: Path) -> str | None:
         return None
 
 
+def http_probe(base: str, model: str, api_key: str | None, limits: tuple[int, int]):
+    """The engine probes (``cancel_ms``, ``itl_during_prefill_ratio``) against the server at ``base``;
+    ``limits``: its (max_batch_size, max_seq_len), from the local artifact when there is one."""
+    from trtpipe.runtime.measure.probe_clients import HttpProbeClient, measure_engine_probes
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    def probe(short_ids, long_ids, *, cancel: bool, itl: bool):
+        make = lambda: HttpProbeClient(base, model, headers)  # noqa: E731 - built inside the probe's event loop
+        return measure_engine_probes(make, short_ids, long_ids, *limits, cancel=cancel, itl=itl)
+
+    return probe
+
+
+def _server_limits(artifact_dir: Path) -> tuple[int, int]:
+    """(max_batch_size, max_seq_len) of the local copy of the artifact; (16, 2048) without one
+    (the cancel probe then starts 20 requests: a full batch on most servers)."""
+    from trtpipe.runtime.artifact.manifest import load_manifest
+    from trtpipe.runtime.errors import ArtifactError
+
+    try:
+        limits = load_manifest(artifact_dir, verify_hashes=False).limits
+    except ArtifactError:
+        return 16, 2048
+    return limits.max_batch_size, limits.max_seq_len
+
+
 def _run_scenarios(
-    base: str, model: str, specs: list, api_key: str | None, tokenizer, chat_template: str | None, out, err
+    base: str, model: str, specs: list, api_key: str | None, tokenizer, chat_template: str | None, out, err, art: Path
 ) -> list:
     """Run each (scenario, workload spec) against the server at ``base`` in order, printing each
     scenario's table as it finishes; returns their ScenarioReports."""
     from trtpipe.runtime.measure.http_client import run_workload_http
 
     reports = []
+    probe = http_probe(base, model, api_key, _server_limits(art))
     for scenario, spec in specs:
 
         def run(items, concurrency, on_request_done):
             return run_workload_http(base, model, items, concurrency, api_key=api_key, on_request_done=on_request_done)
 
         reports.append(
-            run_scenario(None, scenario, spec, err, run=run, tokenizer=tokenizer, chat_template=chat_template)
+            run_scenario(
+                None, scenario, spec, err, run=run, tokenizer=tokenizer, chat_template=chat_template, probe=probe
+            )
         )
         print_scenario(out, reports[-1])
     return reports
@@ -276,7 +306,7 @@ def run_validate_http(
         model = _served_model(base, r, headers)
         tokenizer = HttpTokenizer(base, headers)
         chat_template = _local_chat_template(art)
-        reports = _run_scenarios(base, model, specs, api_key, tokenizer, chat_template, out, err)
+        reports = _run_scenarios(base, model, specs, api_key, tokenizer, chat_template, out, err, art)
         paths = _write_http_report(report_dir(art, r, chosen) / "http", r, reports, base, serve)
 
         def search_goodput() -> None:  # while the server is still up (--serve stops it on exit)

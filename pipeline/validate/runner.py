@@ -160,6 +160,23 @@ def scenario_slo_budgets_ms(recipe: Recipe, scenario: Scenario) -> tuple[float |
     return tpot_ms, itl_ms
 
 
+def run_budgets_ms(recipe: Recipe, scenario: Scenario, llm: Any) -> tuple[float | None, float | None]:
+    """The budgets validate runs ``scenario`` under in process: :func:`scenario_slo_budgets_ms`, and
+    when that gives none under the ``slo`` policy, the budgets ``trtpipe serve`` derives for this
+    engine (:func:`~trtpipe.runtime.sched.serving_budgets.derive_serving_budgets`), so validate
+    measures what the server runs."""
+    from trtpipe.runtime.sched.serving_budgets import derive_serving_budgets
+
+    tpot_ms, itl_ms = scenario_slo_budgets_ms(recipe, scenario)
+    if tpot_ms is not None or recipe.runtime.scheduler.policy != "slo":
+        return tpot_ms, itl_ms
+    limits = llm.manifest.limits
+    derived = derive_serving_budgets(
+        llm.step_cost_model(), limits.max_batch_size, limits.max_seq_len, llm.kv_manager.block_size
+    )
+    return derived.tpot_budget_ms, derived.itl_budget_ms
+
+
 def report_dir(art: Path, recipe: Recipe, chosen: Sequence[Scenario]) -> Path:
     """Where a validate run writes its report: ``<artifact>/validate/`` for all of the recipe's
     scenarios; ``<artifact>/validate/scenarios-<a>+<b>/`` for a subset (``--scenario``), so a
@@ -221,7 +238,7 @@ def run_validate(
             err,
             out,
             time_budget_s=goodput_time_s,
-            before_each=lambda s: llm.set_tpot_budget(*scenario_slo_budgets_ms(r, s)),
+            before_each=lambda s: llm.set_tpot_budget(*run_budgets_ms(r, s, llm)),
         )
 
     gate = gate_of_reports(reports, correctness.passed)
@@ -331,7 +348,7 @@ def _run_scenarios(
     env["prefill_chunking"], env["step_cost_error"], env["spec_decode"] = {}, {}, {}
     speculator = llm.scheduler.speculator
     for scenario, spec in specs:
-        tpot_ms, itl_ms = scenario_slo_budgets_ms(r, scenario)
+        tpot_ms, itl_ms = run_budgets_ms(r, scenario, llm)
         why = llm.set_tpot_budget(tpot_ms, itl_ms)
         env["prefill_chunking"][scenario.name] = why
         err.print(f"scenario {scenario.name}: prefill chunks: {why}")

@@ -42,12 +42,15 @@ def run_scenario(
     run: Any = None,
     tokenizer: Any = None,
     chat_template: str | None = None,
+    probe: Any = None,
 ):
     """Run one scenario's workload (progress on ``err``); its :class:`ScenarioReport`.
 
     ``run(items, concurrency, on_request_done)`` replaces the in-process ``run_workload(llm, ...)``
     (``validate --url`` passes the HTTP runner), ``tokenizer`` the LLM's (same return shapes) and
-    ``chat_template`` the manifest's (for ``chat`` workloads; ``llm`` None).
+    ``chat_template`` the manifest's (for ``chat`` workloads; ``llm`` None). ``probe(short_ids,
+    long_ids, cancel=, itl=)`` measures the engine budgets (``cancel_ms``, ``itl_during_prefill_ratio``)
+    after the workload; None: in process on ``llm`` (:func:`in_process_probe`).
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -81,8 +84,54 @@ def run_scenario(
         metrics, wall_s, stats = run(items, spec.concurrency, lambda done, total: bar.update(task, completed=done))
     summary = summarize(metrics, wall_s, stats)
     results = evaluate_budgets(summary, scenario.budgets.runtime_budgets())
+    results += _probe_results(scenario, items, probe, llm, err)
     err.print(f"  done in {time.perf_counter() - t:.1f} s")
     return ScenarioReport(scenario.name, summary, tuple(results), tuple(metrics))
 
 
-__all__ = ["run_scenario"]
+PROBE_SHORT_PROMPT_TOKENS = 32  # the decoding (and cancelled) probe requests' prompt
+
+
+def in_process_probe(llm: Any) -> Any:
+    """The engine probes (:mod:`trtpipe.runtime.measure.engine_probes`) on ``llm``'s own engine thread."""
+    from trtpipe.runtime.measure.probe_clients import InProcessProbeClient, measure_engine_probes
+
+    limits = llm.manifest.limits
+
+    def probe(short_ids, long_ids, *, cancel: bool, itl: bool):
+        make = lambda: InProcessProbeClient(llm)  # noqa: E731 - built inside the probe's event loop
+        return measure_engine_probes(
+            make, short_ids, long_ids, limits.max_batch_size, limits.max_seq_len, cancel=cancel, itl=itl
+        )
+
+    return probe
+
+
+def _probe_results(scenario: Scenario, items: Any, probe: Any, llm: Any, err: Any) -> list:
+    """The scenario's engine budgets measured by ``probe`` with its workload's shortest and longest
+    prompts ([] when it sets none); one summary line on ``err``."""
+    from trtpipe.runtime.measure.budgets import evaluate_probe_budgets
+    from trtpipe.runtime.metrics.request_metrics import percentile
+
+    budgets = scenario.budgets.engine_budgets()
+    if not budgets:
+        return []
+    prompts = sorted((it.prompt_ids for it in items if not it.warmup), key=len)
+    short, long = list(prompts[0][:PROBE_SHORT_PROMPT_TOKENS]), list(prompts[-1])
+    kinds = {b.metric for b in budgets}
+    probe = probe or in_process_probe(llm)
+    res = probe(short, long, cancel="cancel_ms" in kinds, itl="itl_during_prefill_ratio" in kinds)
+
+    def p95(xs) -> str:
+        return f"{percentile(xs, 95):.1f} ms" if xs else "none"
+
+    err.print(
+        f"  engine probes: cancel -> KV free p95 {p95(res.cancel_ms)} ({len(res.cancel_ms)} cancels at saturation); "
+        f"ITL p95 steady {p95(res.itl_steady_ms)}, during a {len(long)}-token partner prefill "
+        f"{p95(res.itl_during_prefill_ms)}",
+        markup=False,
+    )
+    return evaluate_probe_budgets(res, budgets)
+
+
+__all__ = ["in_process_probe", "run_scenario"]

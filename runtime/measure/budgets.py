@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtpipe.plugins.core.errors import TrtpipeError
-from trtpipe.runtime.metrics.request_metrics import PERCENTILES, MetricsSummary
+from trtpipe.runtime.metrics.request_metrics import PERCENTILES, MetricsSummary, percentile
 
 LATENCY_BUDGET_METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 THROUGHPUT_BUDGET_METRICS: tuple[str, ...] = ("output_tokens_per_s",)
@@ -51,6 +51,8 @@ class _MetricNames:
 
     @property
     def unit(self) -> str:
+        if self.metric == "itl_during_prefill_ratio":
+            return "x"
         return "tokens/s" if self.metric in THROUGHPUT_BUDGET_METRICS else "ms"
 
     @property
@@ -216,6 +218,38 @@ def evaluate_budgets(summary: MetricsSummary, budgets: Iterable[Any]) -> list[Bu
     return results
 
 
+def evaluate_probe_budgets(probe: Any, budgets: Iterable[Budget]) -> list[BudgetResult]:
+    """The engine probes' budgets (``cancel_ms`` at a percentile; ``itl_during_prefill_ratio``: p95
+    of the gaps during a partner's prefill / p95 of the steady gaps) against ``probe``, a
+    :class:`~trtpipe.runtime.measure.engine_probes.ProbeResult`; no data fails with the reason."""
+    results = []
+    for b in budgets:
+        q = float(str(b.percentile or "p95")[1:])
+        measured: float | None = None
+        why = "no cancel was measured"
+        if b.metric == "cancel_ms" and probe.cancel_ms:
+            measured = percentile(probe.cancel_ms, q)
+        elif b.metric == "itl_during_prefill_ratio":
+            why = "the decoding request had no gap during a partner's prefill, or no steady gap"
+            if probe.itl_steady_ms and probe.itl_during_prefill_ms:
+                measured = percentile(probe.itl_during_prefill_ms, q) / max(1e-9, percentile(probe.itl_steady_ms, q))
+        if measured is None:
+            results.append(BudgetResult(b.metric, b.percentile, b.kind, b.limit, None, None, False, f"no data: {why}"))
+            continue
+        passed = measured <= b.limit
+        reason = (
+            f"{measured:.4g} <= {b.limit:.4g} {b.unit}"
+            if passed
+            else f"{measured:.4g} {b.unit} violates <= {b.limit:.4g}"
+        )
+        results.append(
+            BudgetResult(
+                b.metric, b.percentile, b.kind, b.limit, measured, (b.limit - measured) / b.limit, passed, reason
+            )
+        )
+    return results
+
+
 def gate_exit_code(results: Sequence[BudgetResult], correctness_ok: bool, *, kv_leak_free: bool | None = None) -> int:
     """0 when every budget passed, correctness passed and no KV block leaked; else 1.
 
@@ -268,6 +302,7 @@ __all__ = [
     "BudgetResult",
     "Gate",
     "evaluate_budgets",
+    "evaluate_probe_budgets",
     "gate_exit_code",
     "parse_budget",
 ]

@@ -13,7 +13,8 @@ monotonic clock (so the definitions are those of ``runtime/metrics/request_metri
               k tokens at its arrival (zero gaps, as the client observes them); ids whose text the
               detokenizer held back are counted with the next chunk that shows text
 
-TPOT and ITL thus include the network, the HTTP stack and SSE framing: the difference to the
+A 503 (the server refused admission) is retried after its ``Retry-After`` (MAX_BUSY_RETRIES);
+the wait counts in the request's TTFT. TPOT and ITL include the network, the HTTP stack and SSE framing: the difference to the
 in-process figures is the server's overhead. After the run, ``/metrics``'s ``kv_blocks_in_use``
 must come back to 0 (the leak check); the server's memory is not visible from here (peak RSS None).
 """
@@ -30,6 +31,12 @@ import httpx
 from trtpipe.plugins.core.errors import TrtpipeError
 from trtpipe.runtime.measure.workload import WorkItem
 from trtpipe.runtime.metrics.request_metrics import RequestMetrics, RequestTimer, StepStats
+
+# A 503 (the server's admission refused: predicted queue wait or queue length) is retried after
+# its Retry-After, at most this often; the request's arrival stays the first send, so the wait
+# counts in its TTFT, as a user who retries sees it.
+MAX_BUSY_RETRIES = 20
+MAX_RETRY_AFTER_S = 5.0
 
 
 class HttpWorkloadError(TrtpipeError):
@@ -70,23 +77,29 @@ async def _one(h: httpx.AsyncClient, url: str, model: str, it: WorkItem, arrival
     timer = RequestTimer(rid, prompt_tokens=len(it.prompt_ids), arrival_s=arrival)
     pending = 0  # token ids received whose text was not shown yet
     reason = None
-    async with h.stream("POST", url + "/v1/completions", json=body) as r:
-        if r.status_code != 200:
-            raise HttpWorkloadError(
-                f"POST {url}/v1/completions: HTTP {r.status_code} {(await r.aread()).decode('utf-8', 'replace')[:300]}"
-            )
-        async for line in r.aiter_lines():
-            if not line.startswith("data: {"):
+    for attempt in range(MAX_BUSY_RETRIES + 1):
+        async with h.stream("POST", url + "/v1/completions", json=body) as r:
+            if r.status_code == 503 and attempt < MAX_BUSY_RETRIES:  # overloaded: wait as told, the clock runs
+                retry_s = float(r.headers.get("retry-after", "1") or 1)
+                await asyncio.sleep(min(retry_s, MAX_RETRY_AFTER_S))
                 continue
-            doc = json.loads(line[6:])
-            if "error" in doc:
-                raise HttpWorkloadError(f"stream error from {url}: {doc['error'].get('message')}")
-            choice = doc["choices"][0]
-            pending += len(choice.get("token_ids") or ())
-            reason = choice.get("finish_reason") or reason
-            if choice.get("text") and pending:
-                timer.on_tokens(time.monotonic(), pending)
-                pending = 0
+            if r.status_code != 200:
+                raise HttpWorkloadError(
+                    f"POST {url}/v1/completions: HTTP {r.status_code} {(await r.aread()).decode('utf-8', 'replace')[:300]}"
+                )
+            async for line in r.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                doc = json.loads(line[6:])
+                if "error" in doc:
+                    raise HttpWorkloadError(f"stream error from {url}: {doc['error'].get('message')}")
+                choice = doc["choices"][0]
+                pending += len(choice.get("token_ids") or ())
+                reason = choice.get("finish_reason") or reason
+                if choice.get("text") and pending:
+                    timer.on_tokens(time.monotonic(), pending)
+                    pending = 0
+            break
     if pending:
         timer.on_tokens(time.monotonic(), pending)
     timer.finish(time.monotonic(), reason)

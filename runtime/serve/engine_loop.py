@@ -21,15 +21,19 @@ whole characters; token ids travel separately.
 from __future__ import annotations
 
 import logging
+import math
 import queue
+import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from trtpipe.runtime.llm import LLM, RequestOutput
 from trtpipe.runtime.sample.logprobs import TokenLogprobs
+from trtpipe.runtime.sched.queue_wait import EMPTY, LoadSnapshot, predicted_wait_s, snapshot_of
 from trtpipe.runtime.sched.request import Request
 from trtpipe.runtime.serve.errors import EngineBusy
 
@@ -76,6 +80,10 @@ class EngineLoop:
             ends with finish reason "timeout" (None: no limit).
         on_finished: called in the engine thread with every finished :class:`RequestOutput`
             (Prometheus metrics).
+        max_queue_wait_s: refuse a request ("overloaded", 503 + ``Retry-After``) when the wait
+            before its prefill, predicted from the step-cost model
+            (:mod:`trtpipe.runtime.sched.queue_wait`), exceeds this; None: no such limit (or no
+            step-cost model).
     """
 
     def __init__(
@@ -85,8 +93,12 @@ class EngineLoop:
         max_queued_requests: int,
         request_timeout_s: float | None = None,
         on_finished: Callable[[RequestOutput], None] | None = None,
+        max_queue_wait_s: float | None = None,
     ) -> None:
         self.llm = llm
+        self.max_queue_wait_s = max_queue_wait_s
+        self.load: LoadSnapshot = EMPTY  # published by the engine thread after every step
+        self._output_lengths: deque[int] = deque(maxlen=64)  # of requests that stopped or hit their length
         self.max_queued_requests = max_queued_requests
         self.request_timeout_s = request_timeout_s
         self._on_finished = on_finished or (lambda out: None)
@@ -95,6 +107,8 @@ class EngineLoop:
         # written by one thread only, so no lock is needed
         self._num_submitted = 0
         self._num_taken = 0
+        self._tokens_submitted = 0  # prompt tokens, same rule
+        self._tokens_taken = 0
         self._served: dict[str, _Served] = {}
         self._admitting = True
         self._stop = threading.Event()
@@ -127,9 +141,36 @@ class EngineLoop:
                 "queue_full",
                 f"{self.num_waiting} requests are already waiting (--max-queued-requests {self.max_queued_requests})",
             )
+        wait_s = self.predicted_wait_s()
+        if self.max_queue_wait_s is not None and wait_s > self.max_queue_wait_s:
+            raise EngineBusy(
+                "overloaded",
+                f"the work ahead of this request is predicted to take {wait_s * 1e3:.0f} ms before its prefill "
+                f"starts (--max-queue-wait-ms {self.max_queue_wait_s * 1e3:g})",
+                retry_after_s=math.ceil(wait_s - self.max_queue_wait_s),
+            )
         self._num_submitted += 1
+        self._tokens_submitted += len(request.prompt_token_ids)
         self._commands.put(("add", request, sink))
         return request.request_id
+
+    def predicted_wait_s(self) -> float:
+        """Seconds a request arriving now is predicted to wait before its prefill starts
+        (:func:`~trtpipe.runtime.sched.queue_wait.predicted_wait_s` of the last step's load plus the
+        requests still in the channel); 0.0 without a step-cost model."""
+        cost = self.llm.step_cost
+        if cost is None:
+            return 0.0
+        limits = self.llm.manifest.limits
+        return predicted_wait_s(
+            self.load,
+            cost,
+            self.llm.scheduler.chunk_policy,
+            max_num_tokens=limits.max_num_tokens,
+            max_batch_size=limits.max_batch_size,
+            extra_prefill_tokens=self._tokens_submitted - self._tokens_taken,
+            extra_waiting=self._num_submitted - self._num_taken,
+        )
 
     def cancel(self, request_id: str) -> None:
         """Abort a request (client gone): applied before the next step; KV freed at once."""
@@ -162,9 +203,11 @@ class EngineLoop:
                         self._cancel(rid, "abort")
                     return
                 self._expire(now)
+                self._publish_load()
                 if self.llm.has_unfinished():
                     try:
                         self._publish(self.llm.step())
+                        self._publish_load()
                         failures = 0
                     except Exception as e:  # noqa: BLE001 - the step's requests fail, the others go on
                         failures += 1
@@ -177,6 +220,15 @@ class EngineLoop:
             self.error = e
             for rid in list(self._served):
                 self._cancel(rid, "error", str(e))
+
+    def _publish_load(self) -> None:
+        """The scheduler's load for :meth:`predicted_wait_s` (only when a limit asks for it)."""
+        if self.max_queue_wait_s is not None:
+            sched = self.llm.scheduler
+            typical = int(statistics.median(self._output_lengths)) if self._output_lengths else None
+            self.load = snapshot_of(
+                self.llm.unfinished_requests(), sched.prefix_cache, sched.kv_manager.block_size, typical
+            )
 
     def _fail_step(self, e: Exception) -> None:
         """After a failed step: ``LLM.step`` already finished that step's requests (KV freed); end
@@ -199,6 +251,7 @@ class EngineLoop:
 
     def _add(self, request: Request, sink: Callable) -> None:
         self._num_taken += 1
+        self._tokens_taken += len(request.prompt_token_ids)
         rid, timeout = request.request_id, self.request_timeout_s
         served = _Served(rid, sink, None if timeout is None else request.arrival_time_s + timeout)
         try:
@@ -257,6 +310,8 @@ class EngineLoop:
             served.sink(Delta(text, ids, lps, plps))
 
     def _finish(self, served: _Served, out: RequestOutput) -> None:
+        if out.finish_reason in ("stop", "length"):
+            self._output_lengths.append(len(out.output_token_ids))
         # metrics first: a client that scrapes /metrics right after its last chunk finds its request
         try:
             self._on_finished(out)

@@ -40,12 +40,14 @@ class ServeError(TrtpipeError):
 
 
 class EngineBusy(TrtpipeError):
-    """The engine loop admits no more: too many requests waiting (``max_queued_requests``), the
-    server is shutting down, or the loop died. ``reason`` is the metrics label."""
+    """The engine loop admits no more: too many requests waiting (``max_queued_requests``), a
+    predicted queue wait over ``--max-queue-wait-ms`` ("overloaded"), the server is shutting down,
+    or the loop died. ``reason`` is the metrics label; ``retry_after_s`` the 503's ``Retry-After``."""
 
-    def __init__(self, reason: str, message: str):
+    def __init__(self, reason: str, message: str, retry_after_s: int = RETRY_AFTER_S):
         super().__init__(message)
-        self.reason = reason  # "queue_full" | "shutting_down" | "engine_dead"
+        self.reason = reason  # "queue_full" | "overloaded" | "shutting_down" | "engine_dead"
+        self.retry_after_s = max(1, int(retry_after_s))  # whole seconds (the header's unit)
 
 
 def bad_field(param: str, value: Any, expected: str, fix: str) -> ServeError:
@@ -66,13 +68,13 @@ def from_request_error(e: RequestError, prompt_field: str) -> ServeError:
 
 
 def busy_error(e: EngineBusy) -> ServeError:
-    """The 503 of a refused admission, with ``Retry-After``."""
+    """The 503 of a refused admission, with ``Retry-After`` (seconds)."""
     return ServeError(
         503,
-        f"overloaded: {e}; retry after {RETRY_AFTER_S} s",
+        f"overloaded: {e}; retry after {e.retry_after_s} s",
         type_="service_unavailable",
         code=e.reason,
-        headers={"Retry-After": str(RETRY_AFTER_S)},
+        headers={"Retry-After": str(e.retry_after_s)},
     )
 
 

@@ -29,9 +29,17 @@ import uvicorn
 from trtpipe.runtime.serve.app import create_app
 from trtpipe.runtime.serve.engine_loop import EngineLoop
 from trtpipe.runtime.serve.prometheus import ServeMetrics
+from trtpipe.runtime.serve.protocol.limits import max_token_bytes
+from trtpipe.runtime.serve.startup import prepare
 from trtpipe.runtime.serve.state import ServeState
 from trtpipe.runtime.spec.config import SpecConfig
 
+# Past this predicted wait a request is refused (503 + Retry-After) rather than queued into a TTFT
+# nobody waits for: sustained overload, not a burst (a burst of 22 chat requests on the 2-core host
+# predicted 3.6 s; the seed article: "over 3 s most users give up"). An interactive deployment sets
+# it lower (docs/server.md: admission).
+DEFAULT_MAX_QUEUE_WAIT_MS = 10000.0
+DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20  # a max_seq_len prompt needs far less (docs/server.md: limits)
 EXIT_USAGE = 2  # the CLI's exit code for usage errors (trtpipe.pipeline.cli.main; runtime/ cannot import it)
 
 if TYPE_CHECKING:
@@ -60,6 +68,9 @@ class ServeConfig:
     itl_budget_ms: float | None = None
     logprobs_mode: str = "raw"  # "raw" | "processed" (vLLM's --logprobs-mode)
     speculative: SpecConfig | None = None  # speculative decoding (runtime/spec); None = off
+    max_queue_wait_ms: float | None = DEFAULT_MAX_QUEUE_WAIT_MS  # None: no predicted-wait admission limit
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # larger bodies: 413 before parsing
+    warm_up: bool = True  # run every shape class before the ready line (--no-warm-up: not)
 
 
 class _Server(uvicorn.Server):
@@ -117,27 +128,26 @@ def _load(cfg: ServeConfig, state: ServeState, url: str, echo: Callable[[str], N
             logprobs_mode=cfg.logprobs_mode,
             speculative=cfg.speculative,
         )
-        chunking = llm.set_tpot_budget(
-            cfg.tpot_budget_ms, cfg.itl_budget_ms
-        )  # slo + budget: step-cost model (step_cost.json)
+        ready = prepare(llm, cfg.scheduler_policy, cfg.tpot_budget_ms, cfg.itl_budget_ms, warm=cfg.warm_up)
     except Exception as e:  # noqa: BLE001 - reported on /health and stderr, server keeps answering 503
         state.load_error = f"loading {cfg.artifact_dir} failed: {e}"
         echo(f"trtpipe serve: error: {state.load_error}")
         return
-    # Touch every page of the KV pool now: the server's memory is then fixed from the first
-    # request on (an out-of-memory shows at start, not hours later when the pool fills).
-    for array in llm.pool.keys + llm.pool.values:
-        array.fill(0)
+    limit = "off" if cfg.max_queue_wait_ms is None else f"{cfg.max_queue_wait_ms:g} ms"
     echo(
         f"trtpipe serve: prefix caching {'on' if cfg.prefix_caching else 'off'}; scheduler "
-        f"{cfg.scheduler_policy}; prefill chunks: {chunking}; {llm.speculative_description}"
+        f"{cfg.scheduler_policy}; prefill chunks: {ready.chunking}; {llm.speculative_description}; admission: 503 + Retry-After past a "
+        f"predicted queue wait of {limit} or {cfg.max_queued_requests} waiting requests; request bodies up to "
+        f"{cfg.max_request_bytes} bytes"
     )
+    state.max_token_bytes = max_token_bytes(llm.tokenizer)
     metrics = ServeMetrics(cfg.model_name)
     engine = EngineLoop(
         llm,
         max_queued_requests=cfg.max_queued_requests,
         request_timeout_s=cfg.request_timeout_s,
         on_finished=metrics.on_finished,
+        max_queue_wait_s=None if cfg.max_queue_wait_ms is None else cfg.max_queue_wait_ms / 1e3,
     )
     metrics.bind(engine_readings(llm, engine))
     state.metrics = metrics
@@ -147,7 +157,7 @@ def _load(cfg: ServeConfig, state: ServeState, url: str, echo: Callable[[str], N
     url = bound_url(server, url)
     echo(
         f"trtpipe serve: ready at {url} (model {cfg.model_name!r}, loaded in "
-        f"{time.perf_counter() - t:.1f} s; OpenAI base_url {url}/v1)"
+        f"{time.perf_counter() - t:.1f} s, {ready.ready_detail()}; OpenAI base_url {url}/v1)"
     )
 
 
@@ -180,7 +190,7 @@ def _never_raising(echo: Callable[[str], None]) -> Callable[[str], None]:
 def serve(cfg: ServeConfig, echo: Callable[[str], None] | None = None) -> int:
     """Serve until a signal; returns the exit code (0 after a graceful shutdown)."""
     echo = _never_raising(echo or (lambda s: print(s, file=sys.stderr, flush=True)))
-    state = ServeState(model_name=cfg.model_name, api_key=cfg.api_key)
+    state = ServeState(model_name=cfg.model_name, api_key=cfg.api_key, max_request_bytes=cfg.max_request_bytes)
     # Metrics exist (empty) while loading, so /metrics never 404s.
     state.metrics = ServeMetrics(cfg.model_name)
     app = create_app(state)

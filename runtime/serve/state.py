@@ -24,6 +24,8 @@ class ServeState:
     metrics: ServeMetrics | None = None
     load_error: str | None = None
     draining: bool = False
+    max_request_bytes: int = 4 * 2**20  # bodies over it: 413 before parsing (--max-request-bytes)
+    max_token_bytes: int | None = None  # the longest token's text in bytes (set at load): the prompt bound
     created: int = field(default_factory=lambda: int(time.time()))
 
 

@@ -25,7 +25,8 @@ REPLACEMENT_CHAR = "\ufffd"
 
 @pytest.fixture(scope="module")
 def server(default_artifact):
-    with ServerProcess(default_artifact, "--max-queued-requests", "64") as s:
+    # no predicted-wait limit: these tests queue requests behind a full batch of long ones on purpose
+    with ServerProcess(default_artifact, "--max-queued-requests", "64", "--max-queue-wait-ms", "0") as s:
         yield s
 
 

@@ -37,6 +37,13 @@ from trtpipe.runtime.serve.protocol import (
     parse_completion,
     parse_json_body,
 )
+from trtpipe.runtime.serve.protocol.limits import (
+    FAST_PATH_BYTES,
+    check_prompt_bytes,
+    raw_prompt_bytes,
+    read_body,
+    text_bytes,
+)
 from trtpipe.runtime.serve.responses import DONE, Choice, ResponseBuilder, error_chunk, prompt_logprob_records
 from trtpipe.runtime.serve.state import ServeState, ready_engine, reject
 
@@ -67,13 +74,21 @@ async def _checked(
     encode: Callable[[LLM, GenerationRequest], list[int]],
     prompt_field: str,
 ) -> tuple[GenerationRequest, list[int], list[RuntimeRequest]]:
-    """Parse, encode and check; the n runtime requests. 400 (counted) for anything refused."""
+    """Parse, encode and check; the n runtime requests. 413 for a body over the limit, 400 for
+    anything refused (both counted); the byte bound before tokenizing, which runs in a worker thread."""
+    loop = asyncio.get_running_loop()
+    limit = eng.llm.manifest.limits.max_seq_len
     try:
-        req = parse(parse_json_body(await request.body()), (state.model_name,))
+        raw = await read_body(request, state.max_request_bytes)
+        if len(raw) > FAST_PATH_BYTES and prompt_field == "prompt" and (num := raw_prompt_bytes(raw)) is not None:
+            check_prompt_bytes(num, state.max_token_bytes, limit, prompt_field)  # a huge prompt: no json.loads
+        req = parse(parse_json_body(raw), (state.model_name,))
         if req.ignored_fields and state.metrics is not None:
             state.metrics.on_ignored_fields(req.ignored_fields)
-        ids = encode(eng.llm, req)
-        limit = eng.llm.manifest.limits.max_seq_len
+        texts = [req.prompt] if isinstance(req.prompt, str) else []
+        texts += [str(m.get("content", "")) for m in req.messages or ()]
+        check_prompt_bytes(text_bytes(texts), state.max_token_bytes, limit, prompt_field)
+        ids = await loop.run_in_executor(None, encode, eng.llm, req)
         num_new = max_new_tokens(req, len(ids), limit, prompt_field)
         make = functools.partial(
             eng.llm.new_requests,
@@ -82,9 +97,9 @@ async def _checked(
             cache_salt=req.cache_salt,
         )
         # a schema is compiled (llguidance, up to ~1 s for a large one) in a worker thread
-        news = await asyncio.get_running_loop().run_in_executor(None, make) if req.structured else make()
+        news = await loop.run_in_executor(None, make) if req.structured else make()
     except ServeError as e:
-        raise reject(state, "bad_request", e) from e
+        raise reject(state, "too_large" if e.status == 413 else "bad_request", e) from e
     except RequestError as e:
         raise reject(state, "bad_request", from_request_error(e, prompt_field)) from e
     return req, ids, news
@@ -119,7 +134,8 @@ async def _generate(
             eng.cancel(rid)
         raise reject(state, e.reason, busy_error(e)) from e
     builder = ResponseBuilder(req, tuple(ids), eng.llm.tokenizer.token_bytes)
-    echo = eng.llm.tokenizer.decode(ids, skip_special_tokens=False) if req.echo else ""
+    decode = functools.partial(eng.llm.tokenizer.decode, ids, skip_special_tokens=False)
+    echo = await loop.run_in_executor(None, decode) if req.echo else ""
     if req.stream:
         stream = _stream(eng, rids, events, builder, echo)
         return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
