@@ -139,8 +139,12 @@ def test_body_limit_and_byte_bound_do_not_stall_the_server(server):
     # noisier than the bound itself: its median over the phase
     quiet_ms, busy_ms = max(base.health) * 1e3, max(loaded.health) * 1e3
     assert busy_ms <= quiet_ms + STALL_BOUND_MS * slowdown, ("health", quiet_ms, busy_ms, slowdown)
+    # The 16-token request shares the 2 cores with this client's own sending of 12 MB bodies and the
+    # server's reading of them, so it gets half its own latency on top of the bound; a stall (10 MB
+    # tokenized on the event loop: seconds) would still exceed that many times over.
     quiet_ms, busy_ms = statistics.median(base.short) * 1e3, statistics.median(loaded.short) * 1e3
-    assert busy_ms <= quiet_ms + STALL_BOUND_MS * slowdown, ("16-token request", quiet_ms, busy_ms, slowdown)
+    bound_ms = STALL_BOUND_MS * slowdown + 0.5 * quiet_ms
+    assert busy_ms <= quiet_ms + bound_ms, ("16-token request", quiet_ms, busy_ms, slowdown)
 
 
 def test_overloaded_request_gets_503_with_retry_after(server):
