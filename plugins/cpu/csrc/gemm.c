@@ -77,9 +77,13 @@ static inline __attribute__((always_inline)) vi weights(const uint8_t *wc, int b
 }
 
 #if defined(TP_ISA_AVX512)
+#ifndef RB
+#define RB 4
+#endif
 /* One tile (16 output rows) x the group's mr rows (mr, lv, q8 constants per instantiation): per
  * block the 8 weight vectors are loaded (Q4: unpacked) once into registers, then each row of the
- * group runs its block against them (two chains of 8 dots; the rows overlap out of order). */
+ * group runs its block against them, RB rows interleaved (2 RB independent chains of 8 dots hide
+ * the dot latency). */
 static inline __attribute__((always_inline)) void tile(const uint8_t *wc, const uint16_t *d, const uint16_t *mn,
                                                        const rows_t *x, const int mr, const int lv, const int q8,
                                                        float *y, int ldy, int accumulate) {
@@ -92,13 +96,17 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *wc, const 
     for (int j = 0; j < 8; j++) w[j] = weights(wc, b, j, 0, q8);
     const vf dv = LOADH(d + b * 16), mv = q8 ? dv : LOADH(mn + b * 16);
     const int32_t *x1 = (const int32_t *)(x->q1 + b * TP_GROUP), *x2 = (const int32_t *)(x->q2 + b * TP_GROUP);
-    for (int r = 0; r < mr; r++) {
-      vi a1 = VZERO(), a2 = VZERO();
-      for (int j = 0; j < 8; j++) {
-        a1 = q8 ? DOT8(a1, w[j], SET1(x1[r * K4 + j])) : DOT(a1, w[j], SET1(x1[r * K4 + j]));
-        if (lv == 2) a2 = q8 ? DOT8(a2, w[j], SET1(x2[r * K4 + j])) : DOT(a2, w[j], SET1(x2[r * K4 + j]));
-      }
-      acc[r] = scale_block(a1, a2, x, r * nb + b, lv, q8, dv, mv, acc[r]);
+    for (int r0 = 0; r0 < mr; r0 += RB) { /* RB rows at a time: 2 RB independent dot chains */
+      vi a1[RB], a2[RB];
+      for (int i = 0; i < RB; i++) a1[i] = a2[i] = VZERO();
+      for (int j = 0; j < 8; j++)
+        for (int i = 0; i < RB && r0 + i < mr; i++) {
+          const int r = r0 + i;
+          a1[i] = q8 ? DOT8(a1[i], w[j], SET1(x1[r * K4 + j])) : DOT(a1[i], w[j], SET1(x1[r * K4 + j]));
+          if (lv == 2) a2[i] = q8 ? DOT8(a2[i], w[j], SET1(x2[r * K4 + j])) : DOT(a2[i], w[j], SET1(x2[r * K4 + j]));
+        }
+      for (int i = 0; i < RB && r0 + i < mr; i++)
+        acc[r0 + i] = scale_block(a1[i], a2[i], x, (r0 + i) * nb + b, lv, q8, dv, mv, acc[r0 + i]);
     }
   }
   store_rows(y, ldy, 0, acc, mr, accumulate);
