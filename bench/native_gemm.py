@@ -10,7 +10,8 @@ engine's library is swapped between calls. "current" is compiled from this check
 ``plugins/cpu/csrc``, "baseline" from ``--baseline-ref``'s (``git show``), both for the
 artifact's ISA with ``plugins/cpu/compile.py``'s flags. Each round times every n for A then B
 (fastest of ``--repeats`` calls); the table gives medians over rounds, each library's cost
-relative to its own decode step (``x decode``), current / baseline, and the useful int8 GEMM
+relative to its own decode step (``x decode``), current / baseline, whether the two give
+bit-identical logits, and the useful int8 GEMM
 rate at n >= 128 (2 n N K over the step's GEMMs, one head row; two activation levels run twice
 the instructions). The host drifts on shared machines: take the ratios, not the absolute times,
 and run it alone (``flock -x /tmp/trtpipe-heavy.lock``). Writes nothing.
@@ -62,6 +63,48 @@ def _gemm_ops(engine, n: int) -> int:
     return 2 * n * per_row + 2 * engine.model.head.N * engine.model.head.K
 
 
+def _measure(engine, libs: dict, batches: dict, rounds: int, repeats: int, same: dict[int, bool]):
+    """Median over rounds of the fastest of ``repeats`` calls (ms), per library and point; each
+    round runs every point with every library in turn (the engine's library swapped). Fills
+    ``same[n]``: whether the libraries' logits are bit-identical at point n."""
+
+    def fastest_ms(call, b) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            call(b)
+            best = min(best, time.perf_counter() - t)
+        return best * 1e3
+
+    times: dict[str, dict[int, list[float]]] = {k: {n: [] for n in batches} for k in libs}
+    for n, (call, b) in batches.items():  # warm-up, and the logits of each library compared
+        outs = []
+        for lib in libs.values():
+            engine.lib = lib
+            outs.append(call(b).tobytes())
+        same[n] = len(set(outs)) == 1
+    for _ in range(rounds):
+        for n, (call, b) in batches.items():
+            for name, lib in libs.items():
+                engine.lib = lib
+                times[name][n].append(fastest_ms(call, b))
+    return {k: {n: statistics.median(v) for n, v in t.items()} for k, t in times.items()}
+
+
+def _print_table(engine, med: dict[str, dict[int, float]], points: list[int], same: dict[int, bool]) -> None:
+    print(
+        "| tokens | current ms | x decode | baseline ms | x decode | current / baseline | current GOP/s | same logits |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for n in points:
+        c, b = med["current"][n], med["baseline"][n]
+        rel = lambda k, v: f"{v / med[k][1]:.2f}x" if 1 in med[k] else "-"  # noqa: E731
+        gops = f"{_gemm_ops(engine, n) / c / 1e6:.0f}" if n >= 128 else "-"
+        print(
+            f"| {n} | {c:.2f} | {rel('current', c)} | {b:.2f} | {rel('baseline', b)} | {c / b:.3f} | {gops} | {'yes' if same[n] else 'no'} |"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from trtpipe.plugins.cpu import library as L
@@ -98,33 +141,16 @@ def main(argv: list[str] | None = None) -> int:
     def _slot(p: int) -> int:
         return table[p // bs] * bs + p % bs
 
-    def fastest_ms(call, b) -> float:
-        best = float("inf")
-        for _ in range(args.repeats):
-            t = time.perf_counter()
-            call(b)
-            best = min(best, time.perf_counter() - t)
-        return best * 1e3
-
     batches = {n: batch(n) for n in points}
-    times: dict[str, dict[int, list[float]]] = {k: {n: [] for n in points} for k in libs}
     load0 = os.getloadavg()[0]
-    for _ in range(args.rounds):
-        for n in points:
-            for name, lib in libs.items():
-                engine.lib = lib
-                times[name][n].append(fastest_ms(*batches[n]))
-    load1 = os.getloadavg()[0]
-    med = {k: {n: statistics.median(v) for n, v in t.items()} for k, t in times.items()}
-    print(f"{engine.isa} kernels, {engine.threads} threads, baseline {args.baseline_ref}; load average (1 min) "
-          f"{load0:.2f} at start, {load1:.2f} at end; medians of {args.rounds} rounds x fastest of {args.repeats}")  # fmt: skip
-    print("| tokens | current ms | x decode | baseline ms | x decode | current / baseline | current GOP/s |")
-    print("|---|---|---|---|---|---|---|")
-    for n in points:
-        c, b = med["current"][n], med["baseline"][n]
-        rel = lambda k, v: f"{v / med[k][1]:.2f}x" if 1 in med[k] else "-"  # noqa: E731
-        gops = f"{_gemm_ops(engine, n) / c / 1e6:.0f}" if n >= 128 else "-"
-        print(f"| {n} | {c:.2f} | {rel('current', c)} | {b:.2f} | {rel('baseline', b)} | {c / b:.3f} | {gops} |")
+    same: dict[int, bool] = {}
+    med = _measure(engine, libs, batches, args.rounds, args.repeats, same)
+    print(
+        f"{engine.isa} kernels, {engine.threads} threads, baseline {args.baseline_ref}; load average (1 min) "
+        f"{load0:.2f} at start, {os.getloadavg()[0]:.2f} at end; medians of {args.rounds} rounds x fastest of "
+        f"{args.repeats}"
+    )
+    _print_table(engine, med, points, same)
     pool.free(list(table))
     return 0
 
