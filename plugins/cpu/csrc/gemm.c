@@ -2,9 +2,10 @@
  *
  * One 64-byte load holds 16 output rows x 4 (Q8) or 8 (Q4, two nibbles) k; the activation's
  * 4 int8 values for those k are broadcast, and one u8 x s8 dot-accumulate (gemm_isa.h: AVX-512
- * VNNI vpdpbusd; AVX2 vpmaddubsw + vpmaddwd) adds 4 products per row. A group of up to MR
- * activation rows shares each weight load and unpack. Integer sums are exact; each block's
- * result is scaled in fp32.
+ * VNNI vpdpbusd; AVX2 vpmaddubsw + vpmaddwd) adds 4 products per row. A group of activation
+ * rows shares each weight load and unpack: up to 8 rows with the block's weights held in
+ * registers for M <= 16 on AVX-512 (tile_wide), else groups of up to 4 (tile_pairs). Integer
+ * sums are exact; each block's result is scaled in fp32.
  *
  * Batch invariance: a row's arithmetic is the same whatever its group's size, the group it
  * lands in, M, or the thread count (per block: the integer dots, then t = s1 * a1 [+ s2 * a2],
@@ -29,13 +30,14 @@ typedef struct {
   const float *s1, *s2, *asum;
   const int32_t *qsum1, *qsum2;
   int K, nb;
+  int prefetch; /* the group's pass over the tile prefetches the weight stream (the first group) */
 } rows_t;
 
 static inline rows_t group_rows(const tp_qact *a, int m0) {
   const int K = a->K, nb = K / TP_GROUP;
   const size_t o = (size_t)m0 * nb;
   return (rows_t){a->q1 + (size_t)m0 * K, a->q2 + (size_t)m0 * K, a->s1 + o, a->s2 + o, a->asum + o,
-                  a->qsum1 + o, a->qsum2 + o, K, nb};
+                  a->qsum1 + o, a->qsum2 + o, K, nb, m0 == 0};
 }
 
 static inline void store_rows(float *y, int ldy, int h, const vf *acc, int mr, int accumulate) {
@@ -46,7 +48,9 @@ static inline void store_rows(float *y, int ldy, int h, const vf *acc, int mr, i
 }
 
 /* Software prefetch of the weight stream PF_BYTES ahead of block b (past a tile's end: the next
- * tile's, contiguous); the hardware prefetcher alone leaves the small-M kernels stalled on memory. */
+ * tile's, contiguous); the hardware prefetcher alone leaves the small-M kernels stalled on memory.
+ * Only a tile's first row group prefetches: later groups find its weights in L1, and lines of the
+ * next tile fetched again per group only evict the activations (measured: K = 1536 at M = 512). */
 static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *wc, const uint16_t *d,
                                                                  const uint16_t *mn, int b, const int q8) {
   const size_t blk = q8 ? 512 : 256;
@@ -77,26 +81,24 @@ static inline __attribute__((always_inline)) vi weights(const uint8_t *wc, int b
 }
 
 #if defined(TP_ISA_AVX512)
-#ifndef RB
 #define RB 4
-#endif
-/* One tile (16 output rows) x the group's mr rows (mr, lv, q8 constants per instantiation): per
- * block the 8 weight vectors are loaded (Q4: unpacked) once into registers, then each row of the
- * group runs its block against them, RB rows interleaved (2 RB independent chains of 8 dots hide
- * the dot latency). */
-static inline __attribute__((always_inline)) void tile(const uint8_t *wc, const uint16_t *d, const uint16_t *mn,
-                                                       const rows_t *x, const int mr, const int lv, const int q8,
-                                                       float *y, int ldy, int accumulate) {
+/* Small M (AVX-512): one tile (16 output rows) x the group's mr <= 8 rows (mr, lv, q8 constants
+ * per instantiation). Per block the 8 weight vectors are loaded (Q4: unpacked) once into
+ * registers, then the group's rows run against them, RB rows interleaved (2 RB independent
+ * chains of 8 dots hide the dot latency). */
+static inline __attribute__((always_inline)) void tile_wide(const uint8_t *wc, const uint16_t *d, const uint16_t *mn,
+                                                            const rows_t *x, const int mr, const int lv, const int q8,
+                                                            float *y, int ldy, int accumulate) {
   const int K4 = x->K / 4, nb = x->nb; /* K4: a row's stride in 4-byte groups */
-  vf acc[MR];
+  vf acc[WIDE];
   for (int r = 0; r < mr; r++) acc[r] = VFZERO();
   for (int b = 0; b < nb; b++) {
-    prefetch_block(wc, d, mn, b, q8);
+    if (x->prefetch) prefetch_block(wc, d, mn, b, q8);
     vi w[8];
     for (int j = 0; j < 8; j++) w[j] = weights(wc, b, j, 0, q8);
     const vf dv = LOADH(d + b * 16), mv = q8 ? dv : LOADH(mn + b * 16);
     const int32_t *x1 = (const int32_t *)(x->q1 + b * TP_GROUP), *x2 = (const int32_t *)(x->q2 + b * TP_GROUP);
-    for (int r0 = 0; r0 < mr; r0 += RB) { /* RB rows at a time: 2 RB independent dot chains */
+    for (int r0 = 0; r0 < mr; r0 += RB) {
       vi a1[RB], a2[RB];
       for (int i = 0; i < RB; i++) a1[i] = a2[i] = VZERO();
       for (int j = 0; j < 8; j++)
@@ -111,19 +113,21 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *wc, const 
   }
   store_rows(y, ldy, 0, acc, mr, accumulate);
 }
-#else
-/* AVX2 (16 ymm): each half tile (8 output rows) x the group's mr <= 4 rows, the weights loaded
- * two vectors at a time and used by every row before the next two (8 in registers would spill). */
-static inline __attribute__((always_inline)) void tile(const uint8_t *wc, const uint16_t *d, const uint16_t *mn,
-                                                       const rows_t *x, const int mr, const int lv, const int q8,
-                                                       float *y, int ldy, int accumulate) {
+#endif
+
+/* Large M (and every M on AVX2, 16 ymm): each NV-th of a tile x the group's mr <= 4 rows, the
+ * weights loaded two vectors at a time and used by every row before the next two; a tile's
+ * weights stay in L1 while the row groups pass. */
+static inline __attribute__((always_inline)) void tile_pairs(const uint8_t *wc, const uint16_t *d, const uint16_t *mn,
+                                                             const rows_t *x, const int mr, const int lv,
+                                                             const int q8, float *y, int ldy, int accumulate) {
   const int K4 = x->K / 4, nb = x->nb;
   for (int h = 0; h < NV; h++) {
-    vf acc[MR];
+    vf acc[PAIRS];
     for (int r = 0; r < mr; r++) acc[r] = VFZERO();
     for (int b = 0; b < nb; b++) {
-      if (h == 0) prefetch_block(wc, d, mn, b, q8);
-      vi a1[MR], a2[MR];
+      if (h == 0 && x->prefetch) prefetch_block(wc, d, mn, b, q8);
+      vi a1[PAIRS], a2[PAIRS];
       for (int r = 0; r < mr; r++) a1[r] = a2[r] = VZERO();
       const int32_t *x1 = (const int32_t *)(x->q1 + b * TP_GROUP), *x2 = (const int32_t *)(x->q2 + b * TP_GROUP);
       for (int j = 0; j < 8; j += 2) {
@@ -142,42 +146,48 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *wc, const 
     store_rows(y, ldy, h, acc, mr, accumulate);
   }
 }
-#endif
 
-/* one function per (kind, levels, rows): tile t of w against the group's rows, into y's rows */
+/* one function per (structure, kind, levels, rows): tile t of w against the group's rows */
 typedef void (*tile_fn)(const tp_weight *w, int t, const rows_t *x, float *y, int ldy, int accumulate);
 
-#define Q4_FN(R, LV)                                                                                         \
-  static void q4_l##LV##_r##R(const tp_weight *w, int t, const rows_t *x, float *y, int ldy, int acc) {      \
-    const size_t nb = (size_t)x->nb;                                                                         \
-    tile(w->codes + t * nb * 256, w->d + t * nb * 16, w->m + t * nb * 16, x, R, LV, 0, y + t * TP_TILE, ldy, \
-         acc);                                                                                               \
+#define FN(S, R, LV)                                                                                           \
+  static void S##_q4_l##LV##_r##R(const tp_weight *w, int t, const rows_t *x, float *y, int ldy, int acc) {    \
+    const size_t nb = (size_t)x->nb;                                                                           \
+    tile_##S(w->codes + t * nb * 256, w->d + t * nb * 16, w->m + t * nb * 16, x, R, LV, 0, y + t * TP_TILE,   \
+             ldy, acc);                                                                                        \
+  }                                                                                                            \
+  static void S##_q8_l##LV##_r##R(const tp_weight *w, int t, const rows_t *x, float *y, int ldy, int acc) {    \
+    const size_t nb = (size_t)x->nb;                                                                           \
+    tile_##S(w->codes + t * nb * 512, w->d + t * nb * 16, NULL, x, R, LV, 1, y + t * TP_TILE, ldy, acc);      \
   }
-#define Q8_FN(R, LV)                                                                                          \
-  static void q8_l##LV##_r##R(const tp_weight *w, int t, const rows_t *x, float *y, int ldy, int acc) {       \
-    const size_t nb = (size_t)x->nb;                                                                          \
-    tile(w->codes + t * nb * 512, w->d + t * nb * 16, NULL, x, R, LV, 1, y + t * TP_TILE, ldy, acc);          \
-  }
-#define FNS(R) Q4_FN(R, 1) Q4_FN(R, 2) Q8_FN(R, 1) Q8_FN(R, 2)
-#define ROW(K, LV) {NULL, K##_l##LV##_r1, K##_l##LV##_r2, K##_l##LV##_r3, K##_l##LV##_r4 ROW_WIDE(K, LV)}
-FNS(1) FNS(2) FNS(3) FNS(4)
-#if MR == 8
-FNS(5) FNS(6) FNS(7) FNS(8)
-#define ROW_WIDE(K, LV) , K##_l##LV##_r5, K##_l##LV##_r6, K##_l##LV##_r7, K##_l##LV##_r8
-#else
-#define ROW_WIDE(K, LV)
-#endif
+#define FNS(S, R) FN(S, R, 1) FN(S, R, 2)
+#define ROW4(S, K, LV) NULL, S##_##K##_l##LV##_r1, S##_##K##_l##LV##_r2, S##_##K##_l##LV##_r3, S##_##K##_l##LV##_r4
+#define ROW8(S, K, LV) ROW4(S, K, LV), S##_##K##_l##LV##_r5, S##_##K##_l##LV##_r6, S##_##K##_l##LV##_r7, S##_##K##_l##LV##_r8
+#define TABLE(S, ROW) {{{ROW(S, q4, 1)}, {ROW(S, q4, 2)}}, {{ROW(S, q8, 1)}, {ROW(S, q8, 2)}}}
 
 /* [kind: 0 Q4, 1 Q8][levels - 1][rows] */
-static const tile_fn KERNELS[2][2][MR + 1] = {{ROW(q4, 1), ROW(q4, 2)}, {ROW(q8, 1), ROW(q8, 2)}};
+FNS(pairs, 1) FNS(pairs, 2) FNS(pairs, 3) FNS(pairs, 4)
+static const tile_fn PAIRS_FNS[2][2][PAIRS + 1] = TABLE(pairs, ROW4);
+#if defined(TP_ISA_AVX512)
+FNS(wide, 1) FNS(wide, 2) FNS(wide, 3) FNS(wide, 4) FNS(wide, 5) FNS(wide, 6) FNS(wide, 7) FNS(wide, 8)
+static const tile_fn WIDE_FNS[2][2][WIDE + 1] = TABLE(wide, ROW8);
+#endif
 
 /* M rows in mg groups of as equal size as can be (9 rows: 4 + 5, not 8 + 1: a lone row runs
  * latency-bound); group g holds rows [group_start(g), group_start(g + 1)). */
 static inline int group_start(int g, int M, int mg) { return (int)(((long)g * M) / mg); }
 
 void tp_gemm(const tp_weight *w, const tp_qact *a, float *y, int ldy, int accumulate) {
-  const int nt = w->N / TP_TILE, M = a->M, mg = (M + MR - 1) / MR;
-  const tile_fn *fns = KERNELS[w->kind == TP_W_Q4 ? 0 : 1][a->levels == 2 ? 1 : 0];
+  const int nt = w->N / TP_TILE, M = a->M, kind = w->kind == TP_W_Q4 ? 0 : 1, lv = a->levels == 2 ? 1 : 0;
+  const tile_fn *fns = PAIRS_FNS[kind][lv];
+  int rows = PAIRS;
+#if defined(TP_ISA_AVX512)
+  if (M <= WIDE_MAX_M) { /* measured (bench/native_gemm.py): wide groups win to 16 rows, lose at 128 */
+    fns = WIDE_FNS[kind][lv];
+    rows = WIDE;
+  }
+#endif
+  const int mg = (M + rows - 1) / rows;
   /* tiles outer (a tile's weights stay in L1 while every activation row group passes) */
 #pragma omp parallel for schedule(static) collapse(2) if (nt * mg > 1)
   for (int t = 0; t < nt; t++)

@@ -28,7 +28,9 @@ typedef __m512 vf;
 #define FLOADU(p) _mm512_loadu_ps(p)
 #define FSTOREU(p, v) _mm512_storeu_ps(p, v)
 #define LANES 16
-#define MR 8 /* 32 zmm: 8 rows x (2 levels + 1 fp32 accumulator) + the weight vectors */
+#define WIDE 8        /* rows per group of the small-M kernel (gemm.c) */
+#define WIDE_MAX_M 16 /* the largest M it runs */
+#define PAIRS 4       /* rows per group of the large-M kernel */
 #define ISA_NAME "avx512_vnni"
 #else
 typedef __m256i vi;
@@ -56,7 +58,7 @@ static inline __m256i dot_avx2(__m256i acc, __m256i w, __m256i x) {
 #define FLOADU(p) _mm256_loadu_ps(p)
 #define FSTOREU(p, v) _mm256_storeu_ps(p, v)
 #define LANES 8
-#define MR 4 /* 16 ymm: 4 rows x (2 levels + 1 fp32 accumulator) + the weight vectors */
+#define PAIRS 4 /* 16 ymm: 4 rows x (2 levels + 1 fp32 accumulator) + 2 weight vectors + mask */
 #define ISA_NAME "avx2"
 #endif
 
