@@ -19,7 +19,7 @@ from trtpipe.plugins.cpu.isa import ISAS
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = ("act.c", "gemm.c", "ops.c", "attention.c", "forward.c")
-HEADERS = ("tp.h", "vmath.h")
+HEADERS = ("tp.h", "vmath.h", "gemm_isa.h")
 LIBRARY_NAME = "libtrtpipe_cpu.so"
 
 
@@ -28,9 +28,9 @@ def compiler() -> str | None:
     return shutil.which(os.environ.get("CC", "cc"))
 
 
-def _command(cc: str, isa: str, out: Path) -> list[str]:
+def _command(cc: str, isa: str, out: Path, csrc: Path = CSRC, sources: tuple[str, ...] = SOURCES) -> list[str]:
     flags, _, define = ISAS[isa]
-    srcs = [str(CSRC / s) for s in SOURCES]
+    srcs = [str(csrc / s) for s in sources]
     return [
         cc,
         "-O3",
@@ -55,6 +55,20 @@ def build_key(isa: str, cc: str) -> str:
     ver = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
     h.update(ver.encode())
     return h.hexdigest()[:16]
+
+
+def compile_sources(isa: str, csrc: Path, out: Path) -> Path:
+    """Compile every ``*.c`` of ``csrc`` (another revision's kernel sources, for A/B benchmarks)
+    into ``out`` with this module's flags, uncached. Raises :class:`OpError` as
+    :func:`compile_library` does."""
+    cc = compiler()
+    if cc is None or isa not in ISAS:
+        raise OpError(f"cannot compile the host CPU kernels for {isa!r}: no C compiler, or an unknown ISA")
+    sources = tuple(sorted(p.name for p in csrc.glob("*.c")))
+    r = subprocess.run(_command(cc, isa, out, csrc, sources), capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        raise OpError(f"compiling the host CPU kernels of {csrc} for {isa} failed:\n{r.stderr[-4000:]}")
+    return out
 
 
 def compile_library(isa: str, cache_dir: Path | None = None) -> Path:

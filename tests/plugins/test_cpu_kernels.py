@@ -95,6 +95,34 @@ def test_gemm_matches_the_integer_reference_and_the_float_product(lib, kind, M):
         assert np.abs(y - exact).max() / scale < tol
 
 
+@pytest.mark.parametrize("kind", ["q4", "q8"])
+def test_a_rows_gemm_bytes_do_not_depend_on_M_its_group_or_the_threads(lib, kind):
+    """Batch invariance at the kernel: each row computed alone (M = 1) equals, bit for bit, the same
+    row inside M = 2..21 (AVX-512: groups of up to 8 rows to M = 16, split evenly such as 9 = 4 + 5
+    and 13 = 6 + 7, then the groups-of-4 kernel at 17 and 21; AVX2: groups of up to 4), with one
+    thread or two."""
+    rng = np.random.default_rng(6)
+    N, K, rows = 32, 96, 21
+    w = (
+        layout.tile_q4(*_q4(rng, N, K))
+        if kind == "q4"
+        else layout.tile_q8(rng.integers(0, 256, (N, K), dtype=np.uint8), _fp16_exact(rng, (N, K // 32), 0.01))
+    )
+    x = rng.standard_normal((rows, K)).astype(np.float32)
+    threads = lib.tp_get_threads()
+    try:
+        for levels in (1, 2):
+            lib.tp_set_threads(1)
+            alone = np.concatenate([library.gemm(lib, w, x[i : i + 1], levels) for i in range(rows)])
+            for n_threads in (1, 2):
+                lib.tp_set_threads(n_threads)
+                for M in (2, 3, 5, 7, 8, 9, 13, 16, 17, 21):
+                    got = library.gemm(lib, w, x[:M], levels)
+                    assert got.tobytes() == alone[:M].tobytes(), (levels, n_threads, M)
+    finally:
+        lib.tp_set_threads(threads)
+
+
 ATTENTION_CASES = {
     # H, KVH, D, BS, chunk lengths, context lengths: small shapes (the kernels' plain loops) and
     # SmolLM2's (9:3 heads, D 64, blocks of 16: the vector paths), with a 40-token chunk (3 query blocks)

@@ -1,205 +1,200 @@
 /* Q4 and Q8 GEMMs over tile-interleaved weights (layouts in tp.h) and int8 activations.
  *
  * One 64-byte load holds 16 output rows x 4 (Q8) or 8 (Q4, two nibbles) k; the activation's
- * 4 int8 values for those k are broadcast, and one u8 x s8 dot-accumulate (AVX-512 VNNI
- * vpdpbusd; AVX2: vpmaddubsw + vpmaddwd) adds 4 products per row. MR activation rows share each
- * weight load. Integer sums are exact; each block's result is scaled in fp32.
+ * 4 int8 values for those k are broadcast, and one u8 x s8 dot-accumulate (gemm_isa.h: AVX-512
+ * VNNI vpdpbusd; AVX2 vpmaddubsw + vpmaddwd) adds 4 products per row. A group of activation
+ * rows shares each weight load and unpack: up to 8 rows with the block's weights held in
+ * registers for M <= 16 on AVX-512 (tile_wide), else groups of up to 4 (tile_pairs). Integer
+ * sums are exact; each block's result is scaled in fp32.
+ *
+ * Batch invariance: a row's arithmetic is the same whatever its group's size, the group it
+ * lands in, M, or the thread count (per block: the integer dots, then t = s1 * a1 [+ s2 * a2],
+ * acc = t * d + acc, [acc = m * asum + acc] for Q4, over blocks in order; one fp32 accumulator
+ * per output), so a row's logits are bit-identical in any batch (tests/plugins/test_cpu_kernels.py).
  */
-#include <immintrin.h>
 #include <omp.h>
 #include <string.h>
 
+#include "gemm_isa.h"
 #include "tp.h"
 
-#define MR 4
+const char *tp_isa(void) { return ISA_NAME; }
 
-#if defined(TP_ISA_AVX512)
-typedef __m512i vi;
-typedef __m512 vf;
-#define NV 1 /* vectors per tile row set */
-#define VLOADU(p) _mm512_loadu_si512((const void *)(p))
-#define VZERO() _mm512_setzero_si512()
-#define VFZERO() _mm512_setzero_ps()
-#define DOT(acc, w, x) _mm512_dpbusd_epi32((acc), (w), (x))
-#define SET1(v) _mm512_set1_epi32(v)
-#define AND(a, b) _mm512_and_si512(a, b)
-#define SRLI16(a, n) _mm512_srli_epi16(a, n)
-#define SET1B(v) _mm512_set1_epi8(v)
-#define CVT(a) _mm512_cvtepi32_ps(a)
-#define FSET1(v) _mm512_set1_ps(v)
-#define FMUL(a, b) _mm512_mul_ps(a, b)
-#define FADD(a, b) _mm512_add_ps(a, b)
-#define ISUB(a, b) _mm512_sub_epi32(a, b)
-#define FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
-#define LOADH(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
-#define FLOADU(p) _mm512_loadu_ps(p)
-#define FSTOREU(p, v) _mm512_storeu_ps(p, v)
-#define LANES 16
-const char *tp_isa(void) { return "avx512_vnni"; }
-#else
-typedef __m256i vi;
-typedef __m256 vf;
-#define NV 2
-#define VLOADU(p) _mm256_loadu_si256((const __m256i *)(p))
-#define VZERO() _mm256_setzero_si256()
-#define VFZERO() _mm256_setzero_ps()
-static inline __m256i dot_avx2(__m256i acc, __m256i w, __m256i x) {
-  __m256i p = _mm256_maddubs_epi16(w, x); /* Q4: |2 * 15 * 127| fits int16 (no saturation) */
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
-}
-#define DOT(acc, w, x) dot_avx2((acc), (w), (x))
-#define SET1(v) _mm256_set1_epi32(v)
-#define AND(a, b) _mm256_and_si256(a, b)
-#define SRLI16(a, n) _mm256_srli_epi16(a, n)
-#define SET1B(v) _mm256_set1_epi8(v)
-#define CVT(a) _mm256_cvtepi32_ps(a)
-#define FSET1(v) _mm256_set1_ps(v)
-#define FMUL(a, b) _mm256_mul_ps(a, b)
-#define FADD(a, b) _mm256_add_ps(a, b)
-#define ISUB(a, b) _mm256_sub_epi32(a, b)
-#define FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
-#define LOADH(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
-#define FLOADU(p) _mm256_loadu_ps(p)
-#define FSTOREU(p, v) _mm256_storeu_ps(p, v)
-#define LANES 8
-const char *tp_isa(void) { return "avx2"; }
+#ifndef PF_BYTES
+#define PF_BYTES 2048 /* measured on a Zen 4: 1-3 KB ahead alike, 20-25 % off 5- and 8-row GEMMs */
 #endif
 
-/* Q4 tile: rows [16] x activation rows m0..m0+mr-1 (mr <= MR, a compile-time constant per call) */
-static inline __attribute__((always_inline)) void q4_tile(const uint8_t *wc, const uint16_t *d, const uint16_t *mn,
-                                                          const tp_qact *a, int m0, const int mr, const int lv,
-                                                          float *y, int ldy, int accumulate) {
+/* the rows of one group: row r's q1 / q2 codes at q1[r * K], its block scalars at s1[r * nb] */
+typedef struct {
+  const int8_t *q1, *q2;
+  const float *s1, *s2, *asum;
+  const int32_t *qsum1, *qsum2;
+  int K, nb;
+  int prefetch; /* the group's pass over the tile prefetches the weight stream (the first group) */
+} rows_t;
+
+static inline rows_t group_rows(const tp_qact *a, int m0) {
   const int K = a->K, nb = K / TP_GROUP;
-  const vi mask = SET1B(0x0F);
-  for (int h = 0; h < NV; h++) { /* AVX2: rows 0-7, then 8-15 */
-    vf acc[MR];
-    for (int r = 0; r < mr; r++) acc[r] = VFZERO();
-    for (int b = 0; b < nb; b++) {
-      vi a1[MR], a2[MR];
-      for (int r = 0; r < mr; r++) a1[r] = a2[r] = VZERO();
-      const uint8_t *wb = wc + (size_t)b * 4 * 64 + h * 32;
-      for (int g = 0; g < 4; g++) {
-        vi v = VLOADU(wb + g * 64);
-        vi lo = AND(v, mask), hi = AND(SRLI16(v, 4), mask);
-        for (int r = 0; r < mr; r++) {
-          const int32_t *x1 = (const int32_t *)(a->q1 + (size_t)(m0 + r) * K + b * TP_GROUP);
-          a1[r] = DOT(a1[r], lo, SET1(x1[2 * g]));
-          a1[r] = DOT(a1[r], hi, SET1(x1[2 * g + 1]));
-          if (lv == 2) {
-            const int32_t *x2 = (const int32_t *)(a->q2 + (size_t)(m0 + r) * K + b * TP_GROUP);
-            a2[r] = DOT(a2[r], lo, SET1(x2[2 * g]));
-            a2[r] = DOT(a2[r], hi, SET1(x2[2 * g + 1]));
-          }
-        }
-      }
-      vf dv = LOADH(d + b * 16 + h * 8), mv = LOADH(mn + b * 16 + h * 8);
-      for (int r = 0; r < mr; r++) {
-        const size_t o = (size_t)(m0 + r) * nb + b;
-        vf t = FMUL(CVT(a1[r]), FSET1(a->s1[o]));
-        if (lv == 2) t = FMA(CVT(a2[r]), FSET1(a->s2[o]), t);
-        acc[r] = FMA(t, dv, acc[r]);
-        acc[r] = FMA(mv, FSET1(a->asum[o]), acc[r]);
-      }
-    }
-    for (int r = 0; r < mr; r++) {
-      float *yp = y + (size_t)(m0 + r) * ldy + h * LANES;
-      FSTOREU(yp, accumulate ? FADD(FLOADU(yp), acc[r]) : acc[r]);
-    }
+  const size_t o = (size_t)m0 * nb;
+  return (rows_t){a->q1 + (size_t)m0 * K, a->q2 + (size_t)m0 * K, a->s1 + o, a->s2 + o, a->asum + o,
+                  a->qsum1 + o, a->qsum2 + o, K, nb, m0 == 0};
+}
+
+static inline void store_rows(float *y, int ldy, int h, const vf *acc, int mr, int accumulate) {
+  for (int r = 0; r < mr; r++) {
+    float *yp = y + (size_t)r * ldy + h * LANES;
+    FSTOREU(yp, accumulate ? FADD(FLOADU(yp), acc[r]) : acc[r]);
   }
 }
 
-/* Q8: the dot of codes u = q + 128 with x. AVX-512: vpdpbusd(u, x) - 128 * sum(x) (exact).
- * AVX2: vpmaddubsw(|q|, sign(x, q)) (|2 * 128 * 127| fits int16), no offset term. */
-#if defined(TP_ISA_AVX512)
-#define DOT8(acc, u, x) DOT(acc, u, x)
-#define Q8_OFFSET 1
-#else
-static inline __m256i dot8_avx2(__m256i acc, __m256i u, __m256i x) {
-  __m256i q = _mm256_xor_si256(u, _mm256_set1_epi8((char)0x80));
-  return dot_avx2(acc, _mm256_abs_epi8(q), _mm256_sign_epi8(x, q));
+/* Software prefetch of the weight stream PF_BYTES ahead of block b (past a tile's end: the next
+ * tile's, contiguous); the hardware prefetcher alone leaves the small-M kernels stalled on memory.
+ * Only a tile's first row group prefetches: later groups find its weights in L1, and lines of the
+ * next tile fetched again per group only evict the activations (measured: K = 1536 at M = 512). */
+static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *wc, const uint16_t *d,
+                                                                 const uint16_t *mn, int b, const int q8) {
+  const size_t blk = q8 ? 512 : 256;
+  for (size_t c = 0; c < blk; c += 64) _mm_prefetch((const char *)(wc + b * blk + PF_BYTES + c), _MM_HINT_T0);
+  _mm_prefetch((const char *)(d + b * 16) + PF_BYTES / 8, _MM_HINT_T0);
+  if (!q8) _mm_prefetch((const char *)(mn + b * 16) + PF_BYTES / 8, _MM_HINT_T0);
 }
-#define DOT8(acc, u, x) dot8_avx2((acc), (u), (x))
-#define Q8_OFFSET 0
+
+/* the fp32 steps of one row's block from its integer dots a1, a2 (tp.h; the same for every row) */
+static inline __attribute__((always_inline)) vf scale_block(vi a1, vi a2, const rows_t *x, int o, const int lv,
+                                                            const int q8, vf dv, vf mv, vf acc) {
+  if (q8 && Q8_OFFSET) {
+    a1 = ISUB(a1, SET1(128 * x->qsum1[o]));
+    if (lv == 2) a2 = ISUB(a2, SET1(128 * x->qsum2[o]));
+  }
+  vf t = FMUL(CVT(a1), FSET1(x->s1[o]));
+  if (lv == 2) t = FMA(CVT(a2), FSET1(x->s2[o]), t);
+  acc = FMA(t, dv, acc);
+  if (!q8) acc = FMA(mv, FSET1(x->asum[o]), acc);
+  return acc;
+}
+
+/* weight vector j (of 8) of block b: 16 (AVX2: 8, half h) output rows x 4 k as u8 */
+static inline __attribute__((always_inline)) vi weights(const uint8_t *wc, int b, int j, int h, const int q8) {
+  if (q8) return VLOADU(wc + (size_t)b * 512 + j * 64 + h * 32);
+  const vi v = VLOADU(wc + (size_t)b * 256 + (j / 2) * 64 + h * 32), mask = SET1B(0x0F);
+  return (j & 1) ? AND(SRLI16(v, 4), mask) : AND(v, mask); /* the compiler shares the load of a pair */
+}
+
+#if defined(TP_ISA_AVX512)
+#define RB 4
+/* Small M (AVX-512): one tile (16 output rows) x the group's mr <= 8 rows (mr, lv, q8 constants
+ * per instantiation). Per block the 8 weight vectors are loaded (Q4: unpacked) once into
+ * registers, then the group's rows run against them, RB rows interleaved (2 RB independent
+ * chains of 8 dots hide the dot latency). */
+static inline __attribute__((always_inline)) void tile_wide(const uint8_t *wc, const uint16_t *d, const uint16_t *mn,
+                                                            const rows_t *x, const int mr, const int lv, const int q8,
+                                                            float *y, int ldy, int accumulate) {
+  const int K4 = x->K / 4, nb = x->nb; /* K4: a row's stride in 4-byte groups */
+  vf acc[WIDE];
+  for (int r = 0; r < mr; r++) acc[r] = VFZERO();
+  for (int b = 0; b < nb; b++) {
+    if (x->prefetch) prefetch_block(wc, d, mn, b, q8);
+    vi w[8];
+    for (int j = 0; j < 8; j++) w[j] = weights(wc, b, j, 0, q8);
+    const vf dv = LOADH(d + b * 16), mv = q8 ? dv : LOADH(mn + b * 16);
+    const int32_t *x1 = (const int32_t *)(x->q1 + b * TP_GROUP), *x2 = (const int32_t *)(x->q2 + b * TP_GROUP);
+    for (int r0 = 0; r0 < mr; r0 += RB) {
+      vi a1[RB], a2[RB];
+      for (int i = 0; i < RB; i++) a1[i] = a2[i] = VZERO();
+      for (int j = 0; j < 8; j++)
+        for (int i = 0; i < RB && r0 + i < mr; i++) {
+          const int r = r0 + i;
+          a1[i] = q8 ? DOT8(a1[i], w[j], SET1(x1[r * K4 + j])) : DOT(a1[i], w[j], SET1(x1[r * K4 + j]));
+          if (lv == 2) a2[i] = q8 ? DOT8(a2[i], w[j], SET1(x2[r * K4 + j])) : DOT(a2[i], w[j], SET1(x2[r * K4 + j]));
+        }
+      for (int i = 0; i < RB && r0 + i < mr; i++)
+        acc[r0 + i] = scale_block(a1[i], a2[i], x, (r0 + i) * nb + b, lv, q8, dv, mv, acc[r0 + i]);
+    }
+  }
+  store_rows(y, ldy, 0, acc, mr, accumulate);
+}
 #endif
 
-static inline __attribute__((always_inline)) void q8_tile(const uint8_t *wc, const uint16_t *d, const tp_qact *a,
-                                                          int m0, const int mr, const int lv, float *y, int ldy,
-                                                          int accumulate) {
-  const int K = a->K, nb = K / TP_GROUP;
+/* Large M (and every M on AVX2, 16 ymm): each NV-th of a tile x the group's mr <= 4 rows, the
+ * weights loaded two vectors at a time and used by every row before the next two; a tile's
+ * weights stay in L1 while the row groups pass. */
+static inline __attribute__((always_inline)) void tile_pairs(const uint8_t *wc, const uint16_t *d, const uint16_t *mn,
+                                                             const rows_t *x, const int mr, const int lv,
+                                                             const int q8, float *y, int ldy, int accumulate) {
+  const int K4 = x->K / 4, nb = x->nb;
   for (int h = 0; h < NV; h++) {
-    vf acc[MR];
+    vf acc[PAIRS];
     for (int r = 0; r < mr; r++) acc[r] = VFZERO();
     for (int b = 0; b < nb; b++) {
-      vi a1[MR], a2[MR];
+      if (h == 0 && x->prefetch) prefetch_block(wc, d, mn, b, q8);
+      vi a1[PAIRS], a2[PAIRS];
       for (int r = 0; r < mr; r++) a1[r] = a2[r] = VZERO();
-      const uint8_t *wb = wc + (size_t)b * 8 * 64 + h * 32;
-      for (int j = 0; j < 8; j++) {
-        vi v = VLOADU(wb + j * 64);
+      const int32_t *x1 = (const int32_t *)(x->q1 + b * TP_GROUP), *x2 = (const int32_t *)(x->q2 + b * TP_GROUP);
+      for (int j = 0; j < 8; j += 2) {
+        const vi w0 = weights(wc, b, j, h, q8), w1 = weights(wc, b, j + 1, h, q8);
         for (int r = 0; r < mr; r++) {
-          const int32_t *x1 = (const int32_t *)(a->q1 + (size_t)(m0 + r) * K + b * TP_GROUP);
-          a1[r] = DOT8(a1[r], v, SET1(x1[j]));
-          if (lv == 2) {
-            const int32_t *x2 = (const int32_t *)(a->q2 + (size_t)(m0 + r) * K + b * TP_GROUP);
-            a2[r] = DOT8(a2[r], v, SET1(x2[j]));
-          }
+          a1[r] = q8 ? DOT8(DOT8(a1[r], w0, SET1(x1[r * K4 + j])), w1, SET1(x1[r * K4 + j + 1]))
+                     : DOT(DOT(a1[r], w0, SET1(x1[r * K4 + j])), w1, SET1(x1[r * K4 + j + 1]));
+          if (lv == 2)
+            a2[r] = q8 ? DOT8(DOT8(a2[r], w0, SET1(x2[r * K4 + j])), w1, SET1(x2[r * K4 + j + 1]))
+                       : DOT(DOT(a2[r], w0, SET1(x2[r * K4 + j])), w1, SET1(x2[r * K4 + j + 1]));
         }
       }
-      vf dv = LOADH(d + b * 16 + h * 8);
-      for (int r = 0; r < mr; r++) {
-        const size_t o = (size_t)(m0 + r) * nb + b;
-        if (Q8_OFFSET) {
-          a1[r] = ISUB(a1[r], SET1(128 * a->qsum1[o]));
-          if (lv == 2) a2[r] = ISUB(a2[r], SET1(128 * a->qsum2[o]));
-        }
-        vf t = FMUL(CVT(a1[r]), FSET1(a->s1[o]));
-        if (lv == 2) t = FMA(CVT(a2[r]), FSET1(a->s2[o]), t);
-        acc[r] = FMA(t, dv, acc[r]);
-      }
+      const vf dv = LOADH(d + b * 16 + h * 8), mv = q8 ? dv : LOADH(mn + b * 16 + h * 8);
+      for (int r = 0; r < mr; r++) acc[r] = scale_block(a1[r], a2[r], x, r * nb + b, lv, q8, dv, mv, acc[r]);
     }
-    for (int r = 0; r < mr; r++) {
-      float *yp = y + (size_t)(m0 + r) * ldy + h * LANES;
-      FSTOREU(yp, accumulate ? FADD(FLOADU(yp), acc[r]) : acc[r]);
-    }
+    store_rows(y, ldy, h, acc, mr, accumulate);
   }
 }
 
-#define DISPATCH(CALL_MR, mr)           \
-  switch (mr) {                         \
-    case 4: CALL_MR(4); break;          \
-    case 3: CALL_MR(3); break;          \
-    case 2: CALL_MR(2); break;          \
-    default: CALL_MR(1); break;         \
-  }
+/* one function per (structure, kind, levels, rows): tile t of w against the group's rows */
+typedef void (*tile_fn)(const tp_weight *w, int t, const rows_t *x, float *y, int ldy, int accumulate);
 
-static void tile_rows(const tp_weight *w, const tp_qact *a, int t, int m0, int mr, float *y, int ldy,
-                      int accumulate) {
-  const int K = w->K, nb = K / TP_GROUP;
-  float *yt = y + (size_t)t * TP_TILE;
-  const uint16_t *d = w->d + (size_t)t * nb * 16;
-  if (w->kind == TP_W_Q4) {
-    const uint8_t *wc = w->codes + (size_t)t * nb * 256;
-    const uint16_t *mn = w->m + (size_t)t * nb * 16;
-#define Q4_CALL(R)                                                       \
-  if (a->levels == 2) q4_tile(wc, d, mn, a, m0, R, 2, yt, ldy, accumulate); \
-  else q4_tile(wc, d, mn, a, m0, R, 1, yt, ldy, accumulate)
-    DISPATCH(Q4_CALL, mr)
-  } else {
-    const uint8_t *wc = w->codes + (size_t)t * nb * 512;
-#define Q8_CALL(R)                                                   \
-  if (a->levels == 2) q8_tile(wc, d, a, m0, R, 2, yt, ldy, accumulate); \
-  else q8_tile(wc, d, a, m0, R, 1, yt, ldy, accumulate)
-    DISPATCH(Q8_CALL, mr)
+#define FN(S, R, LV)                                                                                           \
+  static void S##_q4_l##LV##_r##R(const tp_weight *w, int t, const rows_t *x, float *y, int ldy, int acc) {    \
+    const size_t nb = (size_t)x->nb;                                                                           \
+    tile_##S(w->codes + t * nb * 256, w->d + t * nb * 16, w->m + t * nb * 16, x, R, LV, 0, y + t * TP_TILE,   \
+             ldy, acc);                                                                                        \
+  }                                                                                                            \
+  static void S##_q8_l##LV##_r##R(const tp_weight *w, int t, const rows_t *x, float *y, int ldy, int acc) {    \
+    const size_t nb = (size_t)x->nb;                                                                           \
+    tile_##S(w->codes + t * nb * 512, w->d + t * nb * 16, NULL, x, R, LV, 1, y + t * TP_TILE, ldy, acc);      \
   }
-}
+#define FNS(S, R) FN(S, R, 1) FN(S, R, 2)
+#define ROW4(S, K, LV) NULL, S##_##K##_l##LV##_r1, S##_##K##_l##LV##_r2, S##_##K##_l##LV##_r3, S##_##K##_l##LV##_r4
+#define ROW8(S, K, LV) ROW4(S, K, LV), S##_##K##_l##LV##_r5, S##_##K##_l##LV##_r6, S##_##K##_l##LV##_r7, S##_##K##_l##LV##_r8
+#define TABLE(S, ROW) {{{ROW(S, q4, 1)}, {ROW(S, q4, 2)}}, {{ROW(S, q8, 1)}, {ROW(S, q8, 2)}}}
+
+/* [kind: 0 Q4, 1 Q8][levels - 1][rows] */
+FNS(pairs, 1) FNS(pairs, 2) FNS(pairs, 3) FNS(pairs, 4)
+static const tile_fn PAIRS_FNS[2][2][PAIRS + 1] = TABLE(pairs, ROW4);
+#if defined(TP_ISA_AVX512)
+FNS(wide, 1) FNS(wide, 2) FNS(wide, 3) FNS(wide, 4) FNS(wide, 5) FNS(wide, 6) FNS(wide, 7) FNS(wide, 8)
+static const tile_fn WIDE_FNS[2][2][WIDE + 1] = TABLE(wide, ROW8);
+#endif
+
+/* M rows in mg groups of as equal size as can be (9 rows: 4 + 5, not 8 + 1: a lone row runs
+ * latency-bound); group g holds rows [group_start(g), group_start(g + 1)). */
+static inline int group_start(int g, int M, int mg) { return (int)(((long)g * M) / mg); }
 
 void tp_gemm(const tp_weight *w, const tp_qact *a, float *y, int ldy, int accumulate) {
-  const int nt = w->N / TP_TILE, M = a->M, mg = (M + MR - 1) / MR;
+  const int nt = w->N / TP_TILE, M = a->M, kind = w->kind == TP_W_Q4 ? 0 : 1, lv = a->levels == 2 ? 1 : 0;
+  const tile_fn *fns = PAIRS_FNS[kind][lv];
+  int rows = PAIRS;
+#if defined(TP_ISA_AVX512)
+  if (M <= WIDE_MAX_M) { /* measured (bench/native_gemm.py): wide groups win to 16 rows, lose at 128 */
+    fns = WIDE_FNS[kind][lv];
+    rows = WIDE;
+  }
+#endif
+  const int mg = (M + rows - 1) / rows;
   /* tiles outer (a tile's weights stay in L1 while every activation row group passes) */
 #pragma omp parallel for schedule(static) collapse(2) if (nt * mg > 1)
   for (int t = 0; t < nt; t++)
     for (int g = 0; g < mg; g++) {
-      int m0 = g * MR, mr = M - m0 < MR ? M - m0 : MR;
-      tile_rows(w, a, t, m0, mr, y, ldy, accumulate);
+      const int m0 = group_start(g, M, mg), m1 = group_start(g + 1, M, mg);
+      const rows_t x = group_rows(a, m0);
+      fns[m1 - m0](w, t, &x, y + (size_t)m0 * ldy, ldy, accumulate);
     }
 }
 
