@@ -139,7 +139,7 @@ def test_torch_op_matches_naive(W, BS, chunks):
     rng = np.random.default_rng(3)
     b = _Batch(rng, H=6, KVH=2, D=8, BS=BS, NB=16, MB=8, chunks=chunks, W=W)
     t = [torch.from_numpy(np.ascontiguousarray(x)) for x in b.args()]
-    out, kc, vc = torch.ops.trtpipe.paged_attention(*t, b.H, b.KVH, b.D, 0.0, b.BS, b.W)
+    out, kc, vc = torch.ops.trtpipe.paged_attention(*t, None, None, b.H, b.KVH, b.D, 0.0, b.BS, b.W)
     np.testing.assert_allclose(out.numpy(), b.expected(), rtol=1e-5, atol=1e-5)
     _, kc_ref, _ = b.run()
     np.testing.assert_array_equal(kc.numpy(), kc_ref)
