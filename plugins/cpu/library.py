@@ -97,7 +97,16 @@ def load(path: str | Path) -> C.CDLL:
         C.c_int, C.c_int, C.c_int, C.c_int, C.c_int, C.c_int, C.c_float, C.c_int, _f32p,
     ]  # fmt: skip
     lib.tp_kv_write.argtypes = [
-        C.POINTER(KV), _f32p, _f32p, C.c_int, _i64p, C.c_int, C.c_int, C.c_int, C.c_int, C.c_int
+        C.POINTER(KV),
+        _f32p,
+        _f32p,
+        C.c_int,
+        _i64p,
+        C.c_int,
+        C.c_int,
+        C.c_int,
+        C.c_int,
+        C.c_int,
     ]
     lib.tp_rmsnorm.argtypes = [_f32p, _f32p, C.c_float, _f32p, C.c_int, C.c_int]
     lib.tp_silu_mul.argtypes = [_f32p, _f32p, C.c_int, C.c_int]

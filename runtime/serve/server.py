@@ -121,7 +121,7 @@ def _load(cfg: ServeConfig, state: ServeState, url: str, echo: Callable[[str], N
         return
     # Touch every page of the KV pool now: the server's memory is then fixed from the first
     # request on (an out-of-memory shows at start, not hours later when the pool fills).
-    for array in llm.pool.keys + llm.pool.values:
+    for array in llm.pool.arrays:  # K, V and an int8 pool's scales
         array.fill(0)
     echo(
         f"trtpipe serve: prefix caching {'on' if cfg.prefix_caching else 'off'}; scheduler "

@@ -145,7 +145,9 @@ def test_paged_attention_matches_the_op_reference(lib, window, case, kv_dtype):
     )
     f32p, i64p = library._f32p, library._i64p
     kv = library.kv_struct(kc, vc, ks, vs)
-    lib.tp_kv_write(C.byref(kv), library.ptr(k, f32p), library.ptr(v, f32p), KVH * D, library.ptr(slots, i64p), T, KVH, NB, BS, D)
+    lib.tp_kv_write(
+        C.byref(kv), library.ptr(k, f32p), library.ptr(v, f32p), KVH * D, library.ptr(slots, i64p), T, KVH, NB, BS, D
+    )
     for got, expected in zip([kc, vc] + ([ks, vs] if ks is not None else []), pool_want, strict=True):
         np.testing.assert_array_equal(got, expected)
     out = np.zeros((T, H * D), np.float32)

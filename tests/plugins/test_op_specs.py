@@ -145,7 +145,8 @@ def test_triton_launchers_equal_the_description():
         assert got[: len(call)] == call and [p[0] for p in got[len(call) :]] == extra
     decode = _params(inspect.signature(attention_launch.paged_attention_decode))
     attrs = [p for p in _params(PAGED_ATTENTION.python_signature("call")) if p[1] == "KEYWORD_ONLY"]
-    assert decode[5:11] == attrs
+    assert [p[0] for p in decode[5:7]] == ["key_scale", "value_scale"]  # an int8 pool's, default None
+    assert decode[7:13] == attrs
 
 
 def test_trt_plugin_signatures_equal_the_description():
