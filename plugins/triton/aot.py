@@ -61,7 +61,16 @@ AOT_KERNELS: dict[str, tuple[Any, dict[str, Any]]] = {
     "write_kv_cache": (write_kv_cache_kernel, {"KVH_D": 3 * 64, "HEAD_SIZE": 64, "BLOCK": 256}),
     "paged_attention_decode": (
         paged_attention_decode_kernel,
-        {"NUM_KV_HEADS": 3, "HEAD_SIZE": 64, "BLOCK_SIZE": 16, "GROUP": 3, "GROUP_PAD": 4, "D_PAD": 64, "BLOCK_N": 32, "KV_INT8": False},
+        {
+            "NUM_KV_HEADS": 3,
+            "HEAD_SIZE": 64,
+            "BLOCK_SIZE": 16,
+            "GROUP": 3,
+            "GROUP_PAD": 4,
+            "D_PAD": 64,
+            "BLOCK_N": 32,
+            "KV_INT8": False,
+        },
     ),
     "paged_attention_prefill": (
         paged_attention_prefill_kernel,

@@ -41,7 +41,12 @@ def test_bf16_rounds_to_nearest_even_and_fp16_is_ieee_half():
 
 def test_bytes_and_storage_per_dtype():
     assert [kv_head_token_bytes(d, 64) for d in ("fp32", "float16", "bf16", "int8")] == [256, 128, 128, 68]
-    assert [kv_storage_dtype(d).name for d in ("fp32", "fp16", "bf16", "int8")] == ["float32", "float16", "uint16", "int8"]
+    assert [kv_storage_dtype(d).name for d in ("fp32", "fp16", "bf16", "int8")] == [
+        "float32",
+        "float16",
+        "uint16",
+        "int8",
+    ]
     assert kv_dtype_of_array(np.zeros(1, np.uint16)) == "bf16"
     with pytest.raises(ValueError, match="expected one of"):
         kv_head_token_bytes("fp8", 64)

@@ -198,7 +198,11 @@ def interp_kv_dtypes_match_reference(kv_dtype, mode):
     assert np.isfinite(got[0].numpy()).all()
     np.testing.assert_allclose(got[0].numpy(), want[0], rtol=1e-5, atol=1e-5)
     for g, w in zip(got[1:], want[1:], strict=True):
-        g = g.view(torch.int16).numpy().view(np.uint16) if kv_dtype == "bf16" and g.dtype == torch.bfloat16 else g.numpy()
+        g = (
+            g.view(torch.int16).numpy().view(np.uint16)
+            if kv_dtype == "bf16" and g.dtype == torch.bfloat16
+            else g.numpy()
+        )
         np.testing.assert_array_equal(g, w)
 
 

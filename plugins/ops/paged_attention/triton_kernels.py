@@ -142,7 +142,9 @@ def _int8_row(x):
     """``(codes [D] int8, scale)`` of a float32 row (kv_codec.kv_encode's float32 operations)."""
     amax = tl.max(tl.abs(x), axis=0)
     # div_rn: IEEE division, as NumPy's (Triton's "/" may lower to an approximate one on GPUs)
-    inv = tl.where(amax > 0.0, tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), tl.where(amax > 0.0, amax, 1.0)), 0.0)
+    inv = tl.where(
+        amax > 0.0, tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), tl.where(amax > 0.0, amax, 1.0)), 0.0
+    )
     scale = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32))
     q = tl.minimum(tl.maximum(_rint(x * inv), -127.0), 127.0)
     return q.to(tl.int8), scale

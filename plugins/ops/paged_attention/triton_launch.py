@@ -31,7 +31,13 @@ from trtpipe.plugins.ops.paged_attention.triton_kernels import (
 )
 from trtpipe.plugins.ops.spec import keyword
 
-__all__ = ["write_kv_cache", "write_kv_cache_int8", "paged_attention_decode", "paged_attention_prefill", "paged_attention"]
+__all__ = [
+    "write_kv_cache",
+    "write_kv_cache_int8",
+    "paged_attention_decode",
+    "paged_attention_prefill",
+    "paged_attention",
+]
 
 _DECODE_INPUTS = ("query", "key_cache", "value_cache", "block_tables", "context_lens", "key_scale", "value_scale")
 
@@ -142,9 +148,13 @@ def write_kv_cache_int8(
     T = key.shape[0]
     for name, s in (("key_scale", key_scale), ("value_scale", value_scale)):
         if s.dtype != torch.float32 or tuple(s.shape) != tuple(key_cache.shape[:3]) or not s.is_contiguous():
-            raise OpError(f"{name}: {s.dtype} {tuple(s.shape)}, expected contiguous float32 {[kvh, *key_cache.shape[1:3]]}")
+            raise OpError(
+                f"{name}: {s.dtype} {tuple(s.shape)}, expected contiguous float32 {[kvh, *key_cache.shape[1:3]]}"
+            )
     if key.shape != (T, kvh * d) or value.shape != (T, kvh * d) or slot_mapping.shape != (T,):
-        raise OpError(f"write_kv_cache_int8: key {tuple(key.shape)}, value {tuple(value.shape)}: expected [T, {kvh * d}]")
+        raise OpError(
+            f"write_kv_cache_int8: key {tuple(key.shape)}, value {tuple(value.shape)}: expected [T, {kvh * d}]"
+        )
     if T == 0:
         return
     write_kv_cache_int8_kernel[(T, kvh)](
