@@ -98,18 +98,49 @@ static void decode_rows(int dtype, const void *src, const float *scale, int n, i
   }
 }
 
-/* exp of p[0..n) in place (vmath.h), returning the sum; -inf gives 0 */
-static float exp_sum(float *p, int64_t n) {
+/* p[i] = exp(p[i] - m) for i < n in place (vmath.h), returning the sum; -inf gives 0 */
+static float exp_sum(float *p, int64_t n, float m) {
   fv acc = FV_ZERO();
+  const fv mv = FV_SET1(m);
   int64_t i = 0;
   for (; i + VL <= n; i += VL) {
-    const fv y = tp_vexp(FV_LOAD(p + i));
+    const fv y = tp_vexp(FV_SUB(FV_LOAD(p + i), mv));
     FV_STORE(p + i, y);
     acc = FV_ADD(acc, y);
   }
   float s = tp_vsum(acc);
-  for (; i < n; i++) s += (p[i] = expf(p[i]));
+  for (; i < n; i++) s += (p[i] = expf(p[i] - m));
   return s;
+}
+
+/* the largest lane of v */
+static inline float vmax_lanes(fv v) {
+#if defined(TP_ISA_AVX512)
+  return _mm512_reduce_max_ps(v);
+#else
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
+#endif
+}
+
+#if defined(TP_ISA_AVX512)
+#define FV_MAX(a, b) _mm512_max_ps(a, b)
+#else
+#define FV_MAX(a, b) _mm256_max_ps(a, b)
+#endif
+
+/* max of p[0..n) (exact, in any order) */
+static inline float max_of(const float *p, int n) {
+  int i = 0;
+  float m = -INFINITY;
+  if (n >= VL) {
+    fv v = FV_LOAD(p);
+    for (i = VL; i + VL <= n; i += VL) v = FV_MAX(v, FV_LOAD(p + i));
+    m = vmax_lanes(v);
+  }
+  for (; i < n; i++) m = p[i] > m ? p[i] : m;
+  return m;
 }
 
 
@@ -223,9 +254,9 @@ void tp_attention(const float *q, int ldq, const tp_kv *kv, const int64_t *block
 #pragma omp parallel
   {
     const int R = QB * group;
-    float *o = malloc(sizeof(float) * ((size_t)R * D + 3 * (size_t)D * BS + 3 * (size_t)R + 2 * BS + D));
+    float *o = malloc(sizeof(float) * (2 * (size_t)R * D + 3 * (size_t)D * BS + 3 * (size_t)R + 2 * BS));
     float *kt = o + (size_t)R * D, *kbuf = kt + (size_t)D * BS, *vbuf = kbuf + (size_t)D * BS;
-    float *mx = vbuf + (size_t)D * BS, *l = mx + R, *sc = l + R, *qs = sc + 2 * BS;
+    float *mx = vbuf + (size_t)D * BS, *l = mx + R, *sc = l + R, *qrows = sc + 2 * BS; /* qrows: [R][D] scaled */
     int64_t *lo_pos = malloc(sizeof(int64_t) * 2 * R);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; item++) {
@@ -248,6 +279,8 @@ void tp_attention(const float *q, int ldq, const tp_kv *kv, const int64_t *block
         mx[r] = -INFINITY;
         l[r] = 0.f;
         memset(o + (size_t)r * D, 0, sizeof(float) * D);
+        const float *qv = q + (size_t)(t0 + r / group) * ldq + (size_t)(g * group + r % group) * D;
+        for (int d = 0; d < D; d++) qrows[(size_t)r * D + d] = qv[d] * scale;
       }
       const char *kh = (const char *)kv->k + g * head * eb, *vh = (const char *)kv->v + g * head * eb;
       const int64_t *bt = block_tables + (size_t)s * MB;
@@ -268,28 +301,25 @@ void tp_attention(const float *q, int ldq, const tp_kv *kv, const int64_t *block
         for (int r = 0; r < rows; r++) {
           const int64_t lo = lo_pos[2 * r], pos = lo_pos[2 * r + 1];
           if (base > pos || base + BS <= lo) continue;
-          const int h = g * group + r % group;
-          const float *qv = q + (size_t)(t0 + r / group) * ldq + (size_t)h * D;
-          for (int d = 0; d < D; d++) qs[d] = qv[d] * scale;
+          const float *qs = qrows + (size_t)r * D;
           if (transpose)
             block_scores(qs, kt, D, BS, sc);
           else
             block_scores_rows(qs, kblk, D, BS, sc);
-          float bm = -INFINITY;
-          for (int j = 0; j < BS; j++) {
-            const int64_t key = base + j;
-            if (key > pos || key < lo) sc[j] = -INFINITY;
-            bm = sc[j] > bm ? sc[j] : bm;
-          }
+          if (base < lo || base + BS - 1 > pos) /* a block on the window's or the causal edge */
+            for (int j = 0; j < BS; j++)
+              if (base + j > pos || base + j < lo) sc[j] = -INFINITY;
+          const float bm = max_of(sc, BS);
           float *orow = o + (size_t)r * D;
           if (bm > mx[r]) { /* the running max grows: rescale what was summed */
             const float f = expf(mx[r] - bm);
             l[r] *= f;
-            for (int d = 0; d < D; d++) orow[d] *= f;
+            int d = 0;
+            for (; d + VL <= D; d += VL) FV_STORE(orow + d, FV_MUL(FV_LOAD(orow + d), FV_SET1(f)));
+            for (; d < D; d++) orow[d] *= f;
             mx[r] = bm;
           }
-          for (int j = 0; j < BS; j++) sc[j] -= mx[r];
-          l[r] += exp_sum(sc, BS);
+          l[r] += exp_sum(sc, BS, mx[r]);
           block_pv(sc, vblk, D, BS, orow);
         }
       }
