@@ -84,13 +84,8 @@ def main() -> None:
     x = [rng.standard_normal((KVH, nb, BS, D)).astype(np.float32) for _ in range(2 * LAYERS)]
     pools = {d: [kv_encode(p, d) for p in x] for d in ("fp16", "bf16", "int8")}
     args = (table.shape[1], L.ptr(ctx, i64p), L.ptr(qsl, i64p), 1, H, KVH, nb, BS, D, C.c_float(D**-0.5), 0)
-    structs = {
-        d: [
-            L.kv_struct(pools[d][2 * i][0], pools[d][2 * i + 1][0], pools[d][2 * i][1], pools[d][2 * i + 1][1])
-            for i in range(LAYERS)
-        ]
-        for d in pools
-    }
+    kv = {d: [(p[2 * i], p[2 * i + 1]) for i in range(LAYERS)] for d, p in pools.items()}  # ((k, ks), (v, vs))
+    structs = {d: [L.kv_struct(k[0], v[0], k[1], v[1]) for k, v in layers] for d, layers in kv.items()}
     structs["fp32"] = [L.kv_struct(x[2 * i], x[2 * i + 1]) for i in range(LAYERS)]
 
     def run_new(d: str) -> None:
@@ -110,22 +105,31 @@ def main() -> None:
             )
 
     runs = {"fp32 (" + a.rev + ")": run_old, **{d: (lambda d=d: run_new(d)) for d in ("fp32", "fp16", "bf16", "int8")}}
+    print(
+        f"host ISA {isa}; {LAYERS} layers x attention of 1 decode token over {a.context} tokens; medians of {a.repeats}"
+    )
+    report(interleaved(runs, a.repeats), "fp32 (" + a.rev + ")", a.context)
+
+
+def interleaved(runs: dict, repeats: int) -> dict[str, list[float]]:
+    """Seconds of each run per repeat, the order alternating."""
     times: dict[str, list[float]] = {k: [] for k in runs}
-    for r in range(a.repeats):
+    for r in range(repeats):
         for name in list(runs) if r % 2 == 0 else list(runs)[::-1]:
             t = time.perf_counter()
             runs[name]()
             times[name].append(time.perf_counter() - t)
-    row_bytes = {"fp32": 256, "fp16": 128, "bf16": 128, "int8": 68}
-    base = statistics.median(times["fp32 (" + a.rev + ")"])
-    print(
-        f"host ISA {isa}; {LAYERS} layers x attention of 1 decode token over {a.context} tokens; medians of {a.repeats}"
-    )
+    return times
+
+
+def report(times: dict[str, list[float]], baseline: str, context: int) -> None:
+    row_bytes = {"fp32": 256, "fp16": 128, "bf16": 128, "int8": 68}  # one token of one kv head, scale included
+    base = statistics.median(times[baseline])
     print("| kernel | ms per step | vs baseline | pool MB read | GB/s |")
     print("|---|---|---|---|---|")
     for name, ts in times.items():
         med = statistics.median(ts)
-        mb = 2 * LAYERS * KVH * a.context * row_bytes[name.split()[0]] / 1e6
+        mb = 2 * LAYERS * KVH * context * row_bytes[name.split()[0]] / 1e6
         print(f"| {name} | {med * 1e3:.2f} | {med / base:.2f} | {mb:.0f} | {mb / 1e3 / med:.1f} |")
     sys.stdout.flush()
 
