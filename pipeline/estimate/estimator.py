@@ -22,7 +22,7 @@ from trtpipe.pipeline.estimate.weights import phase_weights
 from trtpipe.pipeline.model.overrides import with_sliding_window
 from trtpipe.pipeline.recipe import Recipe
 from trtpipe.pipeline.targets import TargetSpec, compute_dtype
-from trtpipe.plugins.core.dtypes import dtype, kv_cache_dtype
+from trtpipe.plugins.core.dtypes import kv_cache_dtype
 from trtpipe.runtime.artifact.model_config import ModelConfig
 
 
@@ -56,7 +56,7 @@ def roofline(recipe: Recipe, config: ModelConfig, target: TargetSpec) -> Rooflin
         dec,
         compute_dtype(recipe.precision.prefill, fam),
         compute_dtype(recipe.precision.decode, fam),
-        dtype(kv_dtype).itemsize,
+        kv_dtype,
         recipe.max_num_tokens,
     )
 

@@ -44,7 +44,7 @@ class Roofline:
     decode: PhaseWeights
     prefill_compute_dtype: str
     decode_compute_dtype: str
-    kv_dtype_bytes: int
+    kv_dtype: str  # fp32 | fp16 | bf16 | int8
     max_num_tokens: int
 
     @cached_property
@@ -53,7 +53,7 @@ class Roofline:
         c = self.config
         return DecodeReadModel(
             self.decode.step_read_bytes,
-            self.kv_dtype_bytes,
+            self.kv_dtype,
             c.head_dim,
             tuple(c.layer_num_kv_heads),
             tuple(c.layer_sliding_window),
@@ -71,7 +71,7 @@ class Roofline:
         ``max_num_tokens`` plus the KV written."""
         chunks = cdiv(prompt_tokens, self.max_num_tokens)
         nbytes = chunks * self.prefill.step_read_bytes + kv_bytes_per_sequence(
-            self.config, prompt_tokens, self.kv_dtype_bytes
+            self.config, prompt_tokens, self.kv_dtype
         )
         return self._time(prefill_flops(self.config, prompt_tokens), nbytes, self.prefill_compute_dtype, peak)
 

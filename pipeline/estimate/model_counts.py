@@ -39,17 +39,18 @@ def total_params(config: ModelConfig) -> int:
     return emb + lm_head + linear_params(config) + bias_params(config) + norm_params(config)
 
 
-def kv_bytes_per_layer(config: ModelConfig, num_tokens: int, dtype_bytes: int) -> tuple[int, ...]:
+def kv_bytes_per_layer(config: ModelConfig, num_tokens: int, kv_dtype: str) -> tuple[int, ...]:
     """K and V bytes of each layer for a sequence of ``num_tokens`` tokens:
-    ``2 x kv_heads_l x head_dim x dtype_bytes x min(num_tokens, window_l)`` (window 0 = none)."""
+    ``2 x kv_heads_l x row_bytes x min(num_tokens, window_l)`` (window 0 = none; ``row_bytes``: one
+    token of one kv head in ``kv_dtype``, int8 scales included)."""
     return decode_bandwidth.kv_bytes_per_layer(
-        config.layer_num_kv_heads, config.layer_sliding_window, config.head_dim, num_tokens, dtype_bytes
+        config.layer_num_kv_heads, config.layer_sliding_window, config.head_dim, num_tokens, kv_dtype
     )
 
 
-def kv_bytes_per_sequence(config: ModelConfig, num_tokens: int, dtype_bytes: int) -> int:
+def kv_bytes_per_sequence(config: ModelConfig, num_tokens: int, kv_dtype: str) -> int:
     """KV bytes of one sequence of ``num_tokens`` tokens, all layers (windows applied)."""
-    return sum(kv_bytes_per_layer(config, num_tokens, dtype_bytes))
+    return sum(kv_bytes_per_layer(config, num_tokens, kv_dtype))
 
 
 def _attended_keys(num_tokens: int, window: int) -> int:

@@ -13,6 +13,7 @@ from trtpipe.pipeline.estimate.units import fmt_bytes, fmt_flops, fmt_ms
 from trtpipe.pipeline.estimate.weights import PhaseWeights
 from trtpipe.pipeline.recipe import Recipe
 from trtpipe.pipeline.targets import compute_dtype
+from trtpipe.plugins.core.kv_codec import KV_SCALE_BYTES, kv_has_scales
 from trtpipe.runtime.artifact.model_config import ModelConfig
 
 LATENCY_COLUMNS = (
@@ -105,9 +106,10 @@ def _kv_rows(est: Estimate, recipe: Recipe, config: ModelConfig) -> list[tuple[s
     kv, seq = est.kv, recipe.max_seq_len
     layers = kv.bytes_per_token_layers
     if len(set(layers)) == 1:
-        how = (
-            f"2 x {config.num_layers} layers x {config.layer_num_kv_heads[0]} kv heads x "
-            f"{config.head_dim} x {kv.dtype_bytes} B"
+        how = f"2 x {config.num_layers} layers x {config.layer_num_kv_heads[0]} kv heads x " + (
+            f"({config.head_dim} x {kv.dtype_bytes} B + {KV_SCALE_BYTES} B scale)"
+            if kv_has_scales(kv.dtype)
+            else f"{config.head_dim} x {kv.dtype_bytes} B"
         )
     else:
         groups: dict[int, int] = {}
@@ -115,7 +117,7 @@ def _kv_rows(est: Estimate, recipe: Recipe, config: ModelConfig) -> list[tuple[s
             groups[b] = groups.get(b, 0) + 1
         how = "per layer: " + ", ".join(f"{n} layers x {b} B" for b, n in groups.items())
     rows = [(f"KV per token ({kv.dtype})", f"{kv.bytes_per_token:,} B", how)]
-    per_layer = kv_bytes_per_layer(config, seq, kv.dtype_bytes)
+    per_layer = kv_bytes_per_layer(config, seq, kv.dtype)
     windows = sorted({w for w in config.layer_sliding_window if w > 0})
     wnote = f"; windowed layers capped at {', '.join(map(str, windows))}" if windows else ""
     if len(set(per_layer)) == 1:

@@ -262,6 +262,8 @@ class LlamaReference(nn.Module):
                 block_tables,
                 context_lens,
                 query_start_loc,
+                None,  # key_scale, value_scale: the exported pool is float (lowerings may retype it)
+                None,
                 a.num_heads,
                 a.num_kv_heads,
                 a.head_dim,

@@ -9,10 +9,11 @@ from pydantic import AfterValidator, BaseModel, ConfigDict
 
 from trtpipe.pipeline.recipe.errors import Issue, fail
 from trtpipe.pipeline.targets import TARGET_FAMILIES
+from trtpipe.plugins.core.kv_codec import KV_DTYPES
 
 Target = Literal[TARGET_FAMILIES]  # type: ignore[valid-type]  # the target table's rows (pipeline/targets.py)
 Precision = Literal["fp32", "fp16", "bf16", "int4"]
-KVDtype = Literal["fp32", "fp16", "bf16"]
+KVDtype = Literal[KV_DTYPES]  # type: ignore[valid-type]  # fp32 | fp16 | bf16 | int8 (plugins/core/kv_codec.py)
 Phase = Literal["prefill", "decode"]
 
 

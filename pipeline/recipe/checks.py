@@ -106,9 +106,10 @@ def _ort_session_issues(r: Recipe) -> list[Issue]:
 
 
 def _cpu_target_issues(r: Recipe) -> list[Issue]:
-    """No bf16 and no TensorRT settings on the cpu target; one ORT session needs one precision."""
+    """No bf16 phase and no TensorRT settings on the cpu target; one ORT session needs one precision.
+    (Every KV dtype runs there: the native kernels and the ONNX Runtime graphs read fp16, bf16 and
+    int8 pools.)"""
     out: list[Issue] = []
-    kv = r.kv_cache
     for phase in ("prefill", "decode"):
         if getattr(r.precision, phase) == "bf16":
             out.append(
@@ -119,8 +120,6 @@ def _cpu_target_issues(r: Recipe) -> list[Issue]:
                     f"use `{phase}: fp32` or `{phase}: int4`",
                 )
             )
-    if kv.dtype == "bf16":
-        out.append(Issue(("kv_cache", "dtype"), "bf16", "fp32 or fp16 on the cpu target", "use `dtype: fp32`"))
     out += _ort_session_issues(r)
     if r.profiles is not None:
         out.append(
@@ -159,6 +158,16 @@ def _engine_keys_set(r: Recipe, keys: Sequence[str], expected: str, fix: str) ->
 def _gpu_target_issues(r: Recipe) -> list[Issue]:
     """No ONNX Runtime settings on GPU targets; the orin-only key; plugin-free INT4; layout; profiles."""
     out: list[Issue] = []
+    if r.kv_cache.dtype == "int8":
+        out.append(
+            Issue(
+                ("kv_cache", "dtype"),
+                "int8",
+                "fp16, bf16 or fp32 on GPU targets (the int8 pool's TensorRT plugins have their signature "
+                "and Triton kernels, but no TensorRT build path yet)",
+                "use `dtype: fp16`, or target: cpu for an int8 pool",
+            )
+        )
     if r.engine.intra_op_num_threads is not None:
         out.append(
             Issue(

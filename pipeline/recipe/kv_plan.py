@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trtpipe.plugins.core.dtypes import dtype
 from trtpipe.runtime.artifact.model_config import ModelConfig
 
 if TYPE_CHECKING:
@@ -16,8 +15,9 @@ if TYPE_CHECKING:
 
 
 def kv_block_bytes(recipe: Recipe, config: ModelConfig) -> int:
-    """Bytes of one KV block over all layers: ``block_size * kv_bytes_per_token(kv dtype)``."""
-    return recipe.kv_cache.block_size * config.kv_bytes_per_token(dtype(recipe.kv_dtype).itemsize)
+    """Bytes of one KV block over all layers: ``block_size * kv_bytes_per_token(kv dtype)`` (an int8
+    pool's scales included)."""
+    return recipe.kv_cache.block_size * config.kv_bytes_per_token(recipe.kv_dtype)
 
 
 def plan_kv_num_blocks(recipe: Recipe, config: ModelConfig) -> int:

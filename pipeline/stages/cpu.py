@@ -171,7 +171,7 @@ def cpu_manifest(
     from trtpipe.plugins.ops.abi import op_schema_abi_hash
 
     files = {p.name: sha256_file(p) for p in sorted(out_dir.iterdir()) if p.is_file()}
-    past, present = kv_names(model.config.num_layers)
+    past, present = kv_names(model.config.num_layers, recipe.kv_dtype)
     outputs = tuple(["logits"] + present)
     return Manifest(
         format_version=FORMAT_VERSION,

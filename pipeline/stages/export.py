@@ -30,6 +30,8 @@ from torch import nn
 from trtpipe.pipeline.model.reference import LlamaReference
 from trtpipe.pipeline.recipe import Recipe
 from trtpipe.pipeline.stages.load import PreparedModel
+from trtpipe.plugins.core.kv_codec import kv_has_scales
+from trtpipe.plugins.ops.paged_attention.kv_pool_types import scale_name
 from trtpipe.plugins.ops.torch_ops import onnx_translation_table
 
 PREFILL_INPUTS = [
@@ -46,12 +48,17 @@ ONNX_OPSET = 21
 IR_VERSION = 10  # what this ONNX Runtime accepts (TOOLCHAIN.md)
 
 
-def kv_names(num_layers: int) -> tuple[list[str], list[str]]:
-    """Graph input and output names of the per-layer pool: past_key.i/past_value.i and present_*."""
+def kv_names(num_layers: int, kv_dtype: str = "fp32") -> tuple[list[str], list[str]]:
+    """Graph input and output names of the per-layer pool: past_key.i/past_value.i and present_*;
+    an int8 pool's scales after them, past_key_scale.i/past_value_scale.i and present_*_scale.i
+    (:func:`~trtpipe.plugins.ops.paged_attention.kv_pool_types.scale_name`)."""
     past, present = [], []
     for i in range(num_layers):
         past += [f"past_key.{i}", f"past_value.{i}"]
         present += [f"present_key.{i}", f"present_value.{i}"]
+    if kv_has_scales(kv_dtype):
+        past += [scale_name(n) for n in past]
+        present += [scale_name(n) for n in present]
     return past, present
 
 

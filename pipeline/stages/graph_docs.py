@@ -44,7 +44,10 @@ def render_graph_io_markdown() -> str:
         dt, shape, meaning = _SHAPES[name]
         lines.append(f"| `{name}` | {dt} | {shape} | yes | {'yes' if name in DECODE_INPUTS else 'no'} | {meaning} |")
     lines += [
-        "| `past_key.{i}`, `past_value.{i}` | float32 (or the KV dtype) | [KVH_i, NB, BS, D] | yes | yes | layer i's KV pool |",
+        "| `past_key.{i}`, `past_value.{i}` | the KV dtype: float32, float16, bfloat16, int8 | [KVH_i, NB, BS, D] "
+        "| yes | yes | layer i's KV pool (plugins/core/kv_codec.py) |",
+        "| `past_key_scale.{i}`, `past_value_scale.{i}` | float32 | [KVH_i, NB, BS] | yes | yes | int8 pool only: "
+        "one scale per token and kv head |",
         "",
         "## Outputs",
         "",
@@ -52,6 +55,8 @@ def render_graph_io_markdown() -> str:
         "|---|---|---|---|",
         "| `logits` | float32 | [S, V] | next-token logits of each sequence's last token (no lm_head work on other tokens) |",
         "| `present_key.{i}`, `present_value.{i}` | as past | [KVH_i, NB, BS, D] | the pool with this step's K/V written at `slot_mapping` |",
+        "| `present_key_scale.{i}`, `present_value_scale.{i}` | float32 | [KVH_i, NB, BS] | int8 pool only: "
+        "the scales with this step's written |",
         "",
         "## In-place KV",
         "",

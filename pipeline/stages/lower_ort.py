@@ -53,6 +53,7 @@ def lower_ort(recipe: Recipe, exported: ExportedGraphs) -> OrtGraphs:
             decode=phase == "decode",
             float_zero_points=recipe.engine.ort_float_zero_points,
             split_decode_rows=phase == "prefill" and recipe.engine.ort_fused_steps,
+            kv_dtype=recipe.kv_dtype,
         )
         timings[f"fused_{phase}"] = fused
         timings[f"lower_{phase}_s"] = time.perf_counter() - t

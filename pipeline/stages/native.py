@@ -8,7 +8,8 @@ the artifact still runs on ONNX Runtime (``--engine ort``).
 
 What it takes (else :func:`native_support` says why not, and ``cpu_backend: auto`` builds the ONNX
 Runtime engine only): a Llama model whose linears are GGUF Q4_1 or Q4_0 (group 32) and whose
-embedding / LM head is GGUF Q8_0 (tied or not), fp32 KV, no attention bias, no RoPE scaling,
+embedding / LM head is GGUF Q8_0 (tied or not), any KV dtype (fp32, fp16, bf16, int8), no
+attention bias, no RoPE scaling,
 N % 16 == 0 and K % 32 == 0 for every linear.
 """
 
@@ -38,8 +39,6 @@ def native_support(recipe: Recipe, model: PreparedModel) -> str | None:
     c, w = model.config, model.loaded.weights
     if recipe.precision.prefill != "int4" or recipe.precision.decode != "int4":
         return f"precision prefill={recipe.precision.prefill}, decode={recipe.precision.decode} (native: int4 both)"
-    if model.kv.dtype != "float32":
-        return f"kv_cache dtype {model.kv.dtype} (native: fp32)"
     if c.attention_bias or c.rope_scaling:
         return "attention bias or RoPE scaling (native: plain Llama)"
     linears = [f"model.layers.{i}.{p}.{n}.weight" for i in range(c.num_layers) for p, n in _parts()]

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from trtpipe.plugins.core.errors import OpError
+from trtpipe.plugins.core.kv_codec import kv_dtype_of_array, kv_has_scales
 from trtpipe.plugins.cpu.layout import GROUP, TiledWeight
 
 _i8p, _u8p, _u16p = C.POINTER(C.c_int8), C.POINTER(C.c_uint8), C.POINTER(C.c_uint16)
@@ -32,11 +33,15 @@ class Weight(C.Structure):
     _fields_ = [("kind", C.c_int), ("N", C.c_int), ("K", C.c_int), ("codes", _u8p), ("d", _u16p), ("m", _u16p)]
 
 
+class KV(C.Structure):
+    _fields_ = [("dtype", C.c_int), ("k", C.c_void_p), ("v", C.c_void_p), ("k_scale", _f32p), ("v_scale", _f32p)]
+
+
 class Layer(C.Structure):
     _fields_ = [
         ("attn_norm", _f32p), ("mlp_norm", _f32p),
         ("qkv", Weight), ("o", Weight), ("gate_up", Weight), ("down", Weight),
-        ("key_cache", _f32p), ("value_cache", _f32p),
+        ("kv", KV),
     ]  # fmt: skip
 
 
@@ -68,6 +73,7 @@ FORWARD_ERRORS = {
     -5: "a logits row index is outside the step's tokens",
 }
 _KINDS = {"q4": 1, "q8": 2}
+_KV_DTYPES = {"fp32": 0, "fp16": 1, "bf16": 2, "int8": 3}  # tp.h TP_KV_*
 _loaded: dict[str, C.CDLL] = {}
 
 
@@ -91,10 +97,21 @@ def load(path: str | Path) -> C.CDLL:
     lib.tp_set_threads.argtypes = [C.c_int]
     lib.tp_get_threads.restype = C.c_int
     lib.tp_attention.argtypes = [
-        _f32p, C.c_int, _f32p, _f32p, _i64p, C.c_int, _i64p, _i64p,
+        _f32p, C.c_int, C.POINTER(KV), _i64p, C.c_int, _i64p, _i64p,
         C.c_int, C.c_int, C.c_int, C.c_int, C.c_int, C.c_int, C.c_float, C.c_int, _f32p,
     ]  # fmt: skip
-    lib.tp_kv_write.argtypes = [_f32p, _f32p, _f32p, _f32p, C.c_int, _i64p, C.c_int, C.c_int, C.c_int, C.c_int, C.c_int]
+    lib.tp_kv_write.argtypes = [
+        C.POINTER(KV),
+        _f32p,
+        _f32p,
+        C.c_int,
+        _i64p,
+        C.c_int,
+        C.c_int,
+        C.c_int,
+        C.c_int,
+        C.c_int,
+    ]
     lib.tp_rmsnorm.argtypes = [_f32p, _f32p, C.c_float, _f32p, C.c_int, C.c_int]
     lib.tp_silu_mul.argtypes = [_f32p, _f32p, C.c_int, C.c_int]
     lib.tp_rope.argtypes = [_f32p, C.c_int, C.c_int, C.c_int, C.c_int, _i64p, _f32p, _f32p]
@@ -107,6 +124,23 @@ def ptr(a: np.ndarray, kind):
     if not a.flags.c_contiguous:
         raise OpError("internal: a non-contiguous array was passed to the host CPU kernels")
     return a.ctypes.data_as(kind)
+
+
+def kv_struct(key_cache: np.ndarray, value_cache: np.ndarray, key_scale=None, value_scale=None) -> KV:
+    """The C view of one layer's pool (``[KVH, NB, BS, D]`` arrays of a KV storage dtype,
+    :mod:`trtpipe.plugins.core.kv_codec`; int8 with its float32 ``[KVH, NB, BS]`` scales). The
+    arrays must outlive the struct. Raises :class:`OpError` for another dtype or missing scales."""
+    try:
+        name = kv_dtype_of_array(key_cache)
+    except ValueError as e:
+        raise OpError(f"native engine: {e}") from None
+    has_scales = key_scale is not None and value_scale is not None
+    if value_cache.dtype != key_cache.dtype or kv_has_scales(name) != has_scales:
+        raise OpError(f"native engine: a {name} pool needs {'float32 scales' if kv_has_scales(name) else 'no scales'}")
+    for a in (key_cache, value_cache):
+        ptr(a, _u8p)  # C-contiguous, or OpError
+    scales = (ptr(key_scale, _f32p), ptr(value_scale, _f32p)) if has_scales else (_f32p(), _f32p())
+    return KV(_KV_DTYPES[name], key_cache.ctypes.data, value_cache.ctypes.data, *scales)
 
 
 def weight_struct(w: TiledWeight) -> Weight:

@@ -28,6 +28,7 @@ from trtpipe.plugins.graph.rewrite import (
     rewrite_custom_nodes,
 )
 from trtpipe.plugins.ops.int4_gemm.lower_ort import FLOAT_ZERO_POINT_MODES, MS_DOMAIN, lower_int4_gemm
+from trtpipe.plugins.ops.paged_attention.kv_pool_types import retype_kv_pool
 from trtpipe.plugins.ops.paged_attention.lower_onnx import lower_paged_attention
 
 __all__ = ["MS_DOMAIN", "FLOAT_ZERO_POINT_MODES", "lower_for_ort"]
@@ -39,6 +40,7 @@ def lower_for_ort(
     decode: bool = False,
     float_zero_points: str = "exact",
     split_decode_rows: bool = False,
+    kv_dtype: str = "fp32",
 ) -> onnx.ModelProto:
     """Rewrite every ``trtpipe`` node into ONNX Runtime CPU ops (returns a new ModelProto).
 
@@ -52,15 +54,20 @@ def lower_for_ort(
     ``split_decode_rows`` (prefill graphs): a batch's trailing 1-token rows (decode tokens in a
     prefill call) take the decode attention path instead of being padded to the longest chunk
     (:mod:`trtpipe.plugins.ops.paged_attention.lower_onnx`, 3.); False = the padded path for every row.
+    ``kv_dtype``: the pool's dtype (fp32 | fp16 | bf16 | int8): the exported float32 pool is retyped
+    first (:func:`~trtpipe.plugins.ops.paged_attention.kv_pool_types.retype_kv_pool`; int8 adds
+    the ``past_*_scale.i`` / ``present_*_scale.i`` scale tensors), then attention encodes its
+    writes and decodes its reads in the graph.
     Raises :class:`OpError` for an unknown ``trtpipe`` op or an unknown ``float_zero_points``.
     """
     if float_zero_points not in FLOAT_ZERO_POINT_MODES:
         raise OpError(f"float_zero_points={float_zero_points!r}: expected 'exact' or 'int8'")
+    model = retype_kv_pool(model, kv_dtype)
     inits = InitializerView(model.graph)
 
     def rewrite(node: onnx.NodeProto, state: GraphRewrite) -> None:
         if node.op_type == "PagedAttention":
-            lower_paged_attention(node, state, decode=decode, split_decode_rows=split_decode_rows)
+            lower_paged_attention(node, state, decode=decode, split_decode_rows=split_decode_rows, kv_dtype=kv_dtype)
         elif node.op_type == "Int4Gemm":
             lower_int4_gemm(
                 node, state, inits=inits, accuracy_level=accuracy_level, float_zero_points=float_zero_points

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 import onnxscript
-from onnxscript import FLOAT, FLOAT16, INT64, UINT8
+from onnxscript import BFLOAT16, FLOAT, FLOAT16, INT8, INT64, UINT8
 
 from trtpipe.plugins import OP_DOMAIN, OP_VERSION
 from trtpipe.plugins.ops.onnx_schema import build_schema
@@ -34,7 +34,14 @@ from trtpipe.plugins.ops.spec import OpSpec
 
 __all__ = ["translation", "translation_annotations"]
 
-_ONNXSCRIPT_TYPES = {"tensor(float)": FLOAT, "tensor(float16)": FLOAT16, "tensor(int64)": INT64, "tensor(uint8)": UINT8}
+_ONNXSCRIPT_TYPES = {
+    "tensor(float)": FLOAT,
+    "tensor(float16)": FLOAT16,
+    "tensor(bfloat16)": BFLOAT16,
+    "tensor(int8)": INT8,
+    "tensor(int64)": INT64,
+    "tensor(uint8)": UINT8,
+}
 
 
 def translation_annotations(spec: OpSpec) -> dict[str, Any]:
@@ -46,7 +53,7 @@ def translation_annotations(spec: OpSpec) -> dict[str, Any]:
     optional = typing.Optional  # built at run time from the description; the exporter reads Optional[...]
     ann: dict[str, Any] = {t.arg_name: optional[types[t.type]] if t.optional else types[t.type] for t in spec.inputs}
     ann.update({a.name: a.py_type for a in spec.arguments})
-    outs = tuple(types[t.type] for t in spec.outputs)
+    outs = tuple(types[t.type] for t in spec.outputs if not t.optional)  # the torch op's (OpSpec.torch_schema)
     ann["return"] = outs[0] if len(outs) == 1 else tuple.__class_getitem__(outs)
     return ann
 

@@ -211,15 +211,18 @@ class OpSpec:
 
     def torch_schema(self) -> str:
         """``torch.library`` schema of the op: ``(Tensor query, ..., int num_heads, ...) -> (Tensor, ...)``
-        from the "positional" signature (an optional input is ``Tensor?``)."""
+        from the "positional" signature (an optional input is ``Tensor?``). Optional outputs are
+        left out: the torch op is the exporter's, which writes float pools (PagedAttention's int8
+        scale outputs appear when a lowering retypes the pool)."""
         kinds = {t.arg_name: "Tensor?" if t.optional else "Tensor" for t in self.inputs}
         kinds.update({a.name: _TORCH_TYPES[a.kind] for a in self.arguments})
         parts = []
         for p in self.python_signature("positional").parameters.values():
             default = "" if p.default is _EMPTY else f"={'None' if p.default is None else p.default!r}"
             parts.append(f"{kinds[p.name]} {p.name}{default}")
-        outs = ", ".join("Tensor" for _ in self.outputs)
-        return f"({', '.join(parts)}) -> {outs if len(self.outputs) == 1 else f'({outs})'}"
+        required = [t for t in self.outputs if not t.optional]
+        outs = ", ".join("Tensor" for _ in required)
+        return f"({', '.join(parts)}) -> {outs if len(required) == 1 else f'({outs})'}"
 
     def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any], *, style: str = "call") -> SimpleNamespace:
         """Arguments of a call as ``namespace(<input>=..., <attribute>=...)``, defaults applied.

@@ -36,6 +36,8 @@ _ARG_TYPES = {
     "b_ptr": "*u8",
     "zp_ptr": "*u8",  # ZP_MODE 2: the float dtype (aot_compile)
     "scale": "fp32",
+    "key_scale_ptr": "*fp32",  # an int8 pool's scales (the float pools' AOT entries never read them)
+    "value_scale_ptr": "*fp32",
 }
 
 
@@ -59,7 +61,16 @@ AOT_KERNELS: dict[str, tuple[Any, dict[str, Any]]] = {
     "write_kv_cache": (write_kv_cache_kernel, {"KVH_D": 3 * 64, "HEAD_SIZE": 64, "BLOCK": 256}),
     "paged_attention_decode": (
         paged_attention_decode_kernel,
-        {"NUM_KV_HEADS": 3, "HEAD_SIZE": 64, "BLOCK_SIZE": 16, "GROUP": 3, "GROUP_PAD": 4, "D_PAD": 64, "BLOCK_N": 32},
+        {
+            "NUM_KV_HEADS": 3,
+            "HEAD_SIZE": 64,
+            "BLOCK_SIZE": 16,
+            "GROUP": 3,
+            "GROUP_PAD": 4,
+            "D_PAD": 64,
+            "BLOCK_N": 32,
+            "KV_INT8": False,
+        },
     ),
     "paged_attention_prefill": (
         paged_attention_prefill_kernel,
@@ -73,6 +84,7 @@ AOT_KERNELS: dict[str, tuple[Any, dict[str, Any]]] = {
             "BLOCK_Q": 16,
             "BLOCK_N": 32,
             "INPUT_PRECISION": "tf32",
+            "KV_INT8": False,
         },
     ),
     "int4_gemm": (

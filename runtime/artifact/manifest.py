@@ -28,7 +28,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from trtpipe.plugins.core.dtypes import dtype
+from trtpipe.plugins.core.kv_codec import kv_head_token_bytes
 from trtpipe.runtime.artifact.model_config import ModelConfig
 from trtpipe.runtime.artifact.runtime_options import RuntimeOptions, parse_runtime_options
 from trtpipe.runtime.errors import ArtifactError
@@ -74,7 +74,7 @@ class KVLayout:
 
     block_size: int
     num_blocks: int
-    dtype: str  # "float32" | "float16"
+    dtype: str  # "float32" | "float16" | "bfloat16" | "int8" (kv_cache.dtype; plugins/core/kv_codec.py)
     layer_num_kv_heads: tuple[int, ...]
     head_dim: int
     sliding_window: int  # 0 = off (all layers share one window here)
@@ -84,8 +84,9 @@ class KVLayout:
 
     @property
     def pool_bytes(self) -> int:
-        item = dtype(self.dtype).itemsize
-        return sum(2 * self.num_blocks * self.block_size * h * self.head_dim * item for h in self.layer_num_kv_heads)
+        """K and V of every layer, int8 scales included."""
+        row = kv_head_token_bytes(self.dtype, self.head_dim)
+        return sum(2 * self.num_blocks * self.block_size * h * row for h in self.layer_num_kv_heads)
 
 
 @dataclass(frozen=True)

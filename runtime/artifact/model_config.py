@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from trtpipe.plugins.core.kv_codec import kv_head_token_bytes
+
 
 @dataclass(frozen=True)
 class RopeScaling:
@@ -69,9 +71,11 @@ class ModelConfig:
         if len(self.layer_sliding_window) != self.num_layers:
             raise ValueError("layer_sliding_window must have num_layers entries")
 
-    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        """Bytes of K and V for one token over all layers: sum_l 2 * kv_heads_l * head_dim * dtype_bytes."""
-        return sum(2 * h * self.head_dim * dtype_bytes for h in self.layer_num_kv_heads)
+    def kv_bytes_per_token(self, kv_dtype: str) -> int:
+        """Bytes of K and V for one token over all layers: sum_l 2 * kv_heads_l * row_bytes, where
+        row_bytes = head_dim * dtype bytes (+ 4 for an int8 pool's scale; plugins/core/kv_codec.py)."""
+        row = kv_head_token_bytes(kv_dtype, self.head_dim)
+        return sum(2 * h * row for h in self.layer_num_kv_heads)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (tuples become lists); inverse of :meth:`from_dict`."""

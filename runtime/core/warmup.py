@@ -72,7 +72,7 @@ def warm_up(llm: Any) -> WarmUpReport:
     says. Raises :class:`TrtpipeError` when the pool has too few free blocks for the dummy calls."""
     t0 = time.perf_counter()
     pool_bytes = 0
-    for array in llm.pool.keys + llm.pool.values:
+    for array in llm.pool.arrays:  # K, V and an int8 pool's scales
         array.fill(0)
         pool_bytes += array.nbytes
     limits, bs = llm.manifest.limits, llm.kv_manager.block_size

@@ -85,8 +85,6 @@ class NativeEngine:
                 f"Fix: rebuild for this host (`{manifest.rebuild_command}` with engine.cpu_isa: host), "
                 "or run it with --engine ort."
             )
-        if pool.keys[0].dtype != np.float32:
-            raise ArtifactError(f"native engine: KV pool dtype {pool.keys[0].dtype}, expected float32")
         if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
             os.environ["GOMP_SPINCOUNT"] = "2000"  # see the module docstring
         lib_path, weights_path = (_inside(manifest, f) for f in (nat.library, nat.weights_file))
@@ -113,6 +111,15 @@ class NativeEngine:
         m = w.tensor(f"{prefix}.m") if kind == "q4" else None
         return L.weight_struct(TiledWeight(kind, N, K, w.tensor(f"{prefix}.codes"), w.tensor(f"{prefix}.d"), m))
 
+    def _kv(self, layer: int) -> L.KV:
+        """Layer ``layer``'s pool as the kernels read it (any KV dtype; int8 with its scales)."""
+        p = self.pool
+        scales = (p.key_scales[layer], p.value_scales[layer]) if p.key_scales else (None, None)
+        try:
+            return L.kv_struct(p.keys[layer], p.values[layer], *scales)
+        except OpError as e:
+            raise ArtifactError(f"{e}. Fix: `{self.manifest.rebuild_command}`.") from e
+
     def _build_model(self) -> None:
         c, kv, w = self.manifest.model, self.manifest.kv, self.weights
         H, KVH, D, Hd, F = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size, c.intermediate_size
@@ -129,8 +136,7 @@ class NativeEngine:
                 self._weight(f"{p}.o", "q4", Hd, H * D),
                 self._weight(f"{p}.gate_up", "q4", 2 * F, Hd),
                 self._weight(f"{p}.down", "q4", Hd, F),
-                L.ptr(self.pool.keys[i], L._f32p),
-                L.ptr(self.pool.values[i], L._f32p),
+                self._kv(i),
             )
         embed = self._weight("embed", "q8", c.vocab_size, Hd)
         head = self._weight("head", "q8", c.vocab_size, Hd) if w.has("head.codes") else embed

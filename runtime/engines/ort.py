@@ -41,11 +41,10 @@ class _Session:
             raise ArtifactError(f"onnxruntime picked providers {got}, asked for {list(providers)}")
         self.binding = self.sess.io_binding()
         self.binding.bind_output("logits")  # first: get_outputs()[0] is the logits
-        for i, (k, v) in enumerate(pool.ort_values()):
-            self.binding.bind_ortvalue_input(f"past_key.{i}", k)
-            self.binding.bind_ortvalue_output(f"present_key.{i}", k)
-            self.binding.bind_ortvalue_input(f"past_value.{i}", v)
-            self.binding.bind_ortvalue_output(f"present_value.{i}", v)
+        for i, arrays in enumerate(pool.ort_values()):  # (k, v) or, int8 pool, (k, v, k_scale, v_scale)
+            for name, value in zip(("key", "value", "key_scale", "value_scale"), arrays):
+                self.binding.bind_ortvalue_input(f"past_{name}.{i}", value)
+                self.binding.bind_ortvalue_output(f"present_{name}.{i}", value)
 
     def run(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         b = self.binding

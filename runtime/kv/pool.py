@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from trtpipe.plugins.core.dtypes import DTYPES, dtype
+from trtpipe.plugins.core.kv_codec import kv_has_scales, kv_storage_dtype
 from trtpipe.runtime.artifact.manifest import KVLayout
 
 
@@ -41,23 +43,36 @@ def zeros_without_huge_pages(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
 
 
 class KVPool:
-    """Per-layer K/V arrays ``[kv_heads_l, num_blocks, block_size, head_dim]`` (zeros at start)."""
+    """Per-layer K/V arrays ``[kv_heads_l, num_blocks, block_size, head_dim]`` (zeros at start) in
+    the layout's KV dtype as :mod:`trtpipe.plugins.core.kv_codec` stores it (bf16 as uint16 bits);
+    an int8 pool also holds float32 scales ``[kv_heads_l, num_blocks, block_size]`` per layer
+    (``key_scales`` / ``value_scales``; empty lists for a float pool)."""
 
     def __init__(self, layout: KVLayout):
         self.layout = layout
-        dtype = np.float32 if layout.dtype == "float32" else np.float16
+        self.kv_dtype = _kv_name(layout.dtype)
+        dtype = kv_storage_dtype(self.kv_dtype)
         shapes = [layout.layer_shape(i) for i in range(len(layout.layer_num_kv_heads))]
         self.keys = [zeros_without_huge_pages(shape, dtype) for shape in shapes]
         self.values = [zeros_without_huge_pages(shape, dtype) for shape in shapes]
-        self._ort_values: list[tuple[Any, Any]] | None = None  # onnxruntime.OrtValue pairs, made lazily
+        scaled = kv_has_scales(self.kv_dtype)
+        self.key_scales = [zeros_without_huge_pages(s[:3], np.float32) for s in shapes] if scaled else []
+        self.value_scales = [zeros_without_huge_pages(s[:3], np.float32) for s in shapes] if scaled else []
+        self._ort_values: list[tuple[Any, ...]] | None = None  # onnxruntime.OrtValue tuples, made lazily
 
     @property
     def num_layers(self) -> int:
         return len(self.keys)
 
     @property
+    def arrays(self) -> list[np.ndarray]:
+        """Every array of the pool: K and V of each layer, then the int8 scales."""
+        return [*self.keys, *self.values, *self.key_scales, *self.value_scales]
+
+    @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.keys) + sum(a.nbytes for a in self.values)
+        """Bytes of K, V and (int8) their scales: what :attr:`KVLayout.pool_bytes` plans."""
+        return sum(a.nbytes for a in self.arrays)
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy every layer's K and V block ``src`` into ``dst`` for each ``(src, dst)`` pair
@@ -67,16 +82,27 @@ class KVPool:
             return
         src = np.array([c[0] for c in copies], dtype=np.int64)
         dst = np.array([c[1] for c in copies], dtype=np.int64)
-        for arr in (*self.keys, *self.values):  # [kv_heads, num_blocks, block_size, head_dim]
+        for arr in self.arrays:  # [kv_heads, num_blocks, block_size(, head_dim)]
             arr[:, dst] = arr[:, src]
 
     def ort_values(self):
-        """``[(k_0, v_0), ...]`` as ``onnxruntime.OrtValue`` views of the same memory (cached)."""
+        """Per layer ``(k, v)``, or ``(k, v, k_scale, v_scale)`` for an int8 pool, as
+        ``onnxruntime.OrtValue`` views of the same memory (cached); a bf16 pool's uint16 bits are
+        typed BFLOAT16."""
         if self._ort_values is None:
             import onnxruntime as ort
 
-            self._ort_values = [
-                (ort.OrtValue.ortvalue_from_numpy(k), ort.OrtValue.ortvalue_from_numpy(v))
-                for k, v in zip(self.keys, self.values)
-            ]
+            def view(a: np.ndarray):
+                if self.kv_dtype == "bf16" and a.dtype == np.uint16:
+                    return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(a, DTYPES["bf16"].onnx_type)
+                return ort.OrtValue.ortvalue_from_numpy(a)
+
+            n = len(self.keys)
+            extra = [self.key_scales, self.value_scales] if self.key_scales else []
+            self._ort_values = [tuple(view(arrs[i]) for arrs in (self.keys, self.values, *extra)) for i in range(n)]
         return self._ort_values
+
+
+def _kv_name(manifest_dtype: str) -> str:
+    """``kv_cache.dtype`` spelling of a manifest's KV dtype (``float32`` -> ``fp32``, ``int8``)."""
+    return dtype(manifest_dtype).name

@@ -8,8 +8,10 @@ used by the runtime (``trtpipe generate``, the validate report) from an artifact
     weights read per step = the decode weights, minus the embedding table when it is only
                             gathered (a separate LM head exists); a tied table that is also the
                             LM head is read whole
-    KV read per step      = batch x sum_l 2 x kv_heads_l x head_dim x dtype_bytes x min(context, W_l)
-                            (W_l: layer l's sliding window, 0 = full attention)
+    KV read per step      = batch x sum_l 2 x kv_heads_l x row_bytes x min(context, W_l)
+                            (W_l: layer l's sliding window, 0 = full attention; row_bytes: one
+                            token of one kv head, head_dim x dtype bytes + an int8 pool's scale,
+                            plugins/core/kv_codec.py)
     achieved bandwidth    = (weights read + KV read) / TPOT                    [bytes/s]
 
 Activations, logits and the KV written by the step are left out (a few hundred kB per step for
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtpipe.plugins.core.dtypes import activation_dtype, dtype
+from trtpipe.plugins.core.kv_codec import kv_head_token_bytes
 from trtpipe.runtime.artifact.model_config import ModelConfig
 
 
@@ -31,15 +34,21 @@ def kv_bytes_per_layer(
     layer_sliding_window: Sequence[int],
     head_dim: int,
     num_tokens: int,
-    dtype_bytes: int,
+    kv_dtype: str,
 ) -> tuple[int, ...]:
     """K and V bytes of each layer for one sequence of ``num_tokens`` tokens:
-    ``2 x kv_heads_l x head_dim x dtype_bytes x min(num_tokens, W_l)`` (``W_l`` = 0: no window)."""
+    ``2 x kv_heads_l x row_bytes x min(num_tokens, W_l)`` (``W_l`` = 0: no window; ``row_bytes``
+    = :func:`~trtpipe.plugins.core.kv_codec.kv_head_token_bytes` of ``kv_dtype``, ``fp16`` or
+    ``float16`` spelling, int8 scales included)."""
+    row = kv_head_token_bytes(kv_dtype, head_dim)
     out = []
     for kvh, w in zip(layer_num_kv_heads, layer_sliding_window):
         tokens = min(num_tokens, w) if w > 0 else num_tokens
-        out.append(2 * kvh * head_dim * dtype_bytes * tokens)
+        out.append(2 * kvh * row * tokens)
     return tuple(out)
+
+
+_LEGACY_KV_BYTES = {4: "float32", 2: "float16"}  # reports written before "kv_dtype" (float pools only)
 
 
 def weight_read_bytes(weight_bytes: int, embedding_bytes: int, embedding_is_lm_head: bool) -> int:
@@ -53,7 +62,7 @@ class DecodeReadModel:
     """What one decode step reads, as a function of its batch and context (bytes)."""
 
     weight_read_bytes: int  # per step, whatever the batch
-    kv_dtype_bytes: int  # 4 (float32) or 2 (float16)
+    kv_dtype: str  # the pool's: "float32", "float16", "bfloat16", "int8" (or fp32, ... spelling)
     head_dim: int
     layer_num_kv_heads: tuple[int, ...]  # [num_layers]
     layer_sliding_window: tuple[int, ...]  # [num_layers], 0 = full attention
@@ -62,7 +71,7 @@ class DecodeReadModel:
     def kv_read_bytes(self, context_tokens: int, batch: int = 1) -> int:
         """KV bytes a step reads: ``batch`` sequences of ``context_tokens`` tokens each."""
         per_seq = kv_bytes_per_layer(
-            self.layer_num_kv_heads, self.layer_sliding_window, self.head_dim, context_tokens, self.kv_dtype_bytes
+            self.layer_num_kv_heads, self.layer_sliding_window, self.head_dim, context_tokens, self.kv_dtype
         )
         return batch * sum(per_seq)
 
@@ -73,7 +82,7 @@ class DecodeReadModel:
     def to_dict(self) -> dict[str, Any]:
         return {
             "weight_read_bytes": self.weight_read_bytes,
-            "kv_dtype_bytes": self.kv_dtype_bytes,
+            "kv_dtype": self.kv_dtype,
             "head_dim": self.head_dim,
             "layer_num_kv_heads": list(self.layer_num_kv_heads),
             "layer_sliding_window": list(self.layer_sliding_window),
@@ -84,7 +93,7 @@ class DecodeReadModel:
     def from_dict(cls, d: Mapping[str, Any]) -> DecodeReadModel:
         return cls(
             int(d["weight_read_bytes"]),
-            int(d["kv_dtype_bytes"]),
+            str(d["kv_dtype"]) if "kv_dtype" in d else _LEGACY_KV_BYTES[int(d["kv_dtype_bytes"])],
             int(d["head_dim"]),
             tuple(d["layer_num_kv_heads"]),
             tuple(d["layer_sliding_window"]),
@@ -133,7 +142,7 @@ def decode_read_model(
         how = "artifact weights" + ("" if tied else " minus the embedding table (model facts)")
     return DecodeReadModel(
         weight_read_bytes(weight_bytes, emb, tied),
-        dtype(kv_dtype).itemsize,
+        kv_dtype,
         config.head_dim,
         tuple(config.layer_num_kv_heads),
         tuple(config.layer_sliding_window),
@@ -157,7 +166,7 @@ def read_model_from_manifest(manifest: Any, engine: str | None = None) -> Decode
         c = manifest.model
         return DecodeReadModel(
             int(read_bytes),
-            dtype(manifest.kv.dtype).itemsize,
+            manifest.kv.dtype,
             c.head_dim,
             tuple(c.layer_num_kv_heads),
             tuple(c.layer_sliding_window),

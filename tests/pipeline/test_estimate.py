@@ -107,21 +107,24 @@ def smollm2_planning_recipe(**over) -> dict:
 
 def test_llama2_7b_kv_by_hand():
     c = config(LLAMA2_7B)
-    assert c.kv_bytes_per_token(2) == 2 * 32 * 32 * 128 * 2 == 524_288
-    layers = kv_bytes_per_layer(c, 512, 2)
+    assert c.kv_bytes_per_token("fp16") == 2 * 32 * 32 * 128 * 2 == 524_288
+    layers = kv_bytes_per_layer(c, 512, "fp16")
     assert layers == (2 * 32 * 128 * 2 * 512,) * 32 == (8_388_608,) * 32  # 8.4 MB per layer
-    assert kv_bytes_per_sequence(c, 512, 2) == 268_435_456  # 268 MB
+    assert kv_bytes_per_sequence(c, 512, "fp16") == 268_435_456  # 268 MB
 
 
 def test_smollm2_kv_per_token_fp32():
-    assert config(SMOLLM2).kv_bytes_per_token(4) == 2 * 30 * 3 * 64 * 4 == 46_080
+    assert config(SMOLLM2).kv_bytes_per_token("fp32") == 2 * 30 * 3 * 64 * 4 == 46_080
+    # int8: 64 one-byte codes + one fp32 scale per token and kv head, for K and for V
+    assert config(SMOLLM2).kv_bytes_per_token("int8") == 2 * 30 * 3 * (64 + 4) == 12_240  # 0.266x fp32
+    assert config(SMOLLM2).kv_bytes_per_token("bf16") == 2 * 30 * 3 * 64 * 2 == 23_040
 
 
 def test_sliding_window_caps_the_windowed_layers_only():
     # Layers alternate full attention and a 256-token window, and differ in kv heads.
     c = config(SMOLLM2, num_layers=2, layer_num_kv_heads=(3, 1), layer_sliding_window=(0, 256))
-    assert kv_bytes_per_layer(c, 1000, 2) == (2 * 3 * 64 * 2 * 1000, 2 * 1 * 64 * 2 * 256)
-    assert kv_bytes_per_layer(c, 100, 2) == (2 * 3 * 64 * 2 * 100, 2 * 1 * 64 * 2 * 100)
+    assert kv_bytes_per_layer(c, 1000, "fp16") == (2 * 3 * 64 * 2 * 1000, 2 * 1 * 64 * 2 * 256)
+    assert kv_bytes_per_layer(c, 100, "fp16") == (2 * 3 * 64 * 2 * 100, 2 * 1 * 64 * 2 * 100)
 
 
 # --------------------------------------------------------------------------------------------

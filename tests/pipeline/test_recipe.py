@@ -727,3 +727,28 @@ def test_native_settings_with_the_ort_backend_are_refused(cpu_data):
     d = copy.deepcopy(cpu_data)
     d["engine"] = {"cpu_backend": "ort", "cpu_isa": "avx2"}
     assert_problem(error_of(d, lambda x: None), "engine.cpu_isa", "'avx2'", "cpu_backend: auto")
+
+
+def test_kv_dtype_is_a_build_input_so_prefix_caches_never_mix(cpu_data):
+    """kv_cache.dtype changes the build hash, which seeds every prefix-cache block hash: blocks of
+    an int8 pool are never taken for an fp32 pool's (runtime/kv/prefix_cache.py)."""
+    from trtpipe.runtime.kv.prefix_cache import extend_block_hashes, root_hash
+
+    recipes = {}
+    for kv_dtype in ("fp32", "fp16", "bf16", "int8"):
+        d = copy.deepcopy(cpu_data)
+        d["kv_cache"]["dtype"] = kv_dtype
+        recipes[kv_dtype] = parse_recipe(d, origin="kv.yaml")
+    assert recipes["int8"].kv_dtype == "int8"
+    hashes = {k: build_hash(r) for k, r in recipes.items()}
+    assert len(set(hashes.values())) == 4
+    tokens = list(range(32))
+    blocks = {k: tuple(extend_block_hashes([], tokens, 16, root_hash(h))) for k, h in hashes.items()}
+    assert len(set(blocks.values())) == 4
+
+
+def test_int8_kv_is_refused_on_gpu_targets_with_the_fix():
+    orin = _orin_data()
+    orin["kv_cache"]["dtype"] = "int8"
+    err = error_of(orin, lambda d: None)
+    assert_problem(err, "kv_cache.dtype", "'int8'", "dtype: fp16", "target: cpu")

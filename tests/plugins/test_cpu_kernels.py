@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from trtpipe.plugins.core.errors import OpError
+from trtpipe.plugins.core.kv_codec import kv_encode
 from trtpipe.plugins.cpu import layout, library, reference
 from trtpipe.plugins.cpu.compile import compile_library, compiler
 from trtpipe.plugins.cpu.isa import ISAS, missing_flags
@@ -131,11 +132,9 @@ ATTENTION_CASES = {
 }
 
 
-@pytest.mark.parametrize("window", [0, 5])
-@pytest.mark.parametrize("case", list(ATTENTION_CASES))
-def test_paged_attention_matches_the_op_reference(lib, window, case):
-    """A prefill chunk continuing a cached prefix, a fresh prompt and a 1-token decode row in one
-    call (GQA, scattered blocks), against plugins/ops/paged_attention/reference.py."""
+def _attention_inputs(case: str, kv_dtype: str):
+    """A prefill chunk continuing a cached prefix, a fresh prompt and a 1-token decode row (GQA,
+    scattered blocks); the pool filled with random values encoded in ``kv_dtype``."""
     rng = np.random.default_rng(4)
     H, KVH, D, BS, chunks, ctx = ATTENTION_CASES[case]
     S, T = len(chunks), sum(chunks)
@@ -150,26 +149,38 @@ def test_paged_attention_matches_the_op_reference(lib, window, case):
     slots = np.concatenate(
         [[tables[s, p // BS] * BS + p % BS for p in range(ctx[s] - chunks[s], ctx[s])] for s in range(S)]
     ).astype(np.int64)
-    kc = rng.standard_normal((KVH, NB, BS, D)).astype(np.float32)
-    vc = rng.standard_normal((KVH, NB, BS, D)).astype(np.float32)
+    kc, ks = kv_encode(rng.standard_normal((KVH, NB, BS, D)), kv_dtype)
+    vc, vs = kv_encode(rng.standard_normal((KVH, NB, BS, D)), kv_dtype)
     q = rng.standard_normal((T, H * D)).astype(np.float32)
     k = rng.standard_normal((T, KVH * D)).astype(np.float32)
     v = rng.standard_normal((T, KVH * D)).astype(np.float32)
-    ctx_a = np.array(ctx, np.int64)
-    want, kc_want, vc_want = paged_attention(
-        q, k, v, kc, vc, slots, tables, ctx_a, qsl,
-        num_heads=H, num_kv_heads=KVH, head_size=D, block_size=BS, sliding_window=window,
-    )  # fmt: skip
+    k[0, :D] = 0.0  # an all-zero int8 row: scale 0, codes 0
+    return (q, k, v, kc, vc, slots, tables, np.array(ctx, np.int64), qsl, ks, vs), (H, KVH, D, BS, S, T, MB, NB)
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp32", "fp16", "bf16", "int8"])
+@pytest.mark.parametrize("window", [0, 5])
+@pytest.mark.parametrize("case", list(ATTENTION_CASES))
+def test_paged_attention_matches_the_op_reference(lib, window, case, kv_dtype):
+    """Prefill chunks and a decode row in one call against plugins/ops/paged_attention/reference.py,
+    for each KV pool dtype: the written codes and int8 scales bit for bit (the same float32
+    operations as kv_codec.kv_encode), the output within 1e-5 (both read the same decoded values;
+    fp32 sums in another order)."""
+    args, (H, KVH, D, BS, S, T, MB, NB) = _attention_inputs(case, kv_dtype)
+    q, k, v, kc, vc, slots, tables, ctx_a, qsl, ks, vs = args
+    want, *pool_want = paged_attention(
+        *args, num_heads=H, num_kv_heads=KVH, head_size=D, block_size=BS, sliding_window=window
+    )
     f32p, i64p = library._f32p, library._i64p
+    kv = library.kv_struct(kc, vc, ks, vs)
     lib.tp_kv_write(
-        library.ptr(kc, f32p), library.ptr(vc, f32p), library.ptr(k, f32p), library.ptr(v, f32p),
-        KVH * D, library.ptr(slots, i64p), T, KVH, NB, BS, D,
-    )  # fmt: skip
-    np.testing.assert_array_equal(kc, kc_want)
-    np.testing.assert_array_equal(vc, vc_want)
+        C.byref(kv), library.ptr(k, f32p), library.ptr(v, f32p), KVH * D, library.ptr(slots, i64p), T, KVH, NB, BS, D
+    )
+    for got, expected in zip([kc, vc] + ([ks, vs] if ks is not None else []), pool_want, strict=True):
+        np.testing.assert_array_equal(got, expected)
     out = np.zeros((T, H * D), np.float32)
     lib.tp_attention(
-        library.ptr(q, f32p), H * D, library.ptr(kc, f32p), library.ptr(vc, f32p), library.ptr(tables, i64p), MB,
+        library.ptr(q, f32p), H * D, C.byref(kv), library.ptr(tables, i64p), MB,
         library.ptr(ctx_a, i64p), library.ptr(qsl, i64p), S, H, KVH, NB, BS, D, C.c_float(D**-0.5), window,
         library.ptr(out, f32p),
     )  # fmt: skip

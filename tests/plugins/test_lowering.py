@@ -16,9 +16,11 @@ from test_reference import _Batch
 
 from trtpipe.plugins.core import rope as RoPE
 from trtpipe.plugins.core.errors import OpError
+from trtpipe.plugins.core.kv_codec import kv_encode
 from trtpipe.plugins.lowering.ort import lower_for_ort
 from trtpipe.plugins.ops.int4_gemm import pack as int4_pack
 from trtpipe.plugins.ops.int4_gemm import reference as I4
+from trtpipe.plugins.ops.paged_attention import reference as PA
 
 IDX = ["slot_mapping", "block_tables", "context_lens", "query_start_loc"]
 
@@ -105,6 +107,43 @@ def test_ort_lowering_matches_naive_and_writes_in_place(W, BS, chunks, split_dec
     np.testing.assert_array_equal(vc, vc_ref)
 
 
+@pytest.mark.parametrize("kv_dtype", ["fp16", "bf16", "int8"])
+@pytest.mark.parametrize("mode", ["prefill", "mixed", "decode"])
+def test_ort_lowering_of_each_kv_dtype_matches_the_reference(kv_dtype, mode):
+    """A pool retyped to fp16 / bf16 / int8 (retype_kv_pool, in lower_for_ort) against the NumPy
+    reference reading the same encoded pool: codes and int8 scales bit for bit (the graph does
+    kv_codec.kv_encode's float32 operations), the output within 1e-5 (the same decoded values)."""
+    rng = np.random.default_rng(23)
+    chunks = [(0, 1), (9, 1), (21, 1)] if mode == "decode" else [(5, 6), (0, 3), (13, 1)]
+    b = _Batch(rng, H=6, KVH=2, D=8, BS=4, NB=20, MB=8, chunks=chunks, W=3 if mode == "mixed" else 0)
+    b.key[0] = 0.0  # an all-zero int8 row: scale 0, codes 0
+    pool = [*kv_encode(b.key_cache, kv_dtype), *kv_encode(b.value_cache, kv_dtype)]  # kc, ks, vc, vs
+    scales = [pool[1], pool[3]] if kv_dtype == "int8" else []
+    want = PA.paged_attention(*b.args()[:3], pool[0], pool[2], *b.args()[5:], *scales, **b.kwargs())
+    model = _pa_model(b)
+    if mode == "mixed":  # as the exporter writes it: the optional outputs named, unused
+        model.graph.node[0].output.extend(["unused_scale_k", "unused_scale_v"])
+    m = lower_for_ort(model, decode=mode == "decode", split_decode_rows=mode == "mixed", kv_dtype=kv_dtype)
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    bind = sess.io_binding()
+    bind.bind_output("out")
+    for name, arr in zip(["query", "key", "value"] + IDX, [*b.args()[:3], *b.args()[5:]]):
+        bind.bind_cpu_input(name, arr)
+    got = [pool[0].copy(), pool[2].copy(), *(x.copy() for x in scales)]
+    for name, arr in zip(["key_cache", "value_cache", "key_cache_scale", "value_cache_scale"], got):
+        v = (
+            ort.OrtValue.ortvalue_from_numpy_with_onnx_type(arr, TensorProto.BFLOAT16)
+            if kv_dtype == "bf16"
+            else ort.OrtValue.ortvalue_from_numpy(arr)
+        )
+        bind.bind_ortvalue_input(name, v)
+        bind.bind_ortvalue_output(name.replace("_cache", "_cache_out"), v)
+    sess.run_with_iobinding(bind)
+    np.testing.assert_allclose(bind.get_outputs()[0].numpy(), want[0], rtol=1e-5, atol=1e-5)
+    for g, w in zip(got, want[1:], strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
 @pytest.mark.parametrize("W", [0, 1, 4, 6])
 def test_decode_lowering_matches_naive(W):
     """The decode-specialized lowering (one query per sequence), window edges and ragged tables."""
@@ -139,7 +178,7 @@ def test_torch_op_matches_naive(W, BS, chunks):
     rng = np.random.default_rng(3)
     b = _Batch(rng, H=6, KVH=2, D=8, BS=BS, NB=16, MB=8, chunks=chunks, W=W)
     t = [torch.from_numpy(np.ascontiguousarray(x)) for x in b.args()]
-    out, kc, vc = torch.ops.trtpipe.paged_attention(*t, b.H, b.KVH, b.D, 0.0, b.BS, b.W)
+    out, kc, vc = torch.ops.trtpipe.paged_attention(*t, None, None, b.H, b.KVH, b.D, 0.0, b.BS, b.W)
     np.testing.assert_allclose(out.numpy(), b.expected(), rtol=1e-5, atol=1e-5)
     _, kc_ref, _ = b.run()
     np.testing.assert_array_equal(kc.numpy(), kc_ref)

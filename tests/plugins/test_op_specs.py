@@ -19,7 +19,7 @@ from trtpipe.plugins.ops.paged_attention.spec import PAGED_ATTENTION
 SPECS = {"PagedAttention": PAGED_ATTENTION, "Int4Gemm": INT4_GEMM}
 REFERENCES = {"PagedAttention": attention_reference.paged_attention, "Int4Gemm": int4_reference.int4_gemm}
 # the op ABI hash artifacts' manifests record: changing it makes every built artifact a mismatch
-OP_ABI_HASH = "af4f4a8434ee2abc6ed400e0ba14455ad95ff25b699ae1f126625150d563a3ff"
+OP_ABI_HASH = "5393dcec7a618cd65dde6ffa1e07e2fe110ffeaef9bf6960e72f829a5fa9c526"
 
 
 def _params(sig: inspect.Signature) -> list[tuple[str, str, object]]:
@@ -44,7 +44,10 @@ def test_the_contract_by_hand():
         "block_tables",
         "context_lens",
         "query_start_loc",
+        "key_scale",  # optional: an int8 pool's scales
+        "value_scale",
     ]
+    assert [t.name for t in PAGED_ATTENTION.outputs if t.optional] == ["key_scale_out", "value_scale_out"]
     assert [(a.name, a.default) for a in PAGED_ATTENTION.arguments] == [
         ("num_heads", None),
         ("num_kv_heads", None),
@@ -107,7 +110,7 @@ def test_torch_op_schema_equals_the_description(name):
     assert str(schema) == f"trtpipe::{spec.torch_name}{spec.torch_schema()}".replace("=0.0", "=0.")
     positional = spec.python_signature("positional").parameters.values()
     assert [a.name for a in schema.arguments] == [p.name for p in positional]
-    assert len(schema.returns) == len(spec.outputs)
+    assert len(schema.returns) == len([t for t in spec.outputs if not t.optional])  # optional: lowered graphs only
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
@@ -123,7 +126,7 @@ def test_exporter_translation_equals_the_description(name):
     assert _params(inspect.signature(fn)) == _params(spec.python_signature("positional"))
     sig = _schemas.op_signature_from_function(fn, "__traced", fn.__name__)  # what torch 2.13's exporter reads
     assert [p.name for p in sig.params] == [p for p in spec.python_signature("positional").parameters]
-    assert len(sig.outputs) == len(spec.outputs)
+    assert len(sig.outputs) == len([t for t in spec.outputs if not t.optional])
     attrs = [p.name for p in sig.params if not hasattr(p, "type_constraint")]
     assert attrs == [a.name for a in spec.arguments]
 
@@ -142,7 +145,8 @@ def test_triton_launchers_equal_the_description():
         assert got[: len(call)] == call and [p[0] for p in got[len(call) :]] == extra
     decode = _params(inspect.signature(attention_launch.paged_attention_decode))
     attrs = [p for p in _params(PAGED_ATTENTION.python_signature("call")) if p[1] == "KEYWORD_ONLY"]
-    assert decode[5:11] == attrs
+    assert [p[0] for p in decode[5:7]] == ["key_scale", "value_scale"]  # an int8 pool's, default None
+    assert decode[7:13] == attrs
 
 
 def test_trt_plugin_signatures_equal_the_description():

@@ -150,8 +150,16 @@ def test_register_is_idempotent_and_schema_matches_contract():
         "block_tables",
         "context_lens",
         "query_start_loc",
+        "key_scale",
+        "value_scale",
     ]
-    assert [o.name for o in s.outputs] == ["output", "key_cache_out", "value_cache_out"]
+    assert [o.name for o in s.outputs] == [
+        "output",
+        "key_cache_out",
+        "value_cache_out",
+        "key_scale_out",
+        "value_scale_out",
+    ]
     assert s.attributes["num_heads"].required and not s.attributes["sliding_window"].required
     assert s.attributes["scale"].default_value.f == 0.0
     g = onnx.defs.get_schema("Int4Gemm", 1, "trtpipe")

@@ -166,6 +166,46 @@ def interp_prefill_tilings_mha_and_group8(block_q, block_n):
         np.testing.assert_allclose(out.numpy(), ref, **TOL[np.float32])
 
 
+def _pool_tensor(codes: np.ndarray, kv_dtype: str):
+    """A pool as the kernels take it: bf16 bit patterns (uint16) viewed as torch.bfloat16."""
+    t = _t(codes.view(np.int16) if kv_dtype == "bf16" else codes)
+    return t.view(torch.bfloat16) if kv_dtype == "bf16" else t
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp16", "bf16", "int8"])
+@pytest.mark.parametrize("mode", ["decode", "prefill"])
+def interp_kv_dtypes_match_reference(kv_dtype, mode):
+    """fp32 queries over fp16 / bf16 / int8 pools (plugins/core/kv_codec.py) against the reference
+    reading the same encoded pool: written codes and int8 scales bit for bit, the output within
+    1e-5. An int8 pool's poisoned blocks carry NaN scales (its codes cannot hold NaN)."""
+    from trtpipe.plugins.core.kv_codec import kv_encode
+
+    rng = np.random.default_rng(17)
+    chunks = [(0, 1), (3, 1), (11, 1), (19, 1)] if mode == "decode" else [(5, 7), (0, 9), (13, 1)]
+    args, kw = _batch(rng, H=6, KVH=2, D=24, BS=4, NB=24, MB=6, chunks=chunks, W=3)
+    q, k, v, kc, vc, *idx = args
+    k[0, :24] = 0.0  # an all-zero int8 row: scale 0, codes 0
+    pool = []
+    for c in (kc, vc):
+        codes, sc = kv_encode(np.nan_to_num(c) if kv_dtype == "int8" else c, kv_dtype)
+        if sc is not None:
+            sc[:, [0, POISON]] = np.nan
+        pool.append((codes, sc))
+    scales = [pool[0][1], pool[1][1]] if kv_dtype == "int8" else []
+    want = PA.paged_attention(q, k, v, pool[0][0], pool[1][0], *idx, *scales, **kw)
+    targs = [_t(x) for x in (q, k, v)] + [_pool_tensor(c, kv_dtype) for c, _ in pool] + [_t(x) for x in idx]
+    got = TL.paged_attention(*targs, *(_t(x) for x in scales), **kw, max_query_len=1 if mode == "decode" else None)
+    assert np.isfinite(got[0].numpy()).all()
+    np.testing.assert_allclose(got[0].numpy(), want[0], rtol=1e-5, atol=1e-5)
+    for g, w in zip(got[1:], want[1:], strict=True):
+        g = (
+            g.view(torch.int16).numpy().view(np.uint16)
+            if kv_dtype == "bf16" and g.dtype == torch.bfloat16
+            else g.numpy()
+        )
+        np.testing.assert_array_equal(g, w)
+
+
 def interp_write_kv_cache_exact_and_skips_negative_slots():
     rng = np.random.default_rng(3)
     kc = torch.zeros((2, 4, 2, 4))  # [KVH, NB, BS, D]

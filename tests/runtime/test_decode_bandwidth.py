@@ -7,6 +7,7 @@ import pytest
 from trtpipe.runtime.artifact.model_config import ModelConfig
 from trtpipe.runtime.metrics.decode_bandwidth import (
     DecodeBandwidth,
+    DecodeReadModel,
     decode_bandwidth,
     decode_read_model,
     kv_bytes_per_layer,
@@ -22,8 +23,8 @@ SMOL_EMB_FP32 = 49152 * 576 * 4  # 113,246,208 B
 
 def test_kv_bytes_per_layer_caps_windowed_layers():
     # 2 kv heads x head_dim 8 x 2 B x 2 (K and V) = 64 B per token and layer
-    assert kv_bytes_per_layer((2, 2), (4, 0), 8, 10, 2) == (64 * 4, 64 * 10)
-    assert kv_bytes_per_layer((2, 1), (0, 0), 8, 3, 4) == (2 * 2 * 8 * 4 * 3, 2 * 1 * 8 * 4 * 3)
+    assert kv_bytes_per_layer((2, 2), (4, 0), 8, 10, "fp16") == (64 * 4, 64 * 10)
+    assert kv_bytes_per_layer((2, 1), (0, 0), 8, 3, "fp32") == (2 * 2 * 8 * 4 * 3, 2 * 1 * 8 * 4 * 3)
 
 
 def test_weight_read_skips_a_gathered_embedding_only():
@@ -57,7 +58,14 @@ def test_without_initializers_the_model_facts_decide():
     untied = ModelConfig("llama", 2, 64, 4, 2, 16, 128, 256, 512, 1e4, 1e-5, False)
     m = decode_read_model(untied, "float16", 100_000, "fp16")
     assert m.weight_read_bytes == 100_000 - 256 * 64 * 2
-    assert m.kv_dtype_bytes == 2
+    assert m.kv_dtype == "float16"
+    # an int8 pool reads its scales too: 2 x 2 kv heads x (16 + 4) B per token, 10 tokens
+    int8 = decode_read_model(untied, "int8", 100_000, "fp16")
+    assert int8.kv_read_bytes(10) - int8.kv_read_bytes(0) == 2 * 2 * 2 * 20 * 10
+    # reports written before the dtype was recorded carry its bytes
+    legacy = {**m.to_dict(), "kv_dtype_bytes": 2}
+    del legacy["kv_dtype"]
+    assert DecodeReadModel.from_dict(legacy) == m
     assert decode_read_model(SMOL, "float16", 100_000_000, "fp16").weight_read_bytes == 100_000_000
 
 

@@ -49,13 +49,26 @@ typedef struct {
   const uint16_t *d, *m; /* fp16 scales (and Q4 minimums; NULL for Q8) */
 } tp_weight;
 
+/* KV pool dtypes (plugins/core/kv_codec.py defines the encodings): fp32; fp16 (IEEE half) and
+ * bf16 (top half of fp32) as 16-bit patterns, rounded to nearest even; int8 symmetric with one
+ * fp32 scale per token and kv head (scale = max|x| / 127, q = rint(x * (127 / max|x|))). */
+enum { TP_KV_F32 = 0, TP_KV_F16 = 1, TP_KV_BF16 = 2, TP_KV_I8 = 3 };
+
+/* one layer's pool: K and V [KVH][NB][BS][D] of the dtype, head-major; for int8 the scales
+ * [KVH][NB][BS] fp32 (NULL otherwise) */
+typedef struct {
+  int dtype;
+  void *k, *v;
+  float *k_scale, *v_scale;
+} tp_kv;
+
 typedef struct {
   const float *attn_norm, *mlp_norm; /* [hidden] */
   tp_weight qkv;                     /* N = (H + 2 KVH) * D: q rows, then k, then v */
   tp_weight o;                       /* N = hidden, K = H * D */
   tp_weight gate_up;                 /* N = 2F: gate rows, then up */
   tp_weight down;                    /* N = hidden, K = F */
-  float *key_cache, *value_cache;    /* [KVH][NB][BS][D] fp32, head-major */
+  tp_kv kv;                          /* this layer's paged KV pool */
 } tp_layer;
 
 typedef struct {
@@ -93,11 +106,12 @@ void tp_rope(float *x, int ld, int T, int heads, int D, const int64_t *positions
 void tp_silu_mul(const float *gu, float *y, int M, int F);
 void tp_embed_q8(const tp_weight *table, const int64_t *ids, int T, float *h);
 
-/* k, v rows of ld floats (KVH heads of D each) written at slot_mapping into the head-major pool */
-void tp_kv_write(float *kc, float *vc, const float *k, const float *v, int ld, const int64_t *slot_mapping, int T,
+/* k, v rows of ld floats (KVH heads of D each) encoded in the pool's dtype and written at
+ * slot_mapping into the head-major pool */
+void tp_kv_write(const tp_kv *kv, const float *k, const float *v, int ld, const int64_t *slot_mapping, int T,
                  int KVH, int NB, int BS, int D);
 /* causal GQA attention of q [T][ldq] (H heads of D) over the pool; out [T][H*D] */
-void tp_attention(const float *q, int ldq, const float *kc, const float *vc, const int64_t *block_tables, int MB,
+void tp_attention(const float *q, int ldq, const tp_kv *kv, const int64_t *block_tables, int MB,
                   const int64_t *context_lens, const int64_t *query_start_loc, int S, int H, int KVH, int NB, int BS,
                   int D, float scale, int W, float *out);
 

@@ -41,6 +41,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from trtpipe.plugins.core.dtypes import DTYPES
 from trtpipe.plugins.core.errors import OpError
 from trtpipe.plugins.graph.rewrite import GraphRewrite, NodeBuilder, node_attributes
 
@@ -48,7 +49,7 @@ __all__ = ["lower_paged_attention"]
 
 
 def lower_paged_attention(
-    node: onnx.NodeProto, state: GraphRewrite, *, decode: bool, split_decode_rows: bool = False
+    node: onnx.NodeProto, state: GraphRewrite, *, decode: bool, split_decode_rows: bool = False, kv_dtype: str = "fp32"
 ) -> None:
     """Rewrite one ``PagedAttention`` node into standard ops appended to ``state``.
 
@@ -57,8 +58,13 @@ def lower_paged_attention(
     path (module docstring, 3.). The index subgraph of the node's (slot_mapping, block_tables,
     context_lens, query_start_loc, block_size) is emitted once, before the first layer reading
     it, under ``/model/paged_attention_index``; the KV write's ``[T, KVH, 3]`` index once per
-    kv-head count, under ``/model/paged_attention_write_index_kvh{KVH}``. Raises
-    :class:`OpError` when num_heads is not a multiple of num_kv_heads.
+    kv-head count, under ``/model/paged_attention_write_index_kvh{KVH}``. ``kv_dtype``: the pool's
+    (:func:`~trtpipe.plugins.ops.paged_attention.kv_pool_types.retype_kv_pool` typed it; int8 nodes
+    carry the scale inputs/outputs): this step's K/V are encoded before the write (Cast; int8:
+    per token-head absmax scale, Round, Clip) and the gathered keys/values decoded after the read
+    (Cast; int8: times the gathered scales), as :mod:`trtpipe.plugins.core.kv_codec` defines.
+    Raises :class:`OpError` when num_heads is not a multiple of num_kv_heads, or for an int8
+    pool without its scales.
     """
     attrs = node_attributes(node)
     block_size = attrs["block_size"]
@@ -84,7 +90,7 @@ def lower_paged_attention(
         state.memo[wkey] = _write_index(wb, node.input[5], block_size, num_kv_heads)
         state.emit(wb)
     b = NodeBuilder(node.name or node.op_type)
-    a = _attention_prologue(b, node, attrs, state.memo[wkey])
+    a = _attention_prologue(b, node, attrs, state.memo[wkey], kv_dtype)
     out = node.output[0]
     if mode == "decode":
         _decode_attention(b, a, a.q, idx["dec"], masks, out)
@@ -243,25 +249,58 @@ class _Head:
     q: str
     kc: str  # the pool after this step's write (ScatterND output = the node's present_key)
     vc: str
+    kv_dtype: str  # fp32 | fp16 | bf16 | int8
+    ks: str = ""  # int8: the scales after this step's write ([KVH, NB, BS] float32)
+    vs: str = ""
 
 
-def _attention_prologue(b: NodeBuilder, node: onnx.NodeProto, a: dict[str, Any], write_idx: str) -> _Head:
+def _attention_prologue(
+    b: NodeBuilder, node: onnx.NodeProto, a: dict[str, Any], write_idx: str, kv_dtype: str
+) -> _Head:
     """Take the node's attributes ``a`` (:func:`node_attributes`), check GQA, and write this
-    step's K/V into the pool in place (ScatterND at ``write_idx [T, KVH, 3]`` with updates
-    ``[T, KVH, D]``, for every token of the batch; see the module docstring)."""
+    step's K/V, encoded in ``kv_dtype``, into the pool in place (ScatterND at ``write_idx
+    [T, KVH, 3]`` with updates ``[T, KVH, D]``, and ``[T, KVH]`` int8 scales, for every token of
+    the batch; see the module docstring)."""
     H, KVH, D = a["num_heads"], a["num_kv_heads"], a["head_size"]
     W = a.get("sliding_window", 0)
     scale = a.get("scale", 0.0) or 1.0 / float(np.sqrt(D))
     if H % KVH:
         raise OpError(f"PagedAttention {node.name}: num_heads {H} is not a multiple of num_kv_heads {KVH}")
     q, k, v, kc, vc = node.input[:5]
-    _out, kc_out, vc_out = node.output
+    kc_out, vc_out = node.output[1:3]
     T_kvh_d = b.const([-1, KVH, D])
-    k_rows = b.op("Reshape", [k, T_kvh_d], "key_rows")  # [T, KVH, D]
-    v_rows = b.op("Reshape", [v, T_kvh_d], "value_rows")
-    b.op("ScatterND", [kc, write_idx, k_rows], "write_k", outputs=[kc_out])
-    b.op("ScatterND", [vc, write_idx, v_rows], "write_v", outputs=[vc_out])
-    return _Head(H, KVH, D, H // KVH, W, scale, q, kc_out, vc_out)
+    scaled = kv_dtype == "int8"
+    if scaled and (len(node.input) < 11 or len(node.output) < 5):
+        raise OpError(f"PagedAttention {node.name}: an int8 pool needs key_scale/value_scale inputs and outputs")
+    scales_out = []
+    for x, cache, cache_out, hint in ((k, kc, kc_out, "k"), (v, vc, vc_out, "v")):
+        rows = b.op("Reshape", [x, T_kvh_d], f"{hint}_rows")  # [T, KVH, D]
+        codes, sc = _encode(b, rows, kv_dtype, hint)
+        b.op("ScatterND", [cache, write_idx, codes], f"write_{hint}", outputs=[cache_out])
+        if scaled:
+            i = 9 if hint == "k" else 10
+            b.op("ScatterND", [node.input[i], write_idx, sc], f"write_{hint}_scale", outputs=[node.output[i - 6]])
+            scales_out.append(node.output[i - 6])
+    return _Head(H, KVH, D, H // KVH, W, scale, q, kc_out, vc_out, kv_dtype, *scales_out)
+
+
+def _encode(b: NodeBuilder, rows: str, kv_dtype: str, hint: str) -> tuple[str, str]:
+    """``rows [T, KVH, D]`` float32 as the pool stores them: ``(codes, scales [T, KVH] | "")``
+    (kv_codec.kv_encode: Cast rounds to nearest even; int8 ``rint(x * (127 / amax))`` clipped,
+    scale ``amax / 127``, both 0 for an all-zero row)."""
+    if kv_dtype in ("fp16", "bf16"):
+        return b.op("Cast", [rows], f"{hint}_{kv_dtype}", to=DTYPES[kv_dtype].onnx_type), ""
+    if kv_dtype != "int8":
+        return rows, ""
+    amax = b.op("ReduceMax", [b.op("Abs", [rows]), b.const([-1])], f"{hint}_amax", keepdims=1)  # [T, KVH, 1]
+    f0 = b.const(0.0, np.float32)
+    inv = b.op("Where", [b.op("Greater", [amax, f0]), b.op("Div", [b.const(127.0, np.float32), amax]), f0])
+    q = b.op(
+        "Clip", [b.op("Round", [b.op("Mul", [rows, inv])]), b.const(-127.0, np.float32), b.const(127.0, np.float32)]
+    )
+    codes = b.op("Cast", [q], f"{hint}_int8", to=TensorProto.INT8)
+    sc = b.op("Div", [b.op("Squeeze", [amax, b.const([-1])]), b.const(127.0, np.float32)], f"{hint}_scale")
+    return codes, sc
 
 
 def _shape(b: NodeBuilder, shared: dict, *parts: Any) -> str:
@@ -278,9 +317,16 @@ def _keys_values(b: NodeBuilder, a: _Head, idx: dict[str, str], shared: dict) ->
     block axis (``[KVH, S, MB, BS, D]``) and a reshape; ``k_t`` is a last-two-axes Transpose
     that ONNX Runtime folds into its MatMul (``FusedMatMul`` transB), so no copy."""
     kvh_s_l_d = _shape(b, shared, a.KVH, idx["S"], idx["L"], a.D)
-    ks = b.op("Reshape", [b.op("Gather", [a.kc, idx["block_tables"]], "gather_k", axis=1), kvh_s_l_d])
-    vs = b.op("Reshape", [b.op("Gather", [a.vc, idx["block_tables"]], "gather_v", axis=1), kvh_s_l_d])
-    return b.op("Transpose", [ks], "k_t", perm=[0, 1, 3, 2]), vs
+    out = []
+    for cache, sc, hint in ((a.kc, a.ks, "k"), (a.vc, a.vs, "v")):
+        x = b.op("Reshape", [b.op("Gather", [cache, idx["block_tables"]], f"gather_{hint}", axis=1), kvh_s_l_d])
+        if a.kv_dtype != "fp32":  # decode (kv_codec.kv_decode): the pool's codes as float32
+            x = b.op("Cast", [x], f"{hint}_float", to=TensorProto.FLOAT)
+        if sc:  # int8: times the token-head scales, [KVH, S, L, 1]
+            g = b.op("Gather", [sc, idx["block_tables"]], f"gather_{hint}_scale", axis=1)
+            x = b.op("Mul", [x, b.op("Reshape", [g, _shape(b, shared, a.KVH, idx["S"], idx["L"], 1)])])
+        out.append(x)
+    return b.op("Transpose", [out[0]], "k_t", perm=[0, 1, 3, 2]), out[1]
 
 
 def _padded_attention(b: NodeBuilder, a: _Head, q: str, idx: dict[str, str], masks: dict, out: str | None) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import onnx
 
+from trtpipe.plugins.core.errors import OpError
 from trtpipe.plugins.graph.rewrite import GraphRewrite, node_attributes
 from trtpipe.plugins.ops.paged_attention.spec import PAGED_ATTENTION
 from trtpipe.plugins.ops.trt_nodes import plugin_node
@@ -30,7 +31,12 @@ def plugin_nodes(node: onnx.NodeProto, state: GraphRewrite, *, decode: bool, nam
     a = node_attributes(node)
     base = node.name or node.output[0]
     q, k, v, kc, vc, slot, bt, cl, qsl = node.input[:9]
-    o, kc_out, vc_out = node.output
+    if any(node.input[9:]):
+        raise OpError(
+            f"PagedAttention {base}: an int8 KV pool (key_scale/value_scale inputs) has no TensorRT plugin yet; "
+            "use kv_cache.dtype fp16 or bf16 on GPU targets"
+        )
+    o, kc_out, vc_out = node.output[:3]  # the exporter may name the unused optional scale outputs
     ns = dict(namespace=namespace, version=version)
     write, attend = PAGED_ATTENTION.plugin("PagedKVWrite"), PAGED_ATTENTION.plugin("PagedAttention")
     state.nodes.append(plugin_node(write, [k, v, kc, vc, slot], [kc_out, vc_out], f"{base}/kv_write", a, **ns))

@@ -30,18 +30,19 @@ import numpy as np
 from trtpipe.plugins.core.arith import cdiv
 from trtpipe.plugins.core.checks import as_float_array, as_int_array, positive_int, shape_error
 from trtpipe.plugins.core.errors import OpError
+from trtpipe.plugins.core.kv_codec import kv_decode, kv_dtype_of_array, kv_encode, kv_has_scales
 from trtpipe.plugins.ops.paged_attention.spec import PAGED_ATTENTION
 
 __all__ = ["paged_attention"]
 
 
 @PAGED_ATTENTION.implement()
-def paged_attention(a: SimpleNamespace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def paged_attention(a: SimpleNamespace) -> tuple[np.ndarray, ...]:
     """Reference of ``trtpipe::PagedAttention``: write this step's K/V, then causal GQA attention.
 
     ``paged_attention(query, key, value, key_cache, value_cache, slot_mapping, block_tables,
-    context_lens, query_start_loc, *, num_heads, num_kv_heads, head_size, scale=0.0, block_size,
-    sliding_window=0)``.
+    context_lens, query_start_loc, key_scale=None, value_scale=None, *, num_heads, num_kv_heads,
+    head_size, scale=0.0, block_size, sliding_window=0)``.
 
     Follows vLLM's paged attention (``reshape_and_cache`` + ``flash_attn_varlen`` over block
     tables) with the Hugging Face sliding-window convention. Names: T tokens in the packed batch,
@@ -51,7 +52,9 @@ def paged_attention(a: SimpleNamespace) -> tuple[np.ndarray, np.ndarray, np.ndar
     Args:
         query: ``[T, H*D]`` float32|float16, RoPE already applied.
         key, value: ``[T, KVH*D]`` same dtype as query; this step's new tokens (RoPE applied to K).
-        key_cache, value_cache: ``[KVH, NB, BS, D]`` float32|float16 (head-major). Never mutated.
+        key_cache, value_cache: ``[KVH, NB, BS, D]`` (head-major), the pool's storage dtype
+            (:mod:`trtpipe.plugins.core.kv_codec`): float32 | float16 | uint16 (bf16 bits) | int8.
+            Never mutated.
         slot_mapping: ``[T]`` int64, where token t is written: ``block_id*BS + position % BS``.
         block_tables: ``[S, MB]`` int64, logical block i of seq s -> physical block id
             (padding entries are 0, the null block, and are never read).
@@ -61,19 +64,25 @@ def paged_attention(a: SimpleNamespace) -> tuple[np.ndarray, np.ndarray, np.ndar
         num_heads, num_kv_heads, head_size, block_size: attributes (positive ints,
             ``num_heads % num_kv_heads == 0``).
         scale: softmax scale; 0.0 means ``1/sqrt(head_size)``.
+        key_scale, value_scale: ``[KVH, NB, BS]`` float32, the int8 pool's per token-head scales
+            (required with int8 caches, refused with float ones). Never mutated.
         sliding_window: W in tokens; 0 disables it. A query at position p sees keys j with
             ``p - W < j <= p`` (Hugging Face / ORT ``local_window_size`` convention: the token
             itself and the W-1 before it).
 
     Returns:
-        ``(output [T, H*D] query dtype, key_cache_out, value_cache_out)``: the caches are new
-        arrays equal to the inputs with this step's K/V written at ``slot_mapping``.
+        ``(output [T, H*D] query dtype, key_cache_out, value_cache_out)``, plus
+        ``(key_scale_out, value_scale_out)`` for an int8 pool: new arrays equal to the inputs
+        with this step's K/V encoded (:func:`~trtpipe.plugins.core.kv_codec.kv_encode`) and
+        written at ``slot_mapping``.
 
     Meaning: token t = qsl[s] + i has position ``p = context_lens[s] - (qsl[s+1]-qsl[s]) + i``
     and attends to keys j in ``[0, context_lens[s])`` read from slot
     ``block_tables[s, j // BS]*BS + j % BS`` iff ``j <= p`` and ``(W == 0 or j > p - W)``.
-    Query head h uses kv head ``h // (H // KVH)``. Scores, softmax and the weighted sum are
-    float32; the output is cast to the query dtype.
+    Query head h uses kv head ``h // (H // KVH)``. Keys and values are read decoded to float32
+    (:func:`~trtpipe.plugins.core.kv_codec.kv_decode`: this step's tokens too, so every token
+    is seen as the pool holds it). Scores, softmax and the weighted sum are float32; the output
+    is cast to the query dtype.
 
     Raises:
         OpError: bad attribute, shape or dtype; ``qsl`` not a valid offset vector; a negative
@@ -87,11 +96,11 @@ def paged_attention(a: SimpleNamespace) -> tuple[np.ndarray, np.ndarray, np.ndar
     S = x.block_tables.shape[0]
 
     # Write first: KV is written once per token, before any query reads the pool.
-    key_cache_out, value_cache_out = _write_kv(x, BS)
+    caches = _write_kv(x, BS)
 
     output = np.zeros((T, H, D), dtype=np.float32)
-    kc32 = key_cache_out.astype(np.float32)
-    vc32 = value_cache_out.astype(np.float32)
+    kc32 = kv_decode(caches[0], caches[2] if x.kv_dtype == "int8" else None, x.kv_dtype)
+    vc32 = kv_decode(caches[1], caches[3] if x.kv_dtype == "int8" else None, x.kv_dtype)
     q32 = x.query.astype(np.float32).reshape(T, H, D)
     qsl = x.query_start_loc
     for s in range(S):
@@ -112,7 +121,7 @@ def paged_attention(a: SimpleNamespace) -> tuple[np.ndarray, np.ndarray, np.ndar
         k = kc32[:, slots // BS, slots % BS].transpose(1, 0, 2)  # [L, KVH, D]
         v = vc32[:, slots // BS, slots % BS].transpose(1, 0, 2)
         output[start:end] = _attend(q32[start:end], k, v, positions, keys_pos, H // KVH, scale, W)
-    return output.reshape(T, H * D).astype(x.query.dtype), key_cache_out, value_cache_out
+    return (output.reshape(T, H * D).astype(x.query.dtype), *caches)
 
 
 def _attention_inputs(a: SimpleNamespace, *, H: int, KVH: int, D: int, BS: int) -> SimpleNamespace:
@@ -121,9 +130,36 @@ def _attention_inputs(a: SimpleNamespace, *, H: int, KVH: int, D: int, BS: int) 
     x = SimpleNamespace()
     for t in PAGED_ATTENTION.inputs:
         v = getattr(a, t.arg_name)
-        setattr(x, t.name, as_float_array(t.name, v) if t.rank is None else as_int_array(t.name, v, t.rank))
+        if t.type == "T_CACHE" or (t.type == "T_SCALE" and v is None):
+            setattr(x, t.name, None if v is None else np.asarray(v))
+        else:
+            setattr(x, t.name, as_float_array(t.name, v) if t.rank is None else as_int_array(t.name, v, t.rank))
     _check_attention_shapes(x, H, KVH, D, BS)
+    _check_pool_dtype(x)
     return x
+
+
+def _check_pool_dtype(x: SimpleNamespace) -> None:
+    """``x.kv_dtype`` from the caches' dtype (one dtype for both); scales iff int8, float32,
+    ``[KVH, NB, BS]``."""
+    try:
+        x.kv_dtype = kv_dtype_of_array(x.key_cache)
+    except ValueError as e:
+        raise OpError(f"key_cache: {e}") from None
+    if x.value_cache.dtype != x.key_cache.dtype:
+        raise OpError(f"value_cache: dtype {x.value_cache.dtype}, expected the key_cache dtype {x.key_cache.dtype}")
+    if x.key_cache.dtype.name == "bfloat16":  # an ml_dtypes array: the same bits as uint16
+        x.key_cache, x.value_cache = x.key_cache.view(np.uint16), x.value_cache.view(np.uint16)
+    for name in ("key_scale", "value_scale"):
+        sc = getattr(x, name)
+        if not kv_has_scales(x.kv_dtype):
+            if sc is not None:
+                raise OpError(f"{name} given with a {x.kv_dtype} pool: scales belong to an int8 pool only")
+            continue
+        if sc is None:
+            raise OpError(f"{name} missing: an int8 pool needs its float32 scales [KVH, NB, BS]")
+        if sc.dtype != np.float32 or sc.shape != x.key_cache.shape[:3]:
+            raise shape_error(name, sc.shape, f"float32 {list(x.key_cache.shape[:3])} (got dtype {sc.dtype})")
 
 
 def _attention_attributes(a: SimpleNamespace) -> tuple[int, int, int, int, int, float]:
@@ -172,13 +208,12 @@ def _check_attention_shapes(x: SimpleNamespace, H: int, KVH: int, D: int, BS: in
         raise OpError(f"block_tables has 0 sequences but the batch has T={T} tokens")
 
 
-def _write_kv(x: SimpleNamespace, BS: int) -> tuple[np.ndarray, np.ndarray]:
-    """New caches equal to ``x``'s with token t's K/V at slot ``slot_mapping[t]``."""
-    key, value, key_cache, value_cache, slot_mapping = x.key, x.value, x.key_cache, x.value_cache, x.slot_mapping
+def _write_kv(x: SimpleNamespace, BS: int) -> tuple[np.ndarray, ...]:
+    """New caches (and int8 scales) equal to ``x``'s with token t's K/V encoded at slot
+    ``slot_mapping[t]``: ``(key_cache, value_cache[, key_scale, value_scale])``."""
+    key_cache, slot_mapping = x.key_cache, x.slot_mapping
     KVH, NB, _, D = key_cache.shape
-    T = key.shape[0]
-    key_cache_out = key_cache.copy()
-    value_cache_out = value_cache.copy()
+    T = x.key.shape[0]
     bad = np.nonzero((slot_mapping < 0) | (slot_mapping >= NB * BS))[0]
     if bad.size:
         t = int(bad[0])
@@ -186,9 +221,16 @@ def _write_kv(x: SimpleNamespace, BS: int) -> tuple[np.ndarray, np.ndarray]:
             f"slot_mapping[{t}]={int(slot_mapping[t])} is outside the pool [0, NB*block_size) = [0, {NB * BS})"
         )
     blk, off = slot_mapping // BS, slot_mapping % BS
-    key_cache_out[:, blk, off] = key.reshape(T, KVH, D).transpose(1, 0, 2).astype(key_cache.dtype)
-    value_cache_out[:, blk, off] = value.reshape(T, KVH, D).transpose(1, 0, 2).astype(value_cache.dtype)
-    return key_cache_out, value_cache_out
+    caches, scales = [], []
+    for new, cache, scale in ((x.key, key_cache, x.key_scale), (x.value, x.value_cache, x.value_scale)):
+        codes, sc = kv_encode(new.reshape(T, KVH, D).transpose(1, 0, 2), x.kv_dtype)  # [KVH, T, D], [KVH, T]
+        out = cache.copy()
+        out[:, blk, off] = codes
+        caches.append(out)
+        if sc is not None:
+            scales.append(scale.copy())
+            scales[-1][:, blk, off] = sc
+    return (*caches, *scales)
 
 
 def _sequence_keys(

@@ -1,6 +1,7 @@
 """ONNX shape inference of ``trtpipe::PagedAttention`` (docs/contracts.md): ``output`` has
 query's type and shape; ``key_cache_out`` / ``value_cache_out`` have the key_cache /
-value_cache type and shape. Statically known dims that contradict the attributes (query's last
+value_cache type and shape (and ``key_scale_out`` / ``value_scale_out`` the scales' when an int8
+pool has them). Statically known dims that contradict the attributes (query's last
 dim != num_heads * head_size, a cache not ``[num_kv_heads, NB, block_size, head_size]``) raise
 ``onnx.shape_inference.InferenceError``. onnx is imported lazily (inside the helpers).
 """
@@ -12,6 +13,8 @@ from typing import Any
 from trtpipe.plugins.ops.onnx_schema import attr_int, check_dims, copy_type, dims
 
 __all__ = ["infer_paged_attention"]
+
+PAGED_SCALES = ("key_scale", "value_scale")
 
 
 def infer_paged_attention(ctx: Any) -> None:
@@ -33,3 +36,7 @@ def infer_paged_attention(ctx: Any) -> None:
     copy_type(ctx, 0, 0)
     copy_type(ctx, 3, 1)
     copy_type(ctx, 4, 2)
+    if ctx.get_num_inputs() > 10 and ctx.get_num_outputs() > 4:  # an int8 pool's scales [KVH, NB, BS]
+        for i in (9, 10):
+            check_dims("PagedAttention", PAGED_SCALES[i - 9], dims(ctx.get_input_type(i)), (kc or [KVH, None, BS])[:3])
+            copy_type(ctx, i, i - 6)

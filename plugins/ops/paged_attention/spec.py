@@ -9,6 +9,8 @@ from __future__ import annotations
 from trtpipe.plugins.ops.spec import FLOAT_TENSORS, TRT_PARSER_FIELDS, Attribute, OpSpec, PluginSpec, Tensor
 from trtpipe.plugins.ops.spec import TypeConstraint as C
 
+KV_TENSORS = (*FLOAT_TENSORS, "tensor(bfloat16)", "tensor(int8)")  # what a pool may hold
+
 __all__ = ["PAGED_ATTENTION"]
 
 _ATTRIBUTES = (
@@ -40,15 +42,20 @@ PAGED_ATTENTION = OpSpec(
         Tensor("block_tables", "T_INDEX", "[S, MB] logical -> physical block; padding 0", rank=2),
         Tensor("context_lens", "T_INDEX", "[S] tokens in the pool after this step", rank=1),
         Tensor("query_start_loc", "T_INDEX", "[S+1] packed offsets of each sequence", rank=1),
+        Tensor("key_scale", "T_SCALE", "[KVH, NB, BS] per token-head scale of an int8 key_cache", optional=True),
+        Tensor("value_scale", "T_SCALE", "[KVH, NB, BS] per token-head scale of an int8 value_cache", optional=True),
     ),
     outputs=(
         Tensor("output", "T", "[T, H*D]"),
         Tensor("key_cache_out", "T_CACHE", "key_cache with this step's K written (aliased in place)"),
         Tensor("value_cache_out", "T_CACHE", "value_cache with this step's V written (aliased in place)"),
+        Tensor("key_scale_out", "T_SCALE", "key_scale with this step's scales written (int8 pool)", optional=True),
+        Tensor("value_scale_out", "T_SCALE", "value_scale with this step's scales written (int8 pool)", optional=True),
     ),
     type_constraints=(
         C("T", FLOAT_TENSORS, "query/key/value/output"),
-        C("T_CACHE", FLOAT_TENSORS, "KV pool"),
+        C("T_CACHE", KV_TENSORS, "KV pool: kv_cache.dtype fp32 | fp16 | bf16 | int8 (plugins/core/kv_codec.py)"),
+        C("T_SCALE", ("tensor(float)",), "int8 pool scales"),
         C("T_INDEX", ("tensor(int64)",), "indices"),
     ),
     attributes=(*_ATTRIBUTES, *TRT_PARSER_FIELDS),

@@ -24,8 +24,12 @@ __all__ = ["paged_attention"]
 def _paged_attention(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Paged GQA attention; see docs/contracts.md. Shapes: query [T, H*D], key/value [T, KVH*D],
     caches [KVH, NB, BS, D] (head-major), slot_mapping [T], block_tables [S, MB], context_lens [S],
-    query_start_loc [S+1] (int64). Returns (output [T, H*D], key_cache_out, value_cache_out)."""
+    query_start_loc [S+1] (int64); key_scale / value_scale None (the exporter writes float pools:
+    an int8 pool and its scales appear when a lowering retypes the pool). Returns
+    (output [T, H*D], key_cache_out, value_cache_out)."""
     a = PAGED_ATTENTION.bind(args, kwargs, style="positional")
+    if a.key_scale is not None or a.value_scale is not None:
+        raise ValueError("trtpipe::paged_attention (torch): float pools only; int8 pools exist in lowered graphs")
     query, KVH, D, bs_attr = a.query, a.num_kv_heads, a.head_size, a.block_size
     T = query.shape[0]
     kc = a.key_cache.clone()

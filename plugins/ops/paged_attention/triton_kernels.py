@@ -5,7 +5,10 @@ and an AOT entry in :data:`trtpipe.plugins.triton.aot.AOT_KERNELS`; Int4Gemm's k
 :mod:`trtpipe.plugins.ops.int4_gemm.triton_kernels`):
 
 - :func:`write_kv_cache_kernel` -- vLLM ``reshape_and_cache``: writes this step's K/V rows into
-  the paged pool at ``slot_mapping`` (the "write first" half of ``trtpipe::PagedAttention``).
+  the paged pool at ``slot_mapping`` (the "write first" half of ``trtpipe::PagedAttention``);
+  :func:`write_kv_cache_int8_kernel` the same into an int8 pool with its per token-head scales.
+  The attention kernels read fp32 / fp16 / bf16 pools as their element type and an int8 pool
+  times its scales (``KV_INT8``; :mod:`trtpipe.plugins.core.kv_codec` defines the encodings).
 - :func:`paged_attention_decode_kernel` -- one query token per sequence; one program per
   (sequence, kv head) handles the whole GQA group; online softmax over the sequence's keys
   read through its block table (vLLM paged attention v1 / flash-decoding without the split).
@@ -45,7 +48,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["write_kv_cache_kernel", "paged_attention_decode_kernel", "paged_attention_prefill_kernel"]
+__all__ = [
+    "write_kv_cache_kernel",
+    "write_kv_cache_int8_kernel",
+    "paged_attention_decode_kernel",
+    "paged_attention_prefill_kernel",
+]
 
 
 # ============================================================================================
@@ -78,8 +86,77 @@ def write_kv_cache_kernel(
     v = tl.load(value_ptr + t * stride_value_t + offs, mask=mask)
     head = (offs // HEAD_SIZE).to(tl.int64)
     dst = head * stride_cache_head + slot * HEAD_SIZE + offs % HEAD_SIZE
-    tl.store(key_cache_ptr + dst, k.to(key_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(value_cache_ptr + dst, v.to(value_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(key_cache_ptr + dst, _to_pool(k, key_cache_ptr), mask=mask)
+    tl.store(value_cache_ptr + dst, _to_pool(v, value_cache_ptr), mask=mask)
+
+
+@triton.jit
+def _to_pool(x, cache_ptr):
+    """``x`` in the pool's element type. bf16 rounds to nearest even on the bits (kv_codec.bf16_bits;
+    the interpreter's cast truncates, the GPU's rounds: the same bits either way)."""
+    if cache_ptr.dtype.element_ty == tl.bfloat16:
+        u = x.to(tl.float32).to(tl.uint32, bitcast=True)
+        r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+        return r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return x.to(cache_ptr.dtype.element_ty)
+
+
+@triton.jit
+def write_kv_cache_int8_kernel(
+    key_ptr,  # [T, KVH*D] rows of this step's K
+    value_ptr,  # [T, KVH*D]
+    key_cache_ptr,  # [KVH, NB, BS, D] int8, contiguous (head-major)
+    value_cache_ptr,
+    key_scale_ptr,  # [KVH, NB, BS] float32: one scale per token and kv head
+    value_scale_ptr,
+    slot_mapping_ptr,  # [T] int64
+    stride_key_t,
+    stride_value_t,
+    stride_cache_head,  # elements between kv heads of the pool: NB * BS * D
+    HEAD_SIZE: tl.constexpr,
+    D_PAD: tl.constexpr,  # next power of two >= HEAD_SIZE
+):
+    """Grid (T, KVH). Token t's kv head h row, int8-encoded as :mod:`trtpipe.plugins.core.kv_codec`
+    defines it (``scale = amax / 127``, ``q = rint(x * (127 / amax))`` clipped, 0 for a zero
+    row), at slot ``slot_mapping[t]``; its scale at ``h * NB * BS + slot``. A negative slot is
+    skipped."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    slot = tl.load(slot_mapping_ptr + t)
+    d = tl.arange(0, D_PAD)
+    mask = (d < HEAD_SIZE) & ((d * 0 + slot) >= 0)
+    dst = h * stride_cache_head + slot * HEAD_SIZE + d
+    scale_dst = h * (stride_cache_head // HEAD_SIZE) + slot
+    k = tl.load(key_ptr + t * stride_key_t + h * HEAD_SIZE + d, mask=mask, other=0.0).to(tl.float32)
+    v = tl.load(value_ptr + t * stride_value_t + h * HEAD_SIZE + d, mask=mask, other=0.0).to(tl.float32)
+    kq, ks = _int8_row(k)
+    vq, vs = _int8_row(v)
+    tl.store(key_cache_ptr + dst, kq, mask=mask)
+    tl.store(value_cache_ptr + dst, vq, mask=mask)
+    tl.store(key_scale_ptr + scale_dst, ks, mask=slot >= 0)
+    tl.store(value_scale_ptr + scale_dst, vs, mask=slot >= 0)
+
+
+@triton.jit
+def _int8_row(x):
+    """``(codes [D] int8, scale)`` of a float32 row (kv_codec.kv_encode's float32 operations)."""
+    amax = tl.max(tl.abs(x), axis=0)
+    # div_rn: IEEE division, as NumPy's (Triton's "/" may lower to an approximate one on GPUs)
+    inv = tl.where(
+        amax > 0.0, tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), tl.where(amax > 0.0, amax, 1.0)), 0.0
+    )
+    scale = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32))
+    q = tl.minimum(tl.maximum(_rint(x * inv), -127.0), 127.0)
+    return q.to(tl.int8), scale
+
+
+@triton.jit
+def _rint(y):
+    """Round half to even (``np.rint``) for ``|y| < 2**22``: ``floor(y + 0.5)`` (exact there), one
+    less where ``y`` was a tie and that is odd."""
+    r = tl.floor(y + 0.5)
+    odd = (r - 2.0 * tl.floor(r * 0.5)) == 1.0
+    return tl.where((r - y == 0.5) & odd, r - 1.0, r)
 
 
 @triton.jit
@@ -99,15 +176,16 @@ def _kv_tile(
 ):
     """Keys ``j = j0 .. j0+BLOCK_N-1`` of sequence s in the kv head whose pool starts at element
     ``head_off`` (int64, ``kvh * stride_cache_head``): ``(j [N], jvalid [N] = lo <= j < hi,
-    element offsets of their K/V rows in the pool [N, D_PAD], load mask)``. Block table entries
-    of invalid keys are never read (they may lie outside the window's blocks)."""
+    element offsets of their K/V rows in the pool [N, D_PAD], load mask, their token-head rows
+    [N] = the offsets of an int8 pool's scales)``. Block table entries of invalid keys are never
+    read (they may lie outside the window's blocks)."""
     j = j0 + tl.arange(0, BLOCK_N)
     jvalid = (j >= lo) & (j < hi)
     blk = tl.load(block_tables_ptr + s * stride_bt + j // BLOCK_SIZE, mask=jvalid, other=0)
     slot = blk * BLOCK_SIZE + j % BLOCK_SIZE
     kv_off = head_off + slot[:, None] * HEAD_SIZE + d[None, :]
     kv_mask = jvalid[:, None] & dmask[None, :]
-    return j, jvalid, kv_off, kv_mask
+    return j, jvalid, kv_off, kv_mask, head_off // HEAD_SIZE + slot
 
 
 @triton.jit
@@ -135,6 +213,8 @@ def paged_attention_decode_kernel(
     query_ptr,  # [S, H*D], token s belongs to sequence s
     key_cache_ptr,  # [KVH, NB, BS, D] contiguous (head-major)
     value_cache_ptr,
+    key_scale_ptr,  # [KVH, NB, BS] float32, an int8 pool's scales (KV_INT8; else never read)
+    value_scale_ptr,
     block_tables_ptr,  # [S, MB] int64
     context_lens_ptr,  # [S] int64 (query position = context_len - 1)
     scale,  # fp32 softmax scale (already resolved: never 0)
@@ -150,6 +230,7 @@ def paged_attention_decode_kernel(
     GROUP_PAD: tl.constexpr,  # next power of two >= GROUP
     D_PAD: tl.constexpr,  # next power of two >= HEAD_SIZE
     BLOCK_N: tl.constexpr,  # keys per iteration
+    KV_INT8: tl.constexpr,  # the pool is int8: rows read times their scale (kv_codec.kv_decode)
 ):
     """Grid (S, KVH). Query heads kvh*GROUP .. kvh*GROUP+GROUP-1 of sequence s against keys
     j in [max(0, p-W+1), p], p = context_lens[s] - 1; block table entries of keys outside the
@@ -171,15 +252,19 @@ def paged_attention_decode_kernel(
     head_off = kvh.to(tl.int64) * stride_cache_head  # this kv head's [NB, BS, D] pool
     m_i, l_i, acc = _online_softmax_init(GROUP_PAD, D_PAD)  # running max, sum, weighted values
     for j0 in range(start, ctx, BLOCK_N):
-        j, jvalid, kv_off, kv_mask = _kv_tile(
+        j, jvalid, kv_off, kv_mask, scale_off = _kv_tile(
             block_tables_ptr, s, stride_bt, j0, lo, ctx, head_off, d, dmask, HEAD_SIZE, BLOCK_SIZE, BLOCK_N
         )
-        k = tl.load(key_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)  # [N, D]
+        k = tl.load(key_cache_ptr + kv_off, mask=kv_mask, other=0).to(tl.float32)  # [N, D]
+        if KV_INT8:
+            k = k * tl.load(key_scale_ptr + scale_off, mask=jvalid, other=0.0)[:, None]
         scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [G, N]
         scores = tl.where(jvalid[None, :], scores, float("-inf"))
         # every tile holds at least one visible key, so m_new is finite
         p, alpha, l_i, m_new = _online_softmax_step(m_i, l_i, scores)
-        v = tl.load(value_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
+        v = tl.load(value_cache_ptr + kv_off, mask=kv_mask, other=0).to(tl.float32)
+        if KV_INT8:
+            v = v * tl.load(value_scale_ptr + scale_off, mask=jvalid, other=0.0)[:, None]
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         m_i = m_new
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # context_lens 0 (padding row) -> 0
@@ -193,6 +278,8 @@ def paged_attention_prefill_kernel(
     query_ptr,  # [T, H*D] packed ragged chunks
     key_cache_ptr,  # [KVH, NB, BS, D] contiguous (this step's K/V already written)
     value_cache_ptr,
+    key_scale_ptr,  # [KVH, NB, BS] float32, an int8 pool's scales (KV_INT8; else never read)
+    value_scale_ptr,
     block_tables_ptr,  # [S, MB] int64
     context_lens_ptr,  # [S] int64, tokens in the pool after this step
     query_start_loc_ptr,  # [S+1] int64
@@ -212,6 +299,7 @@ def paged_attention_prefill_kernel(
     BLOCK_Q: tl.constexpr,  # query tokens per tile; rows = BLOCK_Q * GROUP_PAD >= 16
     BLOCK_N: tl.constexpr,  # keys per iteration, >= 16
     INPUT_PRECISION: tl.constexpr,  # tl.dot input precision ("ieee" for exact fp32)
+    KV_INT8: tl.constexpr,  # the pool is int8: rows read times their scale (kv_codec.kv_decode)
 ):
     """Grid (T // BLOCK_Q + S, KVH). Tile -> sequence by binary search; row r of the tile is
     token q_start + r // GROUP_PAD, query head kvh*GROUP + r % GROUP_PAD."""
@@ -258,16 +346,22 @@ def paged_attention_prefill_kernel(
 
     m_i, l_i, acc = _online_softmax_init(BLOCK_M, D_PAD)  # running max, sum, weighted values
     for j0 in range(start, j_end, BLOCK_N):
-        j, jvalid, kv_off, kv_mask = _kv_tile(
+        j, jvalid, kv_off, kv_mask, scale_off = _kv_tile(
             block_tables_ptr, s, stride_bt, j0, j_lo, j_end, head_off, d, dmask, HEAD_SIZE, BLOCK_SIZE, BLOCK_N
         )
-        k = tl.load(key_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)  # [N, D]
+        k = tl.load(key_cache_ptr + kv_off, mask=kv_mask, other=0)  # [N, D]
+        if KV_INT8:
+            k = k.to(tl.float32) * tl.load(key_scale_ptr + scale_off, mask=jvalid, other=0.0)[:, None]
+        k = k.to(q.dtype)
         scores = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * scale  # [M, N]
         visible = jvalid[None, :] & (j[None, :] <= pos[:, None])
         visible = visible & ((sliding_window == 0) | (j[None, :] > pos[:, None] - sliding_window))
         scores = tl.where(visible, scores, float("-inf"))
         p, alpha, l_i, m_new = _online_softmax_step(m_i, l_i, scores)
-        v = tl.load(value_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+        v = tl.load(value_cache_ptr + kv_off, mask=kv_mask, other=0)
+        if KV_INT8:
+            v = v.to(tl.float32) * tl.load(value_scale_ptr + scale_off, mask=jvalid, other=0.0)[:, None]
+        v = v.to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=INPUT_PRECISION)
         m_i = m_new
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]

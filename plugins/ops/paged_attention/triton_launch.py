@@ -26,13 +26,20 @@ from trtpipe.plugins.ops.paged_attention.tiles import attention_tiles, decode_bl
 from trtpipe.plugins.ops.paged_attention.triton_kernels import (
     paged_attention_decode_kernel,
     paged_attention_prefill_kernel,
+    write_kv_cache_int8_kernel,
     write_kv_cache_kernel,
 )
 from trtpipe.plugins.ops.spec import keyword
 
-__all__ = ["write_kv_cache", "paged_attention_decode", "paged_attention_prefill", "paged_attention"]
+__all__ = [
+    "write_kv_cache",
+    "write_kv_cache_int8",
+    "paged_attention_decode",
+    "paged_attention_prefill",
+    "paged_attention",
+]
 
-_DECODE_INPUTS = ("query", "key_cache", "value_cache", "block_tables", "context_lens")
+_DECODE_INPUTS = ("query", "key_cache", "value_cache", "block_tables", "context_lens", "key_scale", "value_scale")
 
 
 def _precision(dtype: Any, input_precision: str | None) -> str:
@@ -71,12 +78,23 @@ def _check_cache(key_cache: Any, value_cache: Any, block_size: int, num_kv_heads
     return int(key_cache.stride(0))
 
 
-def _pool_and_strides(a: SimpleNamespace, out: Any, stride_cache_head: int) -> tuple[tuple, tuple]:
-    """The arguments both attention kernels take after ``(out, query)``: the pool and its index
-    tensors ``(key_cache, value_cache, block_tables, context_lens)``, and the strides
-    ``(stride_q, stride_out, stride_bt, stride_cache_head)``."""
-    pool = (a.key_cache, a.value_cache, a.block_tables, a.context_lens)
-    return pool, (a.query.stride(0), out.stride(0), a.block_tables.stride(0), stride_cache_head)
+def _pool_and_strides(a: SimpleNamespace, out: Any, stride_cache_head: int) -> tuple[tuple, tuple, bool]:
+    """The arguments both attention kernels take after ``(out, query)``: the pool, its scales
+    and its index tensors ``(key_cache, value_cache, key_scale, value_scale, block_tables,
+    context_lens)`` (a float pool passes its caches as the never-read scales), the strides
+    ``(stride_q, stride_out, stride_bt, stride_cache_head)``, and KV_INT8. Raises
+    :class:`OpError` when an int8 pool lacks its float32 ``[KVH, NB, BS]`` scales."""
+    import torch
+
+    int8 = a.key_cache.dtype == torch.int8
+    if int8 and any(
+        s is None or s.dtype != torch.float32 or tuple(s.shape) != tuple(a.key_cache.shape[:3]) or not s.is_contiguous()
+        for s in (a.key_scale, a.value_scale)
+    ):
+        raise OpError(f"an int8 pool needs key_scale / value_scale float32 {list(a.key_cache.shape[:3])}, contiguous")
+    scales = (a.key_scale, a.value_scale) if int8 else (a.key_cache, a.value_cache)
+    pool = (a.key_cache, a.value_cache, *scales, a.block_tables, a.context_lens)
+    return pool, (a.query.stride(0), out.stride(0), a.block_tables.stride(0), stride_cache_head), int8
 
 
 def write_kv_cache(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any) -> None:
@@ -114,6 +132,37 @@ def write_kv_cache(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_
     )
 
 
+def write_kv_cache_int8(
+    key: Any, value: Any, key_cache: Any, value_cache: Any, key_scale: Any, value_scale: Any, slot_mapping: Any
+) -> None:
+    """:func:`write_kv_cache` into an int8 pool: each token-head row encoded as
+    :mod:`trtpipe.plugins.core.kv_codec` defines it, its float32 scale at ``[h, slot // BS, slot %
+    BS]`` of ``key_scale`` / ``value_scale`` ``[KVH, NB, BS]``. Raises :class:`OpError` on a shape
+    or dtype mismatch."""
+    import torch
+
+    if key_cache.dim() != 4 or key_cache.dtype != torch.int8:
+        raise OpError(f"key_cache: {key_cache.dtype} {tuple(key_cache.shape)}, expected int8 [KVH, NB, BS, D]")
+    kvh, _, bs, d = (int(x) for x in key_cache.shape)
+    stride_cache_head = _check_cache(key_cache, value_cache, bs, kvh, d)
+    T = key.shape[0]
+    for name, s in (("key_scale", key_scale), ("value_scale", value_scale)):
+        if s.dtype != torch.float32 or tuple(s.shape) != tuple(key_cache.shape[:3]) or not s.is_contiguous():
+            raise OpError(
+                f"{name}: {s.dtype} {tuple(s.shape)}, expected contiguous float32 {[kvh, *key_cache.shape[1:3]]}"
+            )
+    if key.shape != (T, kvh * d) or value.shape != (T, kvh * d) or slot_mapping.shape != (T,):
+        raise OpError(
+            f"write_kv_cache_int8: key {tuple(key.shape)}, value {tuple(value.shape)}: expected [T, {kvh * d}]"
+        )
+    if T == 0:
+        return
+    write_kv_cache_int8_kernel[(T, kvh)](
+        key, value, key_cache, value_cache, key_scale, value_scale, slot_mapping,
+        key.stride(0), value.stride(0), stride_cache_head, HEAD_SIZE=d, D_PAD=next_pow2(d),
+    )  # fmt: skip
+
+
 @PAGED_ATTENTION.implement(inputs=_DECODE_INPUTS, extra=(keyword("out", None), keyword("block_n", None)))
 def paged_attention_decode(a: SimpleNamespace) -> Any:
     """Decode attention: ``query [S, H*D]`` (token s is sequence s's newest token, position
@@ -131,9 +180,17 @@ def paged_attention_decode(a: SimpleNamespace) -> Any:
     out = torch.empty_like(query) if a.out is None else a.out
     if S == 0:
         return out
-    pool, strides = _pool_and_strides(a, out, stride_cache_head)
+    pool, strides, int8 = _pool_and_strides(a, out, stride_cache_head)
     paged_attention_decode_kernel[(S, a.num_kv_heads)](
-        out, query, *pool, scale, int(a.sliding_window), *strides, **tiles, BLOCK_N=a.block_n or decode_block_n(tiles)
+        out,
+        query,
+        *pool,
+        scale,
+        int(a.sliding_window),
+        *strides,
+        **tiles,
+        BLOCK_N=a.block_n or decode_block_n(tiles),
+        KV_INT8=int8,
     )
     return out
 
@@ -172,7 +229,7 @@ def paged_attention_prefill(a: SimpleNamespace) -> Any:
     if T == 0 or S == 0:
         return out
     bq = _prefill_block_q(tiles, a.block_q, a.block_n)
-    pool, strides = _pool_and_strides(a, out, stride_cache_head)
+    pool, strides, int8 = _pool_and_strides(a, out, stride_cache_head)
     paged_attention_prefill_kernel[(T // bq + S, a.num_kv_heads)](
         out,
         query,
@@ -186,30 +243,36 @@ def paged_attention_prefill(a: SimpleNamespace) -> Any:
         BLOCK_Q=bq,
         BLOCK_N=a.block_n,
         INPUT_PRECISION=_precision(query.dtype, a.input_precision),
+        KV_INT8=int8,
     )
     return out
 
 
 @PAGED_ATTENTION.implement(extra=(keyword("max_query_len", None),))
-def paged_attention(a: SimpleNamespace) -> tuple[Any, Any, Any]:
+def paged_attention(a: SimpleNamespace) -> tuple[Any, ...]:
     """``trtpipe::PagedAttention`` on torch tensors (caches head-major ``[KVH, NB, BS, D]``,
-    contiguous): write K/V in place, then attention. The op's parameter list, plus
-    ``max_query_len=None``.
+    contiguous; an int8 pool with its float32 scales ``[KVH, NB, BS]``): write K/V in place,
+    then attention. The op's parameter list, plus ``max_query_len=None``.
 
-    Returns ``(output, key_cache, value_cache)`` with the caches being the (updated) inputs,
-    the in-place aliasing backends use. ``max_query_len == 1`` (decode batch: one token per
+    Returns ``(output, key_cache, value_cache)`` (int8: ``+ (key_scale, value_scale)``) with the
+    caches being the (updated) inputs, the in-place aliasing backends use. ``max_query_len == 1`` (decode batch: one token per
     sequence, ``T == S``) selects the decode kernel; None reads it from query_start_loc (a host
     sync).
     """
-    write_kv_cache(a.key, a.value, a.key_cache, a.value_cache, a.slot_mapping)
+    int8 = a.key_scale is not None
+    if int8:
+        write_kv_cache_int8(a.key, a.value, a.key_cache, a.value_cache, a.key_scale, a.value_scale, a.slot_mapping)
+    else:
+        write_kv_cache(a.key, a.value, a.key_cache, a.value_cache, a.slot_mapping)
     S = a.block_tables.shape[0]
     max_query_len = a.max_query_len
     if max_query_len is None:
         qsl = a.query_start_loc
         max_query_len = int((qsl[1:] - qsl[:-1]).max().item()) if S else 0
     attrs = {x.name: getattr(a, x.name) for x in PAGED_ATTENTION.arguments}
+    pool = {n: getattr(a, n) for n in _DECODE_INPUTS}
     if max_query_len == 1 and a.query.shape[0] == S:
-        out = paged_attention_decode(*(getattr(a, n) for n in _DECODE_INPUTS), **attrs)
+        out = paged_attention_decode(**pool, **attrs)
     else:
-        out = paged_attention_prefill(*(getattr(a, n) for n in _DECODE_INPUTS), a.query_start_loc, **attrs)
-    return out, a.key_cache, a.value_cache
+        out = paged_attention_prefill(**pool, query_start_loc=a.query_start_loc, **attrs)
+    return (out, a.key_cache, a.value_cache) + ((a.key_scale, a.value_scale) if int8 else ())

@@ -111,6 +111,8 @@ def attention_decode_plugin_kernel(
         query_ptr,
         key_cache_ptr,
         value_cache_ptr,
+        key_cache_ptr,  # key_scale_ptr / value_scale_ptr: float pools (KV_INT8 False), never read
+        value_cache_ptr,
         block_tables_ptr,
         context_lens_ptr,
         scale,
@@ -126,6 +128,7 @@ def attention_decode_plugin_kernel(
         GROUP_PAD,
         D_PAD,
         BLOCK_N,
+        False,  # KV_INT8
     )
 
 
@@ -163,6 +166,8 @@ def attention_prefill_plugin_kernel(
         query_ptr,
         key_cache_ptr,
         value_cache_ptr,
+        key_cache_ptr,  # key_scale_ptr / value_scale_ptr: float pools (KV_INT8 False), never read
+        value_cache_ptr,
         block_tables_ptr,
         context_lens_ptr,
         query_start_loc_ptr,
@@ -182,6 +187,7 @@ def attention_prefill_plugin_kernel(
         BLOCK_Q,
         BLOCK_N,
         INPUT_PRECISION,
+        False,  # KV_INT8
     )
 
 

@@ -1,0 +1,138 @@
+"""The native attention kernel alone at long context: one decode step's attention (SmolLM2's 9:3
+heads, head 64, blocks of 16) over an L-token pool, per KV dtype, and the fp32 kernel of another
+git revision (default ``main``) as the baseline, in one process, interleaved.
+
+Each library is compiled here from its sources (``plugins/cpu/compile.py``'s flags, the host's
+best ISA); the other revision's sources come from ``git show <rev>:plugins/cpu/csrc/...`` and its
+``tp_attention`` takes the fp32 caches as plain pointers (before the KV dtypes). Per call: 30 layers'
+worth of attention (30 pools, as a decode step reads them), median of ``--repeats`` calls, ms, and
+the pool bytes read per call. Threads: OpenMP's default (all CPUs), ``GOMP_SPINCOUNT=2000`` unless
+the environment sets a wait policy (as the engine).
+
+Usage: ``python bench/kv_attention_kernel.py [--context 8192] [--rev main] [--repeats 20]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes as C
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+H, KVH, D, BS, LAYERS = 9, 3, 64, 16, 30
+
+
+def build(src_dir: Path, isa: str, out: Path) -> Path:
+    from trtpipe.plugins.cpu.compile import SOURCES
+    from trtpipe.plugins.cpu.isa import ISAS
+
+    flags, _, define = ISAS[isa]
+    srcs = [str(src_dir / s) for s in SOURCES]
+    cmd = ["cc", "-O3", "-fopenmp", "-fno-math-errno", "-fPIC", "-shared", "-std=c11", f"-D{define}", *flags]
+    subprocess.run([*cmd, *srcs, "-o", str(out), "-lm"], check=True)
+    return out
+
+
+def sources_at(rev: str, into: Path) -> Path:
+    from trtpipe.plugins.cpu.compile import SOURCES
+
+    for name in (*SOURCES, "tp.h", "vmath.h"):
+        text = subprocess.run(
+            ["git", "show", f"{rev}:plugins/cpu/csrc/{name}"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout
+        (into / name).write_text(text)
+    return into
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--context", type=int, default=8192)
+    ap.add_argument("--rev", default="main", help="git revision of the baseline fp32 kernel")
+    ap.add_argument("--repeats", type=int, default=20)
+    a = ap.parse_args()
+    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        os.environ["GOMP_SPINCOUNT"] = "2000"  # as the native engine sets it (runtime/engines/native.py)
+    from trtpipe.plugins.core.kv_codec import kv_encode
+    from trtpipe.plugins.cpu import library as L
+    from trtpipe.plugins.cpu.isa import host_isa
+
+    isa = host_isa()
+    if isa is None:
+        raise SystemExit("this CPU has neither AVX-512 nor AVX2")
+    tmp = Path(tempfile.mkdtemp(prefix="kv-attn-"))
+    new = L.load(build(REPO / "plugins" / "cpu" / "csrc", isa, tmp / "new.so"))
+    (tmp / "old").mkdir()
+    old = C.CDLL(str(build(sources_at(a.rev, tmp / "old"), isa, tmp / "old.so")))
+    f32p, i64p = L._f32p, L._i64p
+    old.tp_attention.argtypes = (
+        [f32p, C.c_int, f32p, f32p, i64p, C.c_int, i64p, i64p] + [C.c_int] * 6 + [C.c_float, C.c_int, f32p]
+    )
+    rng = np.random.default_rng(0)
+    nb = a.context // BS + 1
+    table = np.arange(1, nb, dtype=np.int64).reshape(1, -1)
+    ctx, qsl = np.array([a.context], np.int64), np.array([0, 1], np.int64)
+    q = rng.standard_normal((1, H * D)).astype(np.float32)
+    out = np.zeros((1, H * D), np.float32)
+    x = [rng.standard_normal((KVH, nb, BS, D)).astype(np.float32) for _ in range(2 * LAYERS)]
+    pools = {d: [kv_encode(p, d) for p in x] for d in ("fp16", "bf16", "int8")}
+    args = (table.shape[1], L.ptr(ctx, i64p), L.ptr(qsl, i64p), 1, H, KVH, nb, BS, D, C.c_float(D**-0.5), 0)
+    kv = {d: [(p[2 * i], p[2 * i + 1]) for i in range(LAYERS)] for d, p in pools.items()}  # ((k, ks), (v, vs))
+    structs = {d: [L.kv_struct(k[0], v[0], k[1], v[1]) for k, v in layers] for d, layers in kv.items()}
+    structs["fp32"] = [L.kv_struct(x[2 * i], x[2 * i + 1]) for i in range(LAYERS)]
+
+    def run_new(d: str) -> None:
+        for s in structs[d]:
+            new.tp_attention(L.ptr(q, f32p), H * D, C.byref(s), L.ptr(table, i64p), *args, L.ptr(out, f32p))
+
+    def run_old() -> None:
+        for i in range(LAYERS):
+            old.tp_attention(
+                L.ptr(q, f32p),
+                H * D,
+                L.ptr(x[2 * i], f32p),
+                L.ptr(x[2 * i + 1], f32p),
+                L.ptr(table, i64p),
+                *args,
+                L.ptr(out, f32p),
+            )
+
+    runs = {"fp32 (" + a.rev + ")": run_old, **{d: (lambda d=d: run_new(d)) for d in ("fp32", "fp16", "bf16", "int8")}}
+    print(
+        f"host ISA {isa}; {LAYERS} layers x attention of 1 decode token over {a.context} tokens; medians of {a.repeats}"
+    )
+    report(interleaved(runs, a.repeats), "fp32 (" + a.rev + ")", a.context)
+
+
+def interleaved(runs: dict, repeats: int) -> dict[str, list[float]]:
+    """Seconds of each run per repeat, the order alternating."""
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    for r in range(repeats):
+        for name in list(runs) if r % 2 == 0 else list(runs)[::-1]:
+            t = time.perf_counter()
+            runs[name]()
+            times[name].append(time.perf_counter() - t)
+    return times
+
+
+def report(times: dict[str, list[float]], baseline: str, context: int) -> None:
+    row_bytes = {"fp32": 256, "fp16": 128, "bf16": 128, "int8": 68}  # one token of one kv head, scale included
+    base = statistics.median(times[baseline])
+    print("| kernel | ms per step | vs baseline | pool MB read | GB/s |")
+    print("|---|---|---|---|---|")
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        mb = 2 * LAYERS * KVH * context * row_bytes[name.split()[0]] / 1e6
+        print(f"| {name} | {med * 1e3:.2f} | {med / base:.2f} | {mb:.0f} | {mb / 1e3 / med:.1f} |")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
