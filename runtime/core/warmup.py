@@ -125,6 +125,8 @@ def _one_request(llm: Any) -> None:
     llm.add_request(WARM_REQUEST, SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True), chat=chat)
     llm.run_until_done()
     llm.scheduler.prefix_cache_queries = llm.scheduler.prefix_cache_hits = 0
+    if llm.scheduler.speculator is not None:  # its verifies are not served traffic either
+        llm.scheduler.speculator.reset_counters()
     llm.step_cost_log.clear()
 
 

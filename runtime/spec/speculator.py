@@ -92,10 +92,14 @@ class NgramSpeculator:
     def __init__(self, config: SpecConfig, cost: VerifyCost | None):
         self.config = config
         self.cost = cost
-        self.counters = SpecCounters(
-            accepted_per_position=[0] * config.max_k, acceptance_length_counts=[0] * (config.max_k + 2)
-        )
         self._states: dict[str, _State] = {}
+        self.reset_counters()
+
+    def reset_counters(self) -> None:
+        """Forget what ran so far (the served totals and the acceptance prior start at 0): for the
+        server's warm-up request, which is not traffic."""
+        k = self.config.max_k
+        self.counters = SpecCounters(accepted_per_position=[0] * k, acceptance_length_counts=[0] * (k + 2))
         self._all_successes = 0.0
         self._all_trials = 0.0
 
