@@ -187,8 +187,8 @@ static inline fv hsum_lanes(const fv *acc) {
 }
 
 /* sc[j] = sum_d qs[d] k[j][d] for j < BS (k: BS rows of D, as the pool holds them): VL keys at a
- * time, one accumulator each, reduced together (hsum_lanes). The path of rows that see a block
- * alone (decode): no transpose of the block. Needs BS % VL == 0 and D % VL == 0. */
+ * time, one accumulator each, reduced together (hsum_lanes). Every row's path where BS % VL == 0
+ * and D % VL == 0 (decode rows and prompt chunks alike): no transpose of the block. */
 static inline void block_scores_rows(const float *qs, const float *k, int D, int BS, float *sc) {
   for (int c = 0; c < BS; c += VL) {
     fv acc[VL];
@@ -230,13 +230,14 @@ static inline void block_pv(const float *p, const float *v, int D, int BS, float
 
 /* Work item: one sequence, one kv head, a block of QB query tokens (x the kv head's H/KVH query
  * heads). Per key block of the sequence: the block as fp32 once (the pool's rows in place for an
- * fp32 pool, else decoded: decode_rows), then K^T of it ([D][BS]) when the item has more than
- * ROWS_T rows (prefill: the transpose is shared by every row), then per row the block's scores
- * (over keys), online softmax (running max and sum, rescaled when the max grows) and P V (over
+ * fp32 pool, else decoded: decode_rows), then per row the block's scores (block_scores_rows
+ * straight from the pool's rows; K^T of the block, [D][BS], only for shapes that path cannot take:
+ * either way every row of every item, a decode row or a prompt chunk's, sums in the same order, so
+ * a token's output does not depend on its chunk: speculative verification relies on it), then
+ * online softmax (running max and sum, rescaled when the max grows) and P V (over
  * D). Masked keys (after the row's position, before its window, past the context) score -inf
  * and weigh 0. */
 #define QB 16
-#define ROWS_T 8
 
 void tp_attention(const float *q, int ldq, const tp_kv *kv, const int64_t *block_tables, int MB,
                   const int64_t *context_lens, const int64_t *query_start_loc, int S, int H, int KVH, int NB, int BS,
@@ -267,7 +268,7 @@ void tp_attention(const float *q, int ldq, const tp_kv *kv, const int64_t *block
       const int64_t qb = local % nqb;
       const int64_t n = query_start_loc[s + 1] - query_start_loc[s], ctx = context_lens[s];
       const int64_t t0 = query_start_loc[s] + qb * QB, nt = (n - qb * QB) < QB ? (n - qb * QB) : QB;
-      const int rows = (int)nt * group, transpose = rows > ROWS_T || !rows_fast;
+      const int rows = (int)nt * group, transpose = !rows_fast;
       int64_t pmax = -1, lomin = INT64_MAX;
       for (int r = 0; r < rows; r++) {
         const int64_t pos = ctx - n + qb * QB + r / group;
