@@ -27,7 +27,7 @@ def main() -> int:
     from trtpipe.runtime.llm import LLM
     from trtpipe.runtime.sched.batch import PrefillBatch
     from trtpipe.runtime.sched.step import ScheduledDecode, ScheduledPrefill
-    from trtpipe.runtime.sched.step_cost import _fastest_s, _reserve_block_tables
+    from trtpipe.runtime.sched.step_cost import _reserve_block_tables, fastest_s
 
     llm = LLM(args.artifact, prefix_caching=False, scheduler_policy="fcfs")
     bs = llm.kv_manager.block_size
@@ -42,7 +42,7 @@ def main() -> int:
                 ]
                 for i in range(1, 1 + args.decode_rows):  # the token after 64 cached ones
                     rows.append(ScheduledDecode(f"d{i}", 1, 64, tables[i], tables[i][64 // bs] * bs).as_prefill_chunk())
-                s = _fastest_s(llm.engine.prefill, PrefillBatch.from_scheduled(rows), 3)
+                s = fastest_s(llm.engine.prefill, PrefillBatch.from_scheduled(rows), 3)
                 best[n] = min(best.get(n, s), s)
     finally:
         llm.block_pool.free(ids)

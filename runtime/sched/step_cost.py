@@ -236,7 +236,7 @@ def calibrate(
         return tuple(table[p // block_size] * block_size + p % block_size for p in range(start, start + n))
 
     def timed(call, rows) -> float:
-        return _fastest_s(call, rows, repeats)
+        return fastest_s(call, rows, repeats)
 
     def chunk(n, c):  # n tokens after c in row 0
         return ScheduledPrefill("cal", (1,) * n, c, tables[0], slots(tables[0], c, n), True)
@@ -275,7 +275,7 @@ def calibrate(
     return with_error(model, held_p, held_d, held_f, **facts)
 
 
-def _fastest_s(call: Any, batch: Any, repeats: int) -> float:
+def fastest_s(call: Any, batch: Any, repeats: int) -> float:
     """The fastest of ``repeats`` timed ``call(batch)`` (seconds)."""
     best = float("inf")
     for _ in range(repeats):
@@ -352,4 +352,13 @@ def load_or_calibrate(
     return model
 
 
-__all__ = ["STEP_COST_FILE", "StepCostModel", "calibrate", "fit", "fit_fused", "load_or_calibrate", "with_error"]
+__all__ = [
+    "STEP_COST_FILE",
+    "StepCostModel",
+    "calibrate",
+    "fastest_s",
+    "fit",
+    "fit_fused",
+    "load_or_calibrate",
+    "with_error",
+]

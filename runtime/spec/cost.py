@@ -20,7 +20,6 @@ the fastest kept (noise only adds time).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +71,7 @@ def measure(
     free blocks. About (max_k + 3) x ``repeats`` engine calls: ~0.3 s on the Zen 4 host."""
     from trtpipe.runtime.sched.batch import DecodeBatch, PrefillBatch
     from trtpipe.runtime.sched.step import ScheduledDecode, ScheduledPrefill
+    from trtpipe.runtime.sched.step_cost import fastest_s
 
     sizes = list(range(1, max_k + 2)) + [2 * (max_k + 1)]
     need = cdiv(CONTEXT + sizes[-1], block_size)
@@ -86,23 +86,15 @@ def measure(
     def slots(start: int, n: int) -> tuple[int, ...]:
         return tuple(table[p // block_size] * block_size + p % block_size for p in range(start, start + n))
 
-    def fastest(call: Any, batch: Any) -> float:
-        best = float("inf")
-        for _ in range(repeats):
-            t = time.perf_counter()
-            call(batch)
-            best = min(best, time.perf_counter() - t)
-        return best
-
     try:
         ctx = PrefillBatch.from_scheduled([ScheduledPrefill("c", (1,) * CONTEXT, 0, table, slots(0, CONTEXT), True)])
         engine.prefill(ctx)  # the context's KV, and a warm-up
         dec = DecodeBatch.from_scheduled([ScheduledDecode("c", 1, CONTEXT, table, slots(CONTEXT, 1)[0])])
-        decode_s = fastest(engine.decode, dec)
+        decode_s = fastest_s(engine.decode, dec, repeats)
         chunk = {}
         for n in sizes:
             p = ScheduledPrefill("c", (1,) * n, CONTEXT, table, slots(CONTEXT, n), True)
-            chunk[n] = fastest(engine.prefill, PrefillBatch.from_scheduled([p], all_logits=("c",)))
+            chunk[n] = fastest_s(engine.prefill, PrefillBatch.from_scheduled([p], all_logits=("c",)), repeats)
     finally:
         block_pool.free(ids)
     dense = [chunk[n] for n in sizes[:-1]]
