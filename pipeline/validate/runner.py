@@ -341,7 +341,7 @@ def _run_scenarios(
     ``slo`` policy, how well the step-cost model planned its steps (warm-up included) after it
     (``env["step_cost_error"]``, :class:`~trtpipe.runtime.measure.step_cost_error.StepCostError`);
     with ``runtime.speculative``, the scenario's verifies and acceptance (``env["spec_decode"]``,
-    warm-up included)."""
+    warm-up included). Both are read when the workload ends, before the engine probes run."""
     from trtpipe.runtime.measure.step_cost_error import StepCostError
 
     reports = []
@@ -354,12 +354,18 @@ def _run_scenarios(
         err.print(f"scenario {scenario.name}: prefill chunks: {why}")
         llm.step_cost_log.clear()
         before = speculator.counters.copy() if speculator is not None else None
-        reports.append(run_scenario(llm, scenario, spec, err))
-        if speculator is not None:  # this scenario's verifies (runtime.speculative)
-            env["spec_decode"][scenario.name] = spec_decode = speculator.counters.since(before)
-            err.print(f"  {speculator.counters.line(spec_decode)}")
-        if llm.step_cost_log:  # the slo policy logs its steps
-            cost = StepCostError.of(llm.step_cost_log, itl_ms)
+        seen: dict[str, Any] = {}
+
+        def after_workload(before=before, seen=seen) -> None:  # before the engine probes' requests
+            seen["spec"] = speculator.counters.since(before) if speculator is not None else None
+            seen["steps"] = list(llm.step_cost_log)
+
+        reports.append(run_scenario(llm, scenario, spec, err, after_workload=after_workload))
+        if seen["spec"] is not None:  # this scenario's verifies (runtime.speculative)
+            env["spec_decode"][scenario.name] = seen["spec"]
+            err.print(f"  {speculator.counters.line(seen['spec'])}")
+        if seen["steps"]:  # the slo policy logs its steps
+            cost = StepCostError.of(seen["steps"], itl_ms)
             env["step_cost_error"][scenario.name] = cost.to_dict()
             err.print(f"  {cost.line()}")
         print_scenario(out, reports[-1])

@@ -43,6 +43,7 @@ def run_scenario(
     tokenizer: Any = None,
     chat_template: str | None = None,
     probe: Any = None,
+    after_workload: Any = None,
 ):
     """Run one scenario's workload (progress on ``err``); its :class:`ScenarioReport`.
 
@@ -50,7 +51,9 @@ def run_scenario(
     (``validate --url`` passes the HTTP runner), ``tokenizer`` the LLM's (same return shapes) and
     ``chat_template`` the manifest's (for ``chat`` workloads; ``llm`` None). ``probe(short_ids,
     long_ids, cancel=, itl=)`` measures the engine budgets (``cancel_ms``, ``itl_during_prefill_ratio``)
-    after the workload; None: in process on ``llm`` (:func:`in_process_probe`).
+    after the workload; None: in process on ``llm`` (:func:`in_process_probe`). ``after_workload()``,
+    when given, is called once the workload ends and before the probes run (what it reads of
+    ``llm``'s counters is the workload's alone).
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -82,6 +85,8 @@ def run_scenario(
     ) as bar:
         task = bar.add_task(f"{scenario.name} (after {spec.num_warmup_requests} warm-up)", total=spec.num_requests)
         metrics, wall_s, stats = run(items, spec.concurrency, lambda done, total: bar.update(task, completed=done))
+    if after_workload is not None:
+        after_workload()
     summary = summarize(metrics, wall_s, stats)
     results = evaluate_budgets(summary, scenario.budgets.runtime_budgets())
     results += _probe_results(scenario, items, probe, llm, err)
