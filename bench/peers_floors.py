@@ -6,10 +6,12 @@ rates (``bench/host_peaks.py``: ONNX Runtime's read bandwidth, fp32 and int8 GEM
 in the raw results so ``--from-json`` reproduces the report):
 
 * TTFT at n prompt tokens: ``max(prefill FLOP / FLOP/s, bytes / bandwidth)`` (compute-bound), at
-  the **int8** peak when the artifact's INT4 GEMMs quantize activations to int8
-  (``engine.ort_accuracy_level`` 4 in prefill), else at the fp32 peak (the cpu default);
+  the **int8** peak when the artifact's INT4 GEMMs quantize activations to int8 (the native CPU
+  engine's kernels, or ``engine.ort_accuracy_level`` 4 in prefill), else at the fp32 peak;
 * TPOT at n prompt tokens: one decode step at the mean context of the 64 generated tokens
-  (n + 32): the decode weights and that context's KV read once, over the bandwidth;
+  (n + 32): the decode weights and that context's KV read once, over the bandwidth; the native
+  engine's weights are its ``native.bin`` (fp16 scales and minimums, the Q8_0 head), which it
+  reads in place of the ONNX graphs' initializers;
 * throughput of 8 x (128 + 64): the 8 prefills, then 64 batch-8 decode steps at context 160.
 """
 
@@ -71,11 +73,19 @@ def int8_activations(recipe) -> bool:
 
 
 def floors_for(
-    recipe, config, bandwidth_bytes_per_s: float, fp32_flops_per_s: float, int8_ops_per_s: float = 0.0
+    recipe,
+    config,
+    bandwidth_bytes_per_s: float,
+    fp32_flops_per_s: float,
+    int8_ops_per_s: float = 0.0,
+    native_weight_bytes: int | None = None,
 ) -> Floors:
     """Floors of ``recipe`` (a :class:`~trtpipe.pipeline.recipe.Recipe`) with the model facts
     ``config`` on a cpu of the given peak rates; the GEMMs compute at ``int8_ops_per_s`` when it
-    is given and :func:`int8_activations` holds, else at ``fp32_flops_per_s``."""
+    is given and the native engine runs (``native_weight_bytes``: the bytes its decode step reads,
+    ``native.bin``) or :func:`int8_activations` holds, else at ``fp32_flops_per_s``. With the
+    native engine a batch-1 decode floor reads ``native_weight_bytes`` instead of the roofline's
+    graph weights (the floor is bandwidth-bound: the difference in bytes over the bandwidth)."""
     from dataclasses import replace
 
     from trtpipe.pipeline.estimate import roofline, windowed_config
@@ -84,7 +94,8 @@ def floors_for(
     host = HostMeasurement(bandwidth_bytes_per_s, fp32_flops_per_s, 0, 0, 1)
     target = cpu_target(host)
     roof = roofline(recipe, windowed_config(recipe, config), target)
-    gemm_compute = "int8" if int8_ops_per_s and int8_activations(recipe) else "fp32"
+    int8 = native_weight_bytes is not None or int8_activations(recipe)
+    gemm_compute = "int8" if int8_ops_per_s and int8 else "fp32"
     if gemm_compute == "int8":
         peaks = tuple((d, int8_ops_per_s if d == "int8" else f) for d, f in target.peak_flops)
         roof = replace(
@@ -92,6 +103,10 @@ def floors_for(
         )
     ttft = {n: roof.ttft_s(n, peak=True)[0] for n in PROMPT_LENGTHS}
     tpot = {n: roof.tpot_s(n + NUM_OUTPUT_TOKENS // 2, 1, peak=True)[0] for n in PROMPT_LENGTHS}
+    weight_bytes = roof.decode_read.weight_read_bytes
+    if native_weight_bytes is not None:
+        tpot = {n: t - (weight_bytes - native_weight_bytes) / bandwidth_bytes_per_s for n, t in tpot.items()}
+        weight_bytes = native_weight_bytes
     prefill = NUM_CONCURRENT * roof.ttft_s(CONCURRENT_PROMPT_TOKENS, peak=True)[0]
     step, _ = roof.tpot_s(CONCURRENT_PROMPT_TOKENS + NUM_OUTPUT_TOKENS // 2, NUM_CONCURRENT, peak=True)
     tps = NUM_CONCURRENT * NUM_OUTPUT_TOKENS / (prefill + NUM_OUTPUT_TOKENS * step)
@@ -99,7 +114,7 @@ def floors_for(
         recipe.name,
         bandwidth_bytes_per_s,
         fp32_flops_per_s,
-        roof.decode_read.weight_read_bytes,
+        weight_bytes,
         ttft,
         tpot,
         tps,
@@ -112,13 +127,16 @@ def artifact_floors(
     artifact: Path, bandwidth_bytes_per_s: float, fp32_flops_per_s: float, int8_ops_per_s: float = 0.0
 ) -> Floors:
     """Floors of the artifact's recipe (a shipped recipe, by the manifest's name) and model facts
-    (the manifest's). Raises TrtpipeError when the recipe cannot be found."""
+    (the manifest's), for the native engine when the artifact has one (what its default engine
+    runs). Raises TrtpipeError when the recipe cannot be found."""
     from trtpipe.pipeline.recipe import load_recipe, resolve_recipe_path
     from trtpipe.runtime.artifact.manifest import load_manifest
 
     m = load_manifest(artifact, verify_hashes=False)
     recipe = load_recipe(resolve_recipe_path(m.recipe_name), check_files=False)
-    return floors_for(recipe, m.model, bandwidth_bytes_per_s, fp32_flops_per_s, int8_ops_per_s)
+    native = getattr(m.options, "native", None)
+    native_bytes = (artifact / native.weights_file).stat().st_size if native is not None else None
+    return floors_for(recipe, m.model, bandwidth_bytes_per_s, fp32_flops_per_s, int8_ops_per_s, native_bytes)
 
 
 def measured_floors(artifact: Path, threads: int = 2) -> tuple[Floors, HostPeaks]:

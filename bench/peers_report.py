@@ -277,7 +277,7 @@ def _profile(profile: dict) -> list[str]:
     )
     L += ["| part | ms / step | share of the step |", "|---|---|---|"]
     for name, key in (
-        ("onnxruntime `run_with_iobinding` (the graph itself)", "ort_run_s"),
+        ("the graph itself (onnxruntime `run_with_iobinding`, or the native engine's `tp_forward`)", "ort_run_s"),
         ("engine wrapper (bind inputs, copy logits)", "engine_wrapper_s"),
         ("runtime Python (scheduler, batch records, sampler, detokenizer, metrics)", "overhead_s"),
         ("whole step (= TPOT)", "step_s"),
@@ -292,7 +292,7 @@ def _profile(profile: dict) -> list[str]:
 
 
 def _targets_and_analysis(summary: dict, profile: dict, analysis: str) -> list[str]:
-    L = ["## Targets (issue 13)\n", "| target | measured | met |", "|---|---|---|"]
+    L = ["## Targets (issue 26)\n", "| target | measured | met |", "|---|---|---|"]
     for what, measured, met, note in targets(summary, profile):
         mark = "n/a" if met is None else ("yes" if met else "**no**")
         L.append(f"| {what} | {measured} | {mark}{': ' + note if note else ''} |")
@@ -355,7 +355,7 @@ def render_markdown(
     meta: dict, summary: dict, runs: dict, profile: dict, setup_state: dict, analysis: str, floors: Floors
 ) -> str:
     """docs/benchmarks.md: machine, engines, latency and throughput against the peers and the
-    physical ``floors``, memory, the decode profile, the issue-7 targets, the kept ``analysis``,
+    physical ``floors``, memory, the decode profile, the issue-26 targets, the kept ``analysis``,
     the setup record and every raw run."""
     order = [e for e in ENGINES if e in summary]
     sections = (

@@ -8,7 +8,7 @@ the steps, the slowest 10 % dropped, so that the parts add up):
 
     step wall time (perf_counter around llm.step())                         = TPOT
       engine time: llm.engine_time_s delta (OrtEngine.decode: bind inputs, run, copy logits)
-        ort run: InferenceSession.run_with_iobinding (the graph itself, C++)
+        graph run: InferenceSession.run_with_iobinding, or the native engine's tp_forward (C)
       runtime overhead = step - engine  (scheduler, DecodeBatch, sampler, detokenizer, metrics)
 
 Target: runtime overhead <= 10 % of TPOT.
@@ -16,7 +16,8 @@ Target: runtime overhead <= 10 % of TPOT.
 Then, unless ``--no-pyinstrument`` or pyinstrument is not installed (``pip install pyinstrument``;
 it is optional), the same decode steps run again under pyinstrument and the top of its call tree
 is printed: it shows *where* the Python time goes; the timers above give the numbers (the
-profiler itself slows Python down). Unless ``--no-ort-profile``, a second ``LLM`` runs the same
+profiler itself slows Python down). Unless ``--no-ort-profile`` or the artifact runs the native
+engine (one fused library call per step, no onnxruntime graph), a second ``LLM`` runs the same
 steps with onnxruntime's profiler on, and the decode graph's time is split by op type and node.
 """
 
@@ -33,20 +34,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import DEFAULT_ARTIFACT, RESULT_MARK, prompt_token_ids  # noqa: E402
 
 
-def _wrap_ort_runs(llm) -> list[float]:
-    """Time every ``run_with_iobinding`` of the engine's sessions; returns the list it appends to."""
+def _wrap_graph_runs(llm) -> list[float]:
+    """Time every call of the graph itself: ``run_with_iobinding`` of each onnxruntime session, or
+    the native engine's library call (``tp_forward``); returns the list it appends to."""
     times: list[float] = []
-    for s in llm.engine.sessions.values():
-        run = s.sess.run_with_iobinding
 
-        def timed(binding, *a, _run=run, **kw):
+    def timed(run):
+        def call(*a, **kw):
             t = time.perf_counter()
             try:
-                return _run(binding, *a, **kw)
+                return run(*a, **kw)
             finally:
                 times.append(time.perf_counter() - t)
 
-        s.sess.run_with_iobinding = timed
+        return call
+
+    sessions = getattr(llm.engine, "sessions", None)
+    if sessions is None:  # the native engine: one ctypes call per step
+        llm.engine.lib.tp_forward = timed(llm.engine.lib.tp_forward)
+        return times
+    for s in sessions.values():
+        s.sess.run_with_iobinding = timed(s.sess.run_with_iobinding)
     return times
 
 
@@ -171,7 +179,7 @@ def time_decode(llm, ids: list[int], num_steps: int, num_runs: int, threads: int
     Also the achieved decode bandwidth (:mod:`trtpipe.runtime.metrics.decode_bandwidth`) at the mean context."""
     from trtpipe.runtime.metrics.decode_bandwidth import decode_bandwidth, read_model_from_manifest
 
-    ort_times = _wrap_ort_runs(llm)
+    ort_times = _wrap_graph_runs(llm)
     decode_steps(llm, ids, 8, ort_times)  # warm-up
     rows = [r for _ in range(num_runs) for r in decode_steps(llm, ids, num_steps, ort_times)]
     kept = sorted(rows)[: max(1, int(len(rows) * 0.9))]
@@ -227,7 +235,7 @@ def print_text(res: dict) -> None:
     )
     print(f"  step (TPOT)          {ms(step)}")
     print(f"  engine               {ms(engine)}   ({engine / step * 100:.1f} %)")
-    print(f"    ort run            {ms(ort_run)}   ({ort_run / step * 100:.1f} %)")
+    print(f"    graph run          {ms(ort_run)}   ({ort_run / step * 100:.1f} %)")
     print(f"    engine wrapper     {ms(wrapper)}   ({wrapper / step * 100:.1f} %)")
     print(f"  runtime overhead     {ms(overhead)}   ({overhead / step * 100:.1f} %; target <= 10 %)")
     if res.get("decode_bandwidth"):
@@ -261,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     ids = prompt_token_ids(args.artifact)[: args.prompt_tokens]
     res = time_decode(llm, ids, args.steps, args.runs, args.threads)
     res["pyinstrument_top"] = [] if args.no_pyinstrument else pyinstrument_profile(llm, ids, args.steps, args.top, res)
-    if not args.no_ort_profile:
+    if not args.no_ort_profile and llm.engine.backend != "native":
         del llm  # one model in memory at a time
         res["ort_ops"] = ort_op_profile(args.artifact, args.threads, ids, args.steps)
     if args.json:
