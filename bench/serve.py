@@ -281,7 +281,8 @@ def _check_ready(args) -> dict:
             raise SystemExit(0 if not any(unavailable_reason(n, state) for n in names) else 1)
     if why := [f"{n}: {w}" for n in names if (w := unavailable_reason(n, state))]:
         raise SystemExit("; ".join(why))
-    if "trtpipe" in args.servers and not args.trtpipe.exists():
+    trtpipe_servers = {"trtpipe", "trtpipe-spec"} & set(args.servers)
+    if trtpipe_servers and not args.trtpipe.exists():
         raise SystemExit(f"--trtpipe {args.trtpipe}: no such executable. Fix: pip install -e '.[serve]' into .venv")
     if not (args.artifact / "manifest.json").is_file():
         raise SystemExit(f"{args.artifact}: no built artifact. Fix: trtpipe build recipes/smollm2-135m-cpu.yaml")
@@ -291,7 +292,8 @@ def _check_ready(args) -> dict:
 def run(args, raw_path: Path) -> int:
     _require_project_venv(args.bench_dir)
     state = _check_ready(args)
-    args.trtpipe_threads_flag = "trtpipe" in args.servers and trtpipe_has_threads(args.trtpipe)
+    trtpipe_servers = {"trtpipe", "trtpipe-spec"} & set(args.servers)
+    args.trtpipe_threads_flag = bool(trtpipe_servers) and trtpipe_has_threads(args.trtpipe)
     args.vllm_python = peers_setup.venv_python("vllm")
     args.hf_model = peers_setup.MODELS_DIR / "hf-from-gguf"
     args.llama_server = peers_llamacpp.server_binary(peers_setup.BENCH_DIR)

@@ -15,6 +15,7 @@ from serve_goodput import ATTAINMENT_TARGET, capacity_at_slo
 
 LABELS = {
     "trtpipe": "trtpipe serve",
+    "trtpipe-spec": "trtpipe serve --speculative ngram",
     "vllm": "vLLM CPU (bf16)",
     "llama-server": "llama.cpp llama-server (Q4_1)",
     "llama-cpp-python": "llama-cpp-python server (Q4_1)",

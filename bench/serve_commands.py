@@ -25,7 +25,8 @@ from pathlib import Path
 
 import peers
 
-SERVERS = ("trtpipe", "vllm", "llama-server", "llama-cpp-python")
+# trtpipe-spec: the same trtpipe server with n-gram speculative decoding (`--speculative ngram`)
+SERVERS = ("trtpipe", "trtpipe-spec", "vllm", "llama-server", "llama-cpp-python")
 DEFAULT_SERVERS = ("trtpipe", "vllm", "llama-server")
 LLAMA_SERVER_CTX_PER_SLOT = 512  # 128 prompt + 64 output tokens, with room to spare
 
@@ -64,9 +65,10 @@ def server_command(engine: str, port: int, args) -> tuple[list[str], str]:
     """(argv, readiness path) of one server on 127.0.0.1:port."""
     host = ["--host", "127.0.0.1", "--port", str(port)]
     t = str(args.threads)
-    if engine == "trtpipe":
+    if engine in ("trtpipe", "trtpipe-spec"):
         threads = ["--threads", t] if args.trtpipe_threads_flag else []
-        return [str(args.trtpipe), "serve", str(args.artifact), *host, *threads], "/health"
+        spec = ["--speculative", "ngram"] if engine == "trtpipe-spec" else []
+        return [str(args.trtpipe), "serve", str(args.artifact), *host, *threads, *spec], "/health"
     if engine == "vllm":
         cmd = [str(args.vllm_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(args.hf_model)]
         return cmd + ["--dtype", "bfloat16", "--max-model-len", "2048", *host], "/health"

@@ -29,6 +29,7 @@ GROUP_VENVS = {"llama.cpp-server": BENCH_VENV, "aiperf": AIPERF_VENV}
 # What each server and client needs: (own groups, bench/peers.py setup steps).
 NEEDS = {
     "trtpipe": ((), ()),
+    "trtpipe-spec": ((), ()),
     "vllm": ((), ("vllm", "model:hf")),
     "llama-server": ((), (peers_setup.LLAMA_BUILD_STEP,)),
     "llama-cpp-python": (("llama.cpp-server",), (peers_setup.LLAMA_BUILD_STEP,)),
