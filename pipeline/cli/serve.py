@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from trtpipe.pipeline.cli.common import THREADS_HELP, artifacts_option
+from trtpipe.runtime.serve.defaults import DEFAULT_MAX_QUEUE_WAIT_MS, DEFAULT_MAX_REQUEST_BYTES
 
 
 def _finite_ms(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
@@ -114,8 +115,9 @@ def _need_serve_extra() -> None:
     default=None,
     help="Speculative decoding without a draft model: ngram proposals of the request's own context, "
     "verified in one prefill-path chunk, sized from the verify cost measured at start (greedy outputs "
-    "unchanged). Overrides the recipe's runtime.speculative (whose max_k/min_n/max_n it keeps); "
-    'artifact folder: off. A request may opt out with "speculative": false.',
+    "unchanged on the native engine; on ONNX Runtime they may differ at near-ties). Overrides the "
+    "recipe's runtime.speculative (whose max_k/min_n/max_n it keeps); artifact folder: off. "
+    'A request may opt out with "speculative": false.',
 )
 @click.option(
     "--speculative-max-k",
@@ -133,7 +135,7 @@ def _need_serve_extra() -> None:
 @click.option(
     "--max-queue-wait-ms",
     type=click.FloatRange(min=0),
-    default=10000.0,
+    default=DEFAULT_MAX_QUEUE_WAIT_MS,
     show_default=True,
     callback=_finite_ms,
     help="Refuse a request (503 + Retry-After) when the work ahead of it is predicted (step-cost model) to "
@@ -142,7 +144,7 @@ def _need_serve_extra() -> None:
 @click.option(
     "--max-request-bytes",
     type=click.IntRange(min=1024),
-    default=4 * 2**20,
+    default=DEFAULT_MAX_REQUEST_BYTES,
     show_default=True,
     help="Largest request body; a larger one gets 413 before it is parsed.",
 )

@@ -156,7 +156,7 @@ def _engine_keys_set(r: Recipe, keys: Sequence[str], expected: str, fix: str) ->
 
 
 def _gpu_target_issues(r: Recipe) -> list[Issue]:
-    """No ONNX Runtime settings on GPU targets; the orin-only key; plugin-free INT4; layout; profiles."""
+    """No ONNX Runtime settings on GPU targets; the orin-only key; plugin-free INT4; layout; profiles; speculation."""
     out: list[Issue] = []
     if r.kv_cache.dtype == "int8":
         out.append(
@@ -212,7 +212,19 @@ def _gpu_target_issues(r: Recipe) -> list[Issue]:
             )
         )
     out += _profile_issues(r)
+    out += _gpu_speculative_issues(r)
     return out
+
+
+def _gpu_speculative_issues(r: Recipe) -> list[Issue]:
+    """No ``runtime.speculative`` on GPU targets: a verify needs logits at every position of its chunk."""
+    spec = r.runtime.speculative
+    expected = (
+        "no speculative decoding on GPU targets (TensorRT plans return logits for the last position of "
+        "each sequence only, and verifying a proposal needs logits at every position of the chunk)"
+    )
+    fix = "remove runtime.speculative, or use target: cpu"
+    return [] if spec is None else [Issue(("runtime", "speculative"), spec.model_dump(), expected, fix)]
 
 
 def _scenario_issues(r: Recipe) -> list[Issue]:

@@ -19,7 +19,10 @@ class SchedulerSpec(Spec):
     model so the step stays within the TPOT budget (Sarathi-Serve's token budget, never below
     one block); ``fcfs`` prefills up to ``max_num_tokens`` per step. ``tpot_budget_ms``: the
     budget ``slo`` keeps; None = each validate scenario's tightest ``tpot_ms`` budget, else its
-    ``itl_ms`` budget (a scenario without either, and a server without this setting, run FCFS).
+    ``itl_ms`` budget. Without any of these budgets, ``trtpipe serve`` (and validate, for a scenario
+    without one) runs the TPOT and ITL budgets it derives from the engine's measured step-cost model
+    (:mod:`trtpipe.runtime.sched.serving_budgets`: TPOT 50 ms and ITL 100 ms where the engine
+    holds them, raised just enough where it cannot).
     ``itl_budget_ms``: the longest token gap accepted; with it ``slo`` may plan steps up to 0.8x
     this budget while every decoding request's TPOT stays within ``tpot_budget_ms`` (bigger
     chunks, shorter TTFT); None = each validate scenario's tightest ``itl_ms`` budget, else
@@ -36,7 +39,8 @@ class SpeculativeSpec(Spec):
     ``method: ngram`` proposes the continuation of the longest earlier n-gram (``min_n`` ..
     ``max_n`` tokens) of the request's own context, and the runtime verifies up to ``max_k`` of
     them per step in one prefill-path chunk, k sized from the verify cost it measures at load
-    (runtime/spec/). Greedy outputs are those of plain decoding; sampling keeps its distribution."""
+    (runtime/spec/). Greedy outputs are those of plain decoding on the native engine (on ONNX Runtime
+    they may differ at near-ties); sampling keeps its distribution."""
 
     method: Literal["ngram"] = "ngram"
     max_k: int = Field(4, ge=1, le=16)

@@ -48,8 +48,10 @@ MEASURED_BY = (
 
 def serve_command(artifact_dir: Path, port: int, threads: int | None, recipe: Recipe | None = None) -> list[str]:
     """The ``trtpipe serve ARTIFACT`` command line ``--serve`` runs, with ``recipe``'s runtime
-    settings (runtime.prefix_caching, runtime.scheduler.*, runtime.speculative) as flags: the artifact folder alone gets the
-    defaults (FCFS chunks), not the recipe's budgets."""
+    settings (runtime.prefix_caching, runtime.scheduler.*, runtime.speculative) as flags: the
+    artifact folder alone gets the server's defaults (the ``slo`` policy under the TPOT and ITL
+    budgets it derives from the engine's step-cost model, :mod:`trtpipe.runtime.sched.serving_budgets`),
+    not the recipe's settings."""
     cmd = [sys.executable, "-m", "trtpipe.pipeline.cli.main", "serve", str(artifact_dir), "--port", str(port)]
     if threads:
         cmd += ["--threads", str(threads)]
@@ -199,16 +201,27 @@ def http_probe(base: str, model: str, api_key: str | None, limits: tuple[int, in
     return probe
 
 
-def _server_limits(artifact_dir: Path) -> tuple[int, int]:
-    """(max_batch_size, max_seq_len) of the local copy of the artifact; (16, 2048) without one
-    (the cancel probe then starts 20 requests: a full batch on most servers)."""
+ASSUMED_SERVER_LIMITS = (16, 2048)  # (max_batch_size, max_seq_len) the probes assume without a local artifact
+
+
+def _server_limits(artifact_dir: Path, err) -> tuple[int, int]:
+    """(max_batch_size, max_seq_len) of the local copy of the artifact; without one,
+    :data:`ASSUMED_SERVER_LIMITS` (the cancel probe then starts 20 requests: a full batch on most
+    servers), said in one line on ``err`` with how to give the real ones (``--artifact DIR``)."""
     from trtpipe.runtime.artifact.manifest import load_manifest
     from trtpipe.runtime.errors import ArtifactError
 
     try:
         limits = load_manifest(artifact_dir, verify_hashes=False).limits
     except ArtifactError:
-        return 16, 2048
+        batch, seq = ASSUMED_SERVER_LIMITS
+        err.print(
+            f"engine probes: no artifact manifest at {artifact_dir}, so they assume the server's "
+            f"max_batch_size = {batch} and max_seq_len = {seq}; pass --artifact DIR (a local copy of the "
+            "served artifact) for its real limits",
+            markup=False,
+        )
+        return batch, seq
     return limits.max_batch_size, limits.max_seq_len
 
 
@@ -220,7 +233,7 @@ def _run_scenarios(
     from trtpipe.runtime.measure.http_client import run_workload_http
 
     reports = []
-    probe = http_probe(base, model, api_key, _server_limits(art))
+    probe = http_probe(base, model, api_key, _server_limits(art, err))
     for scenario, spec in specs:
 
         def run(items, concurrency, on_request_done):

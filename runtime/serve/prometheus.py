@@ -18,8 +18,8 @@ request_queue_time_seconds                     first prefill start - arrival, pe
 Counters: ``prompt_tokens`` (prompt tokens of requests that got their prefill), ``generation_tokens``
 (output tokens), ``request_success{finished_reason}`` (every finished request, by reason: stop,
 length, abort, timeout, error), ``num_preemptions``, ``requests_rejected{reason}`` (queue_full,
-shutting_down, engine_dead, bad_request, unauthorized), ``prefix_cache_queries`` / ``prefix_cache_hits``
-(prompt tokens looked up in / found in the prefix cache, vLLM v1's counters; hit rate = hits /
+overloaded, shutting_down, engine_dead, bad_request, too_large, unauthorized), ``prefix_cache_queries`` /
+``prefix_cache_hits`` (prompt tokens looked up in / found in the prefix cache, vLLM v1's counters; hit rate = hits /
 queries; read from ``LLM.prefix_cache_queries`` / ``_hits`` at scrape time),
 ``ignored_request_fields{field}`` (request fields neither OpenAI's nor a known extension: ignored,
 as vLLM does, and counted; the field name is truncated to 64 characters). Gauges are read at scrape time from the

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from trtpipe.runtime.serve.app import create_app
+from trtpipe.runtime.serve.defaults import DEFAULT_MAX_QUEUE_WAIT_MS, DEFAULT_MAX_REQUEST_BYTES
 from trtpipe.runtime.serve.engine_loop import EngineLoop
 from trtpipe.runtime.serve.prometheus import ServeMetrics
 from trtpipe.runtime.serve.protocol.limits import max_token_bytes
@@ -34,12 +35,6 @@ from trtpipe.runtime.serve.startup import prepare
 from trtpipe.runtime.serve.state import ServeState
 from trtpipe.runtime.spec.config import SpecConfig
 
-# Past this predicted wait a request is refused (503 + Retry-After) rather than queued into a TTFT
-# nobody waits for: sustained overload, not a burst (a burst of 22 chat requests on the 2-core host
-# predicted 3.6 s; the seed article: "over 3 s most users give up"). An interactive deployment sets
-# it lower (docs/server.md: admission).
-DEFAULT_MAX_QUEUE_WAIT_MS = 10000.0
-DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20  # a max_seq_len prompt needs far less (docs/server.md: limits)
 EXIT_USAGE = 2  # the CLI's exit code for usage errors (trtpipe.pipeline.cli.main; runtime/ cannot import it)
 
 if TYPE_CHECKING:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
+from trtpipe.runtime.serve.defaults import DEFAULT_MAX_REQUEST_BYTES
 from trtpipe.runtime.serve.engine_loop import EngineLoop
 from trtpipe.runtime.serve.errors import RETRY_AFTER_S, ServeError
 from trtpipe.runtime.serve.prometheus import ServeMetrics
@@ -24,7 +25,7 @@ class ServeState:
     metrics: ServeMetrics | None = None
     load_error: str | None = None
     draining: bool = False
-    max_request_bytes: int = 4 * 2**20  # bodies over it: 413 before parsing (--max-request-bytes)
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # bodies over it: 413 before parsing (--max-request-bytes)
     max_token_bytes: int | None = None  # the longest token's text in bytes (set at load): the prompt bound
     created: int = field(default_factory=lambda: int(time.time()))
 

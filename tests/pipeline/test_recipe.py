@@ -752,3 +752,14 @@ def test_int8_kv_is_refused_on_gpu_targets_with_the_fix():
     orin["kv_cache"]["dtype"] = "int8"
     err = error_of(orin, lambda d: None)
     assert_problem(err, "kv_cache.dtype", "'int8'", "dtype: fp16", "target: cpu")
+
+
+def test_speculative_decoding_is_refused_on_gpu_targets_with_the_fix(cpu_data):
+    speculative = {"method": "ngram", "max_k": 4}
+    err = error_of(_gpu_data(), lambda d: d.setdefault("runtime", {}).update(speculative=speculative))
+    line = next(ln for ln in str(err).splitlines() if "runtime.speculative = " in ln)
+    assert "'method': 'ngram'" in line and "last position of each sequence" in line
+    assert "Fix: remove runtime.speculative, or use target: cpu" in line
+    d = copy.deepcopy(cpu_data)
+    d.setdefault("runtime", {})["speculative"] = speculative
+    assert parse_recipe(d, origin="ok.yaml").runtime.speculative.max_k == 4

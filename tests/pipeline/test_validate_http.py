@@ -220,3 +220,16 @@ def test_unreachable_url_names_a_serve_command_listening_there(monkeypatch):
     ):
         with pytest.raises(ValidateUsageError, match=f"Fix: start it with `{cmd}` or pass --serve."):
             _served_model(url, recipe, {})
+
+
+def test_probe_limits_without_a_local_artifact_are_said_with_the_fix(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from trtpipe.pipeline.validate.http import ASSUMED_SERVER_LIMITS, _server_limits
+
+    buf = io.StringIO()
+    assert _server_limits(tmp_path / "absent", Console(file=buf, width=400)) == ASSUMED_SERVER_LIMITS
+    line = buf.getvalue()
+    assert "max_batch_size = 16 and max_seq_len = 2048" in line and "pass --artifact DIR" in line
