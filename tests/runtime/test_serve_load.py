@@ -182,12 +182,17 @@ def test_sigterm_during_load_exits_zero(default_artifact):
     the short ones finish within the grace period, the rest end with finish_reason "abort", exit 0,
     no KV left."""
     grace_s = 3.0
-    with ServerProcess(default_artifact, "--shutdown-grace-s", str(grace_s)) as server:
+    # --max-queue-wait-ms 0: the queued long streams must wait, not be refused as overloaded (their
+    # predicted wait, ~2000 decode steps ahead of them, passes the 10 s default on a slow host)
+    args = ("--shutdown-grace-s", str(grace_s), "--max-queue-wait-ms", "0")
+    with ServerProcess(default_artifact, *args) as server:
 
         async def stream(h: httpx.AsyncClient, max_tokens: int) -> str | None:
             body = {"model": MODEL, "prompt": "Count:", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
             reason = None
             async with h.stream("POST", server.url + "/v1/completions", json=body) as r:
+                if r.status_code != 200:
+                    return f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"  # says why in the assertion
                 async for line in r.aiter_lines():
                     if line.startswith("data: {"):
                         reason = json.loads(line[6:])["choices"][0]["finish_reason"] or reason
