@@ -5,6 +5,7 @@ system prompt with 0 cached tokens, and the start line names the slo chunk size.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -165,7 +166,14 @@ def test_serve_speculative_ngram_same_greedy_text_opt_out_and_metrics(tmp_path, 
             texts.append(r.json()["choices"][0]["message"]["content"])
             drafts.append(s.metrics().get("trtpipe:spec_decode_num_drafts_total", 0.0))
         assert texts[0] == texts[1]
-        assert drafts[0] == 0 and drafts[1] > 0  # the opted-out request never verified
+        assert drafts[0] == 0  # the opted-out request never verified
+        # The sizing verifies only what pays at the measured cost: at the prior acceptance (0.5) a
+        # 1-token proposal pays when a 2-token verify costs under 1.5 / 1.02 = 1.47 decode steps
+        # (runtime/spec/sizing.py); a noisy start can measure more, and then nothing is verified.
+        two = float(re.search(r"decode step: 1: [0-9.]+x, 2: ([0-9.]+)x", "".join(s.lines)).group(1))
+        if two >= 1.47:
+            pytest.skip(f"the verify cost measured at start ({two}x a decode step for 2 tokens) does not pay")
+        assert drafts[1] > 0
         m = s.metrics()
         assert 0 < m["trtpipe:spec_decode_num_accepted_tokens_total"] <= m["trtpipe:spec_decode_num_draft_tokens_total"]
         assert m["trtpipe:spec_decode_acceptance_length_count"] == drafts[1]

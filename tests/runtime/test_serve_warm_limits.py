@@ -130,6 +130,10 @@ def test_body_limit_and_byte_bound_do_not_stall_the_server(server):
     json.loads(ten_mb.decode())
     slowdown = max(1.0, (time.perf_counter() - t) * 1e3 / JSON_PARSE_REF_MS)
     loaded, answers = _measure(url, big_bodies)
+    if max(loaded.health) * 1e3 > max(base.health) * 1e3 + STALL_BOUND_MS * slowdown:
+        # once more: a stall the server causes (10 MB tokenized on the event loop: seconds) comes
+        # back every time; one slow answer from the shared host's scheduler does not
+        loaded, answers = _measure(url, big_bodies)
     assert [a[1] for a in answers] == [400, 400, 413, 400]
     bound = answers[0][2]
     assert bound["code"] == "context_length_exceeded" and "refused before tokenizing" in bound["message"]
