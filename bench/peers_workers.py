@@ -89,18 +89,12 @@ class TrtpipeAdapter(_Adapter):
 
 
 class LlamaCppAdapter(_Adapter):
-    def load(self) -> None:
+    def load(self, **overrides) -> None:
+        """``llama_cpp.Llama`` on the GGUF; ``overrides`` replace or add constructor arguments."""
         from llama_cpp import Llama
 
-        self.llm = Llama(
-            model_path=self.spec["gguf"],
-            n_ctx=2048,
-            n_batch=512,
-            n_ubatch=512,
-            n_threads=self.threads,
-            n_threads_batch=self.threads,
-            verbose=False,
-        )
+        kw = dict(n_ctx=2048, n_batch=512, n_ubatch=512, n_threads=self.threads, n_threads_batch=self.threads)
+        self.llm = Llama(model_path=self.spec["gguf"], **(kw | {"verbose": False} | overrides))
 
     def run_one(self, ids, n):
         # reset(): llama-cpp-python's generate() would otherwise reuse the KV of a matching prefix.

@@ -82,7 +82,6 @@ def _adapter(peer: str, mode: str, spec: dict):
 
         class Adapter(LlamaCppAdapter):
             def load(self) -> None:
-                from llama_cpp import Llama
                 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
                 spec_on = mode == "spec"
@@ -90,17 +89,7 @@ def _adapter(peer: str, mode: str, spec: dict):
                 # logits_all with the drafter: llama-cpp-python 0.3.36 sizes its score buffer by
                 # n_batch unless logits_all is passed, and a verify past position n_batch fails
                 # ("could not broadcast input array from shape (245760,) into shape (196608,)")
-                self.llm = Llama(
-                    model_path=self.spec["gguf"],
-                    n_ctx=4096,
-                    n_batch=512,
-                    n_ubatch=512,
-                    n_threads=self.threads,
-                    n_threads_batch=self.threads,
-                    draft_model=draft,
-                    logits_all=spec_on,
-                    verbose=False,
-                )
+                super().load(n_ctx=4096, draft_model=draft, logits_all=spec_on)
 
     else:
         from peers_anchors import VllmAdapter
