@@ -306,7 +306,16 @@ def _reserve_block_tables(block_pool: Any, block_size: int, max_b: int) -> tuple
     return ids, tables
 
 
-MAX_STORED_REL_ERROR = 1.0  # a fit off by more than 100 % of a step is not kept in the artifact
+# A calibration whose held-out error exceeds RECALIBRATE_REL_ERROR is repeated, up to
+# CALIBRATION_ATTEMPTS in all, and the fit with the smallest error is used; only a fit within
+# MAX_STORED_REL_ERROR is kept in the artifact (a worse one was measured on a busy host: the next
+# load measures again). Measured on the quiet 2-core Zen 4 (2026-12-03): good fits are off by
+# 13-19 % of a step; a `trtpipe serve` start at 16:56 UTC fit a 77 % one (a 13 ms fused decode row
+# against ~0.7 ms) and, under the earlier 100 % bound, stored it, so every later start on this
+# host reused it (its derived TPOT budget was raised from 50 to 78.9 ms to fit the model's steps).
+RECALIBRATE_REL_ERROR = 0.35
+CALIBRATION_ATTEMPTS = 3
+MAX_STORED_REL_ERROR = 0.5
 
 
 def load_or_calibrate(
@@ -324,8 +333,11 @@ def load_or_calibrate(
     """The artifact's ``step_cost.json`` when it was measured on this host and CPU
     (:func:`~trtpipe.runtime.artifact.host_cpu.host_id`) with these threads, the same ``fused`` and the same
     engine (``engine.backend``); else calibrate now and write it there (atomically; a read-only
-    artifact just skips the write; a fit whose relative error exceeds MAX_STORED_REL_ERROR, measured
-    on a busy host, is used but not written, so the next load measures again)."""
+    artifact just skips the write). A calibration off by more than RECALIBRATE_REL_ERROR on its
+    held-out calls is repeated (CALIBRATION_ATTEMPTS in all, ~4 s each on 2 cores) and the best
+    fit used; one still off by more than MAX_STORED_REL_ERROR (a busy host) is used but not
+    written, so the next load measures again. A stored file off by more than that (written under
+    an older, looser bound) is measured again too."""
     from trtpipe.runtime.artifact.manifest import atomic_write_text
 
     path = Path(artifact_dir) / STEP_COST_FILE
@@ -333,14 +345,25 @@ def load_or_calibrate(
         try:
             model = StepCostModel.from_json(path.read_text(encoding="utf-8"))
             same_engine = model.engine == getattr(engine, "backend", "")
-            if model.host == host_id() and model.num_threads == num_threads and model.fused == fused and same_engine:
+            same_setup = model.host == host_id() and model.num_threads == num_threads and model.fused == fused
+            if same_setup and same_engine and model.rel_error <= MAX_STORED_REL_ERROR:
                 return model
         except (ValueError, KeyError, TypeError):
             pass  # unreadable or old: measure again
-    model = calibrate(engine, block_pool, block_size, max_num_tokens, max_batch_size, fused=fused)
-    model = StepCostModel(**{**asdict(model), "num_threads": num_threads, "engine": getattr(engine, "backend", "")})
+    tries: list[StepCostModel] = []
+    while len(tries) < CALIBRATION_ATTEMPTS and (not tries or tries[-1].rel_error > RECALIBRATE_REL_ERROR):
+        tries.append(calibrate(engine, block_pool, block_size, max_num_tokens, max_batch_size, fused=fused))
+    model = min(tries, key=lambda m: m.rel_error)
+    facts = {"num_threads": num_threads, "engine": getattr(engine, "backend", "")}
+    if len(tries) > 1:
+        facts["calibration_s"] = round(sum(m.calibration_s or 0.0 for m in tries), 3)
+    model = StepCostModel(**{**asdict(model), **facts})
     if log is not None:
-        log(f"step-cost model measured in {model.calibration_s:.1f} s (error {model.error_ms:.1f} ms)")
+        again = f", best of {len(tries)} calibrations (errors {', '.join(f'{m.rel_error:.0%}' for m in tries)})"
+        log(
+            f"step-cost model measured in {model.calibration_s:.1f} s (error {model.error_ms:.1f} ms"
+            f"{again if len(tries) > 1 else ''})"
+        )
     if model.rel_error > MAX_STORED_REL_ERROR:  # measured on a busy host: use it now, measure again next load
         if log is not None:
             log(f"step-cost model not stored: relative error {model.rel_error:.0%} (the host was busy)")
@@ -353,6 +376,9 @@ def load_or_calibrate(
 
 
 __all__ = [
+    "CALIBRATION_ATTEMPTS",
+    "MAX_STORED_REL_ERROR",
+    "RECALIBRATE_REL_ERROR",
     "STEP_COST_FILE",
     "StepCostModel",
     "calibrate",
