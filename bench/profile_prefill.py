@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Where a prefill's time goes on the native CPU engine, by kernel, sampled with Linux ``perf``
+(not CI: needs ``perf`` and permission to profile this process).
+
+    .venv/bin/python bench/profile_prefill.py [--tokens 128,512] [--reps 8] [--threads 2]
+                                              [--artifact artifacts/smollm2-135m-cpu/cpu]
+
+For each prompt length: load the artifact once, prefill twice to warm up, then attach
+``perf record -F 999 -p <this process>`` and run ``--reps`` prefills of random token ids (one
+output token each, no prefix-cache hit); ``perf report --sort symbol`` is folded into kernel
+classes (the GEMM tile functions, attention, activation quantization, the elementwise ops,
+OpenMP's runtime, the OS kernel, Python and the rest), printed as % of the samples and as ms of
+one prefill (% x the measured wall time per prefill; with N threads the samples cover N cores, so a
+class's ms is its share of the wall time both threads spent, not a serial time).
+
+The engine's kernels are in ``plugins/cpu/csrc`` (docs/design.md, "CPU engines"); the GEMM tile
+functions are named ``{pairs,wide}_{q4,q8}_l{levels}_r{rows}`` (gemm.c).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (class, regex over the symbol name), first match wins
+CLASSES = (
+    ("GEMM (int8 activations x 4/8-bit weights)", r"^(pairs|wide)_q[48]_l[12]_r\d+$|^tp_gemm"),
+    ("attention (paged, causal)", r"^tp_attention|^block_scores|^attend|^softmax"),
+    ("activation quantization (int8 levels)", r"^tp_quant_act|^quant_"),
+    ("RMSNorm", r"^tp_rmsnorm"),
+    ("SiLU x up", r"^tp_silu_mul"),
+    ("RoPE", r"^tp_rope"),
+    ("KV write", r"^tp_kv_write|^encode_row"),
+    ("embedding", r"^tp_embed"),
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--artifact", type=Path, default=ROOT / "artifacts" / "smollm2-135m-cpu" / "cpu")
+    ap.add_argument("--tokens", default="128,512", help="comma list of prompt lengths")
+    ap.add_argument("--reps", type=int, default=8, help="profiled prefills per length")
+    ap.add_argument("--threads", type=int, default=2)
+    return ap
+
+
+def classify(symbol: str, dso: str) -> str:
+    """The kernel class of one ``perf report`` row (symbol name, shared object)."""
+    for name, pattern in CLASSES:
+        if re.search(pattern, symbol):
+            return name
+    if "libgomp" in dso:
+        return "OpenMP runtime (barriers, waits)"
+    if dso.startswith("[kernel"):
+        return "OS kernel (page faults, scheduling)"
+    if "python" in dso or "libpython" in dso:
+        return "Python"
+    return "other"
+
+
+def perf_shares(data: Path) -> dict[str, float]:
+    """``perf report`` of ``data`` folded into :data:`CLASSES`: {class: % of samples}."""
+    out = subprocess.run(
+        ["perf", "report", "-i", str(data), "--no-children", "--sort", "dso,symbol", "--stdio", "-g", "none"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    shares: dict[str, float] = {}
+    for line in out.splitlines():
+        m = re.match(r"\s*([\d.]+)%\s+(\S+)\s+\[[.k]\]\s+(\S+)", line)
+        if m:
+            cls = classify(m.group(3), m.group(2))
+            shares[cls] = shares.get(cls, 0.0) + float(m.group(1))
+    return shares
+
+
+def profile_length(llm, n: int, reps: int, tmp: Path) -> tuple[float, dict[str, float]]:
+    """(wall ms per prefill, {class: %}) of ``reps`` prefills of ``n`` random tokens."""
+    from trtpipe.runtime.sample.params import SamplingParams
+
+    rng = random.Random(n)
+    sp = SamplingParams(max_new_tokens=1)
+
+    def prompt() -> list[int]:
+        return [rng.randrange(100, 40000) for _ in range(n)]
+
+    for _ in range(2):
+        llm.generate([prompt()], sp)
+    data = tmp / f"perf-{n}.data"
+    rec = subprocess.Popen(
+        ["perf", "record", "-F", "999", "-p", str(os.getpid()), "-o", str(data)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(0.5)  # perf attaches
+    if rec.poll() is not None:
+        raise SystemExit(f"perf record failed: {rec.stderr.read().strip()[-500:]}")
+    t = time.perf_counter()
+    for _ in range(reps):
+        llm.generate([prompt()], sp)
+    wall_ms = (time.perf_counter() - t) / reps * 1e3
+    rec.send_signal(signal.SIGINT)
+    rec.wait(timeout=60)
+    return wall_ms, perf_shares(data)
+
+
+def main() -> int:
+    args = _parser().parse_args()
+    if shutil.which("perf") is None:
+        raise SystemExit("perf is not installed (Linux perf tools, e.g. apt install linux-tools-common)")
+    from trtpipe.runtime.llm import LLM
+
+    llm = LLM(args.artifact, num_threads=args.threads)
+    if getattr(llm.engine, "backend", "") != "native":
+        raise SystemExit(f"{args.artifact}: runs on {llm.engine.backend}, not the native CPU engine")
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    print(f"host: {cpu}, {os.cpu_count()} CPUs; artifact {args.artifact}; {args.threads} threads; {args.reps} prefills")
+    with tempfile.TemporaryDirectory(prefix="trtpipe-perf-") as tmp:
+        for n in (int(x) for x in args.tokens.split(",")):
+            wall_ms, shares = profile_length(llm, n, args.reps, Path(tmp))
+            total = sum(shares.values()) or 1.0
+            print(f"\nprefill of {n} tokens: {wall_ms:.1f} ms (wall, mean of {args.reps})")
+            print("| kernel class | % of samples | ms of one prefill |")
+            print("|---|---|---|")
+            for cls, pct in sorted(shares.items(), key=lambda kv: -kv[1]):
+                print(f"| {cls} | {pct / total * 100:.1f} | {pct / total * wall_ms:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
