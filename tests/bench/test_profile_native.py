@@ -1,4 +1,4 @@
-"""bench/profile_prefill.py's folding of a ``perf report`` into kernel classes (no perf needed)."""
+"""bench/profile_native.py's folding of a ``perf report`` into kernel classes (no perf needed)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
-import profile_prefill  # noqa: E402
+import profile_native  # noqa: E402
 
 # the shape of `perf report --no-children --sort dso,symbol --stdio -g none` rows
 REPORT = """\
@@ -33,9 +33,9 @@ def test_perf_rows_fold_into_kernel_classes(monkeypatch):
         assert cmd[:2] == ["perf", "report"]
         return subprocess.CompletedProcess(cmd, 0, stdout=REPORT, stderr="")
 
-    monkeypatch.setattr(profile_prefill.subprocess, "run", run)
-    shares = profile_prefill.perf_shares(Path("unused.data"))
-    assert round(shares[profile_prefill.CLASSES[0][0]], 2) == 57.21  # both GEMM tile functions
+    monkeypatch.setattr(profile_native.subprocess, "run", run)
+    shares = profile_native.perf_shares(Path("unused.data"))
+    assert round(shares[profile_native.CLASSES[0][0]], 2) == 57.21  # both GEMM tile functions
     assert round(shares["attention (paged, causal)"], 2) == 16.12  # tp_attention + block_scores_rows
     assert shares["activation quantization (int8 levels)"] == 3.85
     assert shares["SiLU x up"] == 1.27
@@ -46,5 +46,5 @@ def test_perf_rows_fold_into_kernel_classes(monkeypatch):
 
 
 def test_classify_unknown_symbol_of_the_library_is_other():
-    assert profile_prefill.classify("tp_new_kernel", "libtrtpipe_cpu.so") == "other"
-    assert profile_prefill.classify("pairs_q8_l1_r3", "libtrtpipe_cpu.so").startswith("GEMM")
+    assert profile_native.classify("tp_new_kernel", "libtrtpipe_cpu.so") == "other"
+    assert profile_native.classify("pairs_q8_l1_r3", "libtrtpipe_cpu.so").startswith("GEMM")

@@ -1,17 +1,18 @@
 #!/usr/bin/env python3
-"""Where a prefill's time goes on the native CPU engine, by kernel, sampled with Linux ``perf``
-(not CI: needs ``perf`` and permission to profile this process).
+"""Where a prefill's and a decode step's time go on the native CPU engine, by kernel class,
+sampled with Linux ``perf`` (not CI: needs ``perf`` and permission to profile this process).
 
-    .venv/bin/python bench/profile_prefill.py [--tokens 128,512] [--reps 8] [--threads 2]
-                                              [--artifact artifacts/smollm2-135m-cpu/cpu]
+    .venv/bin/python bench/profile_native.py [--tokens 128,512] [--reps 8] [--threads 2]
+                                             [--decode-steps 64] [--artifact artifacts/smollm2-135m-cpu/cpu]
 
-For each prompt length: load the artifact once, prefill twice to warm up, then attach
-``perf record -F 999 -p <this process>`` and run ``--reps`` prefills of random token ids (one
-output token each, no prefix-cache hit); ``perf report --sort symbol`` is folded into kernel
-classes (the GEMM tile functions, attention, activation quantization, the elementwise ops,
-OpenMP's runtime, the OS kernel, Python and the rest), printed as % of the samples and as ms of
-one prefill (% x the measured wall time per prefill; with N threads the samples cover N cores, so a
-class's ms is its share of the wall time both threads spent, not a serial time).
+For each prompt length: load the artifact once, warm up, then attach ``perf record -F 999 -p
+<this process>`` around (1) ``--reps`` prefills of random token ids (one output token each, no
+prefix-cache hit) and (2) ``--decode-steps`` batch-1 decode steps after such a prompt (EOS
+ignored). ``perf report --sort dso,symbol`` is folded into kernel classes (the GEMM tile
+functions, attention, activation quantization, the elementwise ops, OpenMP's runtime, the OS
+kernel, Python and the rest), printed as % of the samples and as ms of one prefill or step
+(% x the measured wall time; with N threads the samples cover N cores, so a class's ms is its
+share of the wall time, not a serial time).
 
 The engine's kernels are in ``plugins/cpu/csrc`` (docs/design.md, "CPU engines"); the GEMM tile
 functions are named ``{pairs,wide}_{q4,q8}_l{levels}_r{rows}`` (gemm.c).
@@ -51,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--artifact", type=Path, default=ROOT / "artifacts" / "smollm2-135m-cpu" / "cpu")
     ap.add_argument("--tokens", default="128,512", help="comma list of prompt lengths")
     ap.add_argument("--reps", type=int, default=8, help="profiled prefills per length")
+    ap.add_argument("--decode-steps", type=int, default=64, help="profiled decode steps per length (0: none)")
     ap.add_argument("--threads", type=int, default=2)
     return ap
 
@@ -86,19 +88,10 @@ def perf_shares(data: Path) -> dict[str, float]:
     return shares
 
 
-def profile_length(llm, n: int, reps: int, tmp: Path) -> tuple[float, dict[str, float]]:
-    """(wall ms per prefill, {class: %}) of ``reps`` prefills of ``n`` random tokens."""
-    from trtpipe.runtime.sample.params import SamplingParams
-
-    rng = random.Random(n)
-    sp = SamplingParams(max_new_tokens=1)
-
-    def prompt() -> list[int]:
-        return [rng.randrange(100, 40000) for _ in range(n)]
-
-    for _ in range(2):
-        llm.generate([prompt()], sp)
-    data = tmp / f"perf-{n}.data"
+def _perf(tmp: Path, name: str, work) -> tuple[float, dict[str, float]]:
+    """Run ``work()`` (returns its count of units) under ``perf record`` attached to this
+    process: (wall ms per unit, {class: %})."""
+    data = tmp / f"perf-{name}.data"
     rec = subprocess.Popen(
         ["perf", "record", "-F", "999", "-p", str(os.getpid()), "-o", str(data)],
         stdout=subprocess.DEVNULL,
@@ -109,12 +102,46 @@ def profile_length(llm, n: int, reps: int, tmp: Path) -> tuple[float, dict[str, 
     if rec.poll() is not None:
         raise SystemExit(f"perf record failed: {rec.stderr.read().strip()[-500:]}")
     t = time.perf_counter()
-    for _ in range(reps):
-        llm.generate([prompt()], sp)
-    wall_ms = (time.perf_counter() - t) / reps * 1e3
+    units = work()
+    wall_ms = (time.perf_counter() - t) / units * 1e3
     rec.send_signal(signal.SIGINT)
     rec.wait(timeout=60)
     return wall_ms, perf_shares(data)
+
+
+def profile_length(llm, n: int, reps: int, decode_steps: int, tmp: Path) -> dict[str, tuple[float, dict[str, float]]]:
+    """{"prefill": (ms per prefill, shares), "decode": (ms per step, shares)} at ``n`` prompt tokens."""
+    from trtpipe.runtime.sample.params import SamplingParams
+
+    rng = random.Random(n)
+
+    def prompt() -> list[int]:
+        return [rng.randrange(100, 40000) for _ in range(n)]
+
+    one = SamplingParams(max_new_tokens=1)
+    for _ in range(2):
+        llm.generate([prompt()], one)
+
+    def prefills() -> int:
+        for _ in range(reps):
+            llm.generate([prompt()], one)
+        return reps
+
+    out = {"prefill": _perf(tmp, f"prefill-{n}", prefills)}
+    if decode_steps > 0:
+        llm.generate([prompt()], SamplingParams(max_new_tokens=8, ignore_eos=True))  # warm
+        llm.add_request(prompt(), SamplingParams(max_new_tokens=decode_steps + 1, ignore_eos=True))
+        llm.step()  # the prefill
+
+        def steps() -> int:
+            k = 0
+            while llm.has_unfinished():
+                llm.step()
+                k += 1
+            return k
+
+        out["decode"] = _perf(tmp, f"decode-{n}", steps)
+    return out
 
 
 def main() -> int:
@@ -127,16 +154,17 @@ def main() -> int:
     if getattr(llm.engine, "backend", "") != "native":
         raise SystemExit(f"{args.artifact}: runs on {llm.engine.backend}, not the native CPU engine")
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
-    print(f"host: {cpu}, {os.cpu_count()} CPUs; artifact {args.artifact}; {args.threads} threads; {args.reps} prefills")
+    print(f"host: {cpu}, {os.cpu_count()} CPUs; artifact {args.artifact}; {args.threads} threads")
     with tempfile.TemporaryDirectory(prefix="trtpipe-perf-") as tmp:
         for n in (int(x) for x in args.tokens.split(",")):
-            wall_ms, shares = profile_length(llm, n, args.reps, Path(tmp))
-            total = sum(shares.values()) or 1.0
-            print(f"\nprefill of {n} tokens: {wall_ms:.1f} ms (wall, mean of {args.reps})")
-            print("| kernel class | % of samples | ms of one prefill |")
-            print("|---|---|---|")
-            for cls, pct in sorted(shares.items(), key=lambda kv: -kv[1]):
-                print(f"| {cls} | {pct / total * 100:.1f} | {pct / total * wall_ms:.1f} |")
+            for phase, (wall_ms, shares) in profile_length(llm, n, args.reps, args.decode_steps, Path(tmp)).items():
+                total = sum(shares.values()) or 1.0
+                what = "prefill" if phase == "prefill" else "decode step (batch 1)"
+                print(f"\n{what} at {n} prompt tokens: {wall_ms:.2f} ms (wall, mean)")
+                print("| kernel class | % of samples | ms |")
+                print("|---|---|---|")
+                for cls, pct in sorted(shares.items(), key=lambda kv: -kv[1]):
+                    print(f"| {cls} | {pct / total * 100:.1f} | {pct / total * wall_ms:.2f} |")
     return 0
 
 
