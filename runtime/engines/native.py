@@ -14,7 +14,12 @@ decides what a shared CPU costs. Unless the environment sets ``OMP_WAIT_POLICY``
 a 2-core Zen 4, 64 tokens of "Tell me a story." (TPOT medians): quiet, libgomp's default 5.7 ms,
 spin 2000 6.45 ms, ``OMP_WAIT_POLICY=PASSIVE`` 14.9 ms (a sleeping thread wakes ~50 us late per
 region); with both cores also running other processes, default 30.9 ms, spin 2000 16.6 ms,
-PASSIVE 11.6 ms (ONNX Runtime ~27-40 ms). The environment is read when the library loads.
+PASSIVE 11.6 ms (ONNX Runtime ~27-40 ms). A longer spin (200000) measured better in between
+(2026-12-03, 133-token prompts, 64 tokens, 3 interleaved rounds): quiet TPOT 0.87x of spin 2000 at
+the same TTFT; beside a process using 0.3 of a core TTFT 0.8x and TPOT 0.68x; beside one using a
+whole core TPOT 0.71x but TTFT 1.12x (p90 1.5x); `trtpipe serve` driven by vLLM's benchmark client
+at 0.58-2.3 req/s gave no difference beyond run-to-run noise, so 2000 stays. The environment is
+read when the library loads.
 
 Raises :class:`ArtifactError` when the CPU lacks the ISA the library was built for (it would die
 with SIGILL), or the library or weights cannot be loaded.
