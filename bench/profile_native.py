@@ -81,7 +81,7 @@ def perf_shares(data: Path) -> dict[str, float]:
     ).stdout
     shares: dict[str, float] = {}
     for line in out.splitlines():
-        m = re.match(r"\s*([\d.]+)%\s+(\S+)\s+\[[.k]\]\s+(\S+)", line)
+        m = re.match(r"\s*([\d.]+)%\s+(\S+)\s+\[.\]\s+(\S+)", line)
         if m:
             cls = classify(m.group(3), m.group(2))
             shares[cls] = shares.get(cls, 0.0) + float(m.group(1))
@@ -89,8 +89,8 @@ def perf_shares(data: Path) -> dict[str, float]:
 
 
 def _perf(tmp: Path, name: str, work) -> tuple[float, dict[str, float]]:
-    """Run ``work()`` (returns its count of units) under ``perf record`` attached to this
-    process: (wall ms per unit, {class: %})."""
+    """Run ``work()`` (returns its count of units, >= 1) under ``perf record`` attached to this
+    process: (wall ms per unit, {class: %}). perf is stopped whatever ``work`` raises."""
     data = tmp / f"perf-{name}.data"
     rec = subprocess.Popen(
         ["perf", "record", "-F", "999", "-p", str(os.getpid()), "-o", str(data)],
@@ -98,14 +98,20 @@ def _perf(tmp: Path, name: str, work) -> tuple[float, dict[str, float]]:
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(0.5)  # perf attaches
-    if rec.poll() is not None:
-        raise SystemExit(f"perf record failed: {rec.stderr.read().strip()[-500:]}")
-    t = time.perf_counter()
-    units = work()
-    wall_ms = (time.perf_counter() - t) / units * 1e3
-    rec.send_signal(signal.SIGINT)
-    rec.wait(timeout=60)
+    try:
+        time.sleep(0.5)  # perf attaches
+        if rec.poll() is not None:
+            raise SystemExit(f"perf record failed: {rec.stderr.read().strip()[-500:]}")
+        t = time.perf_counter()
+        units = max(work(), 1)
+        wall_ms = (time.perf_counter() - t) / units * 1e3
+    finally:
+        if rec.poll() is None:
+            rec.send_signal(signal.SIGINT)
+            try:
+                rec.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                rec.kill()
     return wall_ms, perf_shares(data)
 
 
@@ -151,6 +157,13 @@ def main() -> int:
     from trtpipe.runtime.llm import LLM
 
     llm = LLM(args.artifact, num_threads=args.threads)
+    limits = llm.manifest.limits
+    for n in (int(x) for x in args.tokens.split(",")):
+        if not 1 <= n <= limits.max_num_tokens or n + args.decode_steps + 1 > limits.max_seq_len:
+            raise SystemExit(
+                f"--tokens {n}: expected 1..{limits.max_num_tokens} (one prefill chunk) with "
+                f"n + --decode-steps + 1 <= max_seq_len {limits.max_seq_len}"
+            )
     if getattr(llm.engine, "backend", "") != "native":
         raise SystemExit(f"{args.artifact}: runs on {llm.engine.backend}, not the native CPU engine")
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")

@@ -308,11 +308,13 @@ def _reserve_block_tables(block_pool: Any, block_size: int, max_b: int) -> tuple
 
 # A calibration whose held-out error exceeds RECALIBRATE_REL_ERROR is repeated, up to
 # CALIBRATION_ATTEMPTS in all, and the fit with the smallest error is used; only a fit within
-# MAX_STORED_REL_ERROR is kept in the artifact (a worse one was measured on a busy host: the next
-# load measures again). Measured on the quiet 2-core Zen 4 (2026-12-03): good fits are off by
-# 13-19 % of a step; a `trtpipe serve` start at 16:56 UTC fit a 77 % one (a 13 ms fused decode row
-# against ~0.7 ms) and, under the earlier 100 % bound, stored it, so every later start on this
-# host reused it (its derived TPOT budget was raised from 50 to 78.9 ms to fit the model's steps).
+# MAX_STORED_REL_ERROR is kept in the artifact and reused by later loads (a worse one was measured
+# on a busy host: the next load measures again). Between the two bounds the best fit is stored:
+# a host that gave nothing better in three attempts is unlikely to at the next start, which would
+# otherwise pay three calibrations (~12 s on 2 cores) every time. Measured on the quiet 2-core
+# Zen 4 (2026-12-03): good fits are off by 13-19 % of a step; a busy start fit one off by 77 %
+# (a 13 ms fused decode row against ~0.7 ms), whose steps made the server raise its derived TPOT
+# budget from 50 to 78.9 ms.
 RECALIBRATE_REL_ERROR = 0.35
 CALIBRATION_ATTEMPTS = 3
 MAX_STORED_REL_ERROR = 0.5

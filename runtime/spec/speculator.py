@@ -13,12 +13,12 @@ the counts decay by ``DECAY`` per verify, so the estimate follows the request's 
 by ``DECAY`` per step in which a proposal existed but did not pay, so a request switched off
 drifts back to the prior.
 
-Exploration: after ``EXPLORE_AFTER`` steps in a row in which a request had a proposal that did not
+Exploration: after ``EXPLORE_AFTER_STEPS`` steps in a row in which a request had a proposal that did not
 pay, its first proposed token is verified anyway (k = 1, the cheapest verify), so its estimate and
 the prior learn from the text instead of staying where they are. Without it a start whose verify
 cost was measured on a busy moment (a 2-token verify at >= 1.47x a decode step: k = 1 does not pay
-at the prior 0.5) never verifies, and so never finds out that the text repeats (seen in a CI run).
-It costs at most one 2-token row per ``EXPLORE_AFTER`` steps of such a request.
+at the prior 0.5) never verifies, and so never finds out that the text repeats.
+It costs at most one 2-token row per ``EXPLORE_AFTER_STEPS`` steps of such a request.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from trtpipe.runtime.spec.sizing import draft_lengths
 PRIOR_WEIGHT = 2.0
 DECAY = 0.9
 MIN_GAIN = 0.02  # speculation must beat plain decoding by 2 % in expectation (cost noise)
-EXPLORE_AFTER = 16  # unpaid proposal steps in a row before a 1-token verify (module doc)
+EXPLORE_AFTER_STEPS = 16  # unpaid proposal steps in a row before a 1-token verify (module doc)
 
 
 @dataclass
@@ -42,7 +42,7 @@ class _State:
     index: NgramIndex
     successes: float = 0.0
     trials: float = 0.0
-    unpaid: int = 0  # proposal steps in a row that did not pay
+    unpaid_steps: int = 0  # proposal steps in a row that did not pay
 
 
 @dataclass
@@ -151,12 +151,12 @@ class NgramSpeculator:
             s = self._states[r.request_id]  # made by _state() with the proposal
             if k:
                 out[r.request_id] = prop[:k]
-                s.unpaid = 0
+                s.unpaid_steps = 0
             else:
-                s.unpaid += 1
-                if s.unpaid >= EXPLORE_AFTER:  # explore: verify one token (module doc)
+                s.unpaid_steps += 1
+                if s.unpaid_steps >= EXPLORE_AFTER_STEPS:  # explore: verify one token (module doc)
                     out[r.request_id] = prop[:1]
-                    s.unpaid = 0
+                    s.unpaid_steps = 0
                 else:  # a proposal that did not pay: drift to the prior
                     s.successes *= DECAY
                     s.trials *= DECAY
@@ -187,4 +187,4 @@ class NgramSpeculator:
         return s
 
 
-__all__ = ["DECAY", "EXPLORE_AFTER", "MIN_GAIN", "NgramSpeculator", "PRIOR_WEIGHT", "SpecCounters"]
+__all__ = ["DECAY", "EXPLORE_AFTER_STEPS", "MIN_GAIN", "NgramSpeculator", "PRIOR_WEIGHT", "SpecCounters"]

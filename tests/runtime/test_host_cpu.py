@@ -89,3 +89,12 @@ def test_calibration_still_noisy_after_every_attempt_is_used_not_stored(tmp_path
     got = load_or_calibrate(tmp_path, None, None, 16, 512, 8, None)
     assert len(calls) == 3 and got.rel_error == 0.6 and got.prefill_s[1] == 0.002
     assert not (tmp_path / STEP_COST_FILE).exists()
+
+
+def test_calibration_stops_at_the_first_good_fit(tmp_path, monkeypatch):
+    calls = _calibrations(monkeypatch, [_model(0.77, 0.001), _model(0.20, 0.002), _model(0.10, 0.003)])
+    got = load_or_calibrate(tmp_path, None, None, 16, 512, 8, None)
+    assert len(calls) == 2 and got.prefill_s[1] == 0.002 and got.calibration_s == 8.0
+    # a stored fit between the retry and the storing bounds (0.35 < 0.4 <= 0.5) is reused as it is
+    (tmp_path / STEP_COST_FILE).write_text(_model(0.40, 0.005).to_json())
+    assert load_or_calibrate(tmp_path, None, None, 16, 512, 8, None).prefill_s[1] == 0.005 and len(calls) == 2

@@ -95,15 +95,15 @@ def test_a_proposal_that_never_pays_is_explored_with_one_token_and_learns():
     from types import SimpleNamespace
 
     from trtpipe.runtime.spec.config import SpecConfig
-    from trtpipe.runtime.spec.speculator import EXPLORE_AFTER, NgramSpeculator
+    from trtpipe.runtime.spec.speculator import EXPLORE_AFTER_STEPS, NgramSpeculator
 
     # a busy start's table: a 2-token verify 1.6x a decode step, so at the prior 0.5 no k pays
     # (k = 1: 1.5 tokens for 1.6x; k = 4: 1.94 for 2.5x)
     cost = VerifyCost(decode_s=0.004, chunk_s=(0.004, 0.0064, 0.008, 0.009, 0.010))
     spec = NgramSpeculator(SpecConfig(max_k=4, min_n=1, max_n=3), cost)
     req = SimpleNamespace(request_id="r", prompt_token_ids=[1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3], output_token_ids=[])
-    steps = [spec.propose([req], [4]) for _ in range(EXPLORE_AFTER)]
-    assert steps[:-1] == [{}] * (EXPLORE_AFTER - 1)  # nothing pays ...
+    steps = [spec.propose([req], [4]) for _ in range(EXPLORE_AFTER_STEPS)]
+    assert steps[:-1] == [{}] * (EXPLORE_AFTER_STEPS - 1)  # nothing pays ...
     assert steps[-1] == {"r": (4,)}  # ... until one token is verified to learn
     spec.on_verified("r", 1, 1)  # the text repeats: accepted
     # the estimate is now (1 + 2 * 2/3) / 3 = 0.78: one token pays (1.78 tokens for 1.6x)
