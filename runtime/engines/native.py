@@ -17,7 +17,7 @@ region); with both cores also running other processes, default 30.9 ms, spin 200
 PASSIVE 11.6 ms (ONNX Runtime ~27-40 ms). A longer spin (200000) measured better in between
 (2026-12-03, 133-token prompts, 64 tokens, 3 interleaved rounds): quiet TPOT 0.87x of spin 2000 at
 the same TTFT; beside a process using 0.3 of a core TTFT 0.8x and TPOT 0.68x; beside one using a
-whole core TPOT 0.71x but TTFT 1.12x (p90 1.5x); `trtpipe serve` driven by vLLM's benchmark client
+whole core TPOT 0.69x but TTFT 1.16x (p90 1.3-1.8x); `trtpipe serve` driven by vLLM's benchmark client
 at 0.58-2.3 req/s gave no difference beyond run-to-run noise, so 2000 stays. The environment is
 read when the library loads.
 
