@@ -358,14 +358,12 @@ def load_or_calibrate(
     model = min(tries, key=lambda m: m.rel_error)
     facts = {"num_threads": num_threads, "engine": getattr(engine, "backend", "")}
     if len(tries) > 1:
-        facts["calibration_s"] = round(sum(m.calibration_s or 0.0 for m in tries), 3)
+        facts["calibration_s"] = round(sum(m.calibration_s for m in tries), 3)
     model = StepCostModel(**{**asdict(model), **facts})
     if log is not None:
-        again = f", best of {len(tries)} calibrations (errors {', '.join(f'{m.rel_error:.0%}' for m in tries)})"
-        log(
-            f"step-cost model measured in {model.calibration_s:.1f} s (error {model.error_ms:.1f} ms"
-            f"{again if len(tries) > 1 else ''})"
-        )
+        errors = ", ".join(f"{m.rel_error:.0%}" for m in tries)
+        best_of = f", best of {len(tries)} calibrations (errors {errors})" if len(tries) > 1 else ""
+        log(f"step-cost model measured in {model.calibration_s:.1f} s (error {model.error_ms:.1f} ms{best_of})")
     if model.rel_error > MAX_STORED_REL_ERROR:  # measured on a busy host: use it now, measure again next load
         if log is not None:
             log(f"step-cost model not stored: relative error {model.rel_error:.0%} (the host was busy)")
