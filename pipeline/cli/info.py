@@ -9,6 +9,7 @@ import click
 from trtpipe.pipeline.artifact.locate import resolve_artifact
 from trtpipe.pipeline.cli.common import artifacts_option, fail
 from trtpipe.plugins.core.errors import TrtpipeError
+from trtpipe.runtime.artifact.runtime_options import ActivationLevels
 
 
 def _info_summary(m) -> dict:
@@ -51,7 +52,9 @@ def _engine_summary(o) -> dict:
         nat = o.native
         return {
             "runs_on": "native" if nat is not None else "ort",
-            "native": None if nat is None else {"isa": nat.isa, "activation_levels": dict(nat.activation_levels)},
+            "native": None
+            if nat is None
+            else {"isa": nat.isa, "activation_levels": {ph: lv.to_json() for ph, lv in nat.activation_levels.items()}},
             "decode_steps_graph": o.ort_decode_graph,
             "fused_mixed_steps": bool(o.ort_fused_steps),
             "intra_op_num_threads": o.intra_op_num_threads,
@@ -78,9 +81,9 @@ def _engine_rows(e: dict) -> list[tuple[str, str]]:
     if not e.get("native"):
         return [("engine", ort)]
     n = e["native"]
-    levels = "/".join(str(n["activation_levels"][p]) for p in ("prefill", "decode"))
+    levels = ", ".join(f"{p} {ActivationLevels.parse(n['activation_levels'][p])}" for p in ("prefill", "decode"))
     native = (
-        f"native CPU kernels for {n['isa']} (int8 activation levels prefill/decode {levels}; threads "
+        f"native CPU kernels for {n['isa']} (int8 activation levels: {levels}; threads "
         f"{e['intra_op_num_threads'] or 'one per CPU this process may use'})"
     )
     return [("engine", native), ("--engine ort", ort)]

@@ -62,6 +62,7 @@ class Step(C.Structure):
         ("T", C.c_int), ("S", C.c_int), ("MB", C.c_int), ("levels", C.c_int),
         ("input_ids", _i64p), ("positions", _i64p), ("slot_mapping", _i64p), ("block_tables", _i64p),
         ("context_lens", _i64p), ("query_start_loc", _i64p), ("last_token_indices", _i64p),
+        ("levels_attention", C.c_int), ("levels_mlp", C.c_int), ("levels_head", C.c_int),
     ]  # fmt: skip
 
 
@@ -71,6 +72,7 @@ FORWARD_ERRORS = {
     -3: "a slot or block id is outside the KV pool, or a context is longer than its block table",
     -4: "an input id is outside the vocabulary",
     -5: "a logits row index is outside the step's tokens",
+    -6: "an activation level is not 1 or 2",
 }
 _KINDS = {"q4": 1, "q8": 2}
 _KV_DTYPES = {"fp32": 0, "fp16": 1, "bf16": 2, "int8": 3}  # tp.h TP_KV_*

@@ -52,18 +52,54 @@ class SharedInitializer:
     length_bytes: int
 
 
+ACTIVATION_SITES = ("attention", "mlp", "head")
+
+
+@dataclass(frozen=True)
+class ActivationLevels:
+    """int8 levels (1 or 2) of one phase's GEMM activations per site in the native engine:
+    ``attention`` (QKV and output projections), ``mlp`` (gate/up and down), ``head`` (LM head).
+    In the manifest a phase is one int when every site has it, else ``{attention, mlp, head}``
+    (the recipe's ``engine.cpu_activation_levels`` form)."""
+
+    attention: int
+    mlp: int
+    head: int
+
+    @classmethod
+    def parse(cls, value: object) -> ActivationLevels | None:
+        """From the manifest form; None when ``value`` is neither 1, 2 nor a full site mapping of them."""
+        if isinstance(value, int) and not isinstance(value, bool) and value in (1, 2):
+            return cls(value, value, value)
+        if isinstance(value, Mapping) and set(value) == set(ACTIVATION_SITES):
+            if all(isinstance(v, int) and not isinstance(v, bool) and v in (1, 2) for v in value.values()):
+                return cls(*(int(value[k]) for k in ACTIVATION_SITES))
+        return None
+
+    @property
+    def uniform(self) -> int | None:
+        """The one level every site has, or None when they differ."""
+        return self.attention if self.attention == self.mlp == self.head else None
+
+    def to_json(self) -> int | dict[str, int]:
+        return self.uniform or {k: getattr(self, k) for k in ACTIVATION_SITES}
+
+    def __str__(self) -> str:
+        return str(self.uniform) if self.uniform else " ".join(f"{k} {getattr(self, k)}" for k in ACTIVATION_SITES)
+
+
 @dataclass(frozen=True)
 class NativeOptions:
     """``runtime_options.native``: the native CPU engine's files and settings (written by
     ``pipeline/stages/native.py``): ``isa`` the kernels were compiled for (``plugins/cpu/isa.py``),
     ``library`` and ``weights_file`` (artifact files), ``tensors`` (``native.bin``'s table),
-    ``activation_levels`` {phase: 1 | 2} (int8 levels of GEMM activations)."""
+    ``activation_levels`` {phase: :class:`ActivationLevels`} (int8 levels of GEMM activations)."""
 
     isa: str
     library: str
     weights_file: str
     tensors: Mapping[str, Any]
-    activation_levels: Mapping[str, int]
+    activation_levels: Mapping[str, ActivationLevels]
 
 
 @dataclass(frozen=True)
@@ -194,15 +230,23 @@ def _parse_native(nat: Any, where: str, rebuild: str) -> NativeOptions | None:
     if not isinstance(nat.get("tensors"), Mapping):
         raise bad("tensors", nat.get("tensors"), "an object {name: [dtype, [size], offset]}")
     levels = nat.get("activation_levels")
-    if not isinstance(levels, Mapping) or any(levels.get(ph) not in (1, 2) for ph in ("prefill", "decode")):
-        raise bad("activation_levels", levels, "{prefill: 1 or 2, decode: 1 or 2}")
-    return NativeOptions(
-        nat["isa"],
-        nat["library"],
-        nat["weights_file"],
-        dict(nat["tensors"]),
-        {ph: int(levels[ph]) for ph in ("prefill", "decode")},
+    parsed = (
+        {ph: ActivationLevels.parse(levels.get(ph)) for ph in ("prefill", "decode")}
+        if isinstance(levels, Mapping)
+        else {}
     )
+    if len(parsed) != 2 or None in parsed.values():
+        raise bad(
+            "activation_levels", levels, "{prefill: L, decode: L}, L = 1, 2 or {attention: 1|2, mlp: 1|2, head: 1|2}"
+        )
+    return NativeOptions(nat["isa"], nat["library"], nat["weights_file"], dict(nat["tensors"]), parsed)
 
 
-__all__ = ["NativeOptions", "RuntimeOptions", "SharedInitializer", "parse_runtime_options", "REQUIRED_OPTIONS"]
+__all__ = [
+    "ActivationLevels",
+    "NativeOptions",
+    "RuntimeOptions",
+    "SharedInitializer",
+    "parse_runtime_options",
+    "REQUIRED_OPTIONS",
+]

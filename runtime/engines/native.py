@@ -5,7 +5,8 @@ ISA at build) run the whole Llama forward of a step in one C call over the share
 ``decode(batch) -> logits [S, V]`` take the ONNX Runtime engine's batches: one forward serves any
 mix of prompt chunks and 1-token decode rows, so a mixed step runs as one call
 (``fuses_mixed_steps``). Activations enter each GEMM as int8 in one or two levels per phase
-(``runtime_options.native.activation_levels``; two keep ~15 bits: ``csrc/tp.h``). Weights are
+and site (attention projections, MLP, LM head: ``runtime_options.native.activation_levels``; two
+keep ~15 bits: ``csrc/tp.h``). Weights are
 memory-mapped from ``native.bin`` and read in place (no prepacked copy).
 
 Threads: OpenMP (libgomp); a decode step has ~150 parallel regions, so how waiting threads wait
@@ -40,6 +41,7 @@ from trtpipe.plugins.cpu import library as L
 from trtpipe.plugins.cpu.isa import missing_flags
 from trtpipe.plugins.cpu.layout import TiledWeight
 from trtpipe.runtime.artifact.manifest import Manifest
+from trtpipe.runtime.artifact.runtime_options import ActivationLevels
 from trtpipe.runtime.engines.native_weights import NativeWeights
 from trtpipe.runtime.errors import ArtifactError
 from trtpipe.runtime.kv.pool import KVPool
@@ -160,17 +162,20 @@ class NativeEngine:
         speculative verify chunks need every position's logits (libraries built before it lack it)."""
         return hasattr(self.lib, "tp_forward_rows")
 
-    def _run(self, feeds: dict[str, np.ndarray], levels: int, logit_indices: np.ndarray | None = None) -> np.ndarray:
+    def _run(
+        self, feeds: dict[str, np.ndarray], levels: ActivationLevels, logit_indices: np.ndarray | None = None
+    ) -> np.ndarray:
         t0 = time.perf_counter()
         a = {k: np.ascontiguousarray(v, np.int64) for k, v in feeds.items()}
         T, S = len(a["input_ids"]), len(a["context_lens"])
         bt = a["block_tables"]
         step = L.Step(
-            T, S, bt.shape[1], levels,
+            T, S, bt.shape[1], max(levels.attention, levels.mlp, levels.head),
             *(L.ptr(a[k], L._i64p) for k in (
                 "input_ids", "positions", "slot_mapping", "block_tables", "context_lens",
                 "query_start_loc", "last_token_indices",
             )),
+            levels.attention, levels.mlp, levels.head,
         )  # fmt: skip
         if logit_indices is None:
             logits = np.empty((S, self.manifest.model.vocab_size), np.float32)

@@ -566,3 +566,16 @@ def test_ctrl_c_exits_130_not_the_failed_budget_code(default_artifact):
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130, "".join(seen) + err
     assert "interrupted (Ctrl-C)" in err and "Aborted!" not in err and "Traceback" not in err
+
+
+def test_info_names_the_activation_level_of_each_site():
+    """The fast recipe's levels as `trtpipe info` prints them (its engine row, from the manifest form
+    the build writes: the recipe's own ``cpu_activation_levels``)."""
+    from trtpipe.pipeline.cli.info import _engine_rows
+    from trtpipe.pipeline.recipe import load_recipe, resolve_recipe_path
+
+    levels = load_recipe(resolve_recipe_path("smollm2-135m-cpu-fast")).engine.cpu_activation_levels.model_dump()
+    e = {"native": {"isa": "avx2", "activation_levels": levels}, "intra_op_num_threads": 2}
+    e |= {"decode_steps_graph": "prefill", "fused_mixed_steps": False}
+    (_, native), _ = _engine_rows(e)
+    assert "int8 activation levels: prefill attention 2 mlp 1 head 2, decode 2; threads 2" in native

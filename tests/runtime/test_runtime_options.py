@@ -105,3 +105,38 @@ def test_load_manifest_refuses_a_manifest_without_ort_decode_graph(default_artif
     art = _copy_artifact(default_artifact, tmp_path, lambda m: m["runtime_options"].pop("ort_decode_graph"))
     with pytest.raises(ArtifactError, match=r"runtime_options lacks ort_decode_graph .*Fix: `trtpipe build "):
         load_manifest(art, verify_hashes=False)
+
+
+NATIVE = {"isa": "avx2", "library": "tp.so", "weights_file": "native.bin", "tensors": {}}
+
+
+@pytest.mark.parametrize(
+    ("levels", "prefill", "decode"),
+    [
+        ({"prefill": 2, "decode": 1}, (2, 2, 2), (1, 1, 1)),
+        ({"prefill": {"attention": 2, "mlp": 1, "head": 1}, "decode": 2}, (2, 1, 1), (2, 2, 2)),
+    ],
+)
+def test_native_activation_levels_are_one_level_or_one_per_site(levels, prefill, decode):
+    from trtpipe.runtime.artifact.runtime_options import ActivationLevels
+
+    got = parse("ort", {**ORT, "native": {**NATIVE, "activation_levels": levels}}).native.activation_levels
+    assert got == {"prefill": ActivationLevels(*prefill), "decode": ActivationLevels(*decode)}
+    assert {ph: lv.to_json() for ph, lv in got.items()} == levels  # the manifest form round-trips
+    assert str(got["prefill"]) == ("2" if prefill == (2, 2, 2) else "attention 2 mlp 1 head 1")
+
+
+@pytest.mark.parametrize(
+    "levels",
+    [
+        {"prefill": 3, "decode": 2},
+        {"prefill": True, "decode": 2},
+        {"prefill": {"attention": 2, "mlp": 1}, "decode": 2},
+        {"prefill": {"attention": 2, "mlp": 1, "head": 0}, "decode": 2},
+        {"prefill": 2},
+        [2, 2],
+    ],
+)
+def test_a_bad_activation_level_is_refused_with_the_forms(levels):
+    with pytest.raises(ArtifactError, match=r"runtime_options.native.activation_levels = .*expected \{prefill: L"):
+        parse("ort", {**ORT, "native": {**NATIVE, "activation_levels": levels}})

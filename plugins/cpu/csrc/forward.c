@@ -60,6 +60,9 @@ static int check_step(const tp_model *m, const tp_step *s) {
 int tp_forward_rows(const tp_model *m, const tp_step *s, int num_logits, const int64_t *logit_indices, float *logits) {
   int rc = check_step(m, s);
   if (rc) return rc;
+  const int site_levels[3] = {s->levels_attention, s->levels_mlp, s->levels_head};
+  for (int i = 0; i < 3; i++)
+    if (site_levels[i] != 1 && site_levels[i] != 2) return -6;
   if (num_logits < 0 || num_logits > s->T) return -5;
   for (int i = 0; i < num_logits; i++)
     if (logit_indices[i] < 0 || logit_indices[i] >= s->T) return -5;
@@ -87,25 +90,25 @@ int tp_forward_rows(const tp_model *m, const tp_step *s, int num_logits, const i
   for (int l = 0; l < m->num_layers; l++) {
     const tp_layer *L = &m->layers[l];
     tp_rmsnorm(h, L->attn_norm, m->eps, x, T, Hd);
-    tp_quant_act(x, T, Hd, s->levels, &qa);
+    tp_quant_act(x, T, Hd, s->levels_attention, &qa);
     tp_gemm(&L->qkv, &qa, qkv, nqkv, 0);
     tp_rope(qkv, nqkv, T, H + KVH, D, s->positions, m->rope_cos, m->rope_sin); /* q heads, then k heads */
     tp_kv_write(&L->kv, qkv + H * D, qkv + (H + KVH) * D, nqkv, s->slot_mapping, T, KVH, m->num_blocks,
                 m->block_size, D);
     tp_attention(qkv, nqkv, &L->kv, s->block_tables, s->MB, s->context_lens,
                  s->query_start_loc, S, H, KVH, m->num_blocks, m->block_size, D, m->scale, m->sliding_window, att);
-    tp_quant_act(att, T, H * D, s->levels, &qa);
+    tp_quant_act(att, T, H * D, s->levels_attention, &qa);
     tp_gemm(&L->o, &qa, h, Hd, 1);
     tp_rmsnorm(h, L->mlp_norm, m->eps, x, T, Hd);
-    tp_quant_act(x, T, Hd, s->levels, &qa);
+    tp_quant_act(x, T, Hd, s->levels_mlp, &qa);
     tp_gemm(&L->gate_up, &qa, gu, 2 * F, 0);
     tp_silu_mul(gu, act, T, F);
-    tp_quant_act(act, T, F, s->levels, &qa);
+    tp_quant_act(act, T, F, s->levels_mlp, &qa);
     tp_gemm(&L->down, &qa, h, Hd, 1);
   }
   for (int i = 0; i < NL; i++) memcpy(hl + (size_t)i * Hd, h + (size_t)logit_indices[i] * Hd, sizeof(float) * Hd);
   tp_rmsnorm(hl, m->final_norm, m->eps, xl, NL, Hd);
-  tp_quant_act(xl, NL, Hd, s->levels, &qa);
+  tp_quant_act(xl, NL, Hd, s->levels_head, &qa);
   tp_gemm(&m->head, &qa, logits, m->vocab, 0);
   return 0;
 }

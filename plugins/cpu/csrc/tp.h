@@ -83,12 +83,16 @@ typedef struct {
 } tp_model;
 
 typedef struct {
-  int T, S, MB, levels;
+  int T, S, MB, levels; /* levels: read only by libraries built before the per-site levels below */
   const int64_t *input_ids, *positions, *slot_mapping; /* [T] */
   const int64_t *block_tables;                          /* [S][MB] */
   const int64_t *context_lens;                          /* [S]: tokens in the pool after this step */
   const int64_t *query_start_loc;                       /* [S+1] */
   const int64_t *last_token_indices;                    /* [S] */
+  /* int8 activation levels (1 or 2) per GEMM site: the attention projections (QKV and output),
+   * the MLP (gate/up and down) and the LM head. Appended last, so a library built from an older
+   * revision (bench A/B) reads the same leading fields and its uniform `levels`. */
+  int levels_attention, levels_mlp, levels_head;
 } tp_step;
 
 void tp_set_threads(int n);
