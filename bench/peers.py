@@ -13,6 +13,9 @@ name                   what runs                                                
 trtpipe                the default artifact (recipe smollm2-135m-cpu; the report      .venv
                        gives the precisions from its manifest), ``LLM`` continuous
                        batching (``add_request`` + ``step``)
+trtpipe-fast           the same on the fast recipe's artifact (smollm2-135m-cpu-fast: .venv
+                       the MLP GEMMs of prompt chunks at one int8 activation level;
+                       ``--fast-artifact``); a row of trtpipe's, not a peer's
 llama.cpp              llama-cpp-python on the Q4_1 GGUF itself, loading the library  .venv-bench
                        of one CMake build with this host's ISA flags (never
                        GGML_NATIVE: it crashed on the AMX host; bench/peers_llamacpp.py)
@@ -94,7 +97,9 @@ from peers_setup import (  # noqa: E402,F401
     BENCH_VENV,
     DEFAULT_ARTIFACT,
     DEFAULT_DOC,
+    DEFAULT_FAST_ARTIFACT,
     ENGINES,
+    FAST_RECIPE,
     GGUF_NAME,
     MAIN_VENV,
     MODELS_DIR,
@@ -160,6 +165,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--artifact", type=Path, default=DEFAULT_ARTIFACT)
+    ap.add_argument(
+        "--fast-artifact",
+        type=Path,
+        default=DEFAULT_FAST_ARTIFACT,
+        help=f"the artifact of engine trtpipe-fast (recipe {FAST_RECIPE}; default: its ./artifacts folder)",
+    )
     ap.add_argument("--out", type=Path, default=DEFAULT_DOC, help="markdown report (docs/benchmarks.md)")
     ap.add_argument("--json", type=Path, help="also write the raw results here")
     ap.add_argument(
@@ -285,6 +296,8 @@ def _measure(args: argparse.Namespace, engines: list[str], state: dict) -> tuple
     runnable = []
     for e in engines:
         why = unavailable_reason(ENGINES[e], state)
+        if e == "trtpipe-fast" and not (args.fast_artifact / "manifest.json").is_file():
+            why = f"{args.fast_artifact}: no built artifact (trtpipe build {FAST_RECIPE})"
         if why:
             runs[e].append({"error": why})
             print(f"{e}: not run: {why}", flush=True)
@@ -292,7 +305,7 @@ def _measure(args: argparse.Namespace, engines: list[str], state: dict) -> tuple
             runnable.append(e)
     with tempfile.TemporaryDirectory(prefix="trtpipe-peers-") as tmp:
         spec_file = Path(tmp) / "spec.json"
-        spec_file.write_text(json.dumps(make_spec(args.artifact, args.threads)))
+        spec_file.write_text(json.dumps(make_spec(args.artifact, args.threads, args.fast_artifact)))
         rounds = run_rounds(
             runnable,
             runs,

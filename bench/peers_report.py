@@ -10,7 +10,7 @@ import math
 from md_analysis import ANALYSIS_END, analysis_begin
 from peers_floors import Floors
 from peers_measure import median
-from peers_setup import ENGINES
+from peers_setup import ENGINES, OWN_ENGINES
 from peers_targets import TARGET_MEMORY_FACTOR, targets
 from peers_targets import fmt_ms as _ms
 from peers_workload import CONCURRENT_PROMPT_TOKENS, NUM_CONCURRENT, NUM_OUTPUT_TOKENS, PROMPT_LENGTHS
@@ -105,7 +105,6 @@ def _latency_cells(s: dict, fn) -> str:
 
 
 def _latency(summary: dict, order: list[str], floors: Floors) -> list[str]:
-    t = summary.get("trtpipe", {})
     floor = {"ttft_s": floors.ttft_s, "tpot_s": floors.tpot_s}
     hdr = (
         "| engine | "
@@ -129,11 +128,16 @@ def _latency(summary: dict, order: list[str], floors: Floors) -> list[str]:
         else:
             L.append(f"| {_label(e)} | " + _latency_cells(s, lambda k, n: _ms(s[k][n])) + " |")
     L.append("| *physical floor* | " + _latency_cells({}, lambda k, n: _ms(floor[k][n])) + " |")
-    if "error" not in t and t:
-        for e in (e for e in order if e != "trtpipe" and "error" not in summary[e]):
+    for own in OWN_ENGINES:
+        t = summary.get(own, {})
+        if "error" in t or not t:
+            continue
+        for e in (e for e in order if e not in OWN_ENGINES and "error" not in summary[e]):
             s = summary[e]
             L.append(
-                f"| *trtpipe / {e}* | " + _latency_cells(s, lambda k, n: _fmt_ratio(_ratio(t[k][n], s[k][n]))) + " |"
+                f"| *{own} / {e}* | "
+                + _latency_cells(s, lambda k, n, t=t, s=s: _fmt_ratio(_ratio(t[k][n], s[k][n])))
+                + " |"
             )
     L += ["", "% of the physical floor (floor / measured; 100 % = at the floor):\n", hdr, rule]
     for e in order:
@@ -146,6 +150,7 @@ def _latency(summary: dict, order: list[str], floors: Floors) -> list[str]:
 
 HOW = {
     "trtpipe": "continuous batching (`add_request` x8, `step` until done)",
+    "trtpipe-fast": "continuous batching (`add_request` x8, `step` until done)",
     "llama.cpp": "sequential (no multi-sequence batch in llama-cpp-python's API)",
     "ortgenai-int4": "one static batch of 8",
     "ortgenai-fp32": "one static batch of 8",
@@ -171,7 +176,7 @@ def _throughput(summary: dict, order: list[str], floors: Floors) -> list[str]:
             continue
         r = _ratio(t.get("tps"), s["tps"]) if "error" not in t else None
         L.append(
-            f"| {_label(e)} | {HOW[e]} | {s['tps']:.0f} | {_fmt_ratio(r) if e != 'trtpipe' else '—'} | "
+            f"| {_label(e)} | {HOW[e]} | {s['tps']:.0f} | {_fmt_ratio(r) if e not in OWN_ENGINES else '—'} | "
             f"{_pct(s['tps'] / floors.tps)} |"
         )
     L.append(

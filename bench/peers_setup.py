@@ -41,6 +41,9 @@ MODELS_DIR = BENCH_VENV / "models"
 SETUP_FILE = BENCH_VENV / "setup.json"
 REQUIREMENTS = REPO / "bench" / "requirements-peers.txt"
 DEFAULT_ARTIFACT = REPO / "artifacts" / "smollm2-135m-cpu" / "cpu"
+FAST_RECIPE = "smollm2-135m-cpu-fast"  # the default with a cheaper prefill (recipes/)
+DEFAULT_FAST_ARTIFACT = REPO / "artifacts" / FAST_RECIPE / "cpu"
+OWN_ENGINES = ("trtpipe", "trtpipe-fast")  # trtpipe's rows: never a peer of each other
 DEFAULT_DOC = REPO / "docs" / "benchmarks.md"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 LLAMA_BUILD_STEP = "llama.cpp-build"
@@ -67,6 +70,7 @@ ENGINES: dict[str, EngineSpec] = {
     e.name: e
     for e in (
         EngineSpec("trtpipe", "trtpipe CPU (default artifact)", "main", ()),
+        EngineSpec("trtpipe-fast", f"trtpipe CPU (fast prefill: {FAST_RECIPE})", "main", ()),
         EngineSpec(
             "llama.cpp", "llama.cpp Q4_1 (llama-cpp-python, host ISA build)", "bench", (LLAMA_BUILD_STEP, "llama.cpp")
         ),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from statistics import median
 
+from peers_setup import OWN_ENGINES
 from peers_workload import PROMPT_LENGTHS
 
 TARGET_LATENCY_RATIO = 0.9  # trtpipe TTFT and TPOT <= 0.9 x the fastest peer, whatever its quality (issue 26)
@@ -114,11 +115,14 @@ def targets(summary: dict, profile: dict) -> list[TargetRow]:
     """(what, measured, met?, note) for each target of issue 26 this report can score (and issue 7's
     overhead)."""
     t = summary.get("trtpipe", {})
-    peers = {e: s for e, s in summary.items() if e != "trtpipe" and "error" not in s}
+    peers = {e: s for e, s in summary.items() if e not in OWN_ENGINES and "error" not in s}
     if "error" in t or not t:
         return [("trtpipe", "no result", None, t.get("error", "not run"))]
+    fast = summary.get("trtpipe-fast", {})
+    fast_rows = [] if "error" in fast or not fast else _latency_targets(fast, peers)
     return (
         _latency_targets(t, peers)
+        + [(f"fast recipe: {what}", measured, met, note) for what, measured, met, note in fast_rows]
         + _throughput_target(t, peers)
         + _spread_target(t, peers)
         + _memory_target(t)

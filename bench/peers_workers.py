@@ -32,13 +32,14 @@ class _Adapter:
 
 
 class TrtpipeAdapter(_Adapter):
-    def load(self) -> None:
+    def load(self, artifact: str | None = None) -> None:
         from trtpipe.runtime.llm import LLM
         from trtpipe.runtime.sample.params import SamplingParams
 
         self.SamplingParams = SamplingParams
         self.rss_after_import = _rss_bytes()
-        self.llm = LLM(self.spec["artifact"], num_threads=self.threads, engine=self.spec.get("engine", "auto"))
+        artifact = artifact or self.spec["artifact"]
+        self.llm = LLM(artifact, num_threads=self.threads, engine=self.spec.get("engine", "auto"))
         self.rss_after_load = _rss_bytes()
         self.rss_file_after_load = _rss_bytes("RssFile")
 
@@ -230,8 +231,16 @@ class TransformersAdapter(_Adapter):
         return {"transformers": transformers.__version__, "torch": torch.__version__}
 
 
+class TrtpipeFastAdapter(TrtpipeAdapter):
+    """The fast recipe's artifact (``spec["artifact_fast"]``), run exactly as the default's."""
+
+    def load(self) -> None:
+        super().load(self.spec["artifact_fast"])
+
+
 ADAPTERS = {
     "trtpipe": TrtpipeAdapter,
+    "trtpipe-fast": TrtpipeFastAdapter,
     "llama.cpp": LlamaCppAdapter,
     "ortgenai-int4": OrtGenaiAdapter,
     "ortgenai-fp32": OrtGenaiFp32Adapter,

@@ -69,12 +69,13 @@ def prompt_token_ids(artifact: Path) -> list[int]:
     return ids
 
 
-def make_spec(artifact: Path, threads: int) -> dict:
+def make_spec(artifact: Path, threads: int, artifact_fast: Path | None = None) -> dict:
     ids = prompt_token_ids(artifact)
     # Warm-up ids start 32 tokens in, so they are not a prefix of the measured prompts.
     return {
         "threads": threads,
         "artifact": str(artifact),
+        "artifact_fast": None if artifact_fast is None else str(artifact_fast),
         "gguf": str(gguf_path()),
         "models_dir": str(MODELS_DIR),
         "num_output_tokens": NUM_OUTPUT_TOKENS,

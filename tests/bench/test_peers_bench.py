@@ -233,6 +233,15 @@ def test_issue26_targets_by_hand():
     assert rows["TPOT spread over runs <= the peers' (median)"] == ("1.30x vs 1.10x", False)
     # 660 MiB / (512 + 64 MiB) = 1.15x > 1.1x
     assert rows["peak RSS <= 1.1x (weights + KV pool)"][1] is False
+    assert not any(what.startswith("fast recipe") for what in rows)  # no trtpipe-fast run: no rows
+
+    # the fast recipe's row is trtpipe's, scored against the peers, never a peer itself: its TTFT
+    # @512 0.5 s against the fastest peer's 0.8 s = 0.62x; trtpipe's own row still 0.8 / 0.8
+    summary["trtpipe-fast"] = eng((0.012, 0.013, 0.015), 1.30, ttft=(0.03, 0.15, 0.5))
+    rows = {what: (measured, met) for what, measured, met, _ in peers_targets.targets(summary, {})}
+    assert rows["fast recipe: TTFT @512 <= 0.9x fastest peer (llama.cpp)"] == ("500 vs 800 ms = 0.62x", True)
+    assert rows["fast recipe: TTFT @128 <= 0.9x fastest peer (llama.cpp)"] == ("150 vs 200 ms = 0.75x", True)
+    assert rows["TTFT @512 <= 0.9x fastest peer (llama.cpp)"] == ("800 vs 800 ms = 1.00x", False)
 
 
 def test_spread_is_the_worst_length_over_runs():
