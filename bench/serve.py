@@ -55,7 +55,7 @@ import peers_llamacpp  # noqa: E402
 import peers_setup  # noqa: E402
 import serve_report  # noqa: E402
 from serve_clients import CLIENTS  # noqa: E402
-from serve_commands import DEFAULT_SERVERS, SERVERS, trtpipe_has_threads  # noqa: E402
+from serve_commands import DEFAULT_SERVERS, SERVERS, TRTPIPE_SERVERS, trtpipe_has_threads  # noqa: E402
 from serve_goodput import TPOT_SLO_MS, TTFT_SLO_MS, pick_rates  # noqa: E402
 from serve_run import server_session  # noqa: E402
 from serve_setup import AIPERF_VENV, BENCH_VENV, load_setup_state, setup, tokenizer_dir, unavailable_reason  # noqa: E402
@@ -216,6 +216,12 @@ def _add_server_options(ap: argparse.ArgumentParser) -> None:
         help="the trtpipe executable whose `serve` is measured (default: the repo's .venv)",
     )
     ap.add_argument("--artifact", type=Path, default=DEFAULT_ARTIFACT, help="artifact trtpipe serves")
+    ap.add_argument(
+        "--fast-artifact",
+        type=Path,
+        default=peers_setup.DEFAULT_FAST_ARTIFACT,
+        help=f"artifact server trtpipe-fast serves (recipe {peers_setup.FAST_RECIPE})",
+    )
     ap.add_argument("--llama-parallel", type=int, default=8, help="llama-server --parallel (slots)")
     ap.add_argument("--load-timeout", type=float, default=300.0, metavar="S", help="server start-up limit")
     ap.add_argument("--out", type=Path, default=DEFAULT_DOC, help="markdown report (docs/serving.md)")
@@ -281,18 +287,20 @@ def _check_ready(args) -> dict:
             raise SystemExit(0 if not any(unavailable_reason(n, state) for n in names) else 1)
     if why := [f"{n}: {w}" for n in names if (w := unavailable_reason(n, state))]:
         raise SystemExit("; ".join(why))
-    trtpipe_servers = {"trtpipe", "trtpipe-spec"} & set(args.servers)
+    trtpipe_servers = set(TRTPIPE_SERVERS) & set(args.servers)
     if trtpipe_servers and not args.trtpipe.exists():
         raise SystemExit(f"--trtpipe {args.trtpipe}: no such executable. Fix: pip install -e '.[serve]' into .venv")
     if not (args.artifact / "manifest.json").is_file():
         raise SystemExit(f"{args.artifact}: no built artifact. Fix: trtpipe build recipes/smollm2-135m-cpu.yaml")
+    if "trtpipe-fast" in args.servers and not (args.fast_artifact / "manifest.json").is_file():
+        raise SystemExit(f"{args.fast_artifact}: no built artifact. Fix: trtpipe build {peers_setup.FAST_RECIPE}")
     return state
 
 
 def run(args, raw_path: Path) -> int:
     _require_project_venv(args.bench_dir)
     state = _check_ready(args)
-    trtpipe_servers = {"trtpipe", "trtpipe-spec"} & set(args.servers)
+    trtpipe_servers = set(TRTPIPE_SERVERS) & set(args.servers)
     args.trtpipe_threads_flag = bool(trtpipe_servers) and trtpipe_has_threads(args.trtpipe)
     args.vllm_python = peers_setup.venv_python("vllm")
     args.hf_model = peers_setup.MODELS_DIR / "hf-from-gguf"

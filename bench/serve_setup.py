@@ -30,6 +30,7 @@ GROUP_VENVS = {"llama.cpp-server": BENCH_VENV, "aiperf": AIPERF_VENV}
 NEEDS = {
     "trtpipe": ((), ()),
     "trtpipe-spec": ((), ()),
+    "trtpipe-fast": ((), ()),
     "vllm": ((), ("vllm", "model:hf")),
     "llama-server": ((), (peers_setup.LLAMA_BUILD_STEP,)),
     "llama-cpp-python": (("llama.cpp-server",), (peers_setup.LLAMA_BUILD_STEP,)),

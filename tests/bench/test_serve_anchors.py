@@ -195,3 +195,16 @@ def test_llama_isa_flags_follow_the_cpu_and_leave_amx_off():
     assert xa["GGML_AMX_TILE"] and xa["GGML_AMX_INT8"] and xa["GGML_AMX_BF16"]
     args = peers_llamacpp.cmake_args(z3)
     assert args[0] == "-DGGML_NATIVE=OFF" and "-DGGML_AVX512=OFF" in args and "-DGGML_AVX2=ON" in args
+
+
+def test_ratio_pairs_put_each_trtpipe_server_against_each_anchor():
+    pairs = serve_anchors_report.ratio_pairs
+    assert pairs(["trtpipe", "trtpipe-fast", "vllm"]) == [("trtpipe", "vllm"), ("trtpipe-fast", "vllm")]
+    assert pairs(["trtpipe", "trtpipe-spec"]) == [("trtpipe", "trtpipe-spec")]  # no anchor: its other config
+    raw = _anchor_raw()
+    raw["meta"]["servers"] = ["trtpipe", "trtpipe-fast", "vllm"]
+    raw["runs"].append(dict(raw["runs"][0], engine="trtpipe-fast"))  # rate 1: the same as trtpipe's
+    md = serve_report.render(raw, "## Analysis\n\nkept")
+    assert "| trtpipe / vllm | trtpipe-fast / vllm |" in md
+    fast1 = next(ln for ln in md.splitlines() if ln.startswith("| 1 | *trtpipe-fast / vllm*"))
+    assert [c.strip() for c in fast1.split("|") if c.strip().endswith("x")] == ["1.11x", "0.50x", "0.50x"]
