@@ -119,7 +119,7 @@ def targets(summary: dict, profile: dict) -> list[TargetRow]:
     if "error" in t or not t:
         return [("trtpipe", "no result", None, t.get("error", "not run"))]
     fast = summary.get("trtpipe-fast", {})
-    fast_rows = [] if "error" in fast or not fast else _latency_targets(fast, peers)
+    fast_rows = [] if "error" in fast or not fast else _latency_targets(fast, peers) + _throughput_target(fast, peers)
     return (
         _latency_targets(t, peers)
         + [(f"fast recipe: {what}", measured, met, note) for what, measured, met, note in fast_rows]

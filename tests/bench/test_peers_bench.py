@@ -242,6 +242,10 @@ def test_issue26_targets_by_hand():
     assert rows["fast recipe: TTFT @512 <= 0.9x fastest peer (llama.cpp)"] == ("500 vs 800 ms = 0.62x", True)
     assert rows["fast recipe: TTFT @128 <= 0.9x fastest peer (llama.cpp)"] == ("150 vs 200 ms = 0.75x", True)
     assert rows["TTFT @512 <= 0.9x fastest peer (llama.cpp)"] == ("800 vs 800 ms = 1.00x", False)
+    assert rows["fast recipe: 8-request throughput >= 1.5x best peer (ortgenai-int4)"] == (
+        "100 vs 120 tok/s = 0.83x",
+        False,
+    )
 
 
 def test_spread_is_the_worst_length_over_runs():
