@@ -281,9 +281,9 @@ class EngineSpec(Spec):
     @classmethod
     def _one_activation_level_for_both_phases(cls, v: object) -> object:
         """``cpu_activation_levels: 2`` is ``{prefill: 2, decode: 2}`` (one canonical form)."""
-        if isinstance(v, bool) or not isinstance(v, int):
+        if isinstance(v, dict):
             return v
-        if v not in (1, 2):
+        if isinstance(v, bool) or not isinstance(v, int) or v not in (1, 2):
             raise fail(Issue((), v, "1 or 2 (int8 levels), or {prefill: .., decode: ..}", "use 2"))
         return {"prefill": v, "decode": v}
 

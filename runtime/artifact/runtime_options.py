@@ -235,7 +235,7 @@ def _parse_native(nat: Any, where: str, rebuild: str) -> NativeOptions | None:
         if isinstance(levels, Mapping)
         else {}
     )
-    if len(parsed) != 2 or None in parsed.values():
+    if len(parsed) != 2 or None in parsed.values() or set(levels) != set(parsed):
         raise bad(
             "activation_levels", levels, "{prefill: L, decode: L}, L = 1, 2 or {attention: 1|2, mlp: 1|2, head: 1|2}"
         )

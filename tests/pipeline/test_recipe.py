@@ -713,6 +713,11 @@ def test_native_cpu_engine_settings_resolve_and_are_checked(cpu_data):
     assert_problem(error_of(d, lambda x: None), f"{site}.mlp", "3", "use 2")
     d["engine"] = {"cpu_activation_levels": {"prefill": "fast", "decode": 2}}
     assert_problem(error_of(d, lambda x: None), site, "'fast'", "use 2")
+    d["engine"] = {"cpu_activation_levels": True}  # not a mapping: the one-level form's message
+    assert_problem(error_of(d, lambda x: None), "engine.cpu_activation_levels", "True", "use 2")
+    levels = {"prefill": {"attention": 2, "mlp": 1, "head": 2}, "decode": 2}
+    d["engine"] = {"cpu_activation_levels": levels, "cpu_backend": "ort"}  # the value as written
+    assert_problem(error_of(d, lambda x: None), "engine.cpu_activation_levels", repr(levels), "cpu_backend: auto")
     d["engine"] = {"cpu_isa": "amx"}
     assert_problem(error_of(d, lambda x: None), "engine.cpu_isa", "'amx'")
     gpu = yaml.safe_load(resolve_recipe_path("llama2-7b-a100").read_text())

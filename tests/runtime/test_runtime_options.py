@@ -134,6 +134,7 @@ def test_native_activation_levels_are_one_level_or_one_per_site(levels, prefill,
         {"prefill": {"attention": 2, "mlp": 1}, "decode": 2},
         {"prefill": {"attention": 2, "mlp": 1, "head": 0}, "decode": 2},
         {"prefill": 2},
+        {"prefill": 2, "decode": 2, "mixed": 2},
         [2, 2],
     ],
 )
