@@ -245,9 +245,10 @@ class EngineSpec(Spec):
     ``cpu_activation_levels`` (native): int8 levels of GEMM activations, one value or per phase:
     2 (default; ~1e-5 relative error: the reference's answers) or 1 (faster; flips near-ties), or
     per phase one per GEMM site, ``{attention: .., mlp: .., head: ..}``. Measured on a Zen 4
-    (docs/fidelity.md): prefill ``{attention: 2, mlp: 1, head: 1}`` keeps the fidelity gate (no
-    flip at a non-tie position, every first token) where prefill level 1 flips the France prompt;
-    recipes/smollm2-135m-cpu-fast.yaml ships it.
+    (docs/fidelity.md): prefill ``{attention: 2, mlp: 1, head: 2}`` keeps the fidelity gate on
+    avx512_vnni kernels (no flip at a non-tie position, every first token; one non-tie flip on
+    avx2 kernels) where prefill level 1 flips the France prompt; recipes/smollm2-135m-cpu-fast.yaml
+    ships it.
     ``ort_fused_steps`` (cpu only): a step that carries prompt chunks and decode tokens runs them
     in one call of the prefill graph (the decode tokens as trailing 1-token rows, which the graph
     then sends through a decode attention path instead of padding them to the longest chunk), so

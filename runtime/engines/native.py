@@ -6,8 +6,8 @@ ISA at build) run the whole Llama forward of a step in one C call over the share
 mix of prompt chunks and 1-token decode rows, so a mixed step runs as one call
 (``fuses_mixed_steps``). Activations enter each GEMM as int8 in one or two levels per phase
 and site (attention projections, MLP, LM head: ``runtime_options.native.activation_levels``; two
-keep ~15 bits: ``csrc/tp.h``). Weights are
-memory-mapped from ``native.bin`` and read in place (no prepacked copy).
+keep ~15 bits: ``csrc/tp.h``). Weights are memory-mapped from ``native.bin`` and read in place (no
+prepacked copy).
 
 Threads: OpenMP (libgomp); a decode step has ~150 parallel regions, so how waiting threads wait
 decides what a shared CPU costs. Unless the environment sets ``OMP_WAIT_POLICY`` or
