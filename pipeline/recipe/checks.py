@@ -149,15 +149,9 @@ def _cpu_target_issues(r: Recipe) -> list[Issue]:
 def _engine_keys_set(r: Recipe, keys: Sequence[str], expected: str, fix: str) -> list[Issue]:
     """An issue for each of ``keys`` the recipe sets under ``engine:`` (``fix`` formats ``{key}``); the
     value as the recipe writes it (a nested setting's plain dict, not the parsed model)."""
-    return [
-        Issue(("engine", key), _as_written(getattr(r.engine, key)), expected, fix.format(key=key))
-        for key in keys
-        if key in r.engine.model_fields_set
-    ]
-
-
-def _as_written(value: object) -> object:
-    return value.model_dump() if hasattr(value, "model_dump") else value
+    values = {key: getattr(r.engine, key) for key in keys if key in r.engine.model_fields_set}
+    as_written = {k: v.model_dump() if hasattr(v, "model_dump") else v for k, v in values.items()}
+    return [Issue(("engine", k), v, expected, fix.format(key=k)) for k, v in as_written.items()]
 
 
 def _gpu_target_issues(r: Recipe) -> list[Issue]:

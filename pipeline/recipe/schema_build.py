@@ -145,9 +145,8 @@ class PhaseAccuracyLevels(Spec):
 
 
 class SiteActivationLevels(Spec):
-    """int8 levels of one phase's GEMM activations per site in the native CPU engine:
-    ``attention`` (the QKV and output projections), ``mlp`` (gate/up and down), ``head`` (the
-    LM head). All three are required; equal values are written as one int (one build hash)."""
+    """int8 levels of one phase's GEMM activations per site in the native engine: ``attention`` (QKV
+    and output projections), ``mlp`` (gate/up, down), ``head`` (LM head); all three required."""
 
     attention: Literal[1, 2]
     mlp: Literal[1, 2]
@@ -155,9 +154,8 @@ class SiteActivationLevels(Spec):
 
 
 class PhaseActivationLevels(Spec):
-    """int8 levels of GEMM activations per phase in the native CPU engine: 2 (~15 bits, the
-    reference's answers), 1 (8 bits, faster, flips near-ties) or one per GEMM site
-    (:class:`SiteActivationLevels`)."""
+    """int8 levels of GEMM activations per phase in the native engine: 2 (~15 bits, the reference's
+    answers), 1 (8 bits, faster, flips near-ties) or one per GEMM site (:class:`SiteActivationLevels`)."""
 
     prefill: Literal[1, 2] | SiteActivationLevels
     decode: Literal[1, 2] | SiteActivationLevels
@@ -167,26 +165,22 @@ class PhaseActivationLevels(Spec):
     def _one_level_or_every_site(cls, v: object) -> object:
         """1, 2 or a full site mapping of them (one error naming the form, not one per union
         member); ``{attention: 2, mlp: 2, head: 2}`` is ``2`` (one canonical form, one build hash)."""
-        sites = ("attention", "mlp", "head")
-        expected = "1, 2 (int8 levels) or {attention: 1|2, mlp: 1|2, head: 1|2}"
-
-        def level(x: object) -> bool:
-            return isinstance(x, int) and not isinstance(x, bool) and x in (1, 2)
-
-        if level(v):
+        sites, expected = ("attention", "mlp", "head"), "1, 2 (int8 levels) or {attention: 1|2, mlp: 1|2, head: 1|2}"
+        if _is_level(v):
             return v
         if not isinstance(v, dict):
             raise fail(Issue((), v, expected, "use 2"))
         if set(v) != set(sites):
             missing, extra = [k for k in sites if k not in v], [str(k) for k in v if k not in sites]
-            fix = "; ".join(
-                p for p in (missing and f"add {', '.join(missing)}", extra and f"remove {', '.join(extra)}") if p
-            )
-            raise fail(Issue((), v, expected, fix))
-        for k in sites:
-            if not level(v[k]):
-                raise fail(Issue((k,), v[k], "1 or 2 (int8 levels)", "use 2 (faithful) or 1 (faster)"))
+            fixes = (missing and f"add {', '.join(missing)}", extra and f"remove {', '.join(extra)}")
+            raise fail(Issue((), v, expected, "; ".join(f for f in fixes if f)))
+        if bad := next((k for k in sites if not _is_level(v[k])), None):
+            raise fail(Issue((bad,), v[bad], "1 or 2 (int8 levels)", "use 2 (faithful) or 1 (faster)"))
         return v[sites[0]] if len(set(v.values())) == 1 else v
+
+
+def _is_level(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x in (1, 2)
 
 
 class EngineSpec(Spec):
@@ -244,11 +238,8 @@ class EngineSpec(Spec):
     whose ISA the running CPU lacks is refused with the rebuild command.
     ``cpu_activation_levels`` (native): int8 levels of GEMM activations, one value or per phase:
     2 (default; ~1e-5 relative error: the reference's answers) or 1 (faster; flips near-ties), or
-    per phase one per GEMM site, ``{attention: .., mlp: .., head: ..}``. Measured on a Zen 4
-    (docs/fidelity.md): prefill ``{attention: 2, mlp: 1, head: 2}`` keeps the fidelity gate on
-    avx512_vnni kernels (no flip at a non-tie position, every first token; one non-tie flip on
-    avx2 kernels) where prefill level 1 flips the France prompt; recipes/smollm2-135m-cpu-fast.yaml
-    ships it.
+    per phase one per GEMM site, ``{attention: .., mlp: .., head: ..}`` (recipes/smollm2-135m-cpu-fast.yaml;
+    docs/fidelity.md: the gate it holds on avx512_vnni kernels and misses on avx2 ones).
     ``ort_fused_steps`` (cpu only): a step that carries prompt chunks and decode tokens runs them
     in one call of the prefill graph (the decode tokens as trailing 1-token rows, which the graph
     then sends through a decode attention path instead of padding them to the longest chunk), so

@@ -230,12 +230,12 @@ def _parse_native(nat: Any, where: str, rebuild: str) -> NativeOptions | None:
     if not isinstance(nat.get("tensors"), Mapping):
         raise bad("tensors", nat.get("tensors"), "an object {name: [dtype, [size], offset]}")
     levels = nat.get("activation_levels")
-    parsed = (
-        {ph: ActivationLevels.parse(levels.get(ph)) for ph in ("prefill", "decode")}
-        if isinstance(levels, Mapping)
-        else {}
-    )
-    if len(parsed) != 2 or None in parsed.values() or set(levels) != set(parsed):
+    parsed: dict[str, ActivationLevels] = {}
+    if isinstance(levels, Mapping) and set(levels) == {"prefill", "decode"}:
+        for ph in ("prefill", "decode"):
+            if (lv := ActivationLevels.parse(levels[ph])) is not None:
+                parsed[ph] = lv
+    if len(parsed) != 2:
         raise bad(
             "activation_levels", levels, "{prefill: L, decode: L}, L = 1, 2 or {attention: 1|2, mlp: 1|2, head: 1|2}"
         )
