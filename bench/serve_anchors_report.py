@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 from md_analysis import ANALYSIS_END
+from serve_commands import TRTPIPE_SERVERS
 from serve_goodput import ATTAINMENT_TARGET, capacity_at_slo
 
 LABELS = {
@@ -21,7 +22,7 @@ LABELS = {
     "llama-server": "llama.cpp llama-server (Q4_1)",
     "llama-cpp-python": "llama-cpp-python server (Q4_1)",
 }
-OWN_SERVERS = ("trtpipe", "trtpipe-spec", "trtpipe-fast")
+OWN_SERVERS = TRTPIPE_SERVERS  # trtpipe's own configurations: never an anchor
 
 
 def ratio_pairs(servers: list[str]) -> list[tuple[str, str]]:
