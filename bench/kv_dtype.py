@@ -178,7 +178,9 @@ def main() -> None:
             cmd = ["trtpipe", "build", str(recipe_path(d))]
             if not a.build:
                 raise SystemExit(f"artifact {artifact_dir(d)} missing. Fix: {' '.join(cmd)} (or pass --build)")
-            subprocess.run(cmd, check=True, cwd=REPO)
+            # the CLI of this interpreter's environment: an unactivated venv has no trtpipe on PATH
+            run = [sys.executable, "-c", "from trtpipe.pipeline.cli.main import main; main()", *cmd[1:]]
+            subprocess.run(run, check=True, cwd=REPO)
     from trtpipe.runtime.llm import LLM
 
     llms = {d: LLM(artifact_dir(d), prefix_caching=True, engine="native") for d in DTYPES}
