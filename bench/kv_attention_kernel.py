@@ -1,13 +1,13 @@
 """The native attention kernel alone at long context: one decode step's attention (SmolLM2's 9:3
-heads, head 64, blocks of 16) over an L-token pool, per KV dtype, and the fp32 kernel of another
-git revision (default ``main``) as the baseline, in one process, interleaved.
+heads, head 64, blocks of 16) over an L-token pool, per KV dtype, this checkout's kernels against
+another git revision's (default ``main``), in one process, interleaved.
 
 Each library is compiled here from its sources (``plugins/cpu/compile.py``'s flags, the host's
-best ISA); the other revision's sources come from ``git show <rev>:plugins/cpu/csrc/...`` and its
-``tp_attention`` takes the fp32 caches as plain pointers (before the KV dtypes). Per call: 30 layers'
-worth of attention (30 pools, as a decode step reads them), median of ``--repeats`` calls, ms, and
-the pool bytes read per call. Threads: OpenMP's default (all CPUs), ``GOMP_SPINCOUNT=2000`` unless
-the environment sets a wait policy (as the engine).
+best ISA); the other revision's sources come from ``git show <rev>:plugins/cpu/csrc/...``. Per
+call: 30 layers' worth of attention (30 pools, as a decode step reads them), median of
+``--repeats`` calls, ms, the pool bytes read per call and the ratio to the baseline's kernel on
+the same dtype and to the baseline's fp32. Threads: OpenMP's default (all CPUs),
+``GOMP_SPINCOUNT=2000`` unless the environment sets a wait policy (as the engine).
 
 Usage: ``python bench/kv_attention_kernel.py [--context 8192] [--rev main] [--repeats 20]``
 """
@@ -28,27 +28,30 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 H, KVH, D, BS, LAYERS = 9, 3, 64, 16, 30
+DTYPES = ("fp32", "fp16", "bf16", "int8")
 
 
 def build(src_dir: Path, isa: str, out: Path) -> Path:
-    from trtpipe.plugins.cpu.compile import SOURCES
-    from trtpipe.plugins.cpu.isa import ISAS
+    """Every ``*.c`` of ``src_dir`` compiled for ``isa`` (plugins/cpu/compile.py's flags)."""
+    from trtpipe.plugins.cpu.compile import compile_sources
 
-    flags, _, define = ISAS[isa]
-    srcs = [str(src_dir / s) for s in SOURCES]
-    cmd = ["cc", "-O3", "-fopenmp", "-fno-math-errno", "-fPIC", "-shared", "-std=c11", f"-D{define}", *flags]
-    subprocess.run([*cmd, *srcs, "-o", str(out), "-lm"], check=True)
-    return out
+    return compile_sources(isa, src_dir, out)
 
 
 def sources_at(rev: str, into: Path) -> Path:
-    from trtpipe.plugins.cpu.compile import SOURCES
-
-    for name in (*SOURCES, "tp.h", "vmath.h"):
-        text = subprocess.run(
-            ["git", "show", f"{rev}:plugins/cpu/csrc/{name}"], cwd=REPO, capture_output=True, text=True, check=True
-        ).stdout
-        (into / name).write_text(text)
+    """``rev``'s plugins/cpu/csrc (every file it has) written under ``into``."""
+    names = subprocess.run(
+        ["git", "ls-tree", "--name-only", f"{rev}:plugins/cpu/csrc"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    for name in names:
+        blob = subprocess.run(
+            ["git", "show", f"{rev}:plugins/cpu/csrc/{name}"], cwd=REPO, capture_output=True, check=True
+        )
+        (into / name).write_bytes(blob.stdout)
     return into
 
 
@@ -68,13 +71,10 @@ def main() -> None:
     if isa is None:
         raise SystemExit("this CPU has neither AVX-512 nor AVX2")
     tmp = Path(tempfile.mkdtemp(prefix="kv-attn-"))
-    new = L.load(build(REPO / "plugins" / "cpu" / "csrc", isa, tmp / "new.so"))
-    (tmp / "old").mkdir()
-    old = C.CDLL(str(build(sources_at(a.rev, tmp / "old"), isa, tmp / "old.so")))
+    libs = {"this checkout": L.load(build(REPO / "plugins" / "cpu" / "csrc", isa, tmp / "new.so"))}
+    (tmp / "base").mkdir()
+    libs[a.rev] = L.load(build(sources_at(a.rev, tmp / "base"), isa, tmp / "base.so"))
     f32p, i64p = L._f32p, L._i64p
-    old.tp_attention.argtypes = (
-        [f32p, C.c_int, f32p, f32p, i64p, C.c_int, i64p, i64p] + [C.c_int] * 6 + [C.c_float, C.c_int, f32p]
-    )
     rng = np.random.default_rng(0)
     nb = a.context // BS + 1
     table = np.arange(1, nb, dtype=np.int64).reshape(1, -1)
@@ -88,27 +88,15 @@ def main() -> None:
     structs = {d: [L.kv_struct(k[0], v[0], k[1], v[1]) for k, v in layers] for d, layers in kv.items()}
     structs["fp32"] = [L.kv_struct(x[2 * i], x[2 * i + 1]) for i in range(LAYERS)]
 
-    def run_new(d: str) -> None:
+    def run(lib, d: str) -> None:
         for s in structs[d]:
-            new.tp_attention(L.ptr(q, f32p), H * D, C.byref(s), L.ptr(table, i64p), *args, L.ptr(out, f32p))
+            lib.tp_attention(L.ptr(q, f32p), H * D, C.byref(s), L.ptr(table, i64p), *args, L.ptr(out, f32p))
 
-    def run_old() -> None:
-        for i in range(LAYERS):
-            old.tp_attention(
-                L.ptr(q, f32p),
-                H * D,
-                L.ptr(x[2 * i], f32p),
-                L.ptr(x[2 * i + 1], f32p),
-                L.ptr(table, i64p),
-                *args,
-                L.ptr(out, f32p),
-            )
-
-    runs = {"fp32 (" + a.rev + ")": run_old, **{d: (lambda d=d: run_new(d)) for d in ("fp32", "fp16", "bf16", "int8")}}
+    runs = {f"{d} ({name})": (lambda lib=lib, d=d: run(lib, d)) for d in DTYPES for name, lib in libs.items()}
     print(
         f"host ISA {isa}; {LAYERS} layers x attention of 1 decode token over {a.context} tokens; medians of {a.repeats}"
     )
-    report(interleaved(runs, a.repeats), "fp32 (" + a.rev + ")", a.context)
+    report(interleaved(runs, a.repeats), a.rev, a.context)
 
 
 def interleaved(runs: dict, repeats: int) -> dict[str, list[float]]:
@@ -122,15 +110,19 @@ def interleaved(runs: dict, repeats: int) -> dict[str, list[float]]:
     return times
 
 
-def report(times: dict[str, list[float]], baseline: str, context: int) -> None:
+def report(times: dict[str, list[float]], rev: str, context: int) -> None:
+    """One row per run: median ms, the ratio to ``rev``'s kernel on the same dtype and to its fp32,
+    the pool bytes per call and the read rate."""
     row_bytes = {"fp32": 256, "fp16": 128, "bf16": 128, "int8": 68}  # one token of one kv head, scale included
-    base = statistics.median(times[baseline])
-    print("| kernel | ms per step | vs baseline | pool MB read | GB/s |")
-    print("|---|---|---|---|---|")
-    for name, ts in times.items():
-        med = statistics.median(ts)
-        mb = 2 * LAYERS * KVH * context * row_bytes[name.split()[0]] / 1e6
-        print(f"| {name} | {med * 1e3:.2f} | {med / base:.2f} | {mb:.0f} | {mb / 1e3 / med:.1f} |")
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    fp32_base = med[f"fp32 ({rev})"]
+    print(f"| kernel | ms per step | vs {rev}, same dtype | vs {rev} fp32 | pool MB read | GB/s |")
+    print("|---|---|---|---|---|---|")
+    for name, m in med.items():
+        dtype = name.split()[0]
+        mb = 2 * LAYERS * KVH * context * row_bytes[dtype] / 1e6
+        same = m / med[f"{dtype} ({rev})"]
+        print(f"| {name} | {m * 1e3:.2f} | {same:.2f} | {m / fp32_base:.2f} | {mb:.0f} | {mb / 1e3 / m:.1f} |")
     sys.stdout.flush()
 
 

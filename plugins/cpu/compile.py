@@ -18,8 +18,8 @@ from trtpipe.plugins.core.errors import OpError
 from trtpipe.plugins.cpu.isa import ISAS
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("act.c", "gemm.c", "ops.c", "attention.c", "forward.c")
-HEADERS = ("tp.h", "vmath.h", "gemm_isa.h")
+SOURCES = ("act.c", "gemm.c", "ops.c", "kv_write.c", "attention.c", "forward.c")
+HEADERS = ("tp.h", "vmath.h", "gemm_isa.h", "attention_block.h", "attention_i8.h")
 LIBRARY_NAME = "libtrtpipe_cpu.so"
 
 

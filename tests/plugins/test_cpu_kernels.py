@@ -129,6 +129,9 @@ ATTENTION_CASES = {
     # SmolLM2's (9:3 heads, D 64, blocks of 16: the vector paths), with a 40-token chunk (3 query blocks)
     "small": (4, 2, 16, 4, [3, 6, 1], [9, 6, 11]),
     "smollm2": (9, 3, 64, 16, [40, 17, 1], [75, 17, 50]),
+    # contexts over attention.c's 1024-key partitions: a chunk's rows and a decode row whose keys
+    # span 3 and 2 partitions, merged (and, with the window, partitions some rows do not see)
+    "partitions": (9, 3, 64, 16, [40, 1], [2100, 1500]),
 }
 
 
@@ -184,7 +187,90 @@ def test_paged_attention_matches_the_op_reference(lib, window, case, kv_dtype):
         library.ptr(ctx_a, i64p), library.ptr(qsl, i64p), S, H, KVH, NB, BS, D, C.c_float(D**-0.5), window,
         library.ptr(out, f32p),
     )  # fmt: skip
-    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    if not (kv_dtype == "int8" and int8_scores_path(lib, D, BS)):
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+        return
+    # The int8 score path (csrc/attention_i8.h) computes with the query in two int8 levels: against
+    # the reference fed that query, the same 1e-5; against the plain reference, the query's error
+    # (<= max|q| / 32,512 per element) moves these unit-normal outputs by <= 2e-4 (6.8e-5 measured).
+    attrs = dict(num_heads=H, num_kv_heads=KVH, head_size=D, block_size=BS, sliding_window=window)
+    q_levels = two_level_query(q, D, D**-0.5) / np.float32(D**-0.5)
+    want_levels = paged_attention(q_levels, *args[1:], **attrs)[0]
+    np.testing.assert_allclose(out, want_levels, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out, want, rtol=0, atol=2e-4)
+    assert np.abs(out - want).max() > 0  # the path ran (the query's levels are not exact)
+
+
+def _attend(lib, q, kv, tables, ctx, qsl, shape, window):
+    """tp_attention's output [T, H*D] for the given rows (the pool as it is: nothing written)."""
+    H, KVH, D, BS, NB = shape
+    f32p, i64p = library._f32p, library._i64p
+    tables, ctx, qsl = (np.ascontiguousarray(x, np.int64) for x in (tables, ctx, qsl))
+    q = np.ascontiguousarray(q, np.float32)
+    out = np.zeros((q.shape[0], H * D), np.float32)
+    lib.tp_attention(
+        library.ptr(q, f32p), H * D, C.byref(kv), library.ptr(tables, i64p), tables.shape[1],
+        library.ptr(ctx, i64p), library.ptr(qsl, i64p), len(ctx), H, KVH, NB, BS, D, C.c_float(D**-0.5), window,
+        library.ptr(out, f32p),
+    )  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp32", "int8"])
+@pytest.mark.parametrize("window", [0, 1060])  # 1060: partition 0 seen by the first rows only
+def test_attention_rows_do_not_depend_on_their_chunk_or_batch(lib, kv_dtype, window):
+    """A row's output is the same bits as a prompt chunk's row, as a decode row and beside another
+    sequence, with keys over several of attention.c's 1024-key partitions (whose cuts are absolute
+    positions: speculative verification and batch invariance rely on it)."""
+    rng = np.random.default_rng(8)
+    H, KVH, D, BS, ctx, n = 9, 3, 64, 16, 2100, 40
+    nb_seq = -(-ctx // BS)
+    NB = 2 * nb_seq + 1
+    kc, ks = kv_encode(rng.standard_normal((KVH, NB, BS, D)), kv_dtype)
+    vc, vs = kv_encode(rng.standard_normal((KVH, NB, BS, D)), kv_dtype)
+    kv = library.kv_struct(kc, vc, ks, vs)
+    shape = (H, KVH, D, BS, NB)
+    table_a = np.arange(1, 1 + nb_seq)[None]
+    table_b = np.arange(1 + nb_seq, 1 + 2 * nb_seq)[None]
+    q = rng.standard_normal((n + 1, H * D)).astype(np.float32)
+    chunk = _attend(lib, q[:n], kv, table_a, [ctx], [0, n], shape, window)
+    for i in (0, 17, n - 1):  # a decode row at position ctx - n + i: context ctx - n + i + 1
+        row = _attend(lib, q[i : i + 1], kv, table_a, [ctx - n + i + 1], [0, 1], shape, window)
+        assert row.tobytes() == chunk[i : i + 1].tobytes(), i
+    both = np.concatenate([table_b, table_a])
+    beside = _attend(lib, np.concatenate([q[n:], q[:n]]), kv, both, [900, ctx], [0, 1, 1 + n], shape, window)
+    assert beside[1:].tobytes() == chunk.tobytes()
+
+
+def int8_scores_path(lib, D: int, BS: int) -> bool:
+    """Whether tp_attention scores an int8 pool with integer dots (attention_i8.h's condition)."""
+    return lib.tp_isa().decode() == "avx512_vnni" and D % 64 == 0 and D <= 256 and BS % 16 == 0
+
+
+def two_level_query(q: np.ndarray, D: int, scale: float) -> np.ndarray:
+    """NumPy model of attention_i8.h's i8_quant_query: each D-row of ``q * scale`` as
+    ``s * (256 a + b)`` (float32 operations in the kernel's order, rint half to even)."""
+    x = q.reshape(-1, D).astype(np.float32) * np.float32(scale)
+    mx = np.abs(x).max(axis=1, keepdims=True)
+    s1 = mx / np.float32(127)
+    inv1 = np.where(mx > 0, np.float32(127) / np.where(mx > 0, mx, np.float32(1)), np.float32(0)).astype(np.float32)
+    a = np.clip(np.rint(x * inv1), -127, 127).astype(np.float32)
+    b = np.clip(np.rint((x - a * s1) * (inv1 * np.float32(256))), -127, 127).astype(np.float32)
+    return ((np.float32(256) * a + b) * (s1 / np.float32(256))).reshape(q.shape).astype(np.float32)
+
+
+def test_two_level_query_keeps_fifteen_bits():
+    """The model above against the bound attention_i8.h states: |q - q_hat| <= max|q| / (127 * 256)
+    per row (hand-derived: the second level's step is max|q| / 32,512; rounding costs half a step,
+    a residual of 128 steps clipped to 127 a whole one), and an all-zero row stays zero."""
+    rng = np.random.default_rng(11)
+    q = rng.standard_normal((5, 64)).astype(np.float32) * np.float32(3)
+    q[2] = 0.0
+    got = two_level_query(q, 64, 1.0)
+    bound = np.abs(q).max(axis=1, keepdims=True) / (127 * 256) * (1 + 1e-3)
+    assert (np.abs(got - q) <= bound).all()
+    assert not got[2].any()
+    assert np.abs(got - q).max() > 0
 
 
 def test_silu_mul_and_rmsnorm_match_numpy(lib):

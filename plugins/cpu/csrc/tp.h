@@ -53,6 +53,7 @@ typedef struct {
  * bf16 (top half of fp32) as 16-bit patterns, rounded to nearest even; int8 symmetric with one
  * fp32 scale per token and kv head (scale = max|x| / 127, q = rint(x * (127 / max|x|))). */
 enum { TP_KV_F32 = 0, TP_KV_F16 = 1, TP_KV_BF16 = 2, TP_KV_I8 = 3 };
+static inline size_t tp_kv_elem_bytes(int dtype) { return dtype == TP_KV_F32 ? 4 : dtype == TP_KV_I8 ? 1 : 2; }
 
 /* one layer's pool: K and V [KVH][NB][BS][D] of the dtype, head-major; for int8 the scales
  * [KVH][NB][BS] fp32 (NULL otherwise) */
