@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Where the time of bench/peers.py's 8-request workload goes, step by step (issue 26's throughput row).
+"""Where the time of bench/peers.py's 8-request workload goes, step by step (its throughput row:
+output tokens/s of 8 concurrent requests).
 
     python bench/batch_steps.py [--artifact DIR ...] [--rounds 3] [--threads 2]
 
@@ -110,11 +111,15 @@ def main() -> None:
     a = ap.parse_args()
     if a.rounds < 1 or a.threads < 1:
         raise SystemExit(f"--rounds {a.rounds} --threads {a.threads}: expected both >= 1")
+    from trtpipe.runtime.errors import ArtifactError
     from trtpipe.runtime.llm import LLM
     from trtpipe.runtime.sample.params import SamplingParams
 
     artifacts = a.artifact or [DEFAULT_ARTIFACT]
-    llms = {str(p): LLM(p, num_threads=a.threads, prefix_caching=False) for p in artifacts}
+    try:
+        llms = {str(p): LLM(p, num_threads=a.threads, prefix_caching=False) for p in artifacts}
+    except ArtifactError as e:
+        raise SystemExit(f"error: {e}") from None
     spec = make_spec(artifacts[0], a.threads)
     params = SamplingParams(max_new_tokens=NUM_OUTPUT_TOKENS, ignore_eos=True)
     for llm in llms.values():

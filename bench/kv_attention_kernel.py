@@ -39,7 +39,22 @@ def build(src_dir: Path, isa: str, out: Path) -> Path:
 
 
 def sources_at(rev: str, into: Path) -> Path:
-    """``rev``'s plugins/cpu/csrc (every file it has) written under ``into``."""
+    """``rev``'s plugins/cpu/csrc (every file it has) written under ``into``. Exits with a message
+    for a revision git does not know or whose kernels predate the KV dtypes (``tp_kv``: another
+    ``tp_attention`` signature)."""
+    known = subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], cwd=REPO, capture_output=True
+    )
+    if known.returncode != 0:
+        raise SystemExit(
+            f"--rev {rev!r}: not a commit of this repository. Fix: a branch, tag or hash (git log --oneline)"
+        )
+    tp_h = subprocess.run(["git", "show", f"{rev}:plugins/cpu/csrc/tp.h"], cwd=REPO, capture_output=True, text=True)
+    if "} tp_kv;" not in tp_h.stdout:  # the pool struct (tp_kv_write alone predates it)
+        raise SystemExit(
+            f"--rev {rev!r}: its kernels predate the KV pool dtypes (no tp_kv in plugins/cpu/csrc/tp.h), whose "
+            "tp_attention this script calls. Fix: a revision from 2026-12-03 on"
+        )
     names = subprocess.run(
         ["git", "ls-tree", "--name-only", f"{rev}:plugins/cpu/csrc"],
         cwd=REPO,
@@ -57,10 +72,14 @@ def sources_at(rev: str, into: Path) -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--context", type=int, default=8192)
-    ap.add_argument("--rev", default="main", help="git revision of the baseline fp32 kernel")
-    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--context", type=int, default=8192, help="tokens in the pool (default 8192)")
+    ap.add_argument(
+        "--rev", default="main", help="git revision whose kernels are the baseline, every dtype (default main)"
+    )
+    ap.add_argument("--repeats", type=int, default=20, help="calls per kernel, interleaved; the median is kept")
     a = ap.parse_args()
+    if a.context < 1 or a.repeats < 1:
+        raise SystemExit(f"--context {a.context} --repeats {a.repeats}: expected both >= 1")
     if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
         os.environ["GOMP_SPINCOUNT"] = "2000"  # as the native engine sets it (runtime/engines/native.py)
     from trtpipe.plugins.core.kv_codec import kv_encode
@@ -70,10 +89,12 @@ def main() -> None:
     isa = host_isa()
     if isa is None:
         raise SystemExit("this CPU has neither AVX-512 nor AVX2")
-    tmp = Path(tempfile.mkdtemp(prefix="kv-attn-"))
-    libs = {"this checkout": L.load(build(REPO / "plugins" / "cpu" / "csrc", isa, tmp / "new.so"))}
-    (tmp / "base").mkdir()
-    libs[a.rev] = L.load(build(sources_at(a.rev, tmp / "base"), isa, tmp / "base.so"))
+    with tempfile.TemporaryDirectory(prefix="kv-attn-") as d:  # the loaded libraries stay mapped
+        tmp = Path(d)
+        (tmp / "base").mkdir()
+        base = sources_at(a.rev, tmp / "base")
+        libs = {"this checkout": L.load(build(REPO / "plugins" / "cpu" / "csrc", isa, tmp / "new.so"))}
+        libs[a.rev] = L.load(build(base, isa, tmp / "base.so"))
     f32p, i64p = L._f32p, L._i64p
     rng = np.random.default_rng(0)
     nb = a.context // BS + 1

@@ -102,6 +102,7 @@ def load(path: str | Path) -> C.CDLL:
         _f32p, C.c_int, C.POINTER(KV), _i64p, C.c_int, _i64p, _i64p,
         C.c_int, C.c_int, C.c_int, C.c_int, C.c_int, C.c_int, C.c_float, C.c_int, _f32p,
     ]  # fmt: skip
+    lib.tp_attention.restype = C.c_int  # 0, or -1 out of memory (void in libraries built before 2026-12-06)
     lib.tp_kv_write.argtypes = [
         C.POINTER(KV),
         _f32p,

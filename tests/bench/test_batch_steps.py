@@ -21,10 +21,11 @@ def test_step_class():
 
 def test_prompt_tokens_from_the_pools_growth():
     # a: 100 prompt tokens of a chunk; b, c decode one token each; d finished in the step (gone
-    # from the unfinished requests: its one decode token); e admitted in the step (not before it)
-    before = {"a": 28, "b": 140, "c": 150, "d": 191}
-    after = {"a": 128, "b": 141, "c": 151}
-    assert batch_steps.prompt_tokens_run(before, after, decode_rows=3) == 100
+    # from the unfinished requests: its one decode token); e waiting before the step (0 tokens in
+    # the pool), admitted in it with a 30-token chunk
+    before = {"a": 28, "b": 140, "c": 150, "d": 191, "e": 0}
+    after = {"a": 128, "b": 141, "c": 151, "e": 30}
+    assert batch_steps.prompt_tokens_run(before, after, decode_rows=3) == 130
     assert batch_steps.prompt_tokens_run({"b": 5}, {"b": 6}, decode_rows=1) == 0
 
 

@@ -130,7 +130,7 @@ ATTENTION_CASES = {
     "small": (4, 2, 16, 4, [3, 6, 1], [9, 6, 11]),
     "smollm2": (9, 3, 64, 16, [40, 17, 1], [75, 17, 50]),
     # contexts over attention.c's 1024-key partitions: a chunk's rows and a decode row whose keys
-    # span 3 and 2 partitions, merged (and, with the window, partitions some rows do not see)
+    # span 3 and 2 partitions, merged (window 1060: partition 0 seen by the chunk's first rows only)
     "partitions": (9, 3, 64, 16, [40, 1], [2100, 1500]),
 }
 
@@ -162,7 +162,7 @@ def _attention_inputs(case: str, kv_dtype: str):
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp32", "fp16", "bf16", "int8"])
-@pytest.mark.parametrize("window", [0, 5])
+@pytest.mark.parametrize("window", [0, 5, 1060])
 @pytest.mark.parametrize("case", list(ATTENTION_CASES))
 def test_paged_attention_matches_the_op_reference(lib, window, case, kv_dtype):
     """Prefill chunks and a decode row in one call against plugins/ops/paged_attention/reference.py,
@@ -182,23 +182,26 @@ def test_paged_attention_matches_the_op_reference(lib, window, case, kv_dtype):
     for got, expected in zip([kc, vc] + ([ks, vs] if ks is not None else []), pool_want, strict=True):
         np.testing.assert_array_equal(got, expected)
     out = np.zeros((T, H * D), np.float32)
-    lib.tp_attention(
+    rc = lib.tp_attention(
         library.ptr(q, f32p), H * D, C.byref(kv), library.ptr(tables, i64p), MB,
         library.ptr(ctx_a, i64p), library.ptr(qsl, i64p), S, H, KVH, NB, BS, D, C.c_float(D**-0.5), window,
         library.ptr(out, f32p),
     )  # fmt: skip
+    assert rc == 0
     if not (kv_dtype == "int8" and int8_scores_path(lib, D, BS)):
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
         return
     # The int8 score path (csrc/attention_i8.h) computes with the query in two int8 levels: against
     # the reference fed that query, the same 1e-5; against the plain reference, the query's error
-    # (<= max|q| / 32,512 per element) moves these unit-normal outputs by <= 2e-4 (6.8e-5 measured).
+    # (<= max|q| / 32,512 per element) moves these unit-normal outputs by <= 2e-4 (up to 1.2e-4
+    # measured). The path ran: the kernel sits 10x closer to the two-level reference than to the
+    # plain one (the fp32-decoding path, e.g. avx2's, sits closer to the plain one).
     attrs = dict(num_heads=H, num_kv_heads=KVH, head_size=D, block_size=BS, sliding_window=window)
     q_levels = two_level_query(q, D, D**-0.5) / np.float32(D**-0.5)
     want_levels = paged_attention(q_levels, *args[1:], **attrs)[0]
     np.testing.assert_allclose(out, want_levels, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out, want, rtol=0, atol=2e-4)
-    assert np.abs(out - want).max() > 0  # the path ran (the query's levels are not exact)
+    assert 10 * np.abs(out - want_levels).max() < np.abs(out - want).max()
 
 
 def _attend(lib, q, kv, tables, ctx, qsl, shape, window):
@@ -208,11 +211,12 @@ def _attend(lib, q, kv, tables, ctx, qsl, shape, window):
     tables, ctx, qsl = (np.ascontiguousarray(x, np.int64) for x in (tables, ctx, qsl))
     q = np.ascontiguousarray(q, np.float32)
     out = np.zeros((q.shape[0], H * D), np.float32)
-    lib.tp_attention(
+    rc = lib.tp_attention(
         library.ptr(q, f32p), H * D, C.byref(kv), library.ptr(tables, i64p), tables.shape[1],
         library.ptr(ctx, i64p), library.ptr(qsl, i64p), len(ctx), H, KVH, NB, BS, D, C.c_float(D**-0.5), window,
         library.ptr(out, f32p),
     )  # fmt: skip
+    assert rc == 0
     return out
 
 
@@ -252,8 +256,9 @@ def two_level_query(q: np.ndarray, D: int, scale: float) -> np.ndarray:
     ``s * (256 a + b)`` (float32 operations in the kernel's order, rint half to even)."""
     x = q.reshape(-1, D).astype(np.float32) * np.float32(scale)
     mx = np.abs(x).max(axis=1, keepdims=True)
-    s1 = mx / np.float32(127)
-    inv1 = np.where(mx > 0, np.float32(127) / np.where(mx > 0, mx, np.float32(1)), np.float32(0)).astype(np.float32)
+    ok = mx >= np.finfo(np.float32).tiny  # a zero or subnormal row: codes 0, step 0
+    s1 = np.where(ok, mx / np.float32(127), np.float32(0)).astype(np.float32)
+    inv1 = np.where(ok, np.float32(127) / np.where(ok, mx, np.float32(1)), np.float32(0)).astype(np.float32)
     a = np.clip(np.rint(x * inv1), -127, 127).astype(np.float32)
     b = np.clip(np.rint((x - a * s1) * (inv1 * np.float32(256))), -127, 127).astype(np.float32)
     return ((np.float32(256) * a + b) * (s1 / np.float32(256))).reshape(q.shape).astype(np.float32)

@@ -48,7 +48,8 @@ typedef struct {
 typedef struct {
   int s, g;
   int64_t qb;
-  int p, np; /* partition p of the np partitions (p0 .. p0 + np - 1) of this (s, qb) */
+  int p, np;    /* partition p of the np partitions (p0 .. p0 + np - 1) of this (s, qb) */
+  int64_t slot; /* where it leaves its partials when np > 1 (consecutive within a query block); else -1 */
 } item_t;
 
 /* the rows of a query block: n tokens of sequence s, block qb (nt of them), their positions */
@@ -68,8 +69,9 @@ static inline void qblock_parts(const attn_t *a, int s, int64_t qb, int *p0, int
   *np = (int)((pos0 + nt - 1) / pk) - *p0 + 1;
 }
 
-/* every item, (sequence, query block, kv head, partition) in that order; *count of them */
-static item_t *list_items(const attn_t *a, int S, int64_t *count) {
+/* every item, (sequence, query block, kv head, partition) in that order; *count of them and
+ * *slots of partials (items of query blocks over several partitions); NULL when out of memory */
+static item_t *list_items(const attn_t *a, int S, int64_t *count, int64_t *slots) {
   int64_t c = 0;
   for (int s = 0; s < S; s++) {
     const int64_t n = a->query_start_loc[s + 1] - a->query_start_loc[s];
@@ -80,17 +82,19 @@ static item_t *list_items(const attn_t *a, int S, int64_t *count) {
     }
   }
   item_t *it = malloc(sizeof(item_t) * (c > 0 ? c : 1));
-  int64_t i = 0;
+  if (!it) return NULL;
+  int64_t i = 0, slot = 0;
   for (int s = 0; s < S; s++) {
     const int64_t n = a->query_start_loc[s + 1] - a->query_start_loc[s];
     for (int64_t qb = 0; qb * QB < n; qb++) {
       int p0, np;
       qblock_parts(a, s, qb, &p0, &np);
       for (int g = 0; g < a->KVH; g++)
-        for (int p = 0; p < np; p++) it[i++] = (item_t){s, g, qb, p0 + p, np};
+        for (int p = 0; p < np; p++) it[i++] = (item_t){s, g, qb, p0 + p, np, np > 1 ? slot++ : -1};
     }
   }
   *count = c;
+  *slots = slot;
   return it;
 }
 
@@ -244,8 +248,8 @@ static void attend_item(const attn_t *a, const item_t *it, scratch_t *w, float *
   }
 }
 
-/* the np partitions' rows (from item i0 on) combined in partition order: M = max m, L = sum l e^(m - M),
- * out = sum (P V) e^(m - M) / L */
+/* the rows of a query block's np partitions (item it the first; their partials from parts on, stride
+ * floats apart) combined in partition order: M = max m, L = sum l e^(m - M), out = sum (P V) e^(m - M) / L */
 static void merge_parts(const attn_t *a, const item_t *it, const float *parts, size_t stride) {
   int64_t n, nt, pos0;
   qblock_rows(a, it->s, it->qb, &n, &nt, &pos0);
@@ -273,10 +277,12 @@ static void merge_parts(const attn_t *a, const item_t *it, const float *parts, s
   }
 }
 
-static float *g_parts = NULL; /* partials, grown on demand (steps of one engine are sequential) */
+/* partials of the multi-partition items, grown on demand and kept (steps of one engine are
+ * sequential, as forward.c's workspace): rows x (D + 2) floats a slot, ~12.7 KB on SmolLM2 */
+static float *g_parts = NULL;
 static size_t g_parts_cap = 0;
 
-void tp_attention(const float *q, int ldq, const tp_kv *kv, const int64_t *block_tables, int MB,
+int tp_attention(const float *q, int ldq, const tp_kv *kv, const int64_t *block_tables, int MB,
                   const int64_t *context_lens, const int64_t *query_start_loc, int S, int H, int KVH, int NB, int BS,
                   int D, float scale, int W, float *out) {
   attn_t a = {q, kv, block_tables, context_lens, query_start_loc, ldq, MB, H, KVH, NB, BS, D, W, H / KVH,
@@ -284,24 +290,32 @@ void tp_attention(const float *q, int ldq, const tp_kv *kv, const int64_t *block
 #if defined(TP_ISA_AVX512)
   a.i8 = i8_scores_apply(kv->dtype, D, BS);
 #endif
-  int64_t items;
-  item_t *it = list_items(&a, S, &items);
+  int64_t items, slots;
+  item_t *it = list_items(&a, S, &items, &slots);
   const size_t stride = (size_t)QB * a.group * (D + 2); /* one item's partials */
-  if ((size_t)items * stride > g_parts_cap) {
+  if (it && (size_t)slots * stride > g_parts_cap) {
     free(g_parts);
-    g_parts = malloc(sizeof(float) * (size_t)items * stride);
-    g_parts_cap = g_parts ? (size_t)items * stride : 0;
+    g_parts = malloc(sizeof(float) * (size_t)slots * stride);
+    g_parts_cap = g_parts ? (size_t)slots * stride : 0;
+  }
+  if (!it || (slots > 0 && !g_parts)) {
+    free(it);
+    return -1;
   }
 #pragma omp parallel
   {
     scratch_t w = scratch_new(&a);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < items; i++) attend_item(&a, it + i, &w, g_parts + (size_t)i * stride);
+    for (int64_t i = 0; i < items; i++)
+      attend_item(&a, it + i, &w, it[i].slot < 0 ? NULL : g_parts + (size_t)it[i].slot * stride);
     scratch_free(&w);
+    if (slots > 0) { /* the same for every thread: all or none meet the loop */
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < items; i++) /* each query block's first item of several partitions */
-      if (it[i].np > 1 && (i == 0 || it[i - 1].s != it[i].s || it[i - 1].qb != it[i].qb || it[i - 1].g != it[i].g))
-        merge_parts(&a, it + i, g_parts + (size_t)i * stride, stride);
+      for (int64_t i = 0; i < items; i++) /* each query block's first item of several partitions */
+        if (it[i].np > 1 && (i == 0 || it[i - 1].s != it[i].s || it[i - 1].qb != it[i].qb || it[i - 1].g != it[i].g))
+          merge_parts(&a, it + i, g_parts + (size_t)it[i].slot * stride, stride);
+    }
   }
   free(it);
+  return 0;
 }

@@ -25,6 +25,7 @@
 #ifndef TP_ATTENTION_I8_H
 #define TP_ATTENTION_I8_H
 #if defined(TP_ISA_AVX512)
+#include <float.h>
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -42,7 +43,8 @@ static inline int i8_scores_apply(int dtype, int D, int BS) {
 static inline void i8_quant_query(const float *q, int D, int8_t *a, int8_t *b, float *step, int32_t *offset) {
   float mx = 0.f;
   for (int d = 0; d < D; d++) mx = fabsf(q[d]) > mx ? fabsf(q[d]) : mx;
-  const float s1 = mx / 127.f, inv1 = mx > 0.f ? 127.f / mx : 0.f;
+  const int zero = !(mx >= FLT_MIN); /* a zero (or subnormal: 127 / mx would overflow) row: codes 0, step 0 */
+  const float s1 = zero ? 0.f : mx / 127.f, inv1 = zero ? 0.f : 127.f / mx;
   const float s = s1 / 256.f, inv = inv1 * 256.f; /* exact: powers of two */
   int32_t sa = 0, sb = 0;
   for (int d = 0; d < D; d++) {

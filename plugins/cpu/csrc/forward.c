@@ -95,8 +95,9 @@ int tp_forward_rows(const tp_model *m, const tp_step *s, int num_logits, const i
     tp_rope(qkv, nqkv, T, H + KVH, D, s->positions, m->rope_cos, m->rope_sin); /* q heads, then k heads */
     tp_kv_write(&L->kv, qkv + H * D, qkv + (H + KVH) * D, nqkv, s->slot_mapping, T, KVH, m->num_blocks,
                 m->block_size, D);
-    tp_attention(qkv, nqkv, &L->kv, s->block_tables, s->MB, s->context_lens,
-                 s->query_start_loc, S, H, KVH, m->num_blocks, m->block_size, D, m->scale, m->sliding_window, att);
+    if (tp_attention(qkv, nqkv, &L->kv, s->block_tables, s->MB, s->context_lens, s->query_start_loc, S, H, KVH,
+                     m->num_blocks, m->block_size, D, m->scale, m->sliding_window, att))
+      return -1;
     tp_quant_act(att, T, H * D, s->levels_attention, &qa);
     tp_gemm(&L->o, &qa, h, Hd, 1);
     tp_rmsnorm(h, L->mlp_norm, m->eps, x, T, Hd);

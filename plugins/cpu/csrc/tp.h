@@ -115,8 +115,9 @@ void tp_embed_q8(const tp_weight *table, const int64_t *ids, int T, float *h);
  * slot_mapping into the head-major pool */
 void tp_kv_write(const tp_kv *kv, const float *k, const float *v, int ld, const int64_t *slot_mapping, int T,
                  int KVH, int NB, int BS, int D);
-/* causal GQA attention of q [T][ldq] (H heads of D) over the pool; out [T][H*D] */
-void tp_attention(const float *q, int ldq, const tp_kv *kv, const int64_t *block_tables, int MB,
+/* causal GQA attention of q [T][ldq] (H heads of D) over the pool; out [T][H*D]. Returns 0, or -1
+ * out of memory */
+int tp_attention(const float *q, int ldq, const tp_kv *kv, const int64_t *block_tables, int MB,
                   const int64_t *context_lens, const int64_t *query_start_loc, int S, int H, int KVH, int NB, int BS,
                   int D, float scale, int W, float *out);
 
