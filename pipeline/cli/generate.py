@@ -126,6 +126,12 @@ def generate_cmd(
     except TrtpipeError as e:
         fail(e)
     click.echo(click.style(_request_stats(llm, out), dim=True), err=True)
+    if not chat and system is None and out.finish_reason == "stop" and not out.text.strip():
+        click.echo(
+            "note: the model ended at once on the raw prompt; an instruct (chat) model answers a "
+            "question wrapped in its chat template. Fix: add --chat",
+            err=True,
+        )
     if out.finish_reason == "error":
         click.echo(f"error: {out.error_message}", err=True)
         sys.exit(EXIT_FAILED)

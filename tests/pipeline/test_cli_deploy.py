@@ -406,6 +406,18 @@ def test_info_says_the_artifact_fuses_mixed_steps(arts, tmp_path):
 
 
 @pytest.mark.slow
+def test_generate_hints_at_chat_when_the_raw_prompt_ends_at_once(default_artifact):
+    """The instruct model ends a raw question at once (EOS first, empty text: measured); generate
+    says to add --chat. With --chat it answers, and no note."""
+    raw = invoke("generate", default_artifact, "What is the capital of France?", "--max-new-tokens", "8")
+    assert raw.exit_code == 0, raw.output
+    assert raw.stdout.strip() == "" and "[stop] 1 tokens" in raw.stderr
+    assert "Fix: add --chat" in raw.stderr
+    chat = invoke("generate", default_artifact, "What is the capital of France?", "--chat", "--max-new-tokens", "8")
+    assert chat.stdout.strip() and "add --chat" not in chat.stderr
+
+
+@pytest.mark.slow
 def test_generate_reads_stdin_and_notes_the_cap(default_artifact, tmp_path):
     """`-` reads stdin (its final newline dropped: the same answer as the argument); a fake
     max_seq_len of 42 caps --max-new-tokens 100 to 42 - 37 prompt tokens = 5, with a note."""
