@@ -26,16 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from native_gemm import revision_sources  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 H, KVH, D, BS, LAYERS = 9, 3, 64, 16, 30
 DTYPES = ("fp32", "fp16", "bf16", "int8")
-
-
-def build(src_dir: Path, isa: str, out: Path) -> Path:
-    """Every ``*.c`` of ``src_dir`` compiled for ``isa`` (plugins/cpu/compile.py's flags)."""
-    from trtpipe.plugins.cpu.compile import compile_sources
-
-    return compile_sources(isa, src_dir, out)
 
 
 def sources_at(rev: str, into: Path) -> Path:
@@ -55,19 +51,7 @@ def sources_at(rev: str, into: Path) -> Path:
             f"--rev {rev!r}: its kernels predate the KV pool dtypes (no tp_kv in plugins/cpu/csrc/tp.h), whose "
             "tp_attention this script calls. Fix: a revision from 2026-12-03 on"
         )
-    names = subprocess.run(
-        ["git", "ls-tree", "--name-only", f"{rev}:plugins/cpu/csrc"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    for name in names:
-        blob = subprocess.run(
-            ["git", "show", f"{rev}:plugins/cpu/csrc/{name}"], cwd=REPO, capture_output=True, check=True
-        )
-        (into / name).write_bytes(blob.stdout)
-    return into
+    return revision_sources(rev, into)
 
 
 def main() -> None:
@@ -84,6 +68,7 @@ def main() -> None:
         os.environ["GOMP_SPINCOUNT"] = "2000"  # as the native engine sets it (runtime/engines/native.py)
     from trtpipe.plugins.core.kv_codec import kv_encode
     from trtpipe.plugins.cpu import library as L
+    from trtpipe.plugins.cpu.compile import compile_sources
     from trtpipe.plugins.cpu.isa import host_isa
 
     isa = host_isa()
@@ -93,8 +78,8 @@ def main() -> None:
         tmp = Path(d)
         (tmp / "base").mkdir()
         base = sources_at(a.rev, tmp / "base")
-        libs = {"this checkout": L.load(build(REPO / "plugins" / "cpu" / "csrc", isa, tmp / "new.so"))}
-        libs[a.rev] = L.load(build(base, isa, tmp / "base.so"))
+        libs = {"this checkout": L.load(compile_sources(isa, REPO / "plugins" / "cpu" / "csrc", tmp / "new.so"))}
+        libs[a.rev] = L.load(compile_sources(isa, base, tmp / "base.so"))
     f32p, i64p = L._f32p, L._i64p
     rng = np.random.default_rng(0)
     nb = a.context // BS + 1

@@ -43,8 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _baseline_sources(ref: str, into: Path) -> Path:
-    """``ref``'s plugins/cpu/csrc written under ``into``."""
+def revision_sources(ref: str, into: Path) -> Path:
+    """``ref``'s plugins/cpu/csrc (every file it has) written under ``into`` (also bench/kv_attention_kernel.py's)."""
     names = subprocess.run(
         ["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{ref}:plugins/cpu/csrc"],
         capture_output=True, text=True, check=True,
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="native-gemm-"))
     libs = {
         "current": L.load(compile_library(engine.isa)),
-        "baseline": L.load(compile_sources(engine.isa, _baseline_sources(args.baseline_ref, tmp), tmp / "base.so")),
+        "baseline": L.load(compile_sources(engine.isa, revision_sources(args.baseline_ref, tmp), tmp / "base.so")),
     }
     for lib in libs.values():
         lib.tp_set_threads(engine.threads)
