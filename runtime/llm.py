@@ -39,7 +39,7 @@ from trtpipe.runtime.sample.sampler import make_generator
 from trtpipe.runtime.sched.request import Request, new_request
 from trtpipe.runtime.sched.request_output import LiveRequest, RequestOutput
 from trtpipe.runtime.sched.scheduler import Scheduler
-from trtpipe.runtime.sched.slo_policy import SloChunkPolicy, check_budget_ms, fcfs_description
+from trtpipe.runtime.sched.slo_policy import choose_chunk_policy
 from trtpipe.runtime.sched.step_cost import StepCostModel, load_or_calibrate
 from trtpipe.runtime.spec.config import SpecConfig
 from trtpipe.runtime.spec.setup import enable_speculative
@@ -137,27 +137,25 @@ class LLM:
         self.set_tpot_budget(tpot_budget_ms, itl_budget_ms)
         self.speculative_description = enable_speculative(self, speculative)  # one line for reports
 
-    def set_tpot_budget(self, tpot_budget_ms: float | None, itl_budget_ms: float | None = None) -> str:
-        """Apply the scheduler policy for ``tpot_budget_ms`` (None: the ITL budget, else FCFS) and
-        ``itl_budget_ms`` (None: every step within the TPOT budget; see slo_policy); between steps.
-
-        Returns one line saying which prefill chunk sizes that gives, and why (for reports); it
-        says so when ``itl_budget_ms`` is not used (policy fcfs). Raises
-        :class:`TrtpipeError` for a budget that is not a finite number of ms > 0.
-        """
-        for name, value in (("tpot_budget_ms", tpot_budget_ms), ("itl_budget_ms", itl_budget_ms)):
-            if value is not None:
-                check_budget_ms(name, value)  # before the step-cost model is measured
-        limit = self.manifest.limits.max_num_tokens
-        tpot_budget_ms = itl_budget_ms if tpot_budget_ms is None else tpot_budget_ms  # TPOT <= every ITL
-        if self.scheduler_policy == "fcfs" or tpot_budget_ms is None:
-            self.scheduler.chunk_policy = None
-            why = "policy fcfs" if self.scheduler_policy == "fcfs" else "slo policy without a TPOT budget"
-            return fcfs_description(why, limit, itl_budget_ms)
-        cost, block_size = self.step_cost_model(), self.kv_manager.block_size
-        policy = SloChunkPolicy(cost, float(tpot_budget_ms), block_size, limit, itl_budget_ms)
+    def set_tpot_budget(
+        self,
+        tpot_budget_ms: float | None,
+        itl_budget_ms: float | None = None,
+        itl_during_prefill_ratio: float | None = None,
+    ) -> str:
+        """Apply the scheduler policy for ``tpot_budget_ms`` (None: the ITL budget, else FCFS),
+        ``itl_budget_ms`` (None: every step within the TPOT budget) and ``itl_during_prefill_ratio``
+        (None: none; else steps beside decodes within that many decode-only steps), between steps.
+        Returns the report line of :func:`~trtpipe.runtime.sched.slo_policy.choose_chunk_policy`;
+        raises :class:`TrtpipeError` for a budget that is not a finite number of ms > 0 or a ratio <= 1."""
+        lim = self.manifest.limits
+        policy, why = choose_chunk_policy(
+            self.scheduler_policy, tpot_budget_ms, itl_budget_ms, itl_during_prefill_ratio,
+            cost=self.step_cost_model, block_size=self.kv_manager.block_size, max_num_tokens=lim.max_num_tokens,
+            max_batch_size=lim.max_batch_size,
+        )  # fmt: skip
         self.scheduler.chunk_policy = policy
-        return policy.describe(self.manifest.limits.max_batch_size, 256)
+        return why
 
     def step_cost_model(self) -> StepCostModel:
         """The engine's step-cost model: the artifact's ``step_cost.json`` or measured now."""

@@ -23,6 +23,12 @@ def _finite_ms(ctx: click.Context, param: click.Parameter, value: float | None) 
     return value
 
 
+def _finite_ratio(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value}: expected a finite number > 1, e.g. 1.5")
+    return value
+
+
 def _budget_ms_option(flag: str, help: str):  # noqa: A002 - click's name
     """A ``--*-budget-ms`` option: a finite number of ms > 0, or absent (the recipe's value)."""
     return click.option(flag, type=click.FloatRange(min=0, min_open=True), default=None, callback=_finite_ms, help=help)
@@ -110,6 +116,16 @@ def _need_serve_extra() -> None:
     "the TPOT budget; refused under --scheduler-policy fcfs.",
 )
 @click.option(
+    "--itl-during-prefill-ratio",
+    type=click.FloatRange(min=1, min_open=True),
+    default=None,
+    callback=_finite_ratio,
+    help="Override the recipe's runtime.scheduler.itl_during_prefill_ratio: a step that prefills "
+    "beside decodes takes at most this many decode-only steps (e.g. 1.5), chunks down to one token: "
+    "decoding streams keep their pace while a long prompt prefills, and that prompt's TTFT grows. "
+    "Refused under --scheduler-policy fcfs.",
+)
+@click.option(
     "--speculative",
     type=click.Choice(["ngram", "off"]),
     default=None,
@@ -175,6 +191,7 @@ def serve_cmd(
     scheduler_policy: str | None,
     tpot_budget_ms: float | None,
     itl_budget_ms: float | None,
+    itl_during_prefill_ratio: float | None,
     speculative: str | None,
     speculative_max_k: int | None,
     speculative_ngram: tuple[int, int] | None,
@@ -194,8 +211,8 @@ def serve_cmd(
 
     \b
     Runtime settings (printed at start, with the prefill chunk size they give):
-      RECIPE           runtime.prefix_caching, runtime.scheduler.policy, runtime.scheduler.tpot_budget_ms and
-                       runtime.scheduler.itl_budget_ms of the recipe. The validate scenarios' tpot_ms/
+      RECIPE           runtime.prefix_caching, runtime.scheduler.policy, runtime.scheduler.tpot_budget_ms,
+                       runtime.scheduler.itl_budget_ms and .itl_during_prefill_ratio of the recipe. The validate scenarios' tpot_ms/
                        itl_ms budgets do not apply: they describe one workload each, a server
                        sees them all; without either scheduler budget serve derives them (TPOT
                        50 ms, ITL 100 ms, raised when a full decode batch is too slow: the start
@@ -204,8 +221,8 @@ def serve_cmd(
     Before the ready line the engine is warmed up (every decode batch and prefill chunk size, the
     KV pool, one request); the line says how long it took.
       RECIPE           runtime.speculative (absent: off); ARTIFACT folder: off.
-      --no-prefix-caching, --scheduler-policy, --tpot-budget-ms, --itl-budget-ms, --speculative
-      override either.
+      --no-prefix-caching, --scheduler-policy, --tpot-budget-ms, --itl-budget-ms,
+      --itl-during-prefill-ratio, --speculative override either.
     Requests may send cache_salt (vLLM's field): prefix-cache blocks are shared only within a salt.
 
     \b
@@ -227,12 +244,13 @@ def serve_cmd(
         name = load_manifest(art, verify_hashes=False).recipe_name
     except TrtpipeError as e:
         _fail(e)
-    overrides = _overrides(no_prefix_caching, scheduler_policy, tpot_budget_ms, itl_budget_ms)
+    overrides = _overrides(no_prefix_caching, scheduler_policy, tpot_budget_ms, itl_budget_ms, itl_during_prefill_ratio)
     if (spec_flags := (speculative, speculative_max_k, speculative_ngram)) != (None, None, None):
         overrides["speculative"] = _speculative(settings.get("speculative"), *spec_flags)
     settings.update(overrides)
-    if itl_budget_ms is not None and (problem := _unused_itl_flag(itl_budget_ms, settings)):
-        _fail(TrtpipeError(problem))
+    for flag, value in (("--itl-budget-ms", itl_budget_ms), ("--itl-during-prefill-ratio", itl_during_prefill_ratio)):
+        if value is not None and (problem := _unused_itl_flag(flag, value, settings)):
+            _fail(TrtpipeError(problem))
     if overrides:
         source += "; overridden: " + ", ".join(f"{k}={v}" for k, v in overrides.items())
     click.echo(f"trtpipe serve: runtime settings from {source}", err=True)
@@ -294,7 +312,11 @@ def _speculative_config(base, mode: str | None, max_k: int | None, ngram: tuple[
 
 
 def _overrides(
-    no_prefix_caching: bool, scheduler_policy: str | None, tpot_budget_ms: float | None, itl_budget_ms: float | None
+    no_prefix_caching: bool,
+    scheduler_policy: str | None,
+    tpot_budget_ms: float | None,
+    itl_budget_ms: float | None,
+    itl_during_prefill_ratio: float | None = None,
 ) -> dict:
     """The runtime settings the flags override (the ones given)."""
     overrides = {
@@ -302,24 +324,27 @@ def _overrides(
         "scheduler_policy": scheduler_policy,
         "tpot_budget_ms": tpot_budget_ms,
         "itl_budget_ms": itl_budget_ms,
+        "itl_during_prefill_ratio": itl_during_prefill_ratio,
     }
     return {k: v for k, v in overrides.items() if v is not None}
 
 
-def _unused_itl_flag(itl_budget_ms: float, settings: dict) -> str | None:
-    """Why ``--itl-budget-ms`` would change nothing under ``settings`` (policy fcfs) and the fix;
-    None when it applies (without a TPOT budget it is also the TPOT budget)."""
+def _unused_itl_flag(flag: str, value: float, settings: dict) -> str | None:
+    """Why ``flag`` (``--itl-budget-ms`` or ``--itl-during-prefill-ratio``) would change nothing
+    under ``settings`` (policy fcfs) and the fix; None when it applies (without a TPOT budget an ITL
+    budget is also the TPOT budget)."""
     if settings["scheduler_policy"] != "fcfs":
         return None
+    what = "ITL budget" if flag == "--itl-budget-ms" else "ITL-during-prefill ratio"
     return (
-        f"--itl-budget-ms {itl_budget_ms:g} has no effect: the scheduler policy is fcfs, and the ITL "
-        "budget only sizes the slo policy's steps. Fix: add --scheduler-policy slo, or drop --itl-budget-ms"
+        f"{flag} {value:g} has no effect: the scheduler policy is fcfs, and the {what} "
+        f"only sizes the slo policy's steps. Fix: add --scheduler-policy slo, or drop {flag}"
     )
 
 
 def serve_settings(recipe_or_artifact: str, artifact_root: str) -> tuple[Path, dict, str]:
     """The artifact, the LLM's runtime settings (``prefix_caching``, ``scheduler_policy``,
-    ``tpot_budget_ms``, ``itl_budget_ms``, ``speculative``) and where they came from: a recipe's
+    ``tpot_budget_ms``, ``itl_budget_ms``, ``itl_during_prefill_ratio``, ``speculative``) and where they came from: a recipe's
     ``runtime.prefix_caching``, ``scheduler`` and ``speculative`` sections; an artifact folder's defaults. Raises TrtpipeError (CLI exit 2)."""
     from trtpipe.pipeline.artifact.locate import artifact_for_recipe, load_recipe_for_deploy, resolve_artifact
 
@@ -332,6 +357,7 @@ def serve_settings(recipe_or_artifact: str, artifact_root: str) -> tuple[Path, d
                 "scheduler_policy": "slo",
                 "tpot_budget_ms": None,
                 "itl_budget_ms": None,
+                "itl_during_prefill_ratio": None,
                 "speculative": None,
             },
             "the defaults (an artifact folder, no recipe)",
@@ -344,6 +370,7 @@ def serve_settings(recipe_or_artifact: str, artifact_root: str) -> tuple[Path, d
         "scheduler_policy": r.runtime.scheduler.policy,
         "tpot_budget_ms": r.runtime.scheduler.tpot_budget_ms,
         "itl_budget_ms": r.runtime.scheduler.itl_budget_ms,
+        "itl_during_prefill_ratio": r.runtime.scheduler.itl_during_prefill_ratio,
         "speculative": r.runtime.spec_config(),
     }
     return artifact_for_recipe(r, artifact_root), settings, f"recipe {r.name!r} (its runtime section)"

@@ -85,7 +85,7 @@ def _load_validate_report(
 def _chunking_notes(recipe: Recipe, family: str, artifact_root: str | Path) -> list[str]:
     """The prefill chunk each scenario gets under ``runtime.scheduler.policy``, and why: from the
     artifact's measured step-cost model (``step_cost.json``) when there is one."""
-    from trtpipe.pipeline.validate.runner import scenario_slo_budgets_ms
+    from trtpipe.pipeline.validate.scenario_budgets import scenario_itl_ratio, scenario_slo_budgets_ms
     from trtpipe.runtime.measure.report.document import validate_dir
     from trtpipe.runtime.sched.slo_policy import SloChunkPolicy
     from trtpipe.runtime.sched.step_cost import STEP_COST_FILE, StepCostModel
@@ -114,12 +114,11 @@ def _chunking_notes(recipe: Recipe, family: str, artifact_root: str | Path) -> l
                 f"step-cost model, not measured yet ({path} is written by the first validate run)"
             )
         else:
-            notes.append(
-                head
-                + SloChunkPolicy(cost, budget, recipe.kv_cache.block_size, recipe.max_num_tokens, itl_budget).describe(
-                    recipe.max_batch_size
-                )
-            )
+            policy = SloChunkPolicy(
+                cost, budget, recipe.kv_cache.block_size, recipe.max_num_tokens, itl_budget,
+                itl_during_prefill_ratio=scenario_itl_ratio(recipe, s),
+            )  # fmt: skip
+            notes.append(head + policy.describe(recipe.max_batch_size))
     return notes
 
 

@@ -27,11 +27,16 @@ class SchedulerSpec(Spec):
     this budget while every decoding request's TPOT stays within ``tpot_budget_ms`` (bigger
     chunks, shorter TTFT); None = each validate scenario's tightest ``itl_ms`` budget, else
     every step within the TPOT budget. An ITL budget without a TPOT budget is also the TPOT budget.
+    ``itl_during_prefill_ratio``: a step that carries prompt chunks beside decodes takes at most
+    this many times the predicted decode-only step, chunks down to one token (a decoding stream
+    keeps its pace while others prefill; their TTFT grows); None = each validate scenario's
+    ``itl_during_prefill_ratio`` budget, else none (the budgets alone set the chunk).
     """
 
     policy: Literal["slo", "fcfs"] = "slo"
     tpot_budget_ms: float | None = Field(None, gt=0, allow_inf_nan=False, examples=[50])
     itl_budget_ms: float | None = Field(None, gt=0, allow_inf_nan=False, examples=[100])
+    itl_during_prefill_ratio: float | None = Field(None, gt=1, allow_inf_nan=False, examples=[1.5])
 
 
 class SpeculativeSpec(Spec):

@@ -63,6 +63,8 @@ def serve_command(artifact_dir: Path, port: int, threads: int | None, recipe: Re
             cmd += ["--tpot-budget-ms", repr(sched.tpot_budget_ms)]
         if sched.itl_budget_ms is not None and sched.policy == "slo":  # serve refuses it under fcfs
             cmd += ["--itl-budget-ms", repr(sched.itl_budget_ms)]
+        if sched.itl_during_prefill_ratio is not None and sched.policy == "slo":
+            cmd += ["--itl-during-prefill-ratio", repr(sched.itl_during_prefill_ratio)]
         spec = recipe.runtime.speculative
         if spec is not None:
             cmd += ["--speculative", spec.method, "--speculative-max-k", str(spec.max_k)]

@@ -53,6 +53,7 @@ from trtpipe.pipeline.recipe import (
 from trtpipe.pipeline.validate.correctness import CorrectnessResult, check_correctness, load_golden
 from trtpipe.pipeline.validate.output import finish_report, gate_of_reports, print_scenario, validate_consoles
 from trtpipe.pipeline.validate.scenario import run_scenario
+from trtpipe.pipeline.validate.scenario_budgets import apply_scenario_budgets, run_budgets_ms, scenario_itl_ratio
 from trtpipe.plugins.core.errors import TrtpipeError
 from trtpipe.runtime.artifact.host_cpu import cpu_identity
 from trtpipe.runtime.errors import KVLeakError
@@ -141,42 +142,6 @@ def _env(llm: Any, recipe: Recipe, art: Path, threads: int | None) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def scenario_slo_budgets_ms(recipe: Recipe, scenario: Scenario) -> tuple[float | None, float | None]:
-    """``(tpot_budget_ms, itl_budget_ms)`` the ``slo`` policy keeps in this scenario.
-
-    ITL: ``runtime.scheduler.itl_budget_ms``, else the scenario's tightest ``itl_ms`` limit, else None
-    (every step within the TPOT budget). TPOT: ``runtime.scheduler.tpot_budget_ms``, else the scenario's
-    tightest ``tpot_ms`` limit, else the ITL budget (a TPOT is at most the longest gap), else None
-    (FCFS)."""
-    limits = scenario.budgets.limits()
-    tpot = [v for m, _, v in limits if m == "tpot_ms"]
-    itl = [v for m, _, v in limits if m == "itl_ms"]
-    itl_ms = recipe.runtime.scheduler.itl_budget_ms
-    if itl_ms is None and itl:
-        itl_ms = min(itl)
-    tpot_ms = recipe.runtime.scheduler.tpot_budget_ms
-    if tpot_ms is None:
-        tpot_ms = min(tpot) if tpot else itl_ms
-    return tpot_ms, itl_ms
-
-
-def run_budgets_ms(recipe: Recipe, scenario: Scenario, llm: Any) -> tuple[float | None, float | None]:
-    """The budgets validate runs ``scenario`` under in process: :func:`scenario_slo_budgets_ms`, and
-    when that gives none under the ``slo`` policy, the budgets ``trtpipe serve`` derives for this
-    engine (:func:`~trtpipe.runtime.sched.serving_budgets.derive_serving_budgets`), so validate
-    measures what the server runs."""
-    from trtpipe.runtime.sched.serving_budgets import derive_serving_budgets
-
-    tpot_ms, itl_ms = scenario_slo_budgets_ms(recipe, scenario)
-    if tpot_ms is not None or recipe.runtime.scheduler.policy != "slo":
-        return tpot_ms, itl_ms
-    limits = llm.manifest.limits
-    derived = derive_serving_budgets(
-        llm.step_cost_model(), limits.max_batch_size, limits.max_seq_len, llm.kv_manager.block_size
-    )
-    return derived.tpot_budget_ms, derived.itl_budget_ms
-
-
 def report_dir(art: Path, recipe: Recipe, chosen: Sequence[Scenario]) -> Path:
     """Where a validate run writes its report: ``<artifact>/validate/`` for all of the recipe's
     scenarios; ``<artifact>/validate/scenarios-<a>+<b>/`` for a subset (``--scenario``), so a
@@ -238,7 +203,7 @@ def run_validate(
             err,
             out,
             time_budget_s=goodput_time_s,
-            before_each=lambda s: llm.set_tpot_budget(*run_budgets_ms(r, s, llm)),
+            before_each=lambda s: apply_scenario_budgets(r, s, llm),
         )
 
     gate = gate_of_reports(reports, correctness.passed)
@@ -349,7 +314,7 @@ def _run_scenarios(
     speculator = llm.scheduler.speculator
     for scenario, spec in specs:
         tpot_ms, itl_ms = run_budgets_ms(r, scenario, llm)
-        why = llm.set_tpot_budget(tpot_ms, itl_ms)
+        why = llm.set_tpot_budget(tpot_ms, itl_ms, scenario_itl_ratio(r, scenario))
         env["prefill_chunking"][scenario.name] = why
         err.print(f"scenario {scenario.name}: prefill chunks: {why}")
         llm.step_cost_log.clear()
@@ -375,7 +340,6 @@ def _run_scenarios(
 __all__ = [
     "ValidateUsageError",
     "build_hash",
-    "scenario_slo_budgets_ms",
     "check_artifact_matches_recipe",
     "check_correctness",
     "finish_report",

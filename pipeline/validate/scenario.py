@@ -130,10 +130,13 @@ def _probe_results(scenario: Scenario, items: Any, probe: Any, llm: Any, err: An
     def p95(xs) -> str:
         return f"{percentile(xs, 95):.1f} ms" if xs else "none"
 
+    def p50(xs) -> str:
+        return f"{percentile(xs, 50):.0f} ms" if xs else "none"
+
     err.print(
         f"  engine probes: cancel -> KV free p95 {p95(res.cancel_ms)} ({len(res.cancel_ms)} cancels at saturation); "
         f"ITL p95 steady {p95(res.itl_steady_ms)}, during a {len(long)}-token partner prefill "
-        f"{p95(res.itl_during_prefill_ms)}",
+        f"{p95(res.itl_during_prefill_ms)} (the partners' TTFT p50 {p50(res.partner_ttft_ms)})",
         markup=False,
     )
     return evaluate_probe_budgets(res, budgets)

@@ -67,11 +67,13 @@ class ProbeClient(Protocol):
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """What the probes measured [ms]: one entry per cancel; the decoding request's gaps."""
+    """What the probes measured [ms]: one entry per cancel; the decoding request's gaps; each
+    partner's TTFT (send -> first token: the prefill window, what the decoder's pace costs it)."""
 
     cancel_ms: tuple[float, ...] = ()
     itl_steady_ms: tuple[float, ...] = ()
     itl_during_prefill_ms: tuple[float, ...] = ()
+    partner_ttft_ms: tuple[float, ...] = ()
 
 
 async def _wait(predicate, what: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
@@ -116,8 +118,9 @@ def split_gaps(times_s: Sequence[float], windows: Sequence[tuple[float, float]])
 
 async def probe_itl_during_prefill(
     client: ProbeClient, short_ids: Sequence[int], long_ids: Sequence[int], max_tokens: int = DECODE_TOKENS
-) -> tuple[list[float], list[float]]:
-    """The decoding request's (steady, during-prefill) gaps [ms] (module doc)."""
+) -> tuple[list[float], list[float], list[float]]:
+    """The decoding request's (steady, during-prefill) gaps [ms] (module doc) and the partners'
+    prefill windows [ms]."""
     d = await client.start(short_ids, max_tokens)
     windows = []
     try:
@@ -131,7 +134,7 @@ async def probe_itl_during_prefill(
     finally:
         if not d.done:
             await client.cancel(d)
-    return split_gaps(d.token_times_s, windows)
+    return (*split_gaps(d.token_times_s, windows), [(end - start) * 1e3 for start, end in windows])
 
 
 async def run_probes(
@@ -149,15 +152,17 @@ async def run_probes(
     room = max(1, max_seq_len - len(short_ids) - 1)
     try:
         if itl:
-            steady, during = await probe_itl_during_prefill(client, short_ids, long_ids, min(DECODE_TOKENS, room))
+            steady, during, partners = await probe_itl_during_prefill(
+                client, short_ids, long_ids, min(DECODE_TOKENS, room)
+            )
         else:
-            steady, during = [], []
+            steady, during, partners = [], [], []
         cancels = (
             await probe_cancel(client, short_ids, max_batch_size, min(CANCEL_OUTPUT_TOKENS, room)) if cancel else ()
         )
     finally:
         await client.close()
-    return ProbeResult(cancels, tuple(steady), tuple(during))
+    return ProbeResult(cancels, tuple(steady), tuple(during), tuple(partners))
 
 
 __all__ = [

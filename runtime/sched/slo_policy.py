@@ -21,6 +21,20 @@ step decodes::
     chunk      = max(chunk, block_size)          never below one block: prefill always advances
     no decodes -> chunk = max_num_tokens         nobody's ITL is at stake; TTFT wants big chunks
 
+With an ITL-during-prefill ratio ``q`` (the decoding requests' gap while others prefill, over
+their steady gap: onnxruntime-genai's engine-benchmark gate, validate's
+``itl_during_prefill_ratio`` budget) the step is also held to ``q`` times the predicted
+decode-only step of the same decodes, and the chunk floor is one token instead of one block::
+
+    limit_s    = min(limit_s, q * d_now)         d_now = host_factor * cost.decode_time_s(decodes)
+    chunk      = max(chunk, 1)
+
+On a CPU a prompt token beside a decode costs about a quarter of a decode step (measured on the
+2-core Zen 4: decode step 2.9 ms, +0.85 ms per prompt token), so q = 1.5 allows ~2 prompt tokens
+a step: decodes keep their pace and a long prompt that arrives meanwhile takes several times its
+alone TTFT. The ratio trades the partner's TTFT for the decoders' ITL; without it the TPOT/ITL
+budgets set the chunk.
+
 TPOT is a mean over a request's token gaps, so a request whose earlier gaps were short may take
 one long step: with an ITL budget (the longest gap a client accepts) the policy spends that
 slack on bigger chunks, which pay the per-call cost fewer times and so cut the prompt's TTFT.
@@ -36,7 +50,7 @@ import itertools
 import math
 import numbers
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from trtpipe.runtime.errors import TrtpipeError
@@ -92,11 +106,14 @@ class SloChunkPolicy:
     max_num_tokens: int
     itl_budget_ms: float | None = None  # None: every step within the TPOT budget
     host_factor: float = 1.0  # measured / predicted step time of recent steps (LLM updates it)
+    itl_during_prefill_ratio: float | None = None  # None: the budgets alone set the chunk (module doc)
 
     def __post_init__(self) -> None:
         check_budget_ms("tpot_budget_ms", self.tpot_budget_ms)
         if self.itl_budget_ms is not None:
             check_budget_ms("itl_budget_ms", self.itl_budget_ms)
+        if self.itl_during_prefill_ratio is not None:
+            check_itl_ratio(self.itl_during_prefill_ratio)
         if self.block_size < 1 or self.max_num_tokens < 1:
             raise TrtpipeError(
                 f"block_size = {self.block_size}, max_num_tokens = {self.max_num_tokens}: expected both >= 1"
@@ -111,11 +128,13 @@ class SloChunkPolicy:
         return ITL_BUDGET_MARGIN * self.itl_budget_ms / 1e3
 
     def step_limit_s(self, num_decodes: int, decode_context_sum: int, progress: Sequence[DecodeProgress] = ()) -> float:
-        """The longest step allowed now [s]: the step cap, lowered to the smallest slack of
-        ``progress`` (see the module doc)."""
+        """The longest step allowed now [s]: the step cap, lowered to the ITL-during-prefill
+        ratio's limit and to the smallest slack of ``progress`` (see the module doc)."""
         budget_s = self.tpot_budget_ms / 1e3
         decode_s = self.host_factor * self.cost.decode_time_s(num_decodes, decode_context_sum)
         limit = self.step_cap_s
+        if self.itl_during_prefill_ratio is not None and num_decodes > 0:
+            limit = min(limit, self.itl_during_prefill_ratio * decode_s)
         for p in progress:
             remaining = max(1, p.remaining_tokens)
             slack = budget_s * (p.num_itl + remaining) - p.itl_sum_s - (remaining - 1) * decode_s
@@ -142,7 +161,12 @@ class SloChunkPolicy:
                 lo = mid
             else:
                 hi = mid - 1
-        return max(self.block_size, lo)
+        return max(self.min_chunk_tokens, lo)
+
+    @property
+    def min_chunk_tokens(self) -> int:
+        """The chunk floor beside decodes: one block, or one token with an ITL-during-prefill ratio."""
+        return 1 if self.itl_during_prefill_ratio is not None else self.block_size
 
     def tracking_host(self, log: Sequence[StepSample]) -> SloChunkPolicy:
         """This policy with ``host_factor`` = the median measured / predicted time of the last
@@ -171,6 +195,9 @@ class SloChunkPolicy:
                 cap += f"({ITL_BUDGET_MARGIN:g}x it, below the TPOT budget: the ITL budget sets the chunk size)"
             else:
                 cap += "while every decoding request's TPOT stays within budget"
+        if self.itl_during_prefill_ratio is not None:
+            cap += f"; steps beside decodes up to {self.itl_during_prefill_ratio:g}x the decode-only step"
+        floor = "one token" if self.min_chunk_tokens == 1 else f"one block = {self.block_size}"
         return (
             f"slo: TPOT budget {self.tpot_budget_ms:g} ms{cap}; measured step cost: prefill "
             f"{c.prefill_s[0] * 1e3:.1f} ms + {c.prefill_s[1] * 1e3:.3f} ms/token, decode "
@@ -178,8 +205,52 @@ class SloChunkPolicy:
             f"{', one call per mixed step' if c.fused else ''}{_fused_terms(c)}"
             f"{f', host now {self.host_factor:.2f}x slower than then' if self.host_factor != 1.0 else ''} (model error "
             f"{c.error_ms:.1f} ms, {c.rel_error:.0%}); prefill chunk by decode batch at "
-            f"{context_per_seq} tokens of context: {chunks} tokens (never below one block = "
-            f"{self.block_size}); no decode running: {self.max_num_tokens} tokens"
+            f"{context_per_seq} tokens of context: {chunks} tokens (never below {floor}); no decode running: {self.max_num_tokens} tokens"
+        )
+
+
+def choose_chunk_policy(
+    scheduler_policy: str,
+    tpot_budget_ms: float | None,
+    itl_budget_ms: float | None,
+    itl_during_prefill_ratio: float | None,
+    *,
+    cost: Callable[[], StepCostModel],
+    block_size: int,
+    max_num_tokens: int,
+    max_batch_size: int,
+) -> tuple[SloChunkPolicy | None, str]:
+    """The scheduler's chunk policy for ``scheduler_policy`` (``slo`` / ``fcfs``) and the budgets
+    (see :meth:`~trtpipe.runtime.llm.LLM.set_tpot_budget`), and one line saying which prefill chunk
+    sizes that gives and why. None = FCFS (policy fcfs, or slo with neither a TPOT nor an ITL
+    budget). ``cost`` is called (the step-cost model measured) only for an slo policy. Raises
+    :class:`TrtpipeError` for a budget that is not a finite number of ms > 0 or a ratio <= 1,
+    before ``cost`` is called."""
+    for name, value in (("tpot_budget_ms", tpot_budget_ms), ("itl_budget_ms", itl_budget_ms)):
+        if value is not None:
+            check_budget_ms(name, value)
+    if itl_during_prefill_ratio is not None:
+        check_itl_ratio(itl_during_prefill_ratio)
+    tpot_budget_ms = itl_budget_ms if tpot_budget_ms is None else tpot_budget_ms  # TPOT <= every ITL
+    if scheduler_policy == "fcfs" or tpot_budget_ms is None:
+        why = "policy fcfs" if scheduler_policy == "fcfs" else "slo policy without a TPOT budget"
+        return None, fcfs_description(why, max_num_tokens, itl_budget_ms, itl_during_prefill_ratio)
+    policy = SloChunkPolicy(
+        cost(), float(tpot_budget_ms), block_size, max_num_tokens, itl_budget_ms,
+        itl_during_prefill_ratio=itl_during_prefill_ratio,
+    )  # fmt: skip
+    return policy, policy.describe(max_batch_size, 256)
+
+
+def check_itl_ratio(value: object) -> None:
+    """Raise :class:`TrtpipeError` unless ``value`` is a finite number > 1 (an int or float, not
+    a bool): the ITL-during-prefill ratio of :class:`SloChunkPolicy`."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
+    if not (ok and float(value) > 1):
+        raise TrtpipeError(
+            f"itl_during_prefill_ratio = {value!r}: expected a finite number > 1 (the longest step beside "
+            "decodes over the decode-only step); fix: e.g. 1.5 (recipe runtime.scheduler.itl_during_prefill_ratio: "
+            "1.5, serve --itl-during-prefill-ratio 1.5), or None for the TPOT/ITL budgets alone"
         )
 
 
@@ -191,14 +262,22 @@ def _fused_terms(c: StepCostModel) -> str:
     return f" ({f0:.1f} ms + {f1:.3f} ms/token + {f2:.1f} ms/decode row)"
 
 
-def fcfs_description(why: str, max_num_tokens: int, itl_budget_ms: float | None = None) -> str:
+def fcfs_description(
+    why: str, max_num_tokens: int, itl_budget_ms: float | None = None, itl_during_prefill_ratio: float | None = None
+) -> str:
     """The reports' line for FCFS chunks (``why``: which policy or missing budget chose them); an
-    ITL budget given anyway is named as not used, never dropped silently."""
-    unused = ""
+    ITL budget or ITL-during-prefill ratio given anyway is named as not used, never dropped silently."""
+    given = []
     if itl_budget_ms is not None:
+        given.append(f"the ITL budget {itl_budget_ms:g} ms")
+    if itl_during_prefill_ratio is not None:
+        given.append(f"the ITL-during-prefill ratio {itl_during_prefill_ratio:g}")
+    unused = ""
+    if given:
+        verb = "are" if len(given) > 1 else "is"
         unused = (
-            f"; the ITL budget {itl_budget_ms:g} ms is not used: it only applies to the slo policy "
-            "(runtime.scheduler.policy: slo / --scheduler-policy slo)"
+            f"; {' and '.join(given)} {verb} not used: only the slo policy with a TPOT budget applies "
+            f"{'them' if len(given) > 1 else 'it'} (runtime.scheduler.policy: slo / --scheduler-policy slo)"
         )
     return f"fcfs ({why}): prefill chunks of up to max_num_tokens = {max_num_tokens} tokens per step{unused}"
 
@@ -209,5 +288,7 @@ __all__ = [
     "ITL_BUDGET_MARGIN",
     "SloChunkPolicy",
     "check_budget_ms",
+    "check_itl_ratio",
+    "choose_chunk_policy",
     "fcfs_description",
 ]

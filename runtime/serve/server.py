@@ -61,6 +61,7 @@ class ServeConfig:
     scheduler_policy: str = "slo"
     tpot_budget_ms: float | None = None
     itl_budget_ms: float | None = None
+    itl_during_prefill_ratio: float | None = None  # steps beside decodes <= this x a decode-only step
     logprobs_mode: str = "raw"  # "raw" | "processed" (vLLM's --logprobs-mode)
     speculative: SpecConfig | None = None  # speculative decoding (runtime/spec); None = off
     max_queue_wait_ms: float | None = DEFAULT_MAX_QUEUE_WAIT_MS  # None: no predicted-wait admission limit
@@ -123,7 +124,14 @@ def _load(cfg: ServeConfig, state: ServeState, url: str, echo: Callable[[str], N
             logprobs_mode=cfg.logprobs_mode,
             speculative=cfg.speculative,
         )
-        ready = prepare(llm, cfg.scheduler_policy, cfg.tpot_budget_ms, cfg.itl_budget_ms, warm=cfg.warm_up)
+        ready = prepare(
+            llm,
+            cfg.scheduler_policy,
+            cfg.tpot_budget_ms,
+            cfg.itl_budget_ms,
+            cfg.itl_during_prefill_ratio,
+            warm=cfg.warm_up,
+        )
     except Exception as e:  # noqa: BLE001 - reported on /health and stderr, server keeps answering 503
         state.load_error = f"loading {cfg.artifact_dir} failed: {e}"
         echo(f"trtpipe serve: error: {state.load_error}")

@@ -40,9 +40,16 @@ class Prepared:
 
 
 def prepare(
-    llm: Any, scheduler_policy: str, tpot_budget_ms: float | None, itl_budget_ms: float | None, *, warm: bool = True
+    llm: Any,
+    scheduler_policy: str,
+    tpot_budget_ms: float | None,
+    itl_budget_ms: float | None,
+    itl_during_prefill_ratio: float | None = None,
+    *,
+    warm: bool = True,
 ) -> Prepared:
-    """Budgets, policy and warm-up of a freshly loaded ``llm`` (module doc). ``warm`` False skips
+    """Budgets, policy and warm-up of a freshly loaded ``llm`` (module doc); the ITL-during-prefill
+    ratio applies as given (:meth:`~trtpipe.runtime.llm.LLM.set_tpot_budget`). ``warm`` False skips
     the warm-up (``--no-warm-up``: to measure what it saves)."""
     t0 = time.perf_counter()
     limits = llm.manifest.limits
@@ -52,10 +59,10 @@ def prepare(
         budgets = serving_budgets(
             tpot_budget_ms, itl_budget_ms, cost, limits.max_batch_size, limits.max_seq_len, llm.kv_manager.block_size
         )
-        chunking = llm.set_tpot_budget(budgets.tpot_budget_ms, budgets.itl_budget_ms)
+        chunking = llm.set_tpot_budget(budgets.tpot_budget_ms, budgets.itl_budget_ms, itl_during_prefill_ratio)
         chunking = f"{chunking}; budgets {budgets.why}"
     else:
-        chunking = llm.set_tpot_budget(tpot_budget_ms, itl_budget_ms)
+        chunking = llm.set_tpot_budget(tpot_budget_ms, itl_budget_ms, itl_during_prefill_ratio)
     report = warm_up(llm) if warm else None
     return Prepared(chunking, budgets, report, round(time.perf_counter() - t0, 2))
 

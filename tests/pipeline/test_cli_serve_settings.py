@@ -20,6 +20,9 @@ pytestmark = pytest.mark.slow
 pytest.importorskip("uvicorn")
 
 
+SCHEDULER_KEYS = ("policy", "tpot_budget_ms", "itl_budget_ms", "itl_during_prefill_ratio")
+
+
 def _recipe(tmp_path: Path, **runtime) -> Path:
     """The default recipe (same name and build settings, so the same artifact) with runtime settings."""
     from trtpipe.pipeline.recipe import resolve_recipe_path
@@ -27,7 +30,7 @@ def _recipe(tmp_path: Path, **runtime) -> Path:
     data = yaml.safe_load(Path(resolve_recipe_path("smollm2-135m-cpu")).read_text())
     data["runtime"] = {
         "prefix_caching": runtime.get("prefix_caching", True),
-        "scheduler": {k: v for k, v in runtime.items() if k in ("policy", "tpot_budget_ms", "itl_budget_ms")},
+        "scheduler": {k: v for k, v in runtime.items() if k in SCHEDULER_KEYS},
     }
     if "speculative" in runtime:
         data["runtime"]["speculative"] = runtime["speculative"]
@@ -50,8 +53,11 @@ def test_settings_from_recipe_and_artifact_defaults(tmp_path, default_artifact):
         "scheduler_policy": "fcfs",
         "tpot_budget_ms": 40,
         "itl_budget_ms": 90,
+        "itl_during_prefill_ratio": None,
         "speculative": None,
     }
+    _, settings, _ = serve_settings(str(_recipe(tmp_path, itl_during_prefill_ratio=1.5)), str(root))
+    assert settings["itl_during_prefill_ratio"] == 1.5 and settings["scheduler_policy"] == "slo"
     _, settings, _ = serve_settings(str(_recipe(tmp_path, speculative={"max_k": 3})), str(root))
     assert settings["speculative"] == SpecConfig(max_k=3, min_n=2, max_n=4)
     art, settings, source = serve_settings(str(default_artifact), "unused")
@@ -61,6 +67,7 @@ def test_settings_from_recipe_and_artifact_defaults(tmp_path, default_artifact):
         "scheduler_policy": "slo",
         "tpot_budget_ms": None,
         "itl_budget_ms": None,
+        "itl_during_prefill_ratio": None,
         "speculative": None,
     }
 
@@ -122,6 +129,20 @@ def test_serve_recipe_without_prefix_caching_and_slo_override(tmp_path, default_
         (
             ["--tpot-budget-ms", "inf"],
             "Invalid value for '--tpot-budget-ms': inf: expected a finite number of ms > 0, e.g. 50",
+        ),
+        (
+            ["--itl-during-prefill-ratio", "1.5", "--scheduler-policy", "fcfs"],
+            "error: --itl-during-prefill-ratio 1.5 has no effect: the scheduler policy is fcfs, and the "
+            "ITL-during-prefill ratio only sizes the slo policy's steps. Fix: add --scheduler-policy slo, or drop "
+            "--itl-during-prefill-ratio",
+        ),
+        (
+            ["--itl-during-prefill-ratio", "inf"],
+            "Invalid value for '--itl-during-prefill-ratio': inf: expected a finite number > 1, e.g. 1.5",
+        ),
+        (
+            ["--itl-during-prefill-ratio", "1"],
+            "Invalid value for '--itl-during-prefill-ratio': 1.0 is not in the range x>1.",
         ),
     ],
 )

@@ -249,6 +249,14 @@ def test_scheduler_budget_must_be_finite(cpu_data, key, value):
     assert f"runtime.scheduler.{key} = {value!r}: expected a finite number. Fix: " in str(err)
 
 
+@pytest.mark.parametrize("value", [1, 0.5, float("inf")])
+def test_itl_during_prefill_ratio_must_be_above_one(cpu_data, value):
+    """A ratio of 1 would leave no time for a prompt token beside a decode; .inf no limit at all."""
+    err = error_of(cpu_data, lambda d: d.update(runtime={"scheduler": {"itl_during_prefill_ratio": value}}))
+    assert_problem(err, "runtime.scheduler.itl_during_prefill_ratio", repr(value))
+    assert parse_recipe({**cpu_data, "runtime": {"scheduler": {"itl_during_prefill_ratio": 1.5}}})
+
+
 def test_runtime_keys_moved_out_of_build_sections_are_named(cpu_data):
     """A recipe written before the runtime section: each moved key named at its old path, with
     where it lives now; the runtime section is left out of the build hash."""

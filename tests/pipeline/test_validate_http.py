@@ -130,7 +130,10 @@ def test_serve_flag_starts_the_server_with_the_recipes_runtime_settings(tmp_path
     from trtpipe.pipeline.validate.http import serve_command
 
     data = yaml.safe_load(_recipe(tmp_path, 1000).read_text())
-    data["runtime"] = {"prefix_caching": False, "scheduler": {"tpot_budget_ms": 50, "itl_budget_ms": 100}}
+    data["runtime"] = {
+        "prefix_caching": False,
+        "scheduler": {"tpot_budget_ms": 50, "itl_budget_ms": 100, "itl_during_prefill_ratio": 1.5},
+    }
     path = tmp_path / "budgets" / "smollm2-135m-cpu.yaml"
     path.parent.mkdir()
     path.write_text(yaml.safe_dump(data))
@@ -138,7 +141,7 @@ def test_serve_flag_starts_the_server_with_the_recipes_runtime_settings(tmp_path
     flags = cmd[cmd.index("--port") + 2 :]
     assert flags == [
         "--threads", "2", "--no-prefix-caching", "--scheduler-policy", "slo",
-        "--tpot-budget-ms", "50.0", "--itl-budget-ms", "100.0",
+        "--tpot-budget-ms", "50.0", "--itl-budget-ms", "100.0", "--itl-during-prefill-ratio", "1.5",
     ]  # fmt: skip
     data["runtime"]["scheduler"] = {"itl_budget_ms": 100}  # no TPOT budget: the ITL budget is also the TPOT budget
     path.write_text(yaml.safe_dump(data))
@@ -164,9 +167,11 @@ def test_serve_flag_starts_the_server_with_the_recipes_runtime_settings(tmp_path
     with ServerProcess(default_artifact, *flags[2:]) as s:
         text = "".join(s.lines)
         assert (
-            "overridden: prefix_caching=False, scheduler_policy=slo, tpot_budget_ms=50.0, itl_budget_ms=100.0" in text
+            "overridden: prefix_caching=False, scheduler_policy=slo, tpot_budget_ms=50.0, itl_budget_ms=100.0, "
+            "itl_during_prefill_ratio=1.5" in text
         )
         assert "prefix caching off; scheduler slo; prefill chunks: slo: TPOT budget 50 ms; ITL budget 100 ms" in text
+        assert "steps beside decodes up to 1.5x the decode-only step" in text and "(never below one token)" in text
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,8 @@
 """SLO-aware chunked prefill: the step-cost model's fit, chunk sizes computed by hand on a
 synthetic cost model, and the scheduler applying them (no model)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,13 @@ from trtpipe.runtime.kv.cache_manager import KVCacheManager
 from trtpipe.runtime.sample.params import SamplingParams
 from trtpipe.runtime.sched.request import Request
 from trtpipe.runtime.sched.scheduler import Scheduler
-from trtpipe.runtime.sched.slo_policy import HOST_FACTOR_MIN_STEPS, HOST_FACTOR_WINDOW, SloChunkPolicy, check_budget_ms
+from trtpipe.runtime.sched.slo_policy import (
+    HOST_FACTOR_MIN_STEPS,
+    HOST_FACTOR_WINDOW,
+    SloChunkPolicy,
+    check_budget_ms,
+    check_itl_ratio,
+)
 from trtpipe.runtime.sched.step import DecodeProgress
 from trtpipe.runtime.sched.step_cost import StepCostModel, StepSample, fit, fit_fused, with_error
 
@@ -246,3 +254,39 @@ def test_scheduler_caps_prefill_while_decodes_run_and_not_otherwise():
     # 1 decode: 6 ms; 44 left -> 2 + n <= 44 -> n <= 42 per step; 200 = 4 x 42 + 32
     assert chunks == [42] * 4 + [32]
     assert sched.last_prefill_cap == 42
+
+
+def test_itl_during_prefill_ratio_holds_steps_to_a_multiple_of_the_decode_step_by_hand():
+    """Fused model f0 2 ms + 1 ms/prompt token + 0.5 ms/decode row; decode call 5 ms + 1 ms/sequence.
+    Ratio 1.5, 1 decode: the decode-only step is 6 ms, so the step may take 9 ms: 2 + n + 0.5 <= 9 ->
+    n = 6 (a 50 ms TPOT budget alone: 2 + n + 0.5 <= 50 -> 47). Chunks go below one block."""
+    fused = StepCostModel(prefill_s=COST.prefill_s, decode_s=COST.decode_s, fused=True, fused_s=(0.002, 0.001, 0.0005))
+    p = SloChunkPolicy(fused, 50, 16, 512, itl_during_prefill_ratio=1.5)
+    assert p.max_prefill_tokens(1, 10) == 6
+    assert SloChunkPolicy(fused, 50, 16, 512).max_prefill_tokens(1, 10) == 47
+    # 4 decodes: decode-only 9 ms -> 13.5 ms: 2 + n + 2 <= 13.5 -> 9
+    assert p.max_prefill_tokens(4, 40) == 9
+    # ratio 1.1, 1 decode: 6.6 ms: 2 + n + 0.5 <= 6.6 -> 4; ratio 1.01: 6.06 -> 3
+    assert SloChunkPolicy(fused, 50, 16, 512, itl_during_prefill_ratio=1.1).max_prefill_tokens(1, 10) == 4
+    assert SloChunkPolicy(fused, 50, 16, 512, itl_during_prefill_ratio=1.01).max_prefill_tokens(1, 10) == 3
+    # nothing fits (two calls, 1 decode: 2 + n + 6 <= 6.06 has no n >= 0): one token, never zero
+    assert SloChunkPolicy(COST, 50, 16, 512, itl_during_prefill_ratio=1.01).max_prefill_tokens(1, 10) == 1
+    # the host factor scales both sides: the same chunk at 2x slower
+    assert dataclasses.replace(p, host_factor=2.0).max_prefill_tokens(1, 10) == 6
+    # the tighter of the ratio and the TPOT budget: 8 ms TPOT (2 + n + 0.5 <= 8 -> 5) under ratio 1.5 (6)
+    assert SloChunkPolicy(fused, 8, 16, 512, itl_during_prefill_ratio=1.5).max_prefill_tokens(1, 10) == 5
+    # no decode running: nobody's ITL is at stake
+    assert p.max_prefill_tokens(0, 0) == 512
+    line = p.describe(8)
+    assert "steps beside decodes up to 1.5x the decode-only step" in line and "(never below one token)" in line
+    assert "(never below one block = 16)" in SloChunkPolicy(fused, 50, 16, 512).describe(8)
+
+
+@pytest.mark.parametrize("value", [1, 1.0, 0.5, -2, float("nan"), float("inf"), True, "1.5"])
+def test_bad_itl_ratio_names_field_value_expectation_and_fix(value):
+    with pytest.raises(TrtpipeError) as e:
+        SloChunkPolicy(COST, 50, 16, 512, itl_during_prefill_ratio=value)
+    msg = str(e.value)
+    assert msg.startswith(f"itl_during_prefill_ratio = {value!r}: expected a finite number > 1")
+    assert "--itl-during-prefill-ratio 1.5" in msg
+    check_itl_ratio(np.float64(1.5))
