@@ -248,9 +248,8 @@ def serve_cmd(
     if (spec_flags := (speculative, speculative_max_k, speculative_ngram)) != (None, None, None):
         overrides["speculative"] = _speculative(settings.get("speculative"), *spec_flags)
     settings.update(overrides)
-    for flag, value in (("--itl-budget-ms", itl_budget_ms), ("--itl-during-prefill-ratio", itl_during_prefill_ratio)):
-        if value is not None and (problem := _unused_itl_flag(flag, value, settings)):
-            _fail(TrtpipeError(problem))
+    if problem := _unused_itl_flags(settings, itl_budget_ms, itl_during_prefill_ratio):
+        _fail(TrtpipeError(problem))
     if overrides:
         source += "; overridden: " + ", ".join(f"{k}={v}" for k, v in overrides.items())
     click.echo(f"trtpipe serve: runtime settings from {source}", err=True)
@@ -327,6 +326,16 @@ def _overrides(
         "itl_during_prefill_ratio": itl_during_prefill_ratio,
     }
     return {k: v for k, v in overrides.items() if v is not None}
+
+
+def _unused_itl_flags(
+    settings: dict, itl_budget_ms: float | None, itl_during_prefill_ratio: float | None
+) -> str | None:
+    """The first of ``--itl-budget-ms`` / ``--itl-during-prefill-ratio`` given that would change
+    nothing under ``settings``, as :func:`_unused_itl_flag` says it; None when both apply."""
+    flags = (("--itl-budget-ms", itl_budget_ms), ("--itl-during-prefill-ratio", itl_during_prefill_ratio))
+    problems = (_unused_itl_flag(flag, value, settings) for flag, value in flags if value is not None)
+    return next((p for p in problems if p), None)
 
 
 def _unused_itl_flag(flag: str, value: float, settings: dict) -> str | None:
