@@ -211,12 +211,11 @@ def serve_cmd(
 
     \b
     Runtime settings (printed at start, with the prefill chunk size they give):
-      RECIPE           runtime.prefix_caching, runtime.scheduler.policy, runtime.scheduler.tpot_budget_ms,
-                       runtime.scheduler.itl_budget_ms and .itl_during_prefill_ratio of the recipe. The validate scenarios' tpot_ms/
-                       itl_ms budgets do not apply: they describe one workload each, a server
-                       sees them all; without either scheduler budget serve derives them (TPOT
-                       50 ms, ITL 100 ms, raised when a full decode batch is too slow: the start
-                       line says); an ITL budget alone is also the TPOT budget.
+      RECIPE           runtime.prefix_caching and runtime.scheduler (policy, tpot_budget_ms,
+                       itl_budget_ms, itl_during_prefill_ratio); not the validate scenarios'
+                       budgets (one workload each; a server sees them all). Without a scheduler
+                       budget serve derives TPOT 50 / ITL 100 ms, raised when a full decode batch
+                       is too slow (the start line says); an ITL budget alone is also the TPOT budget.
       ARTIFACT folder  the defaults: prefix caching on, policy slo, derived budgets.
     Before the ready line the engine is warmed up (every decode batch and prefill chunk size, the
     KV pool, one request); the line says how long it took.
@@ -235,7 +234,7 @@ def serve_cmd(
     from trtpipe.pipeline.cli.common import fail as _fail
     from trtpipe.plugins.core.errors import TrtpipeError
 
-    _need_serve_extra()
+    _need_serve_extra()  # before the runtime imports below: they need the serve extra
     from trtpipe.runtime.artifact.manifest import load_manifest
     from trtpipe.runtime.serve.server import ServeConfig, serve
 
@@ -254,10 +253,7 @@ def serve_cmd(
         source += "; overridden: " + ", ".join(f"{k}={v}" for k, v in overrides.items())
     click.echo(f"trtpipe serve: runtime settings from {source}", err=True)
     cfg = ServeConfig(
-        artifact_dir=art,
-        model_name=name,
-        host=host,
-        port=port,
+        artifact_dir=art, model_name=name, host=host, port=port,
         max_queued_requests=max_queued_requests,
         request_timeout_s=request_timeout_s,
         api_key=api_key,
@@ -268,7 +264,7 @@ def serve_cmd(
         max_request_bytes=max_request_bytes,
         warm_up=not no_warm_up,
         **settings,
-    )
+    )  # fmt: skip
     sys.exit(serve(cfg, echo=lambda s: click.echo(s, err=True)))
 
 

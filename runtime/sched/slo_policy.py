@@ -29,11 +29,11 @@ decode-only step of the same decodes, and the chunk floor is one token instead o
     limit_s    = min(limit_s, q * d_now)         d_now = host_factor * cost.decode_time_s(decodes)
     chunk      = max(chunk, 1)
 
-On a CPU a prompt token beside a decode costs about a quarter of a decode step (measured on the
-2-core Zen 4: decode step 2.9 ms, +0.85 ms per prompt token), so q = 1.5 allows ~2 prompt tokens
-a step: decodes keep their pace and a long prompt that arrives meanwhile takes several times its
-alone TTFT. The ratio trades the partner's TTFT for the decoders' ITL; without it the TPOT/ITL
-budgets set the chunk.
+On a CPU a prompt token beside a decode costs about a quarter of a decode step (docs/server.md
+gives the measured step costs, ``bench/prefill_chunk_sweep.py`` measures them), so q = 1.5 allows
+~2 prompt tokens a step: decodes keep their pace and a long prompt that arrives meanwhile takes
+several times its TTFT alone. The ratio trades the partner's TTFT for the decoders' ITL; without it
+the TPOT/ITL budgets set the chunk.
 
 TPOT is a mean over a request's token gaps, so a request whose earlier gaps were short may take
 one long step: with an ITL budget (the longest gap a client accepts) the policy spends that
@@ -245,8 +245,13 @@ def choose_chunk_policy(
 def check_itl_ratio(value: object) -> None:
     """Raise :class:`TrtpipeError` unless ``value`` is a finite number > 1 (an int or float, not
     a bool): the ITL-during-prefill ratio of :class:`SloChunkPolicy`."""
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
-    if not (ok and float(value) > 1):
+    ok = (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and math.isfinite(float(value))
+        and float(value) > 1
+    )
+    if not ok:
         raise TrtpipeError(
             f"itl_during_prefill_ratio = {value!r}: expected a finite number > 1 (the longest step beside "
             "decodes over the decode-only step); fix: e.g. 1.5 (recipe runtime.scheduler.itl_during_prefill_ratio: "
