@@ -6,8 +6,9 @@ Shows how a mixed step's cost grows with its prompt chunk: the per-call cost and
 slope the slo policy trades against the ITL budget and the ITL-during-prefill ratio
 (docs/server.md). Point 0 is the decode-only step of the same rows (the engine's decode call);
 each point is the fastest of 3 calls per round, the minimum over interleaved rounds (noise on a
-shared host only adds time). Prints ms per call, ms per chunk token and the step over the
-decode-only step (what a decoding stream's gap grows by while a prompt prefills beside it).
+shared host only adds time). Prints ms per call, the ms each chunk token adds to the decode-only
+step and the step over the decode-only step (what a decoding stream's gap grows by while a prompt
+prefills beside it).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def main() -> int:
         f"{args.artifact}: chunk of n tokens + {args.decode_rows} decode row(s), one prefill call (n = 0: decode call)"
     )
     for n in SIZES:
-        per_token = f"{best[n] * 1e3 / n:6.2f} ms/token" if n else " " * 15
+        per_token = f"+{(best[n] - best[0]) * 1e3 / n:5.2f} ms/token" if n else " " * 15
         print(f"{n:4d} tokens {best[n] * 1e3:7.1f} ms  {per_token}  {best[n] / best[0]:5.2f}x the decode-only step")
     return 0
 

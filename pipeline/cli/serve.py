@@ -24,8 +24,11 @@ def _finite_ms(ctx: click.Context, param: click.Parameter, value: float | None) 
 
 
 def _finite_ratio(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
-    if value is not None and not math.isfinite(value):
-        raise click.BadParameter(f"{value}: expected a finite number > 1, e.g. 1.5")
+    """A ratio > 1 and finite (a step beside decodes always takes longer than the decodes alone)."""
+    if value is not None and not (math.isfinite(value) and value > 1):
+        raise click.BadParameter(
+            f"{value}: expected a finite number > 1 (the longest step beside decodes over the decode-only step), e.g. 1.5"
+        )
     return value
 
 
@@ -117,7 +120,7 @@ def _need_serve_extra() -> None:
 )
 @click.option(
     "--itl-during-prefill-ratio",
-    type=click.FloatRange(min=1, min_open=True),
+    type=float,
     default=None,
     callback=_finite_ratio,
     help="Override the recipe's runtime.scheduler.itl_during_prefill_ratio: a step that prefills "

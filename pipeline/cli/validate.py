@@ -76,7 +76,8 @@ def validate_cmd(
     some scenarios only (--scenario) writes to validate/scenarios-<names>/ and keeps the full one.
     Over HTTP (--url URL or --serve): the same scenarios, report (validate/http/), plots and gate,
     measured at the client; the golden-output check runs in-process only. --goodput then probes
-    the server itself (its own scheduler settings; in-process, each scenario's TPOT budget).
+    the server itself (its own scheduler settings). In process, the slo scheduler keeps each
+    scenario's tpot_ms / itl_ms budgets and itl_during_prefill_ratio where runtime.scheduler sets none.
     Example: trtpipe validate smollm2-135m-cpu --scenario chat
     """
     from trtpipe.pipeline.validate.runner import run_validate

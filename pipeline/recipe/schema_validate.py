@@ -137,7 +137,9 @@ class Budgets(Spec):
     # engine-level gates, measured by probes after the scenario's workload
     # (runtime/measure/engine_probes.py), not by the workload itself
     cancel_ms: PercentileBudget | None = None
-    itl_during_prefill_ratio: float | None = Field(None, gt=0, allow_inf_nan=False, examples=[1.5])
+    # > 1: a step that prefills beside a decode always takes longer than the decode alone; under
+    # the slo policy validate also keeps it as the scheduler's setting (runtime.scheduler's field)
+    itl_during_prefill_ratio: float | None = Field(None, gt=1, allow_inf_nan=False, examples=[1.5])
 
     def engine_budgets(self) -> tuple[Budget, ...]:
         """The probe budgets as runtime records: ``Budget("cancel_ms", "p95", "max", 500.0)`` (a

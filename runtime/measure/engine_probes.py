@@ -35,7 +35,10 @@ from typing import Protocol
 
 NUM_CANCELS = 8
 CANCEL_OUTPUT_TOKENS = 512  # long enough that no probe request ends by itself
-DECODE_TOKENS = 400  # the decoding request's budget (it is cancelled once the partners are done)
+# The decoding request's budget, capped by max_seq_len (it is cancelled once the partners are done):
+# it must outlive every partner's prefill, which an ITL-during-prefill ratio stretches to seconds
+# (3 partners of 494 tokens beside it: ~1.3 s each on a 2-core CPU, ~400 of its tokens each).
+DECODE_TOKENS = 4096
 STEADY_TOKENS = 12
 NUM_PARTNERS = 3
 PROBE_TIMEOUT_S = 300.0
@@ -119,13 +122,16 @@ def split_gaps(times_s: Sequence[float], windows: Sequence[tuple[float, float]])
 async def probe_itl_during_prefill(
     client: ProbeClient, short_ids: Sequence[int], long_ids: Sequence[int], max_tokens: int = DECODE_TOKENS
 ) -> tuple[list[float], list[float], list[float]]:
-    """The decoding request's (steady, during-prefill) gaps [ms] (module doc) and the partners'
-    prefill windows [ms]."""
+    """The decoding request's (steady, during-prefill) gaps [ms] (module doc) and the prefill
+    windows [ms] of the partners it outlived (one that ended first leaves no more partners: a
+    prefill with no decoder beside it measures nothing here)."""
     d = await client.start(short_ids, max_tokens)
     windows = []
     try:
         await _wait(lambda: len(d.token_times_s) >= STEADY_TOKENS + 3 or d.done, "the steady decode")
         for _ in range(NUM_PARTNERS):
+            if d.done:
+                break
             p = await client.start(long_ids, 1, cache_salt=uuid.uuid4().hex)  # a salt of its own: no cache hit
             await _wait(lambda p=p: bool(p.token_times_s) or p.done, "a partner's first token")
             windows.append((p.sent_s, p.token_times_s[0] if p.token_times_s else time.monotonic()))
@@ -134,7 +140,9 @@ async def probe_itl_during_prefill(
     finally:
         if not d.done:
             await client.cancel(d)
-    return (*split_gaps(d.token_times_s, windows), [(end - start) * 1e3 for start, end in windows])
+    last = d.token_times_s[-1] if d.token_times_s else 0.0
+    partners = [(end - start) * 1e3 for start, end in windows if end <= last]
+    return (*split_gaps(d.token_times_s, windows), partners)
 
 
 async def run_probes(

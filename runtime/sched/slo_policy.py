@@ -31,8 +31,9 @@ decode-only step of the same decodes, and the chunk floor is one token instead o
 
 On a CPU a prompt token beside a decode costs about a quarter of a decode step (docs/server.md
 gives the measured step costs, ``bench/prefill_chunk_sweep.py`` measures them), so q = 1.5 allows
-~2 prompt tokens a step: decodes keep their pace and a long prompt that arrives meanwhile takes
-several times its TTFT alone. The ratio trades the partner's TTFT for the decoders' ITL; without it
+2-3 prompt tokens a step: decodes keep their pace and a long prompt that arrives meanwhile takes
+several times its TTFT alone. A ratio below what one prompt token costs cannot be kept (the floor
+runs anyway); :meth:`SloChunkPolicy.describe` says so. The ratio trades the partner's TTFT for the decoders' ITL; without it
 the TPOT/ITL budgets set the chunk.
 
 TPOT is a mean over a request's token gaps, so a request whose earlier gaps were short may take
@@ -94,10 +95,11 @@ def check_budget_ms(name: str, value: object) -> None:
 
 @dataclass(frozen=True)
 class SloChunkPolicy:
-    """Prefill tokens allowed in one step under ``tpot_budget_ms`` (and ``itl_budget_ms``).
+    """Prefill tokens allowed in one step under ``tpot_budget_ms`` (and ``itl_budget_ms``, and the
+    ``itl_during_prefill_ratio``; module doc).
 
-    Raises :class:`TrtpipeError` for a budget that is not a finite number > 0 (:func:`check_budget_ms`)
-    or sizes < 1.
+    Raises :class:`TrtpipeError` for a budget that is not a finite number > 0 (:func:`check_budget_ms`),
+    a ratio that is not a finite number > 1 (:func:`check_itl_ratio`) or sizes < 1.
     """
 
     cost: StepCostModel
@@ -163,6 +165,15 @@ class SloChunkPolicy:
                 hi = mid - 1
         return max(self.min_chunk_tokens, lo)
 
+    def _ratio_unmet(self, context: int) -> str:
+        """'' when one prompt token beside one decode (``context`` tokens each) fits the ratio by the
+        model, else a note that such steps run over it (the chunk floor is one token)."""
+        decode = self.cost.decode_time_s(1, context)
+        one = self.cost.step_time_s([(1, context)], 1, context) / decode if decode > 0 else float("inf")
+        if self.itl_during_prefill_ratio is None or one <= self.itl_during_prefill_ratio + 1e-9:
+            return ""
+        return f" (unmet: one prompt token beside one decode already takes {one:.2f}x by the model)"
+
     @property
     def min_chunk_tokens(self) -> int:
         """The chunk floor beside decodes: one block, or one token with an ITL-during-prefill ratio."""
@@ -196,7 +207,8 @@ class SloChunkPolicy:
             else:
                 cap += "while every decoding request's TPOT stays within budget"
         if self.itl_during_prefill_ratio is not None:
-            cap += f"; steps beside decodes up to {self.itl_during_prefill_ratio:g}x the decode-only step"
+            cap += f"; steps beside decodes up to {self.itl_during_prefill_ratio}x the decode-only step"
+            cap += self._ratio_unmet(context_per_seq)
         floor = "one token" if self.min_chunk_tokens == 1 else f"one block = {self.block_size}"
         return (
             f"slo: TPOT budget {self.tpot_budget_ms:g} ms{cap}; measured step cost: prefill "

@@ -138,11 +138,13 @@ def test_serve_recipe_without_prefix_caching_and_slo_override(tmp_path, default_
         ),
         (
             ["--itl-during-prefill-ratio", "inf"],
-            "Invalid value for '--itl-during-prefill-ratio': inf: expected a finite number > 1, e.g. 1.5",
+            "Invalid value for '--itl-during-prefill-ratio': inf: expected a finite number > 1 (the longest step "
+            "beside decodes over the decode-only step), e.g. 1.5",
         ),
         (
             ["--itl-during-prefill-ratio", "1"],
-            "Invalid value for '--itl-during-prefill-ratio': 1.0 is not in the range x>1.",
+            "Invalid value for '--itl-during-prefill-ratio': 1.0: expected a finite number > 1 (the longest step "
+            "beside decodes over the decode-only step), e.g. 1.5",
         ),
     ],
 )

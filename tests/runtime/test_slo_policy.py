@@ -280,6 +280,13 @@ def test_itl_during_prefill_ratio_holds_steps_to_a_multiple_of_the_decode_step_b
     line = p.describe(8)
     assert "steps beside decodes up to 1.5x the decode-only step" in line and "(never below one token)" in line
     assert "(never below one block = 16)" in SloChunkPolicy(fused, 50, 16, 512).describe(8)
+    assert "unmet" not in line
+    # two calls: one prompt token beside one decode is 2 + 1 + 6 = 9 ms = 1.5x the 6 ms decode step:
+    # a ratio of 1.01 cannot be kept and the line says so; 1.5 can
+    assert "(unmet: one prompt token beside one decode already takes 1.50x by the model)" in SloChunkPolicy(
+        COST, 50, 16, 512, itl_during_prefill_ratio=1.01
+    ).describe(8)
+    assert "unmet" not in SloChunkPolicy(COST, 50, 16, 512, itl_during_prefill_ratio=1.5).describe(8)
 
 
 @pytest.mark.parametrize("value", [1, 1.0, 0.5, -2, float("nan"), float("inf"), True, "1.5"])
