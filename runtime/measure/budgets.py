@@ -242,7 +242,7 @@ def evaluate_probe_budgets(probe: Any, budgets: Iterable[Budget]) -> list[Budget
             if passed
             else f"{measured:.4g} {b.unit} violates <= {b.limit:.4g}"
         )
-        if b.metric == "itl_during_prefill_ratio" and getattr(probe, "partner_ttft_ms", ()):
+        if b.metric == "itl_during_prefill_ratio" and probe.partner_ttft_ms:
             reason += f"; the partners' TTFT p50 {percentile(probe.partner_ttft_ms, 50):.0f} ms"
         results.append(
             BudgetResult(

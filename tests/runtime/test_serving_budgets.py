@@ -70,12 +70,18 @@ def test_probe_gates_split_gaps_and_fail_without_data():
     times = [0.0, 0.10, 0.11, 0.12, 0.13, 0.20, 0.21]  # gaps 100, 10, 10, 10, 70, 10 ms
     steady, during = split_gaps(times, [(0.125, 0.19)])  # the first two gaps are left out
     assert [round(g) for g in steady] == [10, 10] and [round(g) for g in during] == [10, 70]
-    probe = ProbeResult(cancel_ms=(100.0, 200.0, 300.0), itl_steady_ms=(10.0, 10.0), itl_during_prefill_ms=(10.0, 70.0))
+    probe = ProbeResult(
+        cancel_ms=(100.0, 200.0, 300.0),
+        itl_steady_ms=(10.0, 10.0),
+        itl_during_prefill_ms=(10.0, 70.0),
+        partner_ttft_ms=(900.0, 1300.0, 1000.0),
+    )
     rows = evaluate_probe_budgets(
         probe, [Budget("cancel_ms", "p95", "max", 500.0), Budget("itl_during_prefill_ratio", "p95", "max", 1.5)]
     )
     assert rows[0].passed and rows[0].measured == pytest.approx(290.0)  # 200 + 0.9 x 100
     assert not rows[1].passed and rows[1].measured == pytest.approx(67.0 / 10.0) and rows[1].unit == "x"
+    assert rows[1].reason == "6.7 x violates <= 1.5; the partners' TTFT p50 1000 ms"
     [empty] = evaluate_probe_budgets(ProbeResult(), [Budget("cancel_ms", "p95", "max", 500.0)])
     assert not empty.passed and empty.reason.startswith("no data")
 
