@@ -61,8 +61,9 @@ class LLM:
             ``runtime.prefix_caching`` sets it in ``trtpipe validate``).
         scheduler_policy: ``slo`` (size prefill chunks so steps stay within ``tpot_budget_ms``,
             see :mod:`trtpipe.runtime.sched.slo_policy`) or ``fcfs``; ``slo`` without a budget is FCFS.
-        tpot_budget_ms, itl_budget_ms: the ``slo`` policy's budgets (None = none; change them with
-            :meth:`set_tpot_budget`); setting one measures the engine's step-cost model once.
+        tpot_budget_ms, itl_budget_ms, itl_during_prefill_ratio: the ``slo`` policy's budgets and ratio
+            (None = none; change them with :meth:`set_tpot_budget`); a budget measures the engine's
+            step-cost model once.
         fuse_mixed_steps: a step's prompt chunks and decodes in one engine call where it can; False = two.
         engine: cpu artifacts: ``auto`` (the native engine where the artifact has one, else ONNX
             Runtime), ``native`` or ``ort``.
@@ -88,6 +89,7 @@ class LLM:
         scheduler_policy: str = "slo",
         tpot_budget_ms: float | None = None,
         itl_budget_ms: float | None = None,
+        itl_during_prefill_ratio: float | None = None,
         fuse_mixed_steps: bool = True,
         engine: str = "auto",
         logprobs_mode: str = "raw",
@@ -134,7 +136,7 @@ class LLM:
         self._grammars: GrammarCompiler | None = None
         self.scheduler.fork_choices = hasattr(self.engine, "copy_blocks")  # n > 1 forks the prompt KV
         self.step_cost_log = self._runner.step_cost_log  # the slo policy's (predicted, measured) steps
-        self.set_tpot_budget(tpot_budget_ms, itl_budget_ms)
+        self.set_tpot_budget(tpot_budget_ms, itl_budget_ms, itl_during_prefill_ratio)
         self.speculative_description = enable_speculative(self, speculative)  # one line for reports
 
     def set_tpot_budget(

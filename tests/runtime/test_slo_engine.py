@@ -77,8 +77,10 @@ def test_itl_budget_without_tpot_budget_is_said_and_bad_budgets_are_refused(defa
     from trtpipe.runtime.errors import TrtpipeError
     from trtpipe.runtime.llm import LLM
 
-    llm = LLM(default_artifact, tpot_budget_ms=50, itl_budget_ms=100)  # the constructor takes both
-    assert llm.scheduler.chunk_policy.itl_budget_ms == 100 and llm.scheduler.chunk_policy.tpot_budget_ms == 50
+    llm = LLM(default_artifact, tpot_budget_ms=50, itl_budget_ms=100, itl_during_prefill_ratio=1.5)  # all three
+    policy = llm.scheduler.chunk_policy
+    assert policy.itl_budget_ms == 100 and policy.tpot_budget_ms == 50 and policy.itl_during_prefill_ratio == 1.5
+    assert policy.min_chunk_tokens == 1 and policy.max_prefill_tokens(1, 64) < llm.kv_manager.block_size
     llm.set_tpot_budget(50, 100)
     before = llm.scheduler.chunk_policy
     for tpot, itl, field in (
@@ -89,7 +91,12 @@ def test_itl_budget_without_tpot_budget_is_said_and_bad_budgets_are_refused(defa
         with pytest.raises(TrtpipeError, match=field):
             llm.set_tpot_budget(tpot, itl)
         assert llm.scheduler.chunk_policy is before  # unchanged
+    with pytest.raises(TrtpipeError, match="itl_during_prefill_ratio = 1: expected a finite number > 1"):
+        llm.set_tpot_budget(50, 100, 1)
+    assert llm.scheduler.chunk_policy is before
     fcfs = LLM(default_artifact, scheduler_policy="fcfs", tpot_budget_ms=50, itl_budget_ms=100)
     assert fcfs.scheduler.chunk_policy is None
     why = fcfs.set_tpot_budget(50, 100)
     assert why.startswith("fcfs (policy fcfs): ") and "; the ITL budget 100 ms is not used: " in why
+    why = fcfs.set_tpot_budget(50, 100, 1.5)
+    assert "; the ITL budget 100 ms and the ITL-during-prefill ratio 1.5 are not used: " in why
