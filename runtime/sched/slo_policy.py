@@ -83,14 +83,17 @@ _BUDGET_FIX = {
 def check_budget_ms(name: str, value: object) -> None:
     """Raise :class:`TrtpipeError` unless ``value`` is a finite number of milliseconds > 0
     (an int or float, NumPy's included; not a bool or a string). ``name``: ``tpot_budget_ms`` or ``itl_budget_ms``."""
-    ok = (
-        isinstance(value, numbers.Real)
-        and not isinstance(value, bool)
-        and math.isfinite(float(value))
-        and float(value) > 0
-    )
-    if not ok:
+    number = _finite_number(value)
+    if number is None or number <= 0:
         raise TrtpipeError(f"{name} = {value!r}: expected a finite number of ms > 0; fix: {_BUDGET_FIX[name]}")
+
+
+def _finite_number(value: object) -> float | None:
+    """``value`` as a float when it is a finite real number (NumPy's included), not a bool or a
+    string; else None."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value)):
+        return float(value)
+    return None
 
 
 @dataclass(frozen=True)
@@ -257,13 +260,8 @@ def choose_chunk_policy(
 def check_itl_ratio(value: object) -> None:
     """Raise :class:`TrtpipeError` unless ``value`` is a finite number > 1 (an int or float, not
     a bool): the ITL-during-prefill ratio of :class:`SloChunkPolicy`."""
-    ok = (
-        isinstance(value, numbers.Real)
-        and not isinstance(value, bool)
-        and math.isfinite(float(value))
-        and float(value) > 1
-    )
-    if not ok:
+    number = _finite_number(value)
+    if number is None or number <= 1:
         raise TrtpipeError(
             f"itl_during_prefill_ratio = {value!r}: expected a finite number > 1 (the longest step beside "
             "decodes over the decode-only step); fix: e.g. 1.5 (recipe runtime.scheduler.itl_during_prefill_ratio: "
