@@ -87,7 +87,8 @@ def _chunking_notes(recipe: Recipe, family: str, artifact_root: str | Path) -> l
     artifact's measured step-cost model (``step_cost.json``) when there is one."""
     from trtpipe.pipeline.validate.scenario_budgets import scenario_itl_ratio, scenario_slo_budgets_ms
     from trtpipe.runtime.measure.report.document import validate_dir
-    from trtpipe.runtime.sched.slo_policy import SloChunkPolicy
+    from trtpipe.runtime.sched.serving_budgets import derive_serving_budgets
+    from trtpipe.runtime.sched.slo_policy import SloChunkPolicy, fcfs_description
     from trtpipe.runtime.sched.step_cost import STEP_COST_FILE, StepCostModel
 
     path = validate_dir(artifact_root, recipe.name, family).parent / STEP_COST_FILE
@@ -98,25 +99,29 @@ def _chunking_notes(recipe: Recipe, family: str, artifact_root: str | Path) -> l
     notes = []
     for s in recipe.validation.scenarios:
         budget, itl_budget = scenario_slo_budgets_ms(recipe, s)
+        ratio = scenario_itl_ratio(recipe, s)
         head = f"scenario {s.name}: prefill chunks: "
-        if recipe.runtime.scheduler.policy == "fcfs" or budget is None:
-            why = "runtime.scheduler.policy fcfs" if recipe.runtime.scheduler.policy == "fcfs" else "no TPOT budget"
-            unused = (
-                f"; the ITL budget {itl_budget:g} ms is not used (it needs the slo policy)"
-                if itl_budget is not None
-                else ""
-            )
-            notes.append(head + f"fcfs ({why}), up to max_num_tokens = {recipe.max_num_tokens} per step{unused}")
-        elif cost is None:
-            itl = f", ITL {itl_budget:g} ms" if itl_budget is not None else ""
+        if recipe.runtime.scheduler.policy == "fcfs":
             notes.append(
-                head + f"slo at TPOT {budget:g} ms{itl}; the chunk size comes from the engine's "
+                head + fcfs_description("runtime.scheduler.policy fcfs", recipe.max_num_tokens, itl_budget, ratio)
+            )
+        elif cost is None:
+            budgets = f"TPOT {budget:g} ms" if budget is not None else "the TPOT and ITL budgets serve derives"
+            itl = f", ITL {itl_budget:g} ms" if itl_budget is not None else ""
+            held = f", steps beside decodes up to {ratio:g}x the decode-only step" if ratio is not None else ""
+            notes.append(
+                head + f"slo at {budgets}{itl}{held}; the chunk size comes from the engine's "
                 f"step-cost model, not measured yet ({path} is written by the first validate run)"
             )
         else:
+            if budget is None:  # as validate runs it: the budgets serve derives for this engine
+                derived = derive_serving_budgets(
+                    cost, recipe.max_batch_size, recipe.max_seq_len, recipe.kv_cache.block_size
+                )
+                budget, itl_budget = derived.tpot_budget_ms, derived.itl_budget_ms
             policy = SloChunkPolicy(
                 cost, budget, recipe.kv_cache.block_size, recipe.max_num_tokens, itl_budget,
-                itl_during_prefill_ratio=scenario_itl_ratio(recipe, s),
+                itl_during_prefill_ratio=ratio,
             )  # fmt: skip
             notes.append(head + policy.describe(recipe.max_batch_size))
     return notes

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -74,10 +74,15 @@ def serve_command(artifact_dir: Path, port: int, threads: int | None, recipe: Re
 
 @contextmanager
 def served(
-    artifact_dir: Path, threads: int | None, ready_timeout_s: float = 300.0, recipe: Recipe | None = None
+    artifact_dir: Path,
+    threads: int | None,
+    ready_timeout_s: float = 300.0,
+    recipe: Recipe | None = None,
+    echo: Callable[[str], None] | None = None,
 ) -> Iterator[str]:
     """``trtpipe serve ARTIFACT`` (:func:`serve_command`) on a free 127.0.0.1 port; yields its
-    URL; always stopped."""
+    URL; always stopped. ``echo`` gets the server's start line that names its scheduler and
+    prefill chunks (what the run measures)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -93,6 +98,9 @@ def served(
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise ValidateUsageError(f"--serve: `{' '.join(cmd)}` did not become ready:\n{''.join(lines)[-2000:]}")
             time.sleep(0.05)
+        for line in (x for x in list(lines) if "prefill chunks:" in x):
+            if echo is not None:
+                echo(line.rstrip())
         yield f"http://127.0.0.1:{port}"
     finally:
         if proc.poll() is None:
@@ -316,7 +324,8 @@ def run_validate_http(
     art = Path(artifact_dir) if artifact_dir is not None else artifact_dir_for(r, artifact_root)
     out, err = validate_consoles(as_json)  # tables (stderr when stdout carries JSON), progress
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    with served(art, threads, recipe=r) if serve else nullcontext(url) as base:
+    echo = lambda s: err.print(s, markup=False)  # noqa: E731
+    with served(art, threads, recipe=r, echo=echo) if serve else nullcontext(url) as base:
         err.print(f"validate {r.name} over HTTP at {base}" + (" (started by --serve)" if serve else ""))
         model = _served_model(base, r, headers)
         tokenizer = HttpTokenizer(base, headers)

@@ -39,7 +39,7 @@ CANCEL_OUTPUT_TOKENS = 512  # long enough that no probe request ends by itself
 # it must outlive every partner's prefill, which an ITL-during-prefill ratio stretches to seconds
 # (3 partners of 494 tokens beside it: ~1.3 s each on a 2-core CPU, ~400 of its tokens each).
 DECODE_TOKENS = 4096
-STEADY_TOKENS = 12
+STEADY_TOKENS = 24  # gaps after each partner (and before the first): enough for a steady p95
 NUM_PARTNERS = 3
 PROBE_TIMEOUT_S = 300.0
 

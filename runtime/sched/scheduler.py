@@ -327,8 +327,9 @@ class Scheduler:
         else:
             context = 0
         progress = tuple(DecodeProgress.of(r, self.max_seq_len) for r in decoding)
+        pending = prefilling is not None or bool(self._waiting)  # else the cap sizes drafts only
         cap = self.chunk_policy.max_prefill_tokens(
-            len(decoding), sum(r.num_computed_tokens + 1 for r in decoding), context, progress
+            len(decoding), sum(r.num_computed_tokens + 1 for r in decoding), context, progress, pending
         )
         self.last_prefill_cap = cap
         return min(self.max_num_tokens, len(decoding) + cap)

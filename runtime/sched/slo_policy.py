@@ -132,13 +132,21 @@ class SloChunkPolicy:
             return self.tpot_budget_ms / 1e3
         return ITL_BUDGET_MARGIN * self.itl_budget_ms / 1e3
 
-    def step_limit_s(self, num_decodes: int, decode_context_sum: int, progress: Sequence[DecodeProgress] = ()) -> float:
+    def step_limit_s(
+        self,
+        num_decodes: int,
+        decode_context_sum: int,
+        progress: Sequence[DecodeProgress] = (),
+        prefill_pending: bool = True,
+    ) -> float:
         """The longest step allowed now [s]: the step cap, lowered to the ITL-during-prefill
-        ratio's limit and to the smallest slack of ``progress`` (see the module doc)."""
+        ratio's limit (only while a prompt waits or prefills: ``prefill_pending``; a step of
+        decodes and speculative verifies alone keeps the budgets') and to the smallest slack of
+        ``progress`` (see the module doc)."""
         budget_s = self.tpot_budget_ms / 1e3
         decode_s = self.host_factor * self.cost.decode_time_s(num_decodes, decode_context_sum)
         limit = self.step_cap_s
-        if self.itl_during_prefill_ratio is not None and num_decodes > 0:
+        if self.itl_during_prefill_ratio is not None and num_decodes > 0 and prefill_pending:
             limit = min(limit, self.itl_during_prefill_ratio * decode_s)
         for p in progress:
             remaining = max(1, p.remaining_tokens)
@@ -152,11 +160,14 @@ class SloChunkPolicy:
         decode_context_sum: int,
         prefill_context: int = 0,
         progress: Sequence[DecodeProgress] = (),
+        prefill_pending: bool = True,
     ) -> int:
-        """Prefill tokens for a step that decodes ``num_decodes`` sequences (see module doc)."""
+        """Prefill tokens for a step that decodes ``num_decodes`` sequences (see module doc); the
+        scheduler also spends them on speculative drafts, which the ratio leaves alone when no
+        prompt is pending (``prefill_pending`` False, :meth:`step_limit_s`)."""
         if num_decodes == 0:
             return self.max_num_tokens
-        limit_s = self.step_limit_s(num_decodes, decode_context_sum, progress)
+        limit_s = self.step_limit_s(num_decodes, decode_context_sum, progress, prefill_pending)
         room = max(0, self.max_num_tokens - num_decodes)  # the step budget also carries the decodes
         lo, hi = 0, room
         while lo < hi:  # step time grows with n: the largest n with time(n) <= limit
@@ -168,14 +179,19 @@ class SloChunkPolicy:
                 hi = mid - 1
         return max(self.min_chunk_tokens, lo)
 
-    def _ratio_unmet(self, context: int) -> str:
-        """'' when one prompt token beside one decode (``context`` tokens each) fits the ratio by the
-        model, else a note that such steps run over it (the chunk floor is one token)."""
-        decode = self.cost.decode_time_s(1, context)
-        one = self.cost.step_time_s([(1, context)], 1, context) / decode if decode > 0 else float("inf")
-        if self.itl_during_prefill_ratio is None or one <= self.itl_during_prefill_ratio + 1e-9:
+    def _ratio_unmet(self, batches: Sequence[int], context: int) -> str:
+        """'' when one prompt token beside each of ``batches`` decodes (``context`` tokens each)
+        fits the ratio by the model, else a note naming the batches where such steps run over it
+        (the chunk floor is one token)."""
+        over = []
+        for b in batches:
+            decode = self.cost.decode_time_s(b, b * context)
+            one = self.cost.step_time_s([(1, context)], b, b * context) / decode if decode > 0 else float("inf")
+            if self.itl_during_prefill_ratio is not None and one > self.itl_during_prefill_ratio + 1e-9:
+                over.append(f"{b} -> {one:.2f}x")
+        if not over:
             return ""
-        return f" (unmet: one prompt token beside one decode already takes {one:.2f}x by the model)"
+        return f" (unmet: one prompt token beside n decodes already takes, by the model, {', '.join(over)})"
 
     @property
     def min_chunk_tokens(self) -> int:
@@ -210,8 +226,8 @@ class SloChunkPolicy:
             else:
                 cap += "while every decoding request's TPOT stays within budget"
         if self.itl_during_prefill_ratio is not None:
-            cap += f"; steps beside decodes up to {self.itl_during_prefill_ratio}x the decode-only step"
-            cap += self._ratio_unmet(context_per_seq)
+            cap += f"; steps beside decodes up to {self.itl_during_prefill_ratio:g}x the decode-only step"
+            cap += self._ratio_unmet(batches, context_per_seq)
         floor = "one token" if self.min_chunk_tokens == 1 else f"one block = {self.block_size}"
         return (
             f"slo: TPOT budget {self.tpot_budget_ms:g} ms{cap}; measured step cost: prefill "
@@ -222,6 +238,9 @@ class SloChunkPolicy:
             f"{c.error_ms:.1f} ms, {c.rel_error:.0%}); prefill chunk by decode batch at "
             f"{context_per_seq} tokens of context: {chunks} tokens (never below {floor}); no decode running: {self.max_num_tokens} tokens"
         )
+
+
+NO_BUDGET = "slo policy without a TPOT budget"  # fcfs_description's ``why`` when slo has no budget
 
 
 def choose_chunk_policy(
@@ -248,7 +267,7 @@ def choose_chunk_policy(
         check_itl_ratio(itl_during_prefill_ratio)
     tpot_budget_ms = itl_budget_ms if tpot_budget_ms is None else tpot_budget_ms  # TPOT <= every ITL
     if scheduler_policy == "fcfs" or tpot_budget_ms is None:
-        why = "policy fcfs" if scheduler_policy == "fcfs" else "slo policy without a TPOT budget"
+        why = "policy fcfs" if scheduler_policy == "fcfs" else NO_BUDGET
         return None, fcfs_description(why, max_num_tokens, itl_budget_ms, itl_during_prefill_ratio)
     policy = SloChunkPolicy(
         cost(), float(tpot_budget_ms), block_size, max_num_tokens, itl_budget_ms,
@@ -289,10 +308,14 @@ def fcfs_description(
         given.append(f"the ITL-during-prefill ratio {itl_during_prefill_ratio:g}")
     unused = ""
     if given:
-        verb = "are" if len(given) > 1 else "is"
+        verb, them = ("are", "them") if len(given) > 1 else ("is", "it")
+        fix = (
+            "give a TPOT budget: runtime.scheduler.tpot_budget_ms / --tpot-budget-ms"
+            if why == NO_BUDGET
+            else "runtime.scheduler.policy: slo / --scheduler-policy slo"
+        )
         unused = (
-            f"; {' and '.join(given)} {verb} not used: only the slo policy with a TPOT budget applies "
-            f"{'them' if len(given) > 1 else 'it'} (runtime.scheduler.policy: slo / --scheduler-policy slo)"
+            f"; {' and '.join(given)} {verb} not used: only the slo policy with a TPOT budget applies {them} ({fix})"
         )
     return f"fcfs ({why}): prefill chunks of up to max_num_tokens = {max_num_tokens} tokens per step{unused}"
 

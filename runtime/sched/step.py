@@ -115,9 +115,11 @@ class ChunkPolicy(Protocol):
         decode_context_sum: int,
         prefill_context: int = 0,
         progress: tuple[DecodeProgress, ...] = (),
+        prefill_pending: bool = True,
     ) -> int:
         """Prefill tokens allowed in a step decoding ``num_decodes`` sequences (>= 1);
-        ``progress``: one record per decoding sequence (may be empty)."""
+        ``progress``: one record per decoding sequence (may be empty); ``prefill_pending``: a
+        prompt waits or prefills (else the tokens go to speculative drafts only)."""
         ...
 
 

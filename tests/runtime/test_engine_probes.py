@@ -70,8 +70,9 @@ def test_every_partner_counts_while_the_decoder_outlives_them():
 
 
 def test_a_decoder_that_ends_early_stops_the_partners_and_drops_the_lone_prefill():
-    """D ends during the second partner's prefill (15 + 30 + 12 + 30 > 70 tokens): that partner's
-    window is not counted, and no third partner starts."""
+    """D ends 10 tokens into the second partner's prefill (its steady gaps, the first partner's 30
+    tokens, steady gaps again, then 10): that partner's window is not counted, and no third partner
+    starts."""
     client, steady, during, partners = _run(STEADY_TOKENS + 3 + PARTNER_TOKENS + STEADY_TOKENS + 10)
     assert len(client.partners) == 2 and len(partners) == 1
     assert during  # D's gaps during the first partner
