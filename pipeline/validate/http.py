@@ -98,8 +98,8 @@ def served(
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise ValidateUsageError(f"--serve: `{' '.join(cmd)}` did not become ready:\n{''.join(lines)[-2000:]}")
             time.sleep(0.05)
-        for line in (x for x in list(lines) if "prefill chunks:" in x):
-            if echo is not None:
+        if echo is not None:
+            for line in [x for x in lines if "prefill chunks:" in x]:
                 echo(line.rstrip())
         yield f"http://127.0.0.1:{port}"
     finally:

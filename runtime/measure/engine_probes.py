@@ -37,7 +37,7 @@ NUM_CANCELS = 8
 CANCEL_OUTPUT_TOKENS = 512  # long enough that no probe request ends by itself
 # The decoding request's budget, capped by max_seq_len (it is cancelled once the partners are done):
 # it must outlive every partner's prefill, which an ITL-during-prefill ratio stretches to seconds
-# (3 partners of 494 tokens beside it: ~1.3 s each on a 2-core CPU, ~400 of its tokens each).
+# (3 partners of 494 tokens beside it at ratio 1.5: 2-3 s each on a 2-core CPU, docs/server.md).
 DECODE_TOKENS = 4096
 STEADY_TOKENS = 24  # gaps after each partner (and before the first): enough for a steady p95
 NUM_PARTNERS = 3

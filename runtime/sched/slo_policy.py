@@ -33,8 +33,10 @@ On a CPU a prompt token beside a decode costs about a quarter of a decode step (
 gives the measured step costs, ``bench/prefill_chunk_sweep.py`` measures them), so q = 1.5 allows
 2-3 prompt tokens a step: decodes keep their pace and a long prompt that arrives meanwhile takes
 several times its TTFT alone. A ratio below what one prompt token costs cannot be kept (the floor
-runs anyway); :meth:`SloChunkPolicy.describe` says so. The ratio trades the partner's TTFT for the decoders' ITL; without it
-the TPOT/ITL budgets set the chunk.
+runs anyway); :meth:`SloChunkPolicy.describe` says so. The ratio trades the partner's TTFT for
+the decoders' ITL; without it the TPOT/ITL budgets set the chunk. It holds only steps taken while
+a prompt waits or prefills: otherwise the cap sizes speculative drafts alone, which keep the
+budgets' size.
 
 TPOT is a mean over a request's token gaps, so a request whose earlier gaps were short may take
 one long step: with an ITL budget (the longest gap a client accepts) the policy spends that
