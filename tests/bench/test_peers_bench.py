@@ -142,13 +142,14 @@ def test_floors_from_the_estimate_by_hand():
     f = peers_floors.floors_for(recipe, smol, 30e9, 179e9)
     # int4 decode weights read per step (test_estimate: 4-bit GEMMs + groups + 8-bit head + norms)
     assert f.decode_weight_read_bytes == 111_617_280
-    # TPOT at 16 prompt tokens: mean context 16 + 32 = 48 tokens x 46,080 B of fp32 KV
-    assert f.tpot_s[16] == pytest.approx((111_617_280 + 48 * 46_080) / 30e9)
+    # TPOT at 16 prompt tokens: mean context 16 + 32 = 48 tokens x 23,040 B of fp16 KV
+    # (30 layers x 2 x 3 kv heads x 64 x 2 B)
+    assert f.tpot_s[16] == pytest.approx((111_617_280 + 48 * 23_040) / 30e9)
     # TTFT at 512 tokens: compute-bound, 117,850,374,144 FLOP (test_estimate's hand count)
     assert f.ttft_s[512] == pytest.approx(117_850_374_144 / 179e9)
     # 8 x 128-token prefills, then 64 batch-8 decode steps at 160 tokens of context: compute-bound,
     # 8 x (2 x 106,168,320 GEMM weights + 30 x 4 x 9 x 64 x 160 attention + 2 x 576 x 49,152 logits)
-    # = 8 x 280,018,944 FLOP at 179 GFLOP/s (12.5 ms) > (111.6 MB + 8 x 160 x 46,080 B) / 30 GB/s (5.7 ms)
+    # = 8 x 280,018,944 FLOP at 179 GFLOP/s (12.5 ms) > (111.6 MB + 8 x 160 x 23,040 B) / 30 GB/s (4.7 ms)
     step = 8 * 280_018_944 / 179e9
     assert f.tps == pytest.approx(8 * 64 / (8 * f.ttft_s[128] + 64 * step))
     assert peers_floors.Floors.from_dict(json.loads(json.dumps(f.to_dict()))) == f
@@ -172,7 +173,7 @@ def test_int8_floor_for_int8_activations_only():
     assert f.gemm_compute == "int8" and f.int8_ops_per_s == 400e9
     assert f.ttft_s[512] == pytest.approx(117_850_374_144 / 400e9)  # the same FLOP at the int8 peak
     # the bandwidth-bound decode floor does not move
-    assert f.tpot_s[16] == pytest.approx((111_617_280 + 48 * 46_080) / 30e9)
+    assert f.tpot_s[16] == pytest.approx((111_617_280 + 48 * 23_040) / 30e9)
     g = peers_floors.floors_for(default, smol, 30e9, 179e9, 400e9)
     assert g.gemm_compute == "fp32" and g.ttft_s[512] == pytest.approx(117_850_374_144 / 179e9)
     assert "400 GOP/s int8; GEMMs at the int8 peak" in f.describe()
@@ -181,7 +182,7 @@ def test_int8_floor_for_int8_activations_only():
     n = peers_floors.floors_for(default, smol, 30e9, 179e9, 400e9, native_weight_bytes=96_576_768)
     assert n.gemm_compute == "int8" and n.ttft_s[512] == pytest.approx(117_850_374_144 / 400e9)
     assert n.decode_weight_read_bytes == 96_576_768
-    assert n.tpot_s[16] == pytest.approx((96_576_768 + 48 * 46_080) / 30e9)
+    assert n.tpot_s[16] == pytest.approx((96_576_768 + 48 * 23_040) / 30e9)
 
 
 def test_from_json_renders_the_report_and_keeps_the_analysis(tmp_path):

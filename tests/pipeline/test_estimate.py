@@ -218,18 +218,18 @@ def test_estimate_cpu_smollm2_by_hand():
     r = parse_recipe(smollm2_planning_recipe())
     c = r.model.architecture.to_model_config()
     e = estimate(r, c, get_target("cpu", host=HOST))
-    assert e.kv_bytes_per_token == 46_080
+    assert e.kv_bytes_per_token == 2 * 30 * 3 * 64 * 2 == 23_040  # the recipe's fp16 pool
     assert e.engine_weight_bytes == 538_060_032 + 53_084_160 + 26_542_080 + 31_850_496 == 649_536_768
-    assert e.kv_pool_num_blocks == 513 and e.kv_pool_bytes == 513 * 16 * 46_080
+    assert e.kv_pool_num_blocks == 513 and e.kv_pool_bytes == 513 * 16 * 23_040
     assert e.kv_pool_max_sequences == 512 // 128 == 4
     ttft, tpot = e.latencies  # p50 of each (the budgets are p50)
     assert (ttft.metric, ttft.prompt_tokens) == ("ttft_ms", 511)
     assert ttft.bound == "compute"
     assert ttft.floor_ms == pytest.approx(prefill_flops(c, 511) / 179e9 * 1e3)
     # decode at 512 tokens of context, batch 1: (111.6 MB read per step: 4-bit GEMMs + groups +
-    # the 8-bit head + norms; + 512 x 46,080 B of KV) / 30 GB/s
+    # the 8-bit head + norms; + 512 x 23,040 B of fp16 KV) / 30 GB/s
     assert tpot.metric == "tpot_ms" and tpot.bound == "memory"
-    assert tpot.floor_ms == pytest.approx((111_617_280 + 512 * 46_080) / 30e9 * 1e3) == pytest.approx(4.5070, abs=1e-4)
+    assert tpot.floor_ms == pytest.approx((111_617_280 + 512 * 23_040) / 30e9 * 1e3) == pytest.approx(4.1138, abs=1e-4)
     assert e.fits and e.exit_code == 0 and not e.warnings
 
 
@@ -316,7 +316,7 @@ def test_cli_smollm2_cpu_reads_gguf_metadata_only(tmp_path, monkeypatch, no_meas
     monkeypatch.chdir(tmp_path)
     res = CliRunner().invoke(main, ["estimate", "smollm2-135m-cpu"])
     assert res.exit_code == 0, res.output
-    assert "46,080 B" in res.output and "224.9 MB" in res.output  # INT4 both phases: one copy
+    assert "23,040 B" in res.output and "224.9 MB" in res.output  # INT4 both phases: one copy
     assert "30.0 GB/s (measured)" in res.output
 
 
@@ -409,8 +409,8 @@ def test_json_document_keeps_its_flat_keys():
         "total_bytes",
         "step_read_bytes",
     ]
-    # the flat names read the small records: 513 blocks x 16 tokens x 46,080 B, 4 sequences of 2048 tokens
-    assert d["kv_pool_bytes"] == e.kv.pool_bytes == 513 * 16 * 46_080
+    # the flat names read the small records: 513 blocks x 16 tokens x 23,040 B, 4 sequences of 2048 tokens
+    assert d["kv_pool_bytes"] == e.kv.pool_bytes == 513 * 16 * 23_040
     assert d["kv_pool_max_sequences"] == e.kv.pool_max_sequences == 4
     assert d["engine_weight_bytes"] == e.weights.engine_bytes == 649_536_768
     assert d["activation_bytes"] == e.activations.prefill_bytes + e.activations.decode_bytes

@@ -117,7 +117,7 @@ def test_cpu_default_recipe():
     assert (r.max_seq_len, r.max_batch_size, r.max_num_tokens) == (2048, 8, 512)
     assert r.kv_cache.block_size == 16
     assert plan_kv_num_blocks(r, smollm2_config()) == 8 * 1024 // 16 + 1
-    assert r.kv_dtype == "fp32" and r.activation_dtype("decode") == "fp32"
+    assert r.kv_dtype == "fp16" and r.activation_dtype("decode") == "fp32"
     assert r.max_blocks_per_seq == 128
     check_recipe_against_model(r, smollm2_config())  # no error
     from trtpipe.runtime.measure.budgets import Budget

@@ -66,8 +66,10 @@ def test_native_logits_match_onnx_runtime_fp32_activations(llms):
     a, b = _prefill(native, prompts), _prefill(ort, prompts)
     assert a.shape == b.shape == (2, native.manifest.model.vocab_size)
     assert (a.argmax(1) == b.argmax(1)).all()
-    # two int8 levels: ~1e-5 relative per GEMM; measured max |diff| 0.0096 over 2 x 49,152 logits up to 25.3
-    assert np.abs(a - b).max() < 0.02, np.abs(a - b).max()
+    # two int8 levels: ~1e-5 relative per GEMM; measured max |diff| over 2 x 49,152 logits up to 25.3:
+    # 0.0096 with an fp32 KV pool, 0.0218 with the recipe's fp16 pool (a 1e-5 difference in a key or
+    # value can cross an fp16 rounding boundary, a 2^-11 relative step, in one engine and not the other)
+    assert np.abs(a - b).max() < 0.05, np.abs(a - b).max()
 
 
 def test_native_greedy_text_is_the_references(default_artifact, llms):
