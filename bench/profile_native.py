@@ -37,7 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # (class, regex over the symbol name), first match wins
 CLASSES = (
     ("GEMM (int8 activations x 4/8-bit weights)", r"^(pairs|wide)_q[48]_l[12]_r\d+$|^tp_gemm"),
-    ("attention (paged, causal)", r"^tp_attention|^block_scores|^attend|^softmax"),
+    # decode_rows: an fp16 / bf16 / int8 pool block read and decoded to fp32 (where its DRAM reads land)
+    ("attention (paged, causal)", r"^tp_attention|^block_scores|^attend|^softmax|^decode_rows|^i8_"),
     ("activation quantization (int8 levels)", r"^tp_quant_act|^quant_"),
     ("RMSNorm", r"^tp_rmsnorm"),
     ("SiLU x up", r"^tp_silu_mul"),
