@@ -18,6 +18,32 @@ from pydantic import BaseModel, ValidationError
 from trtpipe.pipeline.recipe.errors import MISSING, RecipeProblem, format_path, issue_to_problem
 from trtpipe.pipeline.recipe.schema import Recipe
 
+# other spellings of the recipe's dtype options (numpy / torch names, "half"), matched before the
+# did-you-mean; fp8: no trtpipe pool or GEMM takes it (Orin has no FP8), the 1-byte option is int8
+DTYPE_ALIASES = {
+    "float16": "fp16",
+    "half": "fp16",
+    "f16": "fp16",
+    "float32": "fp32",
+    "float": "fp32",
+    "f32": "fp32",
+    "bfloat16": "bf16",
+    "fp8": "int8",
+    "fp8_e4m3": "int8",
+    "fp8_e5m2": "int8",
+}
+
+
+def _option_hint(value: Any, options: Sequence[str]) -> str | None:
+    """The option ``value`` most likely means: the option in other letter case, an alias
+    (:data:`DTYPE_ALIASES`), else the closest spelling (difflib), else None."""
+    low = str(value).strip().lower()
+    alias = low if low in options else DTYPE_ALIASES.get(low)
+    if alias in options:
+        return f"'{alias}'" + (" (no FP8 here: the 1-byte option is int8)" if low.startswith("fp8") else "")
+    close = difflib.get_close_matches(str(value), options, n=1, cutoff=0.5)
+    return f"'{close[0]}'" if close else None
+
 
 def _unwrap(ann: Any) -> Any:
     """``X | None`` -> X; ``tuple[X, ...]`` / ``list[X]`` stay as they are."""
@@ -88,8 +114,8 @@ def _explain(e: dict[str, Any]) -> tuple[str, str]:
     if typ == "literal_error":
         options = [str(a) for a in get_args(ann)] if get_origin(ann) is Literal else []
         expected = ("one of " + ", ".join(repr(o) for o in options)) if options else f"one of {ctx.get('expected')}"
-        close = difflib.get_close_matches(str(e["input"]), options, n=1, cutoff=0.5)
-        fix = f"did you mean '{close[0]}'?" if close else f"use {expected}"
+        hint = _option_hint(e["input"], options)
+        fix = f"did you mean {hint}?" if hint else f"use {expected}"
         return expected, fix
     if typ in ("int_type", "int_parsing", "int_from_float"):
         return "an integer", f"write a whole number without quotes{eg}"

@@ -84,7 +84,7 @@ class CorrectnessResult:
     """The correctness verdict of one validate run (``agreement`` None: the exact-ids method)."""
 
     reference: str
-    precision: str  # "prefill int4, decode int4"
+    precision: str  # "prefill int4, decode int4, KV fp16" (the KV pool dtype moves agreement too)
     settings_from: str  # "recipe", or the defaults when the recipe has no validate.correctness
     method: str
     passed: bool
@@ -285,7 +285,7 @@ def check_correctness(llm: Any, recipe: Recipe, golden: dict) -> CorrectnessResu
     prec = recipe.precision
     common = dict(
         reference=golden.get("reference", "golden.json"),
-        precision=f"prefill {prec.prefill}, decode {prec.decode}",
+        precision=f"prefill {prec.prefill}, decode {prec.decode}, KV {recipe.kv_dtype}",
         settings_from=source,
         notes=_notes(spec, golden, len(seqs)),
     )

@@ -132,7 +132,7 @@ def _env(llm: Any, recipe: Recipe, art: Path, threads: int | None) -> dict:
         "build_hash": build_hash(recipe),
         "artifact_recipe_hash": m.recipe_hash,
         "trtpipe_version": m.trtpipe_version,
-        "precision": f"prefill {recipe.precision.prefill}, decode {recipe.precision.decode}",
+        "precision": f"prefill {recipe.precision.prefill}, decode {recipe.precision.decode}, KV {recipe.kv_dtype}",
         "prefix_caching": recipe.runtime.prefix_caching,
     }
 

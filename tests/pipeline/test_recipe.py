@@ -797,3 +797,21 @@ def test_speculative_decoding_is_refused_on_gpu_targets_with_the_fix(cpu_data):
     d = copy.deepcopy(cpu_data)
     d.setdefault("runtime", {})["speculative"] = speculative
     assert parse_recipe(d, origin="ok.yaml").runtime.speculative.max_k == 4
+
+
+@pytest.mark.parametrize(
+    "value, hint",
+    [
+        ("float16", "'fp16'"),
+        ("half", "'fp16'"),
+        ("FP16", "'fp16'"),
+        ("bfloat16", "'bf16'"),
+        ("fp8", "'int8' (no FP8 here"),
+        ("fp33", "'fp32'"),
+    ],
+)
+def test_kv_dtype_spellings_get_the_option_they_mean(cpu_data, value, hint):
+    """numpy / torch names and "half" map to the recipe's option, fp8 to the 1-byte int8 (difflib
+    alone pointed fp8 at fp32, the largest pool), a typo to the closest spelling."""
+    err = error_of(cpu_data, lambda d: d["kv_cache"].update(dtype=value))
+    assert_problem(err, "kv_cache.dtype", f"'{value}'", f"did you mean {hint}")

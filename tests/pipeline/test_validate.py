@@ -300,6 +300,8 @@ def test_validate_passes_and_writes_report(tiny):
     assert [b["metric"] for b in scen["budgets"]] == ["ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "output_tokens_per_s"]
     c = doc["correctness"]
     assert c["method"] == "teacher-forced argmax agreement, first tokens and non-tie flips" and c["passed"]
+    # the pool dtype moves agreement too (docs/fidelity.md), so the report names it beside the precisions
+    assert c["precision"] == "prefill int4, decode int4, KV fp16" == doc["env"]["precision"]
     # the default artifact (exact Q4_1, fp32 activations) over the first 4 golden sequences
     # (8 + 3 x 64 tokens): it computes what the reference does, measured 200/200
     assert c["num_sequences"] == 4 and c["num_tokens"] == 200
