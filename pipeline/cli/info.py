@@ -8,6 +8,7 @@ import click
 
 from trtpipe.pipeline.artifact.locate import resolve_artifact
 from trtpipe.pipeline.cli.common import artifacts_option, fail
+from trtpipe.plugins.core.dtypes import dtype
 from trtpipe.plugins.core.errors import TrtpipeError
 from trtpipe.runtime.artifact.runtime_options import ActivationLevels
 
@@ -136,7 +137,7 @@ def info_cmd(recipe_or_artifact: str, artifact_root: str, as_json: bool) -> None
         *_engine_rows(d["engine"]),
         (
             "KV pool",
-            f"{kv['num_blocks']} blocks x {kv['block_size']} tokens, {kv['dtype']}, "
+            f"{kv['num_blocks']} blocks x {kv['block_size']} tokens, {dtype(kv['dtype']).name}, "
             f"{kv['pool_bytes'] / 2**20:.0f} MiB"
             + (f", window {kv['sliding_window']}" if kv["sliding_window"] else ""),
         ),

@@ -374,7 +374,9 @@ def test_info_table_and_json(arts):
     assert {ph: g["precision"] for ph, g in d["graphs"].items()} == {"prefill": "int4", "decode": "int4"}
     table = invoke("info", art, env={"COLUMNS": "200"}).stdout
     assert "{" not in table  # no raw Python dicts
-    assert f"{m['kv']['num_blocks']} blocks x {m['kv']['block_size']} tokens" in table
+    # the pool dtype in the recipe's spelling (kv_cache.dtype: fp16), not the manifest's float16
+    kv_name = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int8": "int8"}[m["kv"]["dtype"]]
+    assert f"{m['kv']['num_blocks']} blocks x {m['kv']['block_size']} tokens, {kv_name}, " in table
     assert "decode graph   decode.onnx (int4)" in table
     opts = m["runtime_options"]
     native = opts.get("native")
