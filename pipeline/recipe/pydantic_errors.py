@@ -17,17 +17,16 @@ from pydantic import BaseModel, ValidationError
 
 from trtpipe.pipeline.recipe.errors import MISSING, RecipeProblem, format_path, issue_to_problem
 from trtpipe.pipeline.recipe.schema import Recipe
+from trtpipe.plugins.core.dtypes import BY_NUMPY_NAME
 
-# other spellings of the recipe's dtype options (numpy / torch names, "half"), matched before the
-# did-you-mean; fp8: no trtpipe pool or GEMM takes it (Orin has no FP8), the 1-byte option is int8
+# spellings of the recipe's dtype options beyond the numpy names the dtype table knows
+# (plugins/core/dtypes.py: float16 -> fp16, ...), matched before the did-you-mean; fp8: no trtpipe
+# pool or GEMM takes it (Orin has no FP8), the 1-byte option is int8
 DTYPE_ALIASES = {
-    "float16": "fp16",
     "half": "fp16",
     "f16": "fp16",
-    "float32": "fp32",
     "float": "fp32",
     "f32": "fp32",
-    "bfloat16": "bf16",
     "fp8": "int8",
     "fp8_e4m3": "int8",
     "fp8_e5m2": "int8",
@@ -35,10 +34,10 @@ DTYPE_ALIASES = {
 
 
 def _option_hint(value: Any, options: Sequence[str]) -> str | None:
-    """The option ``value`` most likely means: the option in other letter case, an alias
-    (:data:`DTYPE_ALIASES`), else the closest spelling (difflib), else None."""
+    """The option ``value`` most likely means: the option in other letter case, its numpy name
+    (``float16``), an alias (:data:`DTYPE_ALIASES`), else the closest spelling (difflib), else None."""
     low = str(value).strip().lower()
-    alias = low if low in options else DTYPE_ALIASES.get(low)
+    alias = low if low in options else BY_NUMPY_NAME[low].name if low in BY_NUMPY_NAME else DTYPE_ALIASES.get(low)
     if alias in options:
         return f"'{alias}'" + (" (no FP8 here: the 1-byte option is int8)" if low.startswith("fp8") else "")
     close = difflib.get_close_matches(str(value), options, n=1, cutoff=0.5)

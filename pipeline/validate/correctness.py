@@ -84,7 +84,7 @@ class CorrectnessResult:
     """The correctness verdict of one validate run (``agreement`` None: the exact-ids method)."""
 
     reference: str
-    precision: str  # "prefill int4, decode int4, KV fp16" (the KV pool dtype moves agreement too)
+    precision: str  # precision_label: "prefill int4, decode int4, KV fp16"
     settings_from: str  # "recipe", or the defaults when the recipe has no validate.correctness
     method: str
     passed: bool
@@ -275,6 +275,12 @@ def _notes(spec: CorrectnessSpec, golden: dict, num_seqs: int) -> str | None:
     return "; ".join(notes) or None
 
 
+def precision_label(recipe: Recipe) -> str:
+    """What a run computes in, for reports: ``"prefill int4, decode int4, KV fp16"`` (the KV pool
+    dtype moves agreement too)."""
+    return f"prefill {recipe.precision.prefill}, decode {recipe.precision.decode}, KV {recipe.kv_dtype}"
+
+
 def check_correctness(llm: Any, recipe: Recipe, golden: dict) -> CorrectnessResult:
     """Compare the artifact's outputs with the golden ones (see the module docstring for the two
     methods). Uses the first ``num_sequences`` golden sequences, each cut to ``num_tokens`` tokens."""
@@ -285,7 +291,7 @@ def check_correctness(llm: Any, recipe: Recipe, golden: dict) -> CorrectnessResu
     prec = recipe.precision
     common = dict(
         reference=golden.get("reference", "golden.json"),
-        precision=f"prefill {prec.prefill}, decode {prec.decode}, KV {recipe.kv_dtype}",
+        precision=precision_label(recipe),
         settings_from=source,
         notes=_notes(spec, golden, len(seqs)),
     )

@@ -50,7 +50,7 @@ from trtpipe.pipeline.recipe import (
     resolve_recipe_path,
     scenario_workload_spec,
 )
-from trtpipe.pipeline.validate.correctness import CorrectnessResult, check_correctness, load_golden
+from trtpipe.pipeline.validate.correctness import CorrectnessResult, check_correctness, load_golden, precision_label
 from trtpipe.pipeline.validate.output import finish_report, gate_of_reports, print_scenario, validate_consoles
 from trtpipe.pipeline.validate.scenario import run_scenario
 from trtpipe.pipeline.validate.scenario_budgets import apply_scenario_budgets, run_budgets_ms, scenario_itl_ratio
@@ -132,7 +132,7 @@ def _env(llm: Any, recipe: Recipe, art: Path, threads: int | None) -> dict:
         "build_hash": build_hash(recipe),
         "artifact_recipe_hash": m.recipe_hash,
         "trtpipe_version": m.trtpipe_version,
-        "precision": f"prefill {recipe.precision.prefill}, decode {recipe.precision.decode}, KV {recipe.kv_dtype}",
+        "precision": precision_label(recipe),
         "prefix_caching": recipe.runtime.prefix_caching,
     }
 
