@@ -160,10 +160,23 @@ def _edited_copy(default_artifact, tmp_path, edit):
     return tmp_path
 
 
+def _other_isa(isa: str) -> str:
+    return "avx2" if isa != "avx2" else "avx512_vnni"
+
+
+def _other_isa_refusal() -> str:
+    """What refuses a manifest whose ISA was swapped: the library's own ISA, or first the CPU
+    check when this host cannot run the other ISA (an AVX2-only host and avx512_vnni)."""
+    from trtpipe.plugins.cpu.isa import host_isa, missing_flags
+
+    host = host_isa() or "avx2"
+    return "this CPU lacks" if missing_flags(_other_isa(host)) else "the library is built for"
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda n: n.update(isa="avx2" if n["isa"] != "avx2" else "avx512_vnni"), r"the library is built for"),
+        (lambda n: n.update(isa=_other_isa(n["isa"])), _other_isa_refusal()),
         (lambda n: n.update(library="../../../etc/passwd"), r"outside the artifact folder"),
         (lambda n: n.update(isa="bogus"), r"runtime_options.native.isa = 'bogus': expected 'avx512_vnni' or 'avx2'"),
     ],
@@ -177,6 +190,19 @@ def test_an_edited_native_section_is_refused_briefly(default_artifact, tmp_path,
     with pytest.raises(ArtifactError, match=message) as e:
         LLM(art, engine="native")
     assert len(str(e.value)) < 600
+
+
+def test_a_library_built_for_another_isa_is_refused_on_any_host(default_artifact, tmp_path, monkeypatch):
+    """The library's own ISA is checked after the CPU check: with the CPU check passing (as on a
+    host that runs both ISAs), a manifest that names the other ISA is refused by the library's
+    answer, on every host kind."""
+    from trtpipe.runtime.engines import native
+    from trtpipe.runtime.llm import LLM
+
+    monkeypatch.setattr(native, "missing_flags", lambda isa: [])
+    art = _edited_copy(default_artifact, tmp_path, lambda n: n.update(isa=_other_isa(n["isa"])))
+    with pytest.raises(ArtifactError, match="the library is built for"):
+        LLM(art, engine="native")
 
 
 @pytest.mark.parametrize("kv_dtype", ["float16", "bfloat16", "int8"])
