@@ -19,6 +19,16 @@ class RequestError(TrtpipeError, ValueError):
         self.code = code
 
 
+class StepError(TrtpipeError, ValueError):
+    """A step batch handed to an engine is malformed (a length that is not T or S, a block id or
+    slot outside the pool, a position past the rotary table...): refused before anything was
+    read or written. ``field`` names the array at fault (``block_tables[0]``)."""
+
+    def __init__(self, message: str, *, field: str):
+        super().__init__(message)
+        self.field = field
+
+
 class MetricsError(TrtpipeError, ValueError):
     """Timing events out of order, or a metric asked of data that cannot define it."""
 
@@ -28,4 +38,4 @@ class KVLeakError(TrtpipeError):
     did not free its blocks). Raised by :meth:`BlockPool.check_all_free`."""
 
 
-__all__ = ["TrtpipeError", "ArtifactError", "RequestError", "KVLeakError", "MetricsError"]
+__all__ = ["TrtpipeError", "ArtifactError", "RequestError", "StepError", "KVLeakError", "MetricsError"]

@@ -138,8 +138,9 @@ def int4_llm(int4_artifact):
 
 @pytest.fixture(scope="session")
 def default_artifact(gguf_path, tmp_path_factory):
-    """The default recipe's artifact (with golden outputs): the repo's artifacts/ one when it is
-    built and current, else built once into a temp folder (CI starts from a clean clone)."""
+    """The default recipe's artifact (with golden outputs): ``$TRTPIPE_TEST_DEFAULT_ARTIFACT`` (a
+    parent test run's, handed to a child run), else the repo's artifacts/ one when it is built and
+    current, else built once into a temp folder (CI starts from a clean clone)."""
     from trtpipe.pipeline.recipe import load_recipe, resolve_recipe_path
     from trtpipe.pipeline.stages import build
     from trtpipe.plugins.core.errors import TrtpipeError
@@ -147,17 +148,43 @@ def default_artifact(gguf_path, tmp_path_factory):
 
     recipe = load_recipe(resolve_recipe_path("smollm2-135m-cpu"))
     repo = Path(__file__).resolve().parents[1] / "artifacts" / "smollm2-135m-cpu" / "cpu"
+    art = Path(os.environ["TRTPIPE_TEST_DEFAULT_ARTIFACT"]) if "TRTPIPE_TEST_DEFAULT_ARTIFACT" in os.environ else None
     try:
         from trtpipe.pipeline.stages import inputs_hash
 
-        if load_manifest(repo, verify_hashes=False).inputs_hash == inputs_hash(recipe, recipe.resolve_source().path):
-            return repo
+        if art is None and load_manifest(repo, verify_hashes=False).inputs_hash == inputs_hash(
+            recipe, recipe.resolve_source().path
+        ):
+            art = repo
     except TrtpipeError:
         pass
-    root = tmp_path_factory.mktemp("default-artifact")
-    res = build(recipe, root, log=lambda s: None)
-    print(f"built the default artifact in {res.seconds:.1f} s")
-    return res.artifact_dir
+    if art is None:
+        res = build(recipe, tmp_path_factory.mktemp("default-artifact"), log=lambda s: None)
+        print(f"built the default artifact in {res.seconds:.1f} s")
+        art = res.artifact_dir
+    if os.environ.get("TRTPIPE_CPU_SANITIZE"):  # tests/plugins/test_cpu_sanitizers.py's run
+        return _with_sanitized_library(art, tmp_path_factory.mktemp("sanitized-artifact"))
+    return art
+
+
+def _with_sanitized_library(art: Path, out: Path) -> Path:
+    """A copy of ``art`` (its files linked) whose kernel library is compiled with
+    ``$TRTPIPE_CPU_SANITIZE``'s sanitizers (plugins/cpu/compile.py), the manifest's hash updated."""
+    import hashlib
+    import json
+
+    from trtpipe.plugins.cpu.compile import LIBRARY_NAME, compile_library
+    from trtpipe.runtime.artifact.manifest import load_manifest
+
+    for f in art.iterdir():
+        if f.is_file() and f.name not in ("manifest.json", LIBRARY_NAME):
+            (out / f.name).symlink_to(f)
+    lib = compile_library(load_manifest(art, verify_hashes=False).options.native.isa, out / "cache")
+    shutil.copyfile(lib, out / LIBRARY_NAME)
+    m = json.loads((art / "manifest.json").read_text())
+    m["files"][LIBRARY_NAME] = hashlib.sha256((out / LIBRARY_NAME).read_bytes()).hexdigest()
+    (out / "manifest.json").write_text(json.dumps(m))
+    return out
 
 
 # -- farm tests (tests/pipeline/farm/) ---------------------------------------------------------

@@ -19,7 +19,7 @@ from trtpipe.plugins.cpu.isa import ISAS
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = ("act.c", "gemm.c", "ops.c", "kv_write.c", "attention.c", "forward.c")
-HEADERS = ("tp.h", "vmath.h", "gemm_isa.h", "attention_block.h", "attention_i8.h")
+HEADERS = ("tp.h", "vmath.h", "gemm_isa.h", "attention_block.h", "attention_i8.h", "workspace.h")
 LIBRARY_NAME = "libtrtpipe_cpu.so"
 
 
@@ -28,11 +28,22 @@ def compiler() -> str | None:
     return shutil.which(os.environ.get("CC", "cc"))
 
 
+def sanitizer_flags() -> list[str]:
+    """``$TRTPIPE_CPU_SANITIZE`` (e.g. ``address,undefined``) as gcc flags, for the test run that
+    holds the kernels to AddressSanitizer and UBSan (tests/plugins/test_cpu_sanitizers.py); empty
+    when unset. A sanitized library needs the sanitizer runtime preloaded (``LD_PRELOAD``)."""
+    kinds = os.environ.get("TRTPIPE_CPU_SANITIZE", "").strip()
+    if not kinds:
+        return []
+    return [f"-fsanitize={kinds}", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g"]
+
+
 def _command(cc: str, isa: str, out: Path, csrc: Path = CSRC, sources: tuple[str, ...] = SOURCES) -> list[str]:
     flags, _, define = ISAS[isa]
     srcs = [str(csrc / s) for s in sources]
     return [
         cc,
+        *sanitizer_flags(),
         "-O3",
         "-fopenmp",
         "-fno-math-errno",

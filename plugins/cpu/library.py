@@ -1,5 +1,6 @@
-"""ctypes binding of the host CPU kernels (``csrc/tp.h``): the structs mirrored field by field,
-each entry point typed, arrays passed as pointers into NumPy buffers the caller keeps alive.
+"""ctypes binding of the host CPU kernels (``csrc/tp.h``): the structs and entry points read from
+the header (:mod:`.abi`), the library's ABI checked at load, arrays passed as pointers into NumPy
+buffers the caller keeps alive.
 
 The library is loaded from a file (an artifact's, or :func:`~.compile.compile_library`'s) once
 per path. NumPy-level wrappers (:func:`gemm`, :func:`quant_act`, ...) check shapes and dtypes and
@@ -15,72 +16,41 @@ import numpy as np
 
 from trtpipe.plugins.core.errors import OpError
 from trtpipe.plugins.core.kv_codec import kv_dtype_of_array, kv_has_scales
+from trtpipe.plugins.cpu.abi import abi, bind, check_library
 from trtpipe.plugins.cpu.layout import GROUP, TiledWeight
 
 _i8p, _u8p, _u16p = C.POINTER(C.c_int8), C.POINTER(C.c_uint8), C.POINTER(C.c_uint16)
 _f32p, _i32p, _i64p = C.POINTER(C.c_float), C.POINTER(C.c_int32), C.POINTER(C.c_int64)
 
 
-class QAct(C.Structure):
-    _fields_ = [
-        ("M", C.c_int), ("K", C.c_int), ("levels", C.c_int),
-        ("q1", _i8p), ("q2", _i8p), ("s1", _f32p), ("s2", _f32p), ("asum", _f32p),
-        ("qsum1", _i32p), ("qsum2", _i32p),
-    ]  # fmt: skip
+_ABI = abi()
+QAct, Weight, KV = _ABI.structs["tp_qact"], _ABI.structs["tp_weight"], _ABI.structs["tp_kv"]
+Layer, Model, Step = _ABI.structs["tp_layer"], _ABI.structs["tp_model"], _ABI.structs["tp_step"]
+_C = _ABI.constants
 
-
-class Weight(C.Structure):
-    _fields_ = [("kind", C.c_int), ("N", C.c_int), ("K", C.c_int), ("codes", _u8p), ("d", _u16p), ("m", _u16p)]
-
-
-class KV(C.Structure):
-    _fields_ = [("dtype", C.c_int), ("k", C.c_void_p), ("v", C.c_void_p), ("k_scale", _f32p), ("v_scale", _f32p)]
-
-
-class Layer(C.Structure):
-    _fields_ = [
-        ("attn_norm", _f32p), ("mlp_norm", _f32p),
-        ("qkv", Weight), ("o", Weight), ("gate_up", Weight), ("down", Weight),
-        ("kv", KV),
-    ]  # fmt: skip
-
-
-class Model(C.Structure):
-    _fields_ = [
-        ("num_layers", C.c_int), ("hidden", C.c_int), ("num_heads", C.c_int), ("num_kv_heads", C.c_int),
-        ("head_dim", C.c_int), ("ffn", C.c_int), ("vocab", C.c_int),
-        ("num_blocks", C.c_int), ("block_size", C.c_int), ("sliding_window", C.c_int), ("max_positions", C.c_int),
-        ("eps", C.c_float), ("scale", C.c_float),
-        ("rope_cos", _f32p), ("rope_sin", _f32p),
-        ("embed", Weight), ("final_norm", _f32p), ("head", Weight),
-        ("layers", C.POINTER(Layer)),
-    ]  # fmt: skip
-
-
-class Step(C.Structure):
-    _fields_ = [
-        ("T", C.c_int), ("S", C.c_int), ("MB", C.c_int), ("levels", C.c_int),
-        ("input_ids", _i64p), ("positions", _i64p), ("slot_mapping", _i64p), ("block_tables", _i64p),
-        ("context_lens", _i64p), ("query_start_loc", _i64p), ("last_token_indices", _i64p),
-        ("levels_attention", C.c_int), ("levels_mlp", C.c_int), ("levels_head", C.c_int),
-    ]  # fmt: skip
-
-
+# what each TP_E_* code of tp_forward means, for the engine's error
 FORWARD_ERRORS = {
-    -1: "out of memory for the step's scratch buffers",
-    -2: "a position is outside the rotary table (max_positions)",
-    -3: "a slot or block id is outside the KV pool, or a context is longer than its block table",
-    -4: "an input id is outside the vocabulary",
-    -5: "a logits row index is outside the step's tokens",
-    -6: "an activation level is not 1 or 2",
+    _C["TP_E_NOMEM"]: "out of memory for the step's scratch buffers",
+    _C["TP_E_POSITION"]: "a position is outside the rotary table (max_positions)",
+    _C["TP_E_POOL"]: "a slot or block id is outside the KV pool, or a context is longer than its block table",
+    _C["TP_E_VOCAB"]: "an input id is outside the vocabulary",
+    _C["TP_E_LOGIT_ROW"]: "a logits row index is outside the step's tokens",
+    _C["TP_E_LEVELS"]: "an activation level is not 1 or 2",
+    _C["TP_E_SHAPE"]: "the step's token, sequence or block-table counts are out of range",
+    _C["TP_E_QUERY_LOC"]: "query_start_loc is not 0 = q[0] < q[1] < ... < q[S] = T",
+    _C["TP_E_CONTEXT"]: "a context length is shorter than its query tokens or past max_positions",
 }
-_KINDS = {"q4": 1, "q8": 2}
-_KV_DTYPES = {"fp32": 0, "fp16": 1, "bf16": 2, "int8": 3}  # tp.h TP_KV_*
+NOMEM = _C["TP_E_NOMEM"]
+_KINDS = {"q4": _C["TP_W_Q4"], "q8": _C["TP_W_Q8"]}
+_KV_DTYPES = {"fp32": _C["TP_KV_F32"], "fp16": _C["TP_KV_F16"], "bf16": _C["TP_KV_BF16"], "int8": _C["TP_KV_I8"]}
 _loaded: dict[str, C.CDLL] = {}
 
 
-def load(path: str | Path) -> C.CDLL:
-    """The library at ``path``, typed. Raises :class:`OpError` when it cannot be loaded."""
+def load(path: str | Path, *, check: bool = True) -> C.CDLL:
+    """The library at ``path``, typed from tp.h (:mod:`.abi`). Raises :class:`OpError` when it
+    cannot be loaded or (``check``) its ABI is not tp.h's: an artifact's library from another
+    trtpipe. ``check=False`` is for bench A/B runs of older kernel sources through the entry
+    points whose signatures did not change (tp_gemm, tp_quant_act)."""
     key = str(Path(path).resolve())
     if key in _loaded:
         return _loaded[key]
@@ -88,36 +58,9 @@ def load(path: str | Path) -> C.CDLL:
         lib = C.CDLL(key)
     except OSError as e:
         raise OpError(f"cannot load the host CPU kernels {path}: {e}") from e
-    lib.tp_quant_act.argtypes = [_f32p, C.c_int, C.c_int, C.c_int, C.POINTER(QAct)]
-    lib.tp_gemm.argtypes = [C.POINTER(Weight), C.POINTER(QAct), _f32p, C.c_int, C.c_int]
-    lib.tp_forward.argtypes = [C.POINTER(Model), C.POINTER(Step), _f32p]
-    lib.tp_forward.restype = C.c_int
-    if hasattr(lib, "tp_forward_rows"):  # absent from libraries built before speculative decoding
-        lib.tp_forward_rows.argtypes = [C.POINTER(Model), C.POINTER(Step), C.c_int, _i64p, _f32p]
-        lib.tp_forward_rows.restype = C.c_int
-    lib.tp_isa.restype = C.c_char_p
-    lib.tp_set_threads.argtypes = [C.c_int]
-    lib.tp_get_threads.restype = C.c_int
-    lib.tp_attention.argtypes = [
-        _f32p, C.c_int, C.POINTER(KV), _i64p, C.c_int, _i64p, _i64p,
-        C.c_int, C.c_int, C.c_int, C.c_int, C.c_int, C.c_int, C.c_float, C.c_int, _f32p,
-    ]  # fmt: skip
-    lib.tp_attention.restype = C.c_int  # 0, or -1 out of memory (void in libraries built before 2026-12-06)
-    lib.tp_kv_write.argtypes = [
-        C.POINTER(KV),
-        _f32p,
-        _f32p,
-        C.c_int,
-        _i64p,
-        C.c_int,
-        C.c_int,
-        C.c_int,
-        C.c_int,
-        C.c_int,
-    ]
-    lib.tp_rmsnorm.argtypes = [_f32p, _f32p, C.c_float, _f32p, C.c_int, C.c_int]
-    lib.tp_silu_mul.argtypes = [_f32p, _f32p, C.c_int, C.c_int]
-    lib.tp_rope.argtypes = [_f32p, C.c_int, C.c_int, C.c_int, C.c_int, _i64p, _f32p, _f32p]
+    if check:
+        check_library(lib, path)
+    bind(lib)
     _loaded[key] = lib
     return lib
 
@@ -129,7 +72,7 @@ def ptr(a: np.ndarray, kind):
     return a.ctypes.data_as(kind)
 
 
-def kv_struct(key_cache: np.ndarray, value_cache: np.ndarray, key_scale=None, value_scale=None) -> KV:
+def kv_struct(key_cache: np.ndarray, value_cache: np.ndarray, key_scale=None, value_scale=None) -> C.Structure:
     """The C view of one layer's pool (``[KVH, NB, BS, D]`` arrays of a KV storage dtype,
     :mod:`trtpipe.plugins.core.kv_codec`; int8 with its float32 ``[KVH, NB, BS]`` scales). The
     arrays must outlive the struct. Raises :class:`OpError` for another dtype or missing scales."""
@@ -146,7 +89,7 @@ def kv_struct(key_cache: np.ndarray, value_cache: np.ndarray, key_scale=None, va
     return KV(_KV_DTYPES[name], key_cache.ctypes.data, value_cache.ctypes.data, *scales)
 
 
-def weight_struct(w: TiledWeight) -> Weight:
+def weight_struct(w: TiledWeight) -> C.Structure:
     """The C view of a tiled weight (its arrays must outlive the struct)."""
     m = ptr(w.m.view(np.uint16), _u16p) if w.m is not None else _u16p()  # NULL
     return Weight(_KINDS[w.kind], w.N, w.K, ptr(w.codes, _u8p), ptr(w.d.view(np.uint16), _u16p), m)

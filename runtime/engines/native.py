@@ -31,6 +31,7 @@ from __future__ import annotations
 import ctypes as C
 import os
 import time
+import weakref
 from dataclasses import asdict
 
 import numpy as np
@@ -42,6 +43,7 @@ from trtpipe.plugins.cpu.isa import missing_flags
 from trtpipe.plugins.cpu.layout import TiledWeight
 from trtpipe.runtime.artifact.manifest import Manifest
 from trtpipe.runtime.artifact.runtime_options import ActivationLevels
+from trtpipe.runtime.engines.native_step import StepLimits, explain_step, step_arrays, step_arrays_rows
 from trtpipe.runtime.engines.native_weights import NativeWeights
 from trtpipe.runtime.errors import ArtifactError
 from trtpipe.runtime.kv.pool import KVPool
@@ -111,16 +113,46 @@ class NativeEngine:
         self.levels = dict(nat.activation_levels)
         self.weights = NativeWeights(weights_path, nat.tensors, manifest.rebuild_command)
         self._build_model()
+        self._limits = StepLimits(manifest.model.vocab_size, self._max_positions, manifest.kv.num_blocks,
+                                  manifest.kv.block_size)  # fmt: skip
+        ws = self.lib.tp_workspace_new()
+        if not ws:
+            raise ArtifactError("native engine: out of memory for its workspace")
+        self._ws = C.c_void_p(ws)  # this engine's scratch: never shared with another engine
+        weakref.finalize(self, self.lib.tp_workspace_free, self._ws)
         self.last_step_s = 0.0
 
-    def _weight(self, prefix: str, kind: str, N: int, K: int) -> L.Weight:
-        w = self.weights
-        m = w.tensor(f"{prefix}.m") if kind == "q4" else None
-        return L.weight_struct(TiledWeight(kind, N, K, w.tensor(f"{prefix}.codes"), w.tensor(f"{prefix}.d"), m))
+    def _facts(self) -> str:
+        c = self.manifest.model
+        return (
+            f"hidden_size {c.hidden_size}, num_heads {c.num_heads}, num_kv_heads {c.num_kv_heads}, "
+            f"head_dim {c.head_dim}, intermediate_size {c.intermediate_size}, vocab_size {c.vocab_size}"
+        )
 
-    def _kv(self, layer: int) -> L.KV:
-        """Layer ``layer``'s pool as the kernels read it (any KV dtype; int8 with its scales)."""
-        p = self.pool
+    def _weight(self, prefix: str, kind: str, N: int, K: int) -> C.Structure:
+        """The tiled weight ``prefix`` of [N, K], each array's size checked against N x K."""
+        w, facts = self.weights, self._facts()
+        if N % 16 or K % 32 or N <= 0 or K <= 0:
+            raise ArtifactError(
+                f"artifact {self.manifest.root}: {prefix} is [{N}, {K}] by the manifest's model facts ({facts}); "
+                f"the kernels need N % 16 == 0 and K % 32 == 0. Fix: `{self.manifest.rebuild_command}`."
+            )
+        codes = w.tensor(f"{prefix}.codes", N * K // (2 if kind == "q4" else 1), facts)
+        d = w.tensor(f"{prefix}.d", N * K // 32, facts)
+        m = w.tensor(f"{prefix}.m", N * K // 32, facts) if kind == "q4" else None
+        return L.weight_struct(TiledWeight(kind, N, K, codes, d, m))
+
+    def _kv(self, layer: int) -> C.Structure:
+        """Layer ``layer``'s pool as the kernels read it (any KV dtype; int8 with its scales), its
+        shape checked against the model facts and the KV record."""
+        p, c, kv = self.pool, self.manifest.model, self.manifest.kv
+        want = (c.num_kv_heads, kv.num_blocks, kv.block_size, c.head_dim)
+        if p.keys[layer].shape != want or p.values[layer].shape != want:
+            raise ArtifactError(
+                f"artifact {self.manifest.root}: layer {layer}'s KV pool is {p.keys[layer].shape}; the manifest "
+                f"says [num_kv_heads, num_blocks, block_size, head_dim] = {list(want)}. "
+                f"Fix: `{self.manifest.rebuild_command}`."
+            )
         scales = (p.key_scales[layer], p.value_scales[layer]) if p.key_scales else (None, None)
         try:
             return L.kv_struct(p.keys[layer], p.values[layer], *scales)
@@ -128,8 +160,13 @@ class NativeEngine:
             raise ArtifactError(f"{e}. Fix: `{self.manifest.rebuild_command}`.") from e
 
     def _build_model(self) -> None:
-        c, kv, w = self.manifest.model, self.manifest.kv, self.weights
+        c, kv, w, facts = self.manifest.model, self.manifest.kv, self.weights, self._facts()
         H, KVH, D, Hd, F = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size, c.intermediate_size
+        if KVH < 1 or H % KVH or D % 16:
+            raise ArtifactError(
+                f"artifact {self.manifest.root}: model facts {facts}: the kernels need num_heads a multiple of "
+                f"num_kv_heads >= 1 and head_dim % 16 == 0. Fix: `{self.manifest.rebuild_command}`."
+            )
         self._max_positions = max(self.manifest.limits.max_seq_len, 1)
         scaling = None if c.rope_scaling is None else asdict(c.rope_scaling)
         self._cos, self._sin = rope_cos_sin(self._max_positions, D, c.rope_theta, scaling)
@@ -137,8 +174,8 @@ class NativeEngine:
         for i in range(c.num_layers):
             p = f"layers.{i}"
             layers[i] = L.Layer(
-                L.ptr(w.tensor(f"{p}.attn_norm"), L._f32p),
-                L.ptr(w.tensor(f"{p}.mlp_norm"), L._f32p),
+                L.ptr(w.tensor(f"{p}.attn_norm", Hd, facts), L._f32p),
+                L.ptr(w.tensor(f"{p}.mlp_norm", Hd, facts), L._f32p),
                 self._weight(f"{p}.qkv", "q4", (H + 2 * KVH) * D, Hd),
                 self._weight(f"{p}.o", "q4", Hd, H * D),
                 self._weight(f"{p}.gate_up", "q4", 2 * F, Hd),
@@ -153,41 +190,43 @@ class NativeEngine:
             kv.num_blocks, kv.block_size, kv.sliding_window, self._max_positions,
             c.rms_norm_eps, 1.0 / float(np.sqrt(D)),
             L.ptr(self._cos, L._f32p), L.ptr(self._sin, L._f32p),
-            embed, L.ptr(w.tensor("final_norm"), L._f32p), head, layers,
+            embed, L.ptr(w.tensor("final_norm", Hd, facts), L._f32p), head, layers,
         )  # fmt: skip
 
     @property
     def verifies_all_positions(self) -> bool:
-        """Whether this artifact's library returns logits at chosen rows (``tp_forward_rows``):
-        speculative verify chunks need every position's logits (libraries built before it lack it)."""
-        return hasattr(self.lib, "tp_forward_rows")
+        """Logits at chosen rows (``tp_forward_rows``): every library of this ABI has it."""
+        return True
 
     def _run(
         self, feeds: dict[str, np.ndarray], levels: ActivationLevels, logit_indices: np.ndarray | None = None
     ) -> np.ndarray:
+        """Logits of one step; the arrays checked at the boundary (:mod:`.native_step`): a bad step
+        raises :class:`StepError` naming the field and leaves the pool untouched."""
         t0 = time.perf_counter()
-        a = {k: np.ascontiguousarray(v, np.int64) for k, v in feeds.items()}
-        T, S = len(a["input_ids"]), len(a["context_lens"])
-        bt = a["block_tables"]
+        a, T, S, MB = step_arrays(feeds)
         step = L.Step(
-            T, S, bt.shape[1], max(levels.attention, levels.mlp, levels.head),
+            T, S, MB,
             *(L.ptr(a[k], L._i64p) for k in (
                 "input_ids", "positions", "slot_mapping", "block_tables", "context_lens",
                 "query_start_loc", "last_token_indices",
             )),
             levels.attention, levels.mlp, levels.head,
         )  # fmt: skip
+        V = self.manifest.model.vocab_size
         if logit_indices is None:
-            logits = np.empty((S, self.manifest.model.vocab_size), np.float32)
-            rc = self.lib.tp_forward(C.byref(self.model), C.byref(step), L.ptr(logits, L._f32p))
+            logits = np.empty((S, V), np.float32)
+            rc = self.lib.tp_forward(C.byref(self.model), C.byref(step), self._ws, L.ptr(logits, L._f32p))
         else:  # speculative verify: logits at the given rows (PrefillBatch.logit_indices)
-            rows = np.ascontiguousarray(logit_indices, np.int64)
-            logits = np.empty((len(rows), self.manifest.model.vocab_size), np.float32)
+            rows = a["logit_indices"] = step_arrays_rows(logit_indices)
+            logits = np.empty((len(rows), V), np.float32)
             rc = self.lib.tp_forward_rows(
-                C.byref(self.model), C.byref(step), len(rows), L.ptr(rows, L._i64p), L.ptr(logits, L._f32p)
+                C.byref(self.model), C.byref(step), self._ws, len(rows), L.ptr(rows, L._i64p), L.ptr(logits, L._f32p)
             )
+        if rc == L.NOMEM:
+            raise ArtifactError(f"native engine: {L.FORWARD_ERRORS[rc]} (step of {T} tokens)")
         if rc:
-            raise ArtifactError(f"native engine: {L.FORWARD_ERRORS.get(rc, f'error {rc}')} (step of {T} tokens)")
+            raise explain_step(a, T, S, self._limits, (levels.attention, levels.mlp, levels.head))
         self.last_step_s = time.perf_counter() - t0
         return logits
 

@@ -28,9 +28,20 @@ class NativeWeights:
         self._rebuild = rebuild
         self.nbytes = len(self._mmap)
 
-    def tensor(self, name: str) -> np.ndarray:
-        """The flat array ``name``. Raises :class:`ArtifactError` when it is not in the table or
-        falls outside the file."""
+    def tensor(self, name: str, count: int | None = None, facts: str = "") -> np.ndarray:
+        """The flat array ``name`` (of ``count`` elements when given: what the manifest's model
+        ``facts`` make of it). Raises :class:`ArtifactError` when it is not in the table, falls
+        outside the file, or holds another count (a manifest that disagrees with its weights
+        would have the kernels read past them)."""
+        a = self._tensor(name)
+        if count is not None and a.size != count:
+            raise ArtifactError(
+                f"{WEIGHTS_FILE}: tensor {name!r} holds {a.size} values; the manifest's model facts ({facts}) "
+                f"need {count}: the manifest and the weights disagree. Fix: `{self._rebuild}`."
+            )
+        return a
+
+    def _tensor(self, name: str) -> np.ndarray:
         try:
             dtype, (size,), offset = self._table[name]
             dt = np.dtype(dtype)

@@ -185,7 +185,7 @@ def test_paged_attention_matches_the_op_reference(lib, window, case, kv_dtype):
     rc = lib.tp_attention(
         library.ptr(q, f32p), H * D, C.byref(kv), library.ptr(tables, i64p), MB,
         library.ptr(ctx_a, i64p), library.ptr(qsl, i64p), S, H, KVH, NB, BS, D, C.c_float(D**-0.5), window,
-        library.ptr(out, f32p),
+        library.ptr(out, f32p), None,
     )  # fmt: skip
     assert rc == 0
     if not (kv_dtype == "int8" and int8_scores_path(lib, D, BS)):
@@ -214,7 +214,7 @@ def _attend(lib, q, kv, tables, ctx, qsl, shape, window):
     rc = lib.tp_attention(
         library.ptr(q, f32p), H * D, C.byref(kv), library.ptr(tables, i64p), tables.shape[1],
         library.ptr(ctx, i64p), library.ptr(qsl, i64p), len(ctx), H, KVH, NB, BS, D, C.c_float(D**-0.5), window,
-        library.ptr(out, f32p),
+        library.ptr(out, f32p), None,
     )  # fmt: skip
     assert rc == 0
     return out

@@ -15,6 +15,7 @@
 #include "attention_i8.h"
 #include "tp.h"
 #include "vmath.h"
+#include "workspace.h"
 
 /* Work item: one sequence, one kv head, a block of QB query tokens (x the kv head's H/KVH query
  * heads) and one context partition: the keys [p PK, (p + 1) PK), PK = PART_KEYS rounded up to
@@ -108,10 +109,13 @@ typedef struct {
   void *kt8;
 } scratch_t;
 
-static scratch_t scratch_new(const attn_t *a) {
+/* a thread's scratch; ok false when an allocation failed (scratch_free frees what was taken) */
+static scratch_t scratch_new(const attn_t *a, int *ok) {
   const int R = QB * a->group, D = a->D, BS = a->BS;
   scratch_t w = {0};
+  *ok = 0;
   w.o = malloc(sizeof(float) * (2 * (size_t)R * D + 3 * (size_t)D * BS + 3 * (size_t)R + 2 * BS));
+  if (!w.o) return w;
   w.kt = w.o + (size_t)R * D, w.kbuf = w.kt + (size_t)D * BS, w.vbuf = w.kbuf + (size_t)D * BS;
   w.mx = w.vbuf + (size_t)D * BS, w.l = w.mx + R, w.sc = w.l + R, w.qrows = w.sc + 2 * BS; /* qrows: [R][D] scaled */
   w.lo_pos = malloc(sizeof(int64_t) * 2 * R);
@@ -119,8 +123,9 @@ static scratch_t scratch_new(const attn_t *a) {
     w.qlv = malloc(2 * (size_t)R * D);
     w.qstep = malloc(sizeof(float) * R);
     w.qoff = malloc(sizeof(int32_t) * R);
-    w.kt8 = aligned_alloc(64, (size_t)BS * D);
+    w.kt8 = aligned_alloc(64, ((size_t)BS * D + 63) & ~(size_t)63);
   }
+  *ok = w.o && w.lo_pos && (!a->i8 || (w.qlv && w.qstep && w.qoff && w.kt8));
   return w;
 }
 
@@ -277,14 +282,23 @@ static void merge_parts(const attn_t *a, const item_t *it, const float *parts, s
   }
 }
 
-/* partials of the multi-partition items, grown on demand and kept (steps of one engine are
- * sequential, as forward.c's workspace): rows x (D + 2) floats a slot, ~12.7 KB on SmolLM2 */
-static float *g_parts = NULL;
-static size_t g_parts_cap = 0;
+/* the partials of the multi-partition items in ws (grown on demand and kept: steps of one engine are
+ * sequential, as forward.c's workspace), or in a buffer of this call when ws is NULL: rows x (D + 2)
+ * floats a slot, ~12.7 KB on SmolLM2. NULL when out of memory. */
+static float *parts_buffer(tp_workspace *ws, size_t floats, float **owned) {
+  *owned = NULL;
+  if (!ws) return *owned = malloc(sizeof(float) * (floats ? floats : 1));
+  if (floats > ws->parts_cap) {
+    free(ws->parts);
+    ws->parts = malloc(sizeof(float) * floats);
+    ws->parts_cap = ws->parts ? floats : 0;
+  }
+  return floats ? ws->parts : (float *)ws; /* no partials: any non-NULL pointer, never read */
+}
 
 int tp_attention(const float *q, int ldq, const tp_kv *kv, const int64_t *block_tables, int MB,
-                  const int64_t *context_lens, const int64_t *query_start_loc, int S, int H, int KVH, int NB, int BS,
-                  int D, float scale, int W, float *out) {
+                 const int64_t *context_lens, const int64_t *query_start_loc, int S, int H, int KVH, int NB, int BS,
+                 int D, float scale, int W, float *out, tp_workspace *ws) {
   attn_t a = {q, kv, block_tables, context_lens, query_start_loc, ldq, MB, H, KVH, NB, BS, D, W, H / KVH,
               (PART_KEYS + BS - 1) / BS, !(BS % VL == 0 && D % VL == 0), 0, scale, out};
 #if defined(TP_ISA_AVX512)
@@ -293,29 +307,36 @@ int tp_attention(const float *q, int ldq, const tp_kv *kv, const int64_t *block_
   int64_t items, slots;
   item_t *it = list_items(&a, S, &items, &slots);
   const size_t stride = (size_t)QB * a.group * (D + 2); /* one item's partials */
-  if (it && (size_t)slots * stride > g_parts_cap) {
-    free(g_parts);
-    g_parts = malloc(sizeof(float) * (size_t)slots * stride);
-    g_parts_cap = g_parts ? (size_t)slots * stride : 0;
-  }
-  if (!it || (slots > 0 && !g_parts)) {
+  float *owned = NULL, *parts = it ? parts_buffer(ws, (size_t)slots * stride, &owned) : NULL;
+  if (!it || !parts) {
     free(it);
     return -1;
   }
+  int failed = 0;
 #pragma omp parallel
   {
-    scratch_t w = scratch_new(&a);
+    int ok;
+    scratch_t w = scratch_new(&a, &ok);
+    if (!ok) {
+#pragma omp atomic write
+      failed = 1;
+    }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < items; i++)
-      attend_item(&a, it + i, &w, it[i].slot < 0 ? NULL : g_parts + (size_t)it[i].slot * stride);
+      if (ok) attend_item(&a, it + i, &w, it[i].slot < 0 ? NULL : parts + (size_t)it[i].slot * stride);
     scratch_free(&w);
-    if (slots > 0) { /* the same for every thread: all or none meet the loop */
+#pragma omp barrier
+    int any_failed;
+#pragma omp atomic read
+    any_failed = failed;
+    if (slots > 0 && !any_failed) { /* the same for every thread: all or none meet the loop */
 #pragma omp for schedule(dynamic, 1)
       for (int64_t i = 0; i < items; i++) /* each query block's first item of several partitions */
         if (it[i].np > 1 && (i == 0 || it[i - 1].s != it[i].s || it[i - 1].qb != it[i].qb || it[i - 1].g != it[i].g))
-          merge_parts(&a, it + i, g_parts + (size_t)it[i].slot * stride, stride);
+          merge_parts(&a, it + i, parts + (size_t)it[i].slot * stride, stride);
     }
   }
   free(it);
-  return 0;
+  free(owned);
+  return failed ? -1 : 0;
 }

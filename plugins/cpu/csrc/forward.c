@@ -7,18 +7,33 @@
  *                                                tp_forward_rows: any rows, e.g. every position of a
  *                                                speculative verify chunk)
  *
- * Scratch memory is one workspace grown on demand (steps of one engine are sequential). */
+ * Scratch memory is the engine's workspace (workspace.h), grown on demand (steps of one engine are
+ * sequential). Every value of the step is checked first (check_step): a bad batch returns a code
+ * and leaves the pool untouched. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "tp.h"
+#include "workspace.h"
 
-typedef struct {
-  size_t cap;
-  char *base;
-} workspace;
+int tp_abi_version(void) { return TP_ABI_VERSION; }
 
-static workspace g_ws = {0, NULL};
+size_t tp_struct_size(const char *name) {
+#define SIZE_OF(T) \
+  if (!strcmp(name, #T)) return sizeof(T);
+  SIZE_OF(tp_qact) SIZE_OF(tp_weight) SIZE_OF(tp_kv) SIZE_OF(tp_layer) SIZE_OF(tp_model) SIZE_OF(tp_step)
+#undef SIZE_OF
+  return 0;
+}
+
+tp_workspace *tp_workspace_new(void) { return calloc(1, sizeof(tp_workspace)); }
+
+void tp_workspace_free(tp_workspace *ws) {
+  if (!ws) return;
+  free(ws->base);
+  free(ws->parts);
+  free(ws);
+}
 
 static void *ws_take(char **cur, size_t bytes) {
   void *p = *cur;
@@ -39,46 +54,54 @@ static void qact_take(char **cur, tp_qact *a, int M, int K) {
 
 static size_t qact_bytes(int M, int K) { return 2 * (size_t)M * K + 5 * sizeof(float) * M * (K / TP_GROUP) + 7 * 64; }
 
+/* every value the kernels use as an address, checked before anything is read or written */
 static int check_step(const tp_model *m, const tp_step *s) {
+  if (s->T < 1 || s->S < 1 || s->S > s->T || s->MB < 1) return TP_E_SHAPE;
   const int64_t slots = (int64_t)m->num_blocks * m->block_size;
   for (int t = 0; t < s->T; t++) {
-    if (s->input_ids[t] < 0 || s->input_ids[t] >= m->vocab) return -4;
-    if (s->positions[t] < 0 || s->positions[t] >= m->max_positions) return -2;
-    if (s->slot_mapping[t] < 0 || s->slot_mapping[t] >= slots) return -3;
+    if (s->input_ids[t] < 0 || s->input_ids[t] >= m->vocab) return TP_E_VOCAB;
+    if (s->positions[t] < 0 || s->positions[t] >= m->max_positions) return TP_E_POSITION;
+    if (s->slot_mapping[t] < 0 || s->slot_mapping[t] >= slots) return TP_E_POOL;
   }
+  if (s->query_start_loc[0] != 0 || s->query_start_loc[s->S] != s->T) return TP_E_QUERY_LOC;
   for (int i = 0; i < s->S; i++) {
-    const int64_t need = (s->context_lens[i] + m->block_size - 1) / m->block_size;
-    if (need > s->MB) return -3;
+    const int64_t n = s->query_start_loc[i + 1] - s->query_start_loc[i], ctx = s->context_lens[i];
+    if (n < 1) return TP_E_QUERY_LOC;
+    if (ctx < n || ctx > m->max_positions) return TP_E_CONTEXT;
+    const int64_t need = (ctx + m->block_size - 1) / m->block_size;
+    if (need > s->MB) return TP_E_POOL;
     for (int64_t b = 0; b < need; b++) {
       const int64_t id = s->block_tables[(size_t)i * s->MB + b];
-      if (id < 0 || id >= m->num_blocks) return -3;
+      if (id < 0 || id >= m->num_blocks) return TP_E_POOL;
     }
   }
+  const int site_levels[3] = {s->levels_attention, s->levels_mlp, s->levels_head};
+  for (int i = 0; i < 3; i++)
+    if (site_levels[i] != 1 && site_levels[i] != 2) return TP_E_LEVELS;
   return 0;
 }
 
-int tp_forward_rows(const tp_model *m, const tp_step *s, int num_logits, const int64_t *logit_indices, float *logits) {
+int tp_forward_rows(const tp_model *m, const tp_step *s, tp_workspace *ws, int num_logits,
+                    const int64_t *logit_indices, float *logits) {
+  if (!ws) return TP_E_NOMEM;
   int rc = check_step(m, s);
   if (rc) return rc;
-  const int site_levels[3] = {s->levels_attention, s->levels_mlp, s->levels_head};
-  for (int i = 0; i < 3; i++)
-    if (site_levels[i] != 1 && site_levels[i] != 2) return -6;
-  if (num_logits < 0 || num_logits > s->T) return -5;
+  if (num_logits < 0 || num_logits > s->T) return TP_E_LOGIT_ROW;
   for (int i = 0; i < num_logits; i++)
-    if (logit_indices[i] < 0 || logit_indices[i] >= s->T) return -5;
+    if (logit_indices[i] < 0 || logit_indices[i] >= s->T) return TP_E_LOGIT_ROW;
   const int T = s->T, S = s->S, NL = num_logits;
   const int Hd = m->hidden, D = m->head_dim, H = m->num_heads, KVH = m->num_kv_heads;
   const int F = m->ffn, nqkv = (H + 2 * KVH) * D;
   const int kmax = Hd > F ? Hd : F;
   size_t need = sizeof(float) * ((size_t)T * (2 * Hd + nqkv + H * D + 2 * F + F) + (size_t)NL * 2 * Hd) +
                 qact_bytes(T, kmax) + 16 * 64;
-  if (need > g_ws.cap) {
-    free(g_ws.base);
-    g_ws.base = aligned_alloc(64, (need + 63) & ~(size_t)63);
-    g_ws.cap = g_ws.base ? need : 0;
-    if (!g_ws.base) return -1;
+  if (need > ws->cap) {
+    free(ws->base);
+    ws->base = aligned_alloc(64, (need + 63) & ~(size_t)63);
+    ws->cap = ws->base ? need : 0;
+    if (!ws->base) return TP_E_NOMEM;
   }
-  char *cur = g_ws.base;
+  char *cur = ws->base;
   float *h = ws_take(&cur, sizeof(float) * T * Hd), *x = ws_take(&cur, sizeof(float) * T * Hd);
   float *qkv = ws_take(&cur, sizeof(float) * T * nqkv), *att = ws_take(&cur, sizeof(float) * T * H * D);
   float *gu = ws_take(&cur, sizeof(float) * T * 2 * F), *act = ws_take(&cur, sizeof(float) * T * F);
@@ -96,8 +119,8 @@ int tp_forward_rows(const tp_model *m, const tp_step *s, int num_logits, const i
     tp_kv_write(&L->kv, qkv + H * D, qkv + (H + KVH) * D, nqkv, s->slot_mapping, T, KVH, m->num_blocks,
                 m->block_size, D);
     if (tp_attention(qkv, nqkv, &L->kv, s->block_tables, s->MB, s->context_lens, s->query_start_loc, S, H, KVH,
-                     m->num_blocks, m->block_size, D, m->scale, m->sliding_window, att))
-      return -1;
+                     m->num_blocks, m->block_size, D, m->scale, m->sliding_window, att, ws))
+      return TP_E_NOMEM;
     tp_quant_act(att, T, H * D, s->levels_attention, &qa);
     tp_gemm(&L->o, &qa, h, Hd, 1);
     tp_rmsnorm(h, L->mlp_norm, m->eps, x, T, Hd);
@@ -114,6 +137,6 @@ int tp_forward_rows(const tp_model *m, const tp_step *s, int num_logits, const i
   return 0;
 }
 
-int tp_forward(const tp_model *m, const tp_step *s, float *logits) {
-  return tp_forward_rows(m, s, s->S, s->last_token_indices, logits);
+int tp_forward(const tp_model *m, const tp_step *s, tp_workspace *ws, float *logits) {
+  return tp_forward_rows(m, s, ws, s->S, s->last_token_indices, logits);
 }

@@ -26,6 +26,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The ABI: this header is its one description. plugins/cpu/abi.py reads the structs, enums and
+ * prototypes below into ctypes; tp_abi_version() and tp_struct_size() let the loader refuse a
+ * library of another ABI. Bump TP_ABI_VERSION with any change to a struct or a prototype. */
+#define TP_ABI_VERSION 2
+
 #define TP_GROUP 32 /* weights per block along K */
 #define TP_TILE 16  /* output rows per tile */
 
@@ -84,17 +89,26 @@ typedef struct {
 } tp_model;
 
 typedef struct {
-  int T, S, MB, levels; /* levels: read only by libraries built before the per-site levels below */
+  int T, S, MB;
   const int64_t *input_ids, *positions, *slot_mapping; /* [T] */
   const int64_t *block_tables;                          /* [S][MB] */
   const int64_t *context_lens;                          /* [S]: tokens in the pool after this step */
   const int64_t *query_start_loc;                       /* [S+1] */
   const int64_t *last_token_indices;                    /* [S] */
   /* int8 activation levels (1 or 2) per GEMM site: the attention projections (QKV and output),
-   * the MLP (gate/up and down) and the LM head. Appended last, so a library built from an older
-   * revision (bench A/B) reads the same leading fields and its uniform `levels`. */
+   * the MLP (gate/up and down) and the LM head */
   int levels_attention, levels_mlp, levels_head;
 } tp_step;
+
+/* one engine's scratch (the forward's activations, attention's partials), grown on demand; steps
+ * that share one must be sequential. Opaque: its layout is private to the library. */
+typedef struct tp_workspace tp_workspace;
+
+int tp_abi_version(void);
+/* sizeof the named ABI struct ("tp_model", "tp_step", ...), 0 for a name it does not know */
+size_t tp_struct_size(const char *name);
+tp_workspace *tp_workspace_new(void); /* NULL when out of memory */
+void tp_workspace_free(tp_workspace *ws);
 
 void tp_set_threads(int n);
 int tp_get_threads(void);
@@ -115,20 +129,33 @@ void tp_embed_q8(const tp_weight *table, const int64_t *ids, int T, float *h);
  * slot_mapping into the head-major pool */
 void tp_kv_write(const tp_kv *kv, const float *k, const float *v, int ld, const int64_t *slot_mapping, int T,
                  int KVH, int NB, int BS, int D);
-/* causal GQA attention of q [T][ldq] (H heads of D) over the pool; out [T][H*D]. Returns 0, or -1
- * out of memory */
+/* causal GQA attention of q [T][ldq] (H heads of D) over the pool; out [T][H*D]; ws: the partials'
+ * scratch (NULL: allocated for this call). The caller has checked the batch (tp_forward does:
+ * query_start_loc, context lengths and block ids). Returns 0, or -1 out of memory */
 int tp_attention(const float *q, int ldq, const tp_kv *kv, const int64_t *block_tables, int MB,
-                  const int64_t *context_lens, const int64_t *query_start_loc, int S, int H, int KVH, int NB, int BS,
-                  int D, float scale, int W, float *out);
+                 const int64_t *context_lens, const int64_t *query_start_loc, int S, int H, int KVH, int NB, int BS,
+                 int D, float scale, int W, float *out, tp_workspace *ws);
 
-/* the whole forward of one step: logits [S][vocab] of each sequence's last token.
- * Returns 0, or a negative code: -1 out of memory, -2 a position outside the rotary table,
- * -3 a slot or block id outside the pool, -4 an input id outside the vocabulary. */
-int tp_forward(const tp_model *m, const tp_step *s, float *logits);
+/* the whole forward of one step: logits [S][vocab] of each sequence's last token, scratch from ws.
+ * Every value of the step is checked before anything is read or written (the caller checks the
+ * arrays' lengths: T, S, S + 1, [S][MB]). Returns 0, or a negative code (TP_E_*). */
+enum {
+  TP_E_NOMEM = -1,     /* out of memory for the step's scratch */
+  TP_E_POSITION = -2,  /* a position outside the rotary table [0, max_positions) */
+  TP_E_POOL = -3,      /* a slot or block id outside the pool, or a context longer than its block table */
+  TP_E_VOCAB = -4,     /* an input id outside the vocabulary */
+  TP_E_LOGIT_ROW = -5, /* a logits row index outside [0, T) */
+  TP_E_LEVELS = -6,    /* an activation level that is not 1 or 2 */
+  TP_E_SHAPE = -7,     /* T, S or MB out of range (T >= 1, 1 <= S <= T, MB >= 1) */
+  TP_E_QUERY_LOC = -8, /* query_start_loc not 0 = q[0] < q[1] < ... < q[S] = T */
+  TP_E_CONTEXT = -9    /* a context length shorter than its query tokens or past max_positions */
+};
+int tp_forward(const tp_model *m, const tp_step *s, tp_workspace *ws, float *logits);
 /* the same forward with logits [num_logits][vocab] of the packed rows logit_indices[0..num_logits)
  * (any count, independent of S: a speculative verify chunk needs every position's logits);
- * tp_forward is this with (S, last_token_indices). -5: a logit index outside [0, T). */
-int tp_forward_rows(const tp_model *m, const tp_step *s, int num_logits, const int64_t *logit_indices, float *logits);
+ * tp_forward is this with (S, last_token_indices). */
+int tp_forward_rows(const tp_model *m, const tp_step *s, tp_workspace *ws, int num_logits,
+                    const int64_t *logit_indices, float *logits);
 
 #ifdef __cplusplus
 }
