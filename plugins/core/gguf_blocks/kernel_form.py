@@ -11,6 +11,12 @@ included), so the add is exact and a kernel may skip it (or fuse it: FMA with -0
 bits). An offset type (Q4_1, Q5_1, Q4_K, Q5_K) must not fuse the add (an FMA rounds once, gguf-py
 twice). Every product and sum is an integer multiple of 2^-24 (fp16 scales times small integers),
 so no float32 subnormal ever arises: flush-to-zero / denormals-are-zero modes do not change a bit.
+
+Scales must stay float32 in a kernel layout: for Q4_K / Q5_K / Q6_K ``s = d * sc`` has up to 17
+(Q6_K: 19) significant bits and can exceed 65504, so fp16 would round it (the legacy types' d and
+m are fp16 fields, exact in fp16). For integer dot products, ``sum_k w x = s * sum_k c x + o *
+sum_k x`` per group (codes fit int8 for every type); that sum is not the bit-exact value, only the
+per-weight dequantization is.
 """
 
 from __future__ import annotations
