@@ -6,6 +6,8 @@ zero, 65504), random 6-bit k-quant scales and mins in every sub-block; and on th
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -153,3 +155,21 @@ def test_real_gemma_tensors_of_every_type_are_bit_exact():
         ref = gguf_dequantize(raw, t.tensor_type)
         assert np.count_nonzero(ref) > ref.size // 2, t.name
         _assert_bits_equal(dequantize_blocks(raw, name), ref)
+
+
+def test_imports_and_decodes_without_gguf_or_torch():
+    """The device side has NumPy but neither gguf nor torch: the folder must not need them."""
+    code = (
+        "import sys\n"
+        "class B:\n"
+        "    def find_spec(self, n, p=None, t=None):\n"
+        "        if n.split('.')[0] in ('gguf', 'torch'): raise ImportError(n)\n"
+        "sys.meta_path.insert(0, B())\n"
+        "import numpy as np\n"
+        "from trtpipe.plugins.core.gguf_blocks import dequantize_blocks\n"
+        "raw = np.zeros((1, 34), np.uint8); raw[0, :2] = np.array([0.5], np.float16).view(np.uint8); raw[0, 2] = 3\n"
+        "print(dequantize_blocks(raw, 'Q8_0')[0, :2].tolist())\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[1.5, 0.0]"
