@@ -18,7 +18,9 @@ from trtpipe.pipeline.model.weights import LoadedModel, WeightTensor
 from trtpipe.plugins.core.errors import TrtpipeError
 from trtpipe.runtime.artifact.model_config import ModelConfig, RopeScaling
 
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+# Quantized types are the ones plugins/core/gguf_blocks decodes bit-exactly (GGUF_BLOCK_TYPES): Q4_K_M files
+# mix Q4_K, Q5_0, Q6_K and Q8_0; Q5_1 and Q5_K occur in Q5_* mixes.
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
 
 
@@ -154,7 +156,10 @@ def load_gguf(path: str | Path, *, with_tokenizer: bool = True) -> LoadedModel:
     """Read a GGUF file.
 
     Returns a :class:`LoadedModel` whose weights are Hugging Face-named :class:`WeightTensor` s;
-    quantized tensors stay as raw blocks (memory-mapped by ``gguf.GGUFReader``).
+    quantized tensors (any of :data:`SUPPORTED_TYPES`) stay as raw blocks ``uint8 [rows,
+    row_bytes]`` (memory-mapped by ``gguf.GGUFReader``): the build repacks Q4_0 / Q4_1 / Q8_0
+    exactly and dequantizes the others exactly (``gguf.quants.dequantize``, bit for bit
+    :func:`trtpipe.plugins.core.gguf_blocks.dequantize_blocks`) where it needs floats.
 
     Raises :class:`ModelLoadError` for a missing file, an unsupported architecture, or a tensor
     of an unsupported GGML type (naming the tensor and the type).

@@ -4,7 +4,9 @@ model, too).
 
 GGUF blocks are repacked exactly where their form allows it (Q4_0 and Q4_1 at group size 32 into
 the ``trtpipe::Int4Gemm`` / MatMulNBits layout, Q8_0 into 8-bit codes), everything else is
-quantized round-to-nearest (:func:`trtpipe.plugins.ops.int4_gemm.pack.quantize_rtn`). Pure NumPy: no torch.
+quantized round-to-nearest (:func:`trtpipe.plugins.ops.int4_gemm.pack.quantize_rtn`) from the
+exact float weights (``WeightTensor.to_float``: gguf's own dequantization of Q5_0, Q5_1, Q4_K,
+Q5_K, Q6_K, Q8_0 linears; not exact to the file). Pure NumPy: no torch.
 
     LoadedModel ──quantize_model(QuantSpec)──► ModelWeights {name: FloatWeights | PackedWeights}
                                                    └─► LlamaReference(loaded, weights)  (torch)
@@ -84,7 +86,10 @@ def linear_weights(model: LoadedModel, name: str, quant: QuantSpec, bias_name: s
     N, K = w.shape
     if quant.precision == "int8":  # 8-bit weights: GGUF Q8_0 repacked exactly (the LM head)
         if w.qtype != "Q8_0":
-            raise OpError(f"int8 weights are only built from GGUF Q8_0 tensors; {name} is {w.qtype}")
+            raise OpError(
+                f"int8 weights are only built from GGUF Q8_0 tensors; {name} is {w.qtype}. "
+                "Fix: leave lm_head_quant unset (quantize_model then builds a float head for other types)."
+            )
         codes, scales = int4_pack.repack_gguf_q8_0_as_uint8(w.data, N, K)
         return PackedWeights(codes, scales, np.full(scales.shape, 128.0, np.float32), K, N, 32, 8, bias)
     if quant.precision != "int4":

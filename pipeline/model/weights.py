@@ -24,8 +24,9 @@ class WeightTensor:
 
     ``shape`` is the logical (Hugging Face) shape, e.g. ``[out_features, in_features]`` for a
     linear weight. ``data`` is either a float32 array of that shape (``qtype`` "F32") or, for GGUF
-    quantized types ("Q4_0", "Q4_1", "Q8_0"), the raw block bytes ``uint8 [out_features,
-    row_bytes]`` exactly as stored in the file (rows already permuted to Hugging Face order).
+    quantized types ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"), the raw
+    block bytes ``uint8 [out_features, row_bytes]`` exactly as stored in the file (rows already
+    permuted to Hugging Face order; ``plugins/core/gguf_blocks`` decodes them).
     """
 
     name: str

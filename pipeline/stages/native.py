@@ -42,9 +42,10 @@ def native_support(recipe: Recipe, model: PreparedModel) -> str | None:
     if c.attention_bias or c.rope_scaling:
         return "attention bias or RoPE scaling (native: plain Llama)"
     linears = [f"model.layers.{i}.{p}.{n}.weight" for i in range(c.num_layers) for p, n in _parts()]
-    odd = sorted({w[n].qtype for n in linears} - {"Q4_0", "Q4_1"})
+    odd = [n for n in linears if w[n].qtype not in ("Q4_0", "Q4_1")]
     if odd:
-        return f"linear weights of GGUF type {', '.join(odd)} (native: Q4_0 / Q4_1)"
+        types = ", ".join(sorted({w[n].qtype for n in odd}))
+        return f"linear weights of GGUF type {types}, first {odd[0]} ({w[odd[0]].qtype}) (native: Q4_0 / Q4_1)"
     if recipe.precision.int4.group_size != 32:
         return f"int4 group size {recipe.precision.int4.group_size} (native: 32, the GGUF block)"
     for name in ("model.embed_tokens.weight", model.loaded.lm_head_name()):

@@ -118,10 +118,10 @@ def test_unsupported_metadata_names_key_and_value(tmp_path, metadata, message):
 def test_unsupported_tensor_type_names_tensor_and_type(tmp_path):
     q = np.zeros((64, 64), np.float32)
     k = np.zeros((32, 64), np.float32)
-    raw = np.zeros((64, 144), np.uint8)  # one Q4_K super-block (256 values) per row
+    raw = np.zeros((64, 84), np.uint8)  # one Q2_K super-block (256 values) per row
     p = tmp_path / "bad.gguf"
-    _write(p, q, k, {"blk.0.ffn_up.weight": (raw, gguf.GGMLQuantizationType.Q4_K)})
-    with pytest.raises(ModelLoadError, match=r"blk\.0\.ffn_up\.weight.*Q4_K"):
+    _write(p, q, k, {"blk.0.ffn_up.weight": (raw, gguf.GGMLQuantizationType.Q2_K)})
+    with pytest.raises(ModelLoadError, match=r"blk\.0\.ffn_up\.weight.*Q2_K"):
         load_gguf(p, with_tokenizer=False)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from trtpipe.plugins.core.errors import OpError
+from trtpipe.plugins.core.gguf_blocks import GGUF_BLOCK_TYPES
 
 __all__ = [
     "GGUF_BLOCK",
@@ -31,7 +32,7 @@ __all__ = [
 ]
 
 GGUF_BLOCK = 32  # elements per ggml Q4_0 / Q4_1 / Q8_0 block
-GGUF_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+GGUF_BLOCK_BYTES = {t: GGUF_BLOCK_TYPES[t].block_bytes for t in ("Q4_0", "Q4_1", "Q8_0")}  # 18, 20, 34
 
 
 def gguf_blocks(raw: np.ndarray, N: int, K: int, kind: str) -> np.ndarray:
