@@ -99,7 +99,9 @@ def derive_merges(spellings: Sequence[str], sort_scores: Sequence[float]) -> lis
     index = {token: token_id for token_id, token in enumerate(spellings)}
     candidates: list[tuple[str, str, float]] = []
     for token, score in zip(spellings, sort_scores):
-        local = [(token[:k], token[k:], score) for k in range(1, len(token)) if token[:k] in index and token[k:] in index]
+        local = [
+            (token[:k], token[k:], score) for k in range(1, len(token)) if token[:k] in index and token[k:] in index
+        ]
         if len(local) > 1:
             local.sort(key=lambda m: (index[m[0]], index[m[1]]))
         candidates.extend(local)
