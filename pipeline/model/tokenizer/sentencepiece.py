@@ -91,22 +91,33 @@ def derive_merges(spellings: Sequence[str], sort_scores: Sequence[float]) -> lis
 
     ``spellings``: the vocabulary, id order, all distinct. ``sort_scores``: one per token, higher
     merges first (a SentencePiece BPE score is minus the merge rank). Every split ``(left, right)``
-    of a token into two vocabulary entries is a merge; a token's splits are ordered by the ids of
-    ``left`` then ``right``; all merges are then sorted, stably, best first by (score, len(left),
-    len(right)). One pass over the characters of the vocabulary (~2.4 M splits for Gemma 3's
-    262,144 tokens) plus one sort, no per-pair work in Rust-sized loops.
+    of a token into two vocabulary entries is a merge; merges are sorted, stably, best first by
+    (the token's score, len(left), len(right)), ties kept in token order. (transformers also sorts
+    each token's splits by the ids of ``left`` and ``right`` first; within one token ``len(left)``
+    differs between splits, so that order never survives the final sort.) One Python pass over
+    the characters of the vocabulary (1.5 M for Gemma 3's 262,144 tokens, 514,906 merges) and
+    one NumPy sort.
     """
-    index = {token: token_id for token_id, token in enumerate(spellings)}
-    candidates: list[tuple[str, str, float]] = []
-    for token, score in zip(spellings, sort_scores):
-        local = [
-            (token[:k], token[k:], score) for k in range(1, len(token)) if token[:k] in index and token[k:] in index
-        ]
-        if len(local) > 1:
-            local.sort(key=lambda m: (index[m[0]], index[m[1]]))
-        candidates.extend(local)
-    candidates.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
-    return [(left, right) for left, right, _ in candidates]
+    import numpy as np
+
+    vocab = set(spellings)
+    lefts: list[str] = []
+    rights: list[str] = []
+    owners: list[int] = []
+    for token_id, token in enumerate(spellings):
+        for k in range(1, len(token)):
+            left = token[:k]
+            if left in vocab:
+                right = token[k:]
+                if right in vocab:
+                    lefts.append(left)
+                    rights.append(right)
+                    owners.append(token_id)
+    scores = np.asarray(sort_scores, dtype=np.float64)[np.asarray(owners, dtype=np.int64)]
+    len_left = np.fromiter(map(len, lefts), dtype=np.int64, count=len(lefts))
+    len_right = np.fromiter(map(len, rights), dtype=np.int64, count=len(rights))
+    order = np.lexsort((-len_right, -len_left, -scores))  # stable: ties stay in token order
+    return [(lefts[i], rights[i]) for i in order.tolist()]
 
 
 def _file_merges(fields: Mapping[str, Any]) -> list[tuple[str, str]] | None:
