@@ -439,3 +439,18 @@ def test_gemma3_streaming_detokenizer_is_utf8_safe(gemma_ours):
     pieces = _stream(gemma_ours, ids, gemma_ours.encode("<start_of_turn>model\n").ids)
     assert not any(REPLACEMENT_CHAR in piece for piece in pieces)
     assert "".join(pieces) == text
+
+
+def test_phi3_prefix_before_every_piece_equals_transformers(tmp_path):
+    """Phi-3 files: transformers' phi3_tokenizer prepends ▁ to every piece of text (after special
+    tokens too, and before a leading space), with a normalizer instead of Metaspace."""
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    fields = _llama2_style_fields(add_space_prefix=True)
+    fields["general.architecture"] = "phi3"
+    path = _write_gguf(tmp_path / "phi3.gguf", fields)
+    ours = _ours(path)
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+    assert ours.encode(" the<s>the the", add_special_tokens=False).tokens == ["▁▁", "the", "<s>", "▁the", "▁the"]
+    _assert_same_ids(ours, hf, SYNTHETIC_TEXTS)
+    assert _assert_same_decode(ours, hf, SYNTHETIC_TEXTS) > len(SYNTHETIC_TEXTS) // 2

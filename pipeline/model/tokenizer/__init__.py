@@ -8,7 +8,7 @@ turns that back into a byte-level BPE tokenizer that the runtime can load from a
 
 Supported now: ``tokenizer.ggml.model == "gpt2"`` (GPT-2 style byte-level BPE: SmolLM, Llama 3,
 Qwen 2, Mistral Tekken, ...) and ``"llama"`` (SentencePiece BPE with byte fallback: Llama 2,
-Gemma 1-3, ...). Unigram (``"t5"``) and WordPiece (``"bert"``) vocabularies raise
+Gemma 1-3, Phi-3, ...). Unigram (``"t5"``) and WordPiece (``"bert"``) vocabularies raise
 :class:`GGUFTokenizerError`.
 
 One concept per file (each names its sources and where we deliberately differ from them):

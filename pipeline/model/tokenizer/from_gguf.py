@@ -4,7 +4,7 @@
 byte-level BPE model (``bpe.py``) -> splits + ``ByteLevel`` pre-tokenizer -> added/special tokens
 and the BOS/EOS post-processor (``special_tokens.py``).
 
-``llama`` (SentencePiece): layout (Gemma or Llama 2 rules, space prefix) -> vocabulary + merges
+``llama`` (SentencePiece): layout (Gemma, Phi-3 or Llama 2 rules, space prefix) -> vocabulary + merges
 (from the file or rebuilt from scores) as a byte-fallback BPE model -> ``Metaspace`` pre-tokenizer
 and SentencePiece decoder (``sentencepiece.py``) -> added/special tokens and the post-processor.
 """
@@ -29,6 +29,7 @@ from trtpipe.pipeline.model.tokenizer.sentencepiece import (
     sentencepiece_decoder,
     sentencepiece_layout,
     sentencepiece_model,
+    sentencepiece_normalizer,
     sentencepiece_pre_tokenizer,
     sentencepiece_spellings,
 )
@@ -78,7 +79,7 @@ def _sentencepiece_tokenizer(fields: Mapping[str, Any], meta: dict[str, Any]) ->
     unk = meta["unk_token_id"]
     unk_token = spellings[unk] if unk is not None and 0 <= unk < len(spellings) else None
     tok = Tokenizer(sentencepiece_model(fields, spellings, layout, unk_token))
-    tok.normalizer = None
+    tok.normalizer = sentencepiece_normalizer(layout)
     tok.pre_tokenizer = sentencepiece_pre_tokenizer(layout)
     tok.decoder = sentencepiece_decoder(layout)
     named = (meta[f"{name}_token_id"] for name in ("bos", "eos", "unk", "pad"))

@@ -20,7 +20,9 @@ Follows transformers 5.25 ``integrations/gguf/gguf_tokenizer_mapping.py`` (``sen
   ``"▁▁"`` so the BPE model (which sees ``▁`` for spaces) and the rebuilt merges find them.
 * Pre-tokenizer ``Metaspace(split=False)``: spaces -> ``▁``, the whole text one piece (SentencePiece
   does not split on whitespace at encode time); with ``add_space_prefix`` a ``▁`` is prepended to
-  the text's first piece (``prepend_scheme="first"``, transformers' non-legacy Llama).
+  the text's first piece unless it starts with a space (``prepend_scheme="first"``, transformers'
+  non-legacy Llama). Phi-3 files instead get transformers' ``phi3_tokenizer`` normalizer
+  (``Prepend("▁")``, spaces -> ``▁``: a prefix before every piece, also after special tokens).
 * Decoder: ``▁`` -> space, byte pieces -> bytes -> UTF-8 (``ByteFallback``; an incomplete character
   decodes to U+FFFD per byte, which the runtime's streaming detokenizer holds back), and with
   ``add_space_prefix`` the one leading space the prefix put there is stripped.
@@ -29,7 +31,7 @@ Where we differ from transformers: ``tokenizer.ggml.add_space_prefix`` is obeyed
 ``llm_tokenizer_spm`` does; transformers' ``AutoTokenizer(gguf_file=...)`` always prepends for
 non-Gemma files and never for Gemma ones). Where we differ from llama.cpp, as transformers does:
 llama.cpp also prepends a space to text that follows a special token and always prepends (even to
-text that starts with a space); llama.cpp matches USER_DEFINED tokens (Gemma's ``"  "``) whole
+text that starts with a space), as we do only for Phi-3; llama.cpp matches USER_DEFINED tokens (Gemma's ``"  "``) whole
 in the raw text, transformers lets BPE build them from ``▁``.
 """
 
@@ -51,8 +53,9 @@ from trtpipe.pipeline.model.tokenizer.fields import (
 )
 
 SPACE_PIECE = "\u2581"  # "▁", SentencePiece's spelling of a space
-# general.architecture values transformers builds with its Gemma rules (GGUF_SENTENCEPIECE_BUILDERS).
+# general.architecture values transformers builds with its own rules (GGUF_SENTENCEPIECE_BUILDERS).
 GEMMA_ARCHITECTURES = frozenset({"gemma", "gemma2", "gemma3"})
+PREFIX_EVERY_PIECE_ARCHITECTURES = frozenset({"phi3"})
 
 
 @dataclass(frozen=True)
@@ -64,18 +67,27 @@ class SentencePieceLayout:
     family (its SentencePiece model has no dummy prefix; transformers never adds one).
     ``merges_by_position``: rebuilt merges are ranked by the token's position, not its score
     (Gemma). ``respell_space_tokens``: whitespace-only tokens with real spaces become ``▁...``
-    (Gemma)."""
+    (Gemma). ``prefix_every_piece``: the prefix goes before every piece of text, also after a
+    special token and before a leading space (Phi-3: transformers' ``phi3_tokenizer`` and the
+    legacy Llama ``tokenizer.json``, a ``Prepend`` normalizer; llama.cpp does the same for all)."""
 
     add_space_prefix: bool
     merges_by_position: bool = False
     respell_space_tokens: bool = False
+    prefix_every_piece: bool = False
 
 
 def sentencepiece_layout(fields: Mapping[str, Any]) -> SentencePieceLayout:
     """The layout of this file: from ``general.architecture`` and ``tokenizer.ggml.add_space_prefix``."""
-    gemma = metadata_value(fields, KEY_ARCHITECTURE) in GEMMA_ARCHITECTURES
+    architecture = metadata_value(fields, KEY_ARCHITECTURE)
+    gemma = architecture in GEMMA_ARCHITECTURES
     add_space_prefix = bool(metadata_value(fields, KEY_ADD_SPACE_PREFIX, not gemma))
-    return SentencePieceLayout(add_space_prefix, merges_by_position=gemma, respell_space_tokens=gemma)
+    return SentencePieceLayout(
+        add_space_prefix,
+        merges_by_position=gemma,
+        respell_space_tokens=gemma,
+        prefix_every_piece=architecture in PREFIX_EVERY_PIECE_ARCHITECTURES,
+    )
 
 
 def sentencepiece_spellings(tokens: Sequence[str], layout: SentencePieceLayout) -> list[str]:
@@ -171,11 +183,28 @@ def sentencepiece_model(
     return BPE(vocab=vocab, merges=merges, unk_token=unk_token, fuse_unk=True, byte_fallback=True, dropout=None)
 
 
+def _prefix_in_normalizer(layout: SentencePieceLayout) -> bool:
+    return layout.add_space_prefix and layout.prefix_every_piece
+
+
+def sentencepiece_normalizer(layout: SentencePieceLayout) -> Any:
+    """None, or for ``prefix_every_piece`` with a space prefix ``Prepend("▁")`` then spaces -> ``▁``
+    (transformers ``phi3_tokenizer``)."""
+    from tokenizers import normalizers
+
+    if not _prefix_in_normalizer(layout):
+        return None
+    return normalizers.Sequence([normalizers.Prepend(SPACE_PIECE), normalizers.Replace(" ", SPACE_PIECE)])
+
+
 def sentencepiece_pre_tokenizer(layout: SentencePieceLayout) -> Any:
     """``Metaspace``: spaces -> ``▁``, no split, ``▁`` prepended to the first piece when the file
-    asks for a space prefix (transformers ``LlamaTokenizer``, ``legacy=False``)."""
+    asks for a space prefix (transformers ``LlamaTokenizer``, ``legacy=False``); None when the
+    normalizer does it (:func:`sentencepiece_normalizer`)."""
     from tokenizers import pre_tokenizers
 
+    if _prefix_in_normalizer(layout):
+        return None
     scheme = "first" if layout.add_space_prefix else "never"
     return pre_tokenizers.Metaspace(replacement=SPACE_PIECE, prepend_scheme=scheme, split=False)
 
