@@ -26,6 +26,7 @@ KEY_MODEL = "tokenizer.ggml.model"
 KEY_PRE = "tokenizer.ggml.pre"
 KEY_TOKENS = "tokenizer.ggml.tokens"
 KEY_TOKEN_TYPE = "tokenizer.ggml.token_type"
+KEY_SCORES = "tokenizer.ggml.scores"
 KEY_MERGES = "tokenizer.ggml.merges"
 KEY_BOS_ID = "tokenizer.ggml.bos_token_id"
 KEY_EOS_ID = "tokenizer.ggml.eos_token_id"
@@ -35,12 +36,17 @@ KEY_UNK_ID = "tokenizer.ggml.unknown_token_id"
 KEY_PAD_ID = "tokenizer.ggml.padding_token_id"
 KEY_ADD_BOS = "tokenizer.ggml.add_bos_token"
 KEY_ADD_EOS = "tokenizer.ggml.add_eos_token"
+KEY_ADD_SPACE_PREFIX = "tokenizer.ggml.add_space_prefix"
 KEY_CHAT_TEMPLATE = "tokenizer.chat_template"
+KEY_ARCHITECTURE = "general.architecture"
 
 # llama.cpp llama_token_type / gguf TokenType values.
 TOKEN_TYPE_NORMAL = 1
+TOKEN_TYPE_UNKNOWN = 2
 TOKEN_TYPE_CONTROL = 3
 TOKEN_TYPE_USER_DEFINED = 4
+TOKEN_TYPE_UNUSED = 5
+TOKEN_TYPE_BYTE = 6  # SentencePiece byte-fallback pieces <0x00>..<0xFF>
 
 
 def fields_of(reader_or_fields: Any) -> Mapping[str, Any]:

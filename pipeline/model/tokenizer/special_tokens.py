@@ -1,8 +1,10 @@
 """Special and added tokens of a GGUF tokenizer, and the post-processor that inserts BOS/EOS.
 
 Follows transformers ``add_gguf_special_tokens`` (CONTROL (3) tokens added as special tokens,
-USER_DEFINED (4) tokens as plain added tokens) and ``convert_slow_tokenizer.GPT2Converter`` (BOS
-added by the post-processor only when ``add_bos_token``; otherwise a no-op ``ByteLevel``).
+USER_DEFINED (4) tokens as plain added tokens; for SentencePiece files also the BOS/EOS/UNK/PAD
+tokens, which ``TokenizersBackend`` adds from the special-token names) and
+``convert_slow_tokenizer.GPT2Converter`` / ``LlamaTokenizer`` (BOS added by the post-processor only
+when ``add_bos_token``; otherwise a no-op).
 """
 
 from __future__ import annotations
@@ -19,22 +21,39 @@ from trtpipe.pipeline.model.tokenizer.fields import (
 )
 
 
-def add_gguf_added_tokens(tok: Any, tokens: list[str], token_types: list[int]) -> None:
-    """Add CONTROL tokens as special tokens (matched whole in text, dropped by
-    ``decode(skip_special_tokens=True)``) and USER_DEFINED tokens as non-special added tokens to
-    ``tok`` (a ``tokenizers.Tokenizer`` whose BPE vocabulary already holds every token).
+def add_gguf_added_tokens(
+    tok: Any,
+    tokens: list[str],
+    token_types: list[int],
+    *,
+    spellings: list[str] | None = None,
+    special_ids: tuple[int, ...] = (),
+) -> None:
+    """Add CONTROL tokens (and the tokens at ``special_ids``: BOS/EOS/UNK/PAD of a SentencePiece
+    file, which transformers adds as special whatever their type) as special tokens (matched whole
+    in text, dropped by ``decode(skip_special_tokens=True)``) and USER_DEFINED tokens as
+    non-special added tokens to ``tok`` (a ``tokenizers.Tokenizer`` whose model vocabulary already
+    holds every token).
+
+    ``spellings``: the model's spelling of each token when it differs from the file's (Gemma's
+    ``"  "`` is ``"▁▁"``); a token respelled there is left to the model, not added (transformers
+    does the same: adding it would give it a new id).
 
     Raises :class:`GGUFTokenizerError` if that grew the id count past ``len(tokens)`` (an added
     token missing from the model vocabulary would get a new id past the embedding table)."""
     from tokenizers import AddedToken
 
+    kept = range(len(tokens)) if spellings is None else [i for i, t in enumerate(tokens) if spellings[i] == t]
+    special_set = set(special_ids)
     control = [
-        AddedToken(t, normalized=False, special=True) for t, tt in zip(tokens, token_types) if tt == TOKEN_TYPE_CONTROL
+        AddedToken(tokens[i], normalized=False, special=True)
+        for i in kept
+        if token_types[i] == TOKEN_TYPE_CONTROL or i in special_set
     ]
     user_defined = [
-        AddedToken(t, normalized=False, special=False)
-        for t, tt in zip(tokens, token_types)
-        if tt == TOKEN_TYPE_USER_DEFINED
+        AddedToken(tokens[i], normalized=False, special=False)
+        for i in kept
+        if token_types[i] == TOKEN_TYPE_USER_DEFINED and i not in special_set
     ]
     if control:
         tok.add_special_tokens(control)
@@ -48,9 +67,10 @@ def add_gguf_added_tokens(tok: Any, tokens: list[str], token_types: list[int]) -
         )
 
 
-def post_processor(meta: dict[str, Any]) -> Any:
-    """BOS/EOS template when the file asks for them (the id must exist), else the no-op
-    ``ByteLevel(trim_offsets=False)`` that transformers' GPT2Converter uses.
+def post_processor(meta: dict[str, Any], *, byte_level: bool = True) -> Any:
+    """BOS/EOS template when the file asks for them (the id must exist), else a no-op: the
+    ``ByteLevel(trim_offsets=False)`` that transformers' GPT2Converter uses (``byte_level``), or
+    a template of the sequence alone (SentencePiece).
 
     ``meta``: :func:`~trtpipe.pipeline.model.tokenizer.metadata.gguf_tokenizer_metadata`.
     Pairs follow Hugging Face's Llama convention: ``BOS A EOS BOS B EOS`` (each part optional).
@@ -72,7 +92,7 @@ def post_processor(meta: dict[str, Any]) -> Any:
             )
         ends[name] = text
         special.append((text, token_id))
-    if not special:
+    if not special and byte_level:
         return processors.ByteLevel(trim_offsets=False)
 
     def part(seq: str, type_id: int) -> list[str]:
