@@ -30,7 +30,7 @@ import trtpipe.plugins.ops.torch_ops  # noqa: F401  (registers torch.ops.trtpipe
 from trtpipe.pipeline.model.overrides import with_sliding_window
 from trtpipe.pipeline.model.quantize import ModelWeights, QuantSpec, quantize_model
 from trtpipe.pipeline.model.reference.layers import Attention, DecoderLayer
-from trtpipe.pipeline.model.reference.linears import make_linear
+from trtpipe.pipeline.model.reference.linears import frozen_param, make_linear
 from trtpipe.pipeline.model.weights import LoadedModel
 from trtpipe.plugins.core.errors import OpError
 from trtpipe.plugins.core.rope import rope_cos_sin
@@ -71,8 +71,7 @@ class ReferenceModel(nn.Module):
             model = replace(model, config=c)
         self.config: ModelConfig = c
         self.quant = weights.quant
-        embed = model.float_weight("model.embed_tokens.weight")
-        self.embed_tokens = nn.Parameter(torch.from_numpy(embed), requires_grad=False)
+        self.embed_tokens = frozen_param(model.float_weight("model.embed_tokens.weight"))
         self.layers = nn.ModuleList(DecoderLayer(model, i, weights) for i in range(c.num_layers))
         self.norm = DecoderLayer.final_norm(model)
         # None: tied to embed_tokens (one initializer in the graph)
