@@ -7,7 +7,7 @@ the ``trtpipe::Int4Gemm`` / MatMulNBits layout, Q8_0 into 8-bit codes), everythi
 quantized round-to-nearest (:func:`trtpipe.plugins.ops.int4_gemm.pack.quantize_rtn`). Pure NumPy: no torch.
 
     LoadedModel ──quantize_model(QuantSpec)──► ModelWeights {name: FloatWeights | PackedWeights}
-                                                   └─► LlamaReference(loaded, weights)  (torch)
+                                                   └─► ReferenceModel(loaded, weights)  (torch)
 """
 
 from __future__ import annotations

@@ -45,6 +45,18 @@ class RopeScaling:
 
 
 NORM_LAYOUTS = ("pre", "sandwich")
+FAMILY_FIELDS = (
+    "layer_rope_theta",
+    "layer_rope_scaled",
+    "norm_layout",
+    "norm_weight_offset",
+    "qk_norm",
+    "activation",
+    "embedding_scale",
+    "attention_scale",
+    "attn_logit_softcap",
+    "final_logit_softcap",
+)  # the fields a family description adds to the Llama ones (defaults: Llama)
 ACTIVATIONS = ("silu", "gelu_tanh")
 
 
@@ -143,6 +155,16 @@ class ModelConfig:
         ``layer_rope_scaled[i]``, or ``(rope_theta, True)`` where those tuples are empty."""
         theta = self.layer_rope_theta[i] if self.layer_rope_theta else float(self.rope_theta)
         return theta, (self.layer_rope_scaled[i] if self.layer_rope_scaled else True)
+
+    def non_llama_features(self) -> tuple[str, ...]:
+        """Names of the family fields that differ from the Llama defaults (empty for a Llama,
+        Mistral or Qwen2 body; per-layer RoPE reported as ``layer_rope_theta``), for engines that
+        run only part of the description to refuse the rest by name."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        names = [f for f in FAMILY_FIELDS if not f.startswith("layer_") and getattr(self, f) != defaults[f]]
+        if any(self.layer_rope(i) != (float(self.rope_theta), True) for i in range(self.num_layers)):
+            names.insert(0, "layer_rope_theta")
+        return tuple(names)
 
     @property
     def softmax_scale(self) -> float:
