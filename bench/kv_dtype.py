@@ -18,7 +18,7 @@ each round, the order alternating between rounds:
   pool's last context) quantized to int8 per token and kv head (what the pool stores) and per
   16-token block and kv head.
 - Agreement (unless ``--timing-only``): teacher-forced top-1 agreement over the 64 positions after
-  the prompt, against the full-attention fp32 reference (``pipeline/model/reference.py``
+  the prompt, against the full-attention fp32 reference (``pipeline/model/reference/``
   ``forward_dense``, one pass, minutes: cached in ``artifacts/.cache/kv_dtype_reference.npz``) and
   against the fp32-pool artifact itself (the KV dtype's own cost, INT4's left out).
 

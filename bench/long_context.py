@@ -13,7 +13,7 @@ each context length L (default 1024, 4096, 8064 prompt tokens + 64 new):
 - KV held: the most KV blocks the sequence held during decode x bytes per block, MiB (the window
   frees blocks that left it: at most ceil(2048 / 16) + 1 = 129 blocks).
 - Agreement: teacher-forced top-1 agreement over the 64 positions after the prompt with the
-  **full-attention fp32 reference** (pipeline/model/reference.py ``forward_dense`` on the same tokens, one
+  **full-attention fp32 reference** (pipeline/model/reference/ ``forward_dense`` on the same tokens, one
   pass over the whole text): the window's quality cost, since SmolLM2 was trained without one.
 
 Prefix caching is off (every L reuses the same text). The text is natural English: the GNU GPL
@@ -59,7 +59,7 @@ def load_text_ids(tokenizer_json: Path, paths: list[str], need: int) -> list[int
 
 def reference_argmax(ids: list[int], max_seq_len: int, cache: Path) -> np.ndarray:
     """argmax of the full-attention fp32 reference at every position of ``ids`` ([T] int64),
-    from one dense forward pass (pipeline/model/reference.py; minutes at 8K tokens on 2 cores). Kept in
+    from one dense forward pass (pipeline/model/reference/; minutes at 8K tokens on 2 cores). Kept in
     ``cache`` (.npz with the ids) and reused while the ids are the same."""
     import torch
 

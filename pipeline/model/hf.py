@@ -1,9 +1,15 @@
 """Load a Hugging Face model folder (config.json, *.safetensors, tokenizer.json).
 
-Supports ``LlamaForCausalLM``, ``MistralForCausalLM`` and ``Qwen2ForCausalLM`` configs; per-layer
-sliding windows follow each architecture's rule (Mistral: every layer; Qwen2: layers at or above
-``max_window_layers`` when ``use_sliding_window``). ``rope_scaling`` of type ``linear`` or
-``llama3`` is kept; any other type is an error, never silently dropped.
+Supports the families of :mod:`trtpipe.pipeline.model.families` (``LlamaForCausalLM``,
+``MistralForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``, ``Gemma2ForCausalLM``,
+``Gemma3ForCausalLM``). Per-layer sliding windows: ``layer_types`` when config.json has it (what
+transformers >= 4.53 attends by), else the family's rule (Mistral: every layer; Qwen: layers at or
+above ``max_window_layers`` when ``use_sliding_window``; Gemma: ``sliding_window_pattern``).
+Gemma 3's per-layer RoPE: ``rope_parameters["sliding_attention" | "full_attention"]``
+(transformers 5) or ``rope_local_base_freq`` / ``rope_theta`` / ``rope_scaling`` (4.x, scaling on
+global layers). ``rope_scaling`` of type ``linear`` or ``llama3`` is kept; any other type is an
+error, never silently dropped. Gemma norm weights are stored as ``w`` for ``1 + w``
+(``norm_weight_offset`` 1, HF ``Gemma3RMSNorm``).
 """
 
 from __future__ import annotations
@@ -15,11 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
+from trtpipe.pipeline.model.families import BY_HF_CLASS, Family, layer_rope_fields, sliding_layers, unsupported_message
 from trtpipe.pipeline.model.gguf import ModelLoadError
 from trtpipe.pipeline.model.weights import LoadedModel, WeightTensor
 from trtpipe.runtime.artifact.model_config import ModelConfig, RopeScaling
 
-_ARCHS = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
+_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
 
 def _rope_scaling(cfg: dict, path: Path) -> RopeScaling | None:
@@ -29,6 +36,11 @@ def _rope_scaling(cfg: dict, path: Path) -> RopeScaling | None:
         rp = cfg.get("rope_parameters") or {}
         if rp.get("rope_type", "default") != "default":
             rs = rp
+    return _scaling_of(rs, path)
+
+
+def _scaling_of(rs: dict | None, path: Path) -> RopeScaling | None:
+    """A ``rope_scaling`` / ``rope_parameters`` dict as :class:`RopeScaling` (None for default)."""
     if not rs:
         return None
     rtype = rs.get("rope_type", rs.get("type"))
@@ -80,32 +92,99 @@ def _end_of_generation_ids(cfg: dict, path: Path) -> tuple[int, ...]:
     return tuple(dict.fromkeys(ids))
 
 
+def _layer_rope(cfg: dict, fam: Family, path: Path, sliding: tuple[bool, ...]) -> dict:
+    """``rope_theta``, ``rope_scaling``, ``layer_rope_theta`` and ``layer_rope_scaled``.
+
+    One RoPE for every layer (Llama, Qwen, Gemma 2): ``rope_theta`` (or ``rope_parameters``'s) and
+    ``rope_scaling``. Gemma 3 (``fam.local_rope_theta``): global layers take the full-attention
+    base and scaling, sliding layers the local base unscaled (HF ``Gemma3RotaryEmbedding``).
+    """
+    rp = cfg.get("rope_parameters") or {}
+    if fam.local_rope_theta and "full_attention" in rp:  # transformers 5: one dict per layer type
+        full, local = rp["full_attention"] or {}, rp.get("sliding_attention") or {}
+        if _scaling_of(local, path) is not None:
+            raise ModelLoadError(
+                f"{path / 'config.json'}: rope_parameters.sliding_attention = {local!r} scales the local "
+                "RoPE; expected rope_type 'default' (trtpipe scales global layers only). Fix: use the "
+                "model's published config."
+            )
+        theta, scaling = float(full.get("rope_theta", 1e6)), _scaling_of(full, path)
+        local_theta = float(local.get("rope_theta", fam.local_rope_theta))
+    elif fam.local_rope_theta:  # transformers 4.x
+        theta, scaling = float(cfg.get("rope_theta", 1e6)), _rope_scaling(cfg, path)
+        local_theta = float(cfg.get("rope_local_base_freq", fam.local_rope_theta))
+    else:
+        theta = float(cfg.get("rope_theta") or rp.get("rope_theta", 10000.0))
+        scaling, local_theta = _rope_scaling(cfg, path), 0.0
+    return dict(rope_theta=theta, rope_scaling=scaling, **layer_rope_fields(sliding, theta, local_theta))
+
+
+def _sliding(cfg: dict, fam: Family, n: int, path: Path) -> tuple[bool, ...]:
+    """Which layers slide: ``layer_types`` if given, else the family's rule (module docstring)."""
+    types = cfg.get("layer_types")
+    if types:
+        if len(types) != n or not set(types) <= {"sliding_attention", "full_attention"}:
+            raise ModelLoadError(
+                f"{path / 'config.json'}: layer_types = {types!r}; expected {n} entries, each "
+                "'sliding_attention' or 'full_attention'. Fix: re-save the config with transformers."
+            )
+        return tuple(t == "sliding_attention" for t in types)
+    if fam.window_pattern > 1 and cfg.get("sliding_window_pattern"):
+        fam = dataclasses.replace(fam, window_pattern=int(cfg["sliding_window_pattern"]))
+    if fam.window_pattern:
+        return sliding_layers(fam, n)
+    if cfg.get("use_sliding_window"):  # Qwen: layers at or above max_window_layers
+        return tuple(i >= int(cfg.get("max_window_layers", n)) for i in range(n))
+    return (False,) * n
+
+
+def _family_facts(cfg: dict, fam: Family, path: Path, n: int, hidden: int) -> dict:
+    """The family fields of :class:`ModelConfig` from config.json and ``fam``'s defaults."""
+    if cfg.get("use_bidirectional_attention"):
+        raise ModelLoadError(
+            f"{path / 'config.json'}: use_bidirectional_attention = true (an embedding model); expected "
+            "a causal decoder. Fix: use the model's causal-LM checkpoint."
+        )
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or fam.activation
+    if act not in _ACTIVATIONS:
+        raise ModelLoadError(
+            f"{path / 'config.json'}: hidden activation {act!r} is not supported; expected one of "
+            f"{sorted(_ACTIVATIONS)}. Fix: open a trtpipe issue naming the architecture and activation."
+        )
+    sliding = _sliding(cfg, fam, n, path)
+    window = int(cfg.get("sliding_window") or 0)
+    qpas = cfg.get("query_pre_attn_scalar") if fam.gemma_norms else None
+    return dict(
+        layer_sliding_window=tuple(window if s else 0 for s in sliding),
+        **_layer_rope(cfg, fam, path, sliding),
+        norm_layout=fam.norm_layout,
+        norm_weight_offset=1.0 if fam.gemma_norms else 0.0,
+        qk_norm=fam.qk_norm,
+        activation=_ACTIVATIONS[act],
+        embedding_scale=hidden**0.5 if fam.scale_embedding else 1.0,
+        attention_scale=float(qpas) ** -0.5 if qpas else 0.0,
+        # Gemma 3's attention ignores attn_logit_softcapping (HF modeling_gemma3.py, llama.cpp)
+        attn_logit_softcap=float(cfg.get("attn_logit_softcapping") or 0.0) if fam.attn_logit_softcap else 0.0,
+        final_logit_softcap=float(cfg.get("final_logit_softcapping") or 0.0),
+    )
+
+
 def config_from_hf(cfg: dict, path: Path) -> ModelConfig:
     """ModelConfig from a Hugging Face ``config.json`` dict (``cfg``) of the folder ``path``; the
     end-of-generation ids also read ``path / "generation_config.json"`` (:func:`_end_of_generation_ids`).
-    Raises :class:`ModelLoadError` for an unsupported architecture or RoPE scaling type."""
+    Raises :class:`ModelLoadError` for an unsupported architecture, activation, RoPE scaling type,
+    malformed ``layer_types`` or a bidirectional (embedding) model."""
     archs = cfg.get("architectures") or []
-    arch = next((_ARCHS[a] for a in archs if a in _ARCHS), None)
-    if arch is None:
+    fam = next((BY_HF_CLASS[a] for a in archs if a in BY_HF_CLASS), None)
+    if fam is None:
         raise ModelLoadError(
-            f"{path / 'config.json'}: architectures = {archs!r} is not supported; expected one of {sorted(_ARCHS)}."
+            f"{path / 'config.json'}: " + unsupported_message("architectures", archs, sorted(BY_HF_CLASS))
         )
     n = int(cfg["num_hidden_layers"])
     heads = int(cfg["num_attention_heads"])
     hidden = int(cfg["hidden_size"])
-    window = cfg.get("sliding_window") or 0
-    if arch == "mistral":
-        windows = (int(window),) * n
-    elif arch == "qwen2" and cfg.get("use_sliding_window") and window:
-        mwl = int(cfg.get("max_window_layers", n))
-        windows = tuple(int(window) if i >= mwl else 0 for i in range(n))
-    else:
-        windows = (0,) * n
-    rope_theta = cfg.get("rope_theta")
-    if rope_theta is None:
-        rope_theta = (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
     return ModelConfig(
-        architecture=arch,
+        architecture=fam.architecture,
         num_layers=n,
         hidden_size=hidden,
         num_heads=heads,
@@ -114,15 +193,13 @@ def config_from_hf(cfg: dict, path: Path) -> ModelConfig:
         intermediate_size=int(cfg["intermediate_size"]),
         vocab_size=int(cfg["vocab_size"]),
         max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-        rope_theta=float(rope_theta),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
-        rope_scaling=_rope_scaling(cfg, path),
-        layer_sliding_window=windows,
+        attention_bias=bool(cfg.get("attention_bias", fam.architecture == "qwen2")),
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=_end_of_generation_ids(cfg, path),
         name=path.name,
+        **_family_facts(cfg, fam, path, n, hidden),
     )
 
 

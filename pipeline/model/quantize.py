@@ -9,7 +9,7 @@ exact float weights (``WeightTensor.to_float``: gguf's own dequantization of Q5_
 Q5_K, Q6_K, Q8_0 linears; not exact to the file). Pure NumPy: no torch.
 
     LoadedModel ──quantize_model(QuantSpec)──► ModelWeights {name: FloatWeights | PackedWeights}
-                                                   └─► LlamaReference(loaded, weights)  (torch)
+                                                   └─► ReferenceModel(loaded, weights)  (torch)
 """
 
 from __future__ import annotations

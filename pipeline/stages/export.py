@@ -27,7 +27,7 @@ import onnx
 import torch
 from torch import nn
 
-from trtpipe.pipeline.model.reference import LlamaReference
+from trtpipe.pipeline.model.reference import ReferenceModel
 from trtpipe.pipeline.recipe import Recipe
 from trtpipe.pipeline.stages.load import PreparedModel
 from trtpipe.plugins.core.kv_codec import kv_has_scales
@@ -63,7 +63,7 @@ def kv_names(num_layers: int, kv_dtype: str = "fp32") -> tuple[list[str], list[s
 
 
 class _Prefill(nn.Module):
-    def __init__(self, ref: LlamaReference):
+    def __init__(self, ref: ReferenceModel):
         super().__init__()
         self.ref = ref
 
@@ -76,7 +76,7 @@ class _Prefill(nn.Module):
 
 
 class _Decode(nn.Module):
-    def __init__(self, ref: LlamaReference):
+    def __init__(self, ref: ReferenceModel):
         super().__init__()
         self.ref = ref
 
@@ -98,7 +98,7 @@ class ExportResult:
     data_bytes: int
 
 
-def _dummy(ref: LlamaReference, phase: str, block_size: int):
+def _dummy(ref: ReferenceModel, phase: str, block_size: int):
     c = ref.config
     NB = 8  # pool blocks; block tables below are [S=2, MB=3]
     kv = []
@@ -122,7 +122,7 @@ def _dummy(ref: LlamaReference, phase: str, block_size: int):
     return args, kv
 
 
-def _phase_module(ref: LlamaReference, phase: str, num_kv: int) -> tuple[nn.Module, list[str], tuple]:
+def _phase_module(ref: ReferenceModel, phase: str, num_kv: int) -> tuple[nn.Module, list[str], tuple]:
     """(module, input names without the KV, dynamic shapes) of one phase; ``num_kv`` KV tensors.
 
     Raises ValueError for a phase other than "prefill" or "decode"."""
@@ -188,7 +188,7 @@ def _without_unused_rewrite_rules():
         rewriter._DEFAULT_REWRITE_RULES = rules
 
 
-def export_phase(ref: LlamaReference, phase: str, out_path: Path, block_size: int) -> ExportResult:
+def export_phase(ref: ReferenceModel, phase: str, out_path: Path, block_size: int) -> ExportResult:
     """Export one phase ("prefill" or "decode") to ``out_path`` (+ ``out_path.data``).
 
     The write is atomic: the graph is written under a temporary name in the same folder and
@@ -232,7 +232,7 @@ class ExportedGraphs:
     """Raw exported graphs (``trtpipe`` custom ops, fp32 activations) and the references behind them."""
 
     graphs: dict[str, Any]  # phase -> onnx.ModelProto (weights in memory)
-    references: dict[str, Any]  # weight precision ("fp32" | "int4") -> LlamaReference
+    references: dict[str, Any]  # weight precision ("fp32" | "int4") -> ReferenceModel
     timings_s: dict[str, float]  # export_<phase>_s
 
 

@@ -41,6 +41,8 @@ def native_support(recipe: Recipe, model: PreparedModel) -> str | None:
         return f"precision prefill={recipe.precision.prefill}, decode={recipe.precision.decode} (native: int4 both)"
     if c.attention_bias or c.rope_scaling:
         return "attention bias or RoPE scaling (native: plain Llama)"
+    if c.non_llama_features():
+        return f"{c.architecture} features {', '.join(c.non_llama_features())} (native: plain Llama)"
     linears = [f"model.layers.{i}.{p}.{n}.weight" for i in range(c.num_layers) for p, n in _parts()]
     odd = [n for n in linears if w[n].qtype not in ("Q4_0", "Q4_1")]
     if odd:

@@ -33,7 +33,11 @@ GOLDEN_CACHE_DIR = Path(".cache") / "golden"  # under the artifacts root
 
 # the code the recording runs: a change to any of these files is a new key
 _REFERENCE_SOURCES = (
-    "pipeline/model/reference.py",
+    "pipeline/model/reference/__init__.py",
+    "pipeline/model/reference/model.py",
+    "pipeline/model/reference/layers.py",
+    "pipeline/model/reference/linears.py",
+    "pipeline/model/families.py",
     "pipeline/model/quantize.py",
     "pipeline/stages/golden/prompts.py",
     "pipeline/stages/golden/record.py",
