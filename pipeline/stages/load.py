@@ -63,18 +63,18 @@ def load_model(recipe: Recipe) -> LoadedModel:
 
 def prepare_model(recipe: Recipe, loaded: LoadedModel, load_s: float = 0.0) -> PreparedModel:
     """Check ``recipe`` against ``loaded`` and apply its overrides. Raises :class:`RecipeError`
-    (recipe vs model) or :class:`BuildError` (layers with different windows: the KV manager
-    handles one window per pool)."""
+    (recipe vs model).
+
+    The KV pool's window (``KVLayout.sliding_window``: blocks wholly before it are released) is
+    the layers' window when they share one; with different windows per layer (Gemma 2/3: sliding
+    and global layers) it is 0: every layer keeps the whole sequence's blocks (correct for every
+    layer; each layer still attends over its own window, from ``config.layer_sliding_window``).
+    A pool per attention kind, whose sliding layers free what leaves the window, is not built yet."""
     config = loaded.config
     check_recipe_against_model(recipe, config)
     config = with_sliding_window(config, recipe.sliding_window)
     windows = set(config.layer_sliding_window)
-    if len(windows) > 1:
-        raise BuildError(
-            f"model {config.name}: layers use different sliding windows {sorted(windows)}; "
-            "the KV manager handles one window per pool. Fix: set sliding_window in the recipe."
-        )
-    window = next(iter(windows))
+    window = next(iter(windows)) if len(windows) == 1 else 0
     kv = KVLayout(
         block_size=recipe.kv_cache.block_size,
         num_blocks=plan_kv_num_blocks(recipe, config),

@@ -7,10 +7,12 @@ returns the manifest's ``runtime_options.native`` record. The ONNX graphs are bu
 the artifact still runs on ONNX Runtime (``--engine ort``).
 
 What it takes (else :func:`native_support` says why not, and ``cpu_backend: auto`` builds the ONNX
-Runtime engine only): a Llama model whose linears are GGUF Q4_1 or Q4_0 (group 32) and whose
-embedding / LM head is GGUF Q8_0 (tied or not), any KV dtype (fp32, fp16, bf16, int8), no
-attention bias, no RoPE scaling,
-N % 16 == 0 and K % 32 == 0 for every linear.
+Runtime engine only): a decoder whose description (ModelConfig) the C forward runs (Llama, Qwen3,
+Gemma 3: norm layout, QK-norm, activation, per-layer window and RoPE base, embedding and softmax
+scales, final soft-cap; not an attention soft-cap), whose linears are GGUF Q4_0 / Q4_1 (Q4 tiles)
+or Q8_0 / Q5_0 (Q8 tiles), one kind per fused group (q/k/v, gate/up), whose embedding / LM head
+is GGUF Q8_0 (tied or not), any KV dtype (fp32, fp16, bf16, int8), no attention bias, no RoPE
+scaling, N % 16 == 0 and K % 32 == 0 for every linear.
 """
 
 from __future__ import annotations
@@ -26,12 +28,43 @@ from trtpipe.pipeline.model.quantize import LINEAR_NAMES
 from trtpipe.pipeline.model.weights import LoadedModel, WeightTensor
 from trtpipe.pipeline.recipe import Recipe
 from trtpipe.pipeline.stages.load import PreparedModel
+from trtpipe.plugins.core.gguf_blocks import decode_blocks
 from trtpipe.plugins.cpu.layout import TiledWeight, concat_rows, tile_q4, tile_q8
 from trtpipe.plugins.ops.int4_gemm.layout import unpack_int4_codes
 from trtpipe.plugins.ops.int4_gemm.pack import repack_gguf_q4_0, repack_gguf_q4_1_exact, repack_gguf_q8_0_as_uint8
+from trtpipe.runtime.artifact.model_config import ModelConfig
 from trtpipe.runtime.engines.native_weights import ALIGN, WEIGHTS_FILE
 
 LIBRARY_FILE = "libtrtpipe_cpu.so"
+
+
+# linear weight types the kernels read exactly: Q4 (Q4_0, Q4_1) or Q8 (Q8_0; Q5_0's codes q - 16 are
+# Q8 codes u - 128 with u = q + 112, the same fp16 scale)
+Q4_TYPES, Q8_TYPES = ("Q4_0", "Q4_1"), ("Q8_0", "Q5_0")
+# ModelConfig family fields the C forward runs (csrc/forward.c); the rest are refused by name
+NATIVE_FAMILY_FIELDS = frozenset(
+    {"layer_rope_theta", "layer_rope_scaled", "norm_layout", "norm_weight_offset", "qk_norm", "activation",
+     "embedding_scale", "attention_scale", "final_logit_softcap"}
+)  # fmt: skip
+
+
+def _linear_kinds(c: ModelConfig, w: dict[str, WeightTensor]) -> str | None:
+    """None when every linear is a type the kernels read and each fused group (q/k/v, gate/up)
+    shares one kind, else the reason."""
+    for i in range(c.num_layers):
+        for group in (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",)):
+            names = [
+                f"model.layers.{i}.{'self_attn' if n.endswith(('q_proj', 'k_proj', 'v_proj', 'o_proj')) else 'mlp'}.{n}.weight"
+                for n in group
+            ]
+            types = [w[n].qtype for n in names]
+            kinds = {"q4" if t in Q4_TYPES else "q8" if t in Q8_TYPES else t for t in types}
+            odd = [(n, t) for n, t in zip(names, types, strict=True) if t not in Q4_TYPES + Q8_TYPES]
+            if odd:
+                return f"linear weights of GGUF type {odd[0][1]}, first {odd[0][0]} (native: {', '.join(Q4_TYPES + Q8_TYPES)})"
+            if len(kinds) > 1:
+                return f"{', '.join(names)} mix 4-bit and 8-bit types {types} (native: one kind per fused group)"
+    return None
 
 
 def native_support(recipe: Recipe, model: PreparedModel) -> str | None:
@@ -40,14 +73,13 @@ def native_support(recipe: Recipe, model: PreparedModel) -> str | None:
     if recipe.precision.prefill != "int4" or recipe.precision.decode != "int4":
         return f"precision prefill={recipe.precision.prefill}, decode={recipe.precision.decode} (native: int4 both)"
     if c.attention_bias or c.rope_scaling:
-        return "attention bias or RoPE scaling (native: plain Llama)"
-    if c.non_llama_features():
-        return f"{c.architecture} features {', '.join(c.non_llama_features())} (native: plain Llama)"
-    linears = [f"model.layers.{i}.{p}.{n}.weight" for i in range(c.num_layers) for p, n in _parts()]
-    odd = [n for n in linears if w[n].qtype not in ("Q4_0", "Q4_1")]
-    if odd:
-        types = ", ".join(sorted({w[n].qtype for n in odd}))
-        return f"linear weights of GGUF type {types}, first {odd[0]} ({w[odd[0]].qtype}) (native: Q4_0 / Q4_1)"
+        return "attention bias or RoPE scaling (native: no bias, no scaling)"
+    odd_family = sorted(set(c.non_llama_features()) - NATIVE_FAMILY_FIELDS)
+    if odd_family:
+        return f"{c.architecture} model facts {', '.join(odd_family)} (the native forward does not run them)"
+    reason = _linear_kinds(c, w)
+    if reason:
+        return reason
     if recipe.precision.int4.group_size != 32:
         return f"int4 group size {recipe.precision.int4.group_size} (native: 32, the GGUF block)"
     for name in ("model.embed_tokens.weight", model.loaded.lm_head_name()):
@@ -65,8 +97,13 @@ def _parts() -> list[tuple[str, str]]:
     return [("self_attn" if n in LINEAR_NAMES[:4] else "mlp", n) for n in LINEAR_NAMES]
 
 
-def _q4(t: WeightTensor, name: str) -> TiledWeight:
+def _linear(t: WeightTensor, name: str) -> TiledWeight:
+    """A linear's GGUF blocks moved into the kernels' layout, exactly (Q4: Q4_0 / Q4_1; Q8: Q8_0 /
+    Q5_0 through plugins/core/gguf_blocks' exact decode)."""
     N, K = t.shape
+    if t.qtype in Q8_TYPES:
+        kb = decode_blocks(t.data, t.qtype)  # codes int8 in -128..127, scales = the fp16 d as fp32
+        return tile_q8((kb.codes.astype(np.int16) + 128).astype(np.uint8), kb.scales.astype(np.float16), name)
     if t.qtype == "Q4_1":
         packed, d, m = repack_gguf_q4_1_exact(t.data, N, K)
     else:  # Q4_0: w = d * (q - 8) = d * q + (-8 d), exact in fp16
@@ -81,10 +118,29 @@ def _q8(t: WeightTensor, name: str) -> TiledWeight:
     return tile_q8(codes.reshape(N, K), d, name)
 
 
+def _norms(loaded: LoadedModel, i: int) -> dict[str, np.ndarray]:
+    """Layer ``i``'s norms under their native names, ``norm_weight_offset`` added (fp32, as the
+    reference multiplies by ``offset + w``): attn_norm, mlp_norm, and where the description has
+    them post_attn_norm, post_mlp_norm (sandwich), q_norm, k_norm (QK-norm)."""
+    c, p = loaded.config, f"model.layers.{i}"
+    names = {"attn_norm": "input_layernorm"}
+    if c.norm_layout == "sandwich":
+        names |= {"post_attn_norm": "post_attention_layernorm", "mlp_norm": "pre_feedforward_layernorm",
+                  "post_mlp_norm": "post_feedforward_layernorm"}  # fmt: skip
+    else:
+        names["mlp_norm"] = "post_attention_layernorm"
+    if c.qk_norm:
+        names |= {"q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
+    off = np.float32(c.norm_weight_offset)
+    return {k: loaded.float_weight(f"{p}.{v}.weight").astype(np.float32) + off for k, v in names.items()}
+
+
 def native_tensors(loaded: LoadedModel) -> dict[str, np.ndarray]:
     """Every tensor of ``native.bin`` by name (flat arrays): ``embed.*``, ``head.*`` (absent when
     tied to the embedding), ``final_norm``, ``layers.<i>.{attn_norm, mlp_norm, qkv.*, o.*,
-    gate_up.*, down.*}`` with ``.codes`` uint8, ``.d`` / ``.m`` float16."""
+    gate_up.*, down.*}`` and the norms the description adds (``post_attn_norm``,
+    ``post_mlp_norm``, ``q_norm``, ``k_norm``), with ``.codes`` uint8, ``.d`` / ``.m`` float16
+    (``.m``: a Q4 weight), norms float32 with ``norm_weight_offset`` added."""
     c, w = loaded.config, loaded.weights
     out: dict[str, np.ndarray] = {}
 
@@ -97,12 +153,11 @@ def native_tensors(loaded: LoadedModel) -> dict[str, np.ndarray]:
     head = loaded.lm_head_name()
     if head != "model.embed_tokens.weight":
         put("head", _q8(w[head], head))
-    out["final_norm"] = loaded.float_weight("model.norm.weight").astype(np.float32)
+    out["final_norm"] = loaded.float_weight("model.norm.weight").astype(np.float32) + np.float32(c.norm_weight_offset)
     for i in range(c.num_layers):
         p = f"model.layers.{i}"
-        lin = {n: _q4(w[f"{p}.{part}.{n}.weight"], f"{p}.{part}.{n}") for part, n in _parts()}
-        out[f"layers.{i}.attn_norm"] = loaded.float_weight(f"{p}.input_layernorm.weight").astype(np.float32)
-        out[f"layers.{i}.mlp_norm"] = loaded.float_weight(f"{p}.post_attention_layernorm.weight").astype(np.float32)
+        lin = {n: _linear(w[f"{p}.{part}.{n}.weight"], f"{p}.{part}.{n}") for part, n in _parts()}
+        out |= {f"layers.{i}.{k}": v for k, v in _norms(loaded, i).items()}
         put(f"layers.{i}.qkv", concat_rows("qkv", [lin["q_proj"], lin["k_proj"], lin["v_proj"]]))
         put(f"layers.{i}.o", lin["o_proj"])
         put(f"layers.{i}.gate_up", concat_rows("gate_up", [lin["gate_proj"], lin["up_proj"]]))

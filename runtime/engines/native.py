@@ -32,17 +32,15 @@ import ctypes as C
 import os
 import time
 import weakref
-from dataclasses import asdict
 
 import numpy as np
 
 from trtpipe.plugins.core.errors import OpError
-from trtpipe.plugins.core.rope import rope_cos_sin
 from trtpipe.plugins.cpu import library as L
 from trtpipe.plugins.cpu.isa import missing_flags
-from trtpipe.plugins.cpu.layout import TiledWeight
 from trtpipe.runtime.artifact.manifest import Manifest
 from trtpipe.runtime.artifact.runtime_options import ActivationLevels
+from trtpipe.runtime.engines.native_model import NativeModel
 from trtpipe.runtime.engines.native_step import StepLimits, explain_step, step_arrays, step_arrays_rows
 from trtpipe.runtime.engines.native_weights import NativeWeights
 from trtpipe.runtime.errors import ArtifactError
@@ -112,7 +110,9 @@ class NativeEngine:
         self.lib.tp_set_threads(self.threads)
         self.levels = dict(nat.activation_levels)
         self.weights = NativeWeights(weights_path, nat.tensors, manifest.rebuild_command)
-        self._build_model()
+        self._max_positions = max(manifest.limits.max_seq_len, 1)
+        self._model = NativeModel(manifest, self.weights, pool, self._max_positions)
+        self.model = self._model.struct
         self._limits = StepLimits(manifest.model.vocab_size, self._max_positions, manifest.kv.num_blocks,
                                   manifest.kv.block_size)  # fmt: skip
         ws = self.lib.tp_workspace_new()
@@ -121,77 +121,6 @@ class NativeEngine:
         self._ws = C.c_void_p(ws)  # this engine's scratch: never shared with another engine
         weakref.finalize(self, self.lib.tp_workspace_free, self._ws)
         self.last_step_s = 0.0
-
-    def _facts(self) -> str:
-        c = self.manifest.model
-        return (
-            f"hidden_size {c.hidden_size}, num_heads {c.num_heads}, num_kv_heads {c.num_kv_heads}, "
-            f"head_dim {c.head_dim}, intermediate_size {c.intermediate_size}, vocab_size {c.vocab_size}"
-        )
-
-    def _weight(self, prefix: str, kind: str, N: int, K: int) -> C.Structure:
-        """The tiled weight ``prefix`` of [N, K], each array's size checked against N x K."""
-        w, facts = self.weights, self._facts()
-        if N % 16 or K % 32 or N <= 0 or K <= 0:
-            raise ArtifactError(
-                f"artifact {self.manifest.root}: {prefix} is [{N}, {K}] by the manifest's model facts ({facts}); "
-                f"the kernels need N % 16 == 0 and K % 32 == 0. Fix: `{self.manifest.rebuild_command}`."
-            )
-        codes = w.tensor(f"{prefix}.codes", N * K // (2 if kind == "q4" else 1), facts)
-        d = w.tensor(f"{prefix}.d", N * K // 32, facts)
-        m = w.tensor(f"{prefix}.m", N * K // 32, facts) if kind == "q4" else None
-        return L.weight_struct(TiledWeight(kind, N, K, codes, d, m))
-
-    def _kv(self, layer: int) -> C.Structure:
-        """Layer ``layer``'s pool as the kernels read it (any KV dtype; int8 with its scales), its
-        shape checked against the model facts and the KV record."""
-        p, c, kv = self.pool, self.manifest.model, self.manifest.kv
-        want = (c.num_kv_heads, kv.num_blocks, kv.block_size, c.head_dim)
-        if p.keys[layer].shape != want or p.values[layer].shape != want:
-            raise ArtifactError(
-                f"artifact {self.manifest.root}: layer {layer}'s KV pool is {p.keys[layer].shape}; the manifest "
-                f"says [num_kv_heads, num_blocks, block_size, head_dim] = {list(want)}. "
-                f"Fix: `{self.manifest.rebuild_command}`."
-            )
-        scales = (p.key_scales[layer], p.value_scales[layer]) if p.key_scales else (None, None)
-        try:
-            return L.kv_struct(p.keys[layer], p.values[layer], *scales)
-        except OpError as e:
-            raise ArtifactError(f"{e}. Fix: `{self.manifest.rebuild_command}`.") from e
-
-    def _build_model(self) -> None:
-        c, kv, w, facts = self.manifest.model, self.manifest.kv, self.weights, self._facts()
-        H, KVH, D, Hd, F = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size, c.intermediate_size
-        if KVH < 1 or H % KVH or D % 16:
-            raise ArtifactError(
-                f"artifact {self.manifest.root}: model facts {facts}: the kernels need num_heads a multiple of "
-                f"num_kv_heads >= 1 and head_dim % 16 == 0. Fix: `{self.manifest.rebuild_command}`."
-            )
-        self._max_positions = max(self.manifest.limits.max_seq_len, 1)
-        scaling = None if c.rope_scaling is None else asdict(c.rope_scaling)
-        self._cos, self._sin = rope_cos_sin(self._max_positions, D, c.rope_theta, scaling)
-        layers = (L.Layer * c.num_layers)()
-        for i in range(c.num_layers):
-            p = f"layers.{i}"
-            layers[i] = L.Layer(
-                L.ptr(w.tensor(f"{p}.attn_norm", Hd, facts), L._f32p),
-                L.ptr(w.tensor(f"{p}.mlp_norm", Hd, facts), L._f32p),
-                self._weight(f"{p}.qkv", "q4", (H + 2 * KVH) * D, Hd),
-                self._weight(f"{p}.o", "q4", Hd, H * D),
-                self._weight(f"{p}.gate_up", "q4", 2 * F, Hd),
-                self._weight(f"{p}.down", "q4", Hd, F),
-                self._kv(i),
-            )
-        embed = self._weight("embed", "q8", c.vocab_size, Hd)
-        head = self._weight("head", "q8", c.vocab_size, Hd) if w.has("head.codes") else embed
-        self._layers = layers
-        self.model = L.Model(
-            c.num_layers, Hd, H, KVH, D, F, c.vocab_size,
-            kv.num_blocks, kv.block_size, kv.sliding_window, self._max_positions,
-            c.rms_norm_eps, 1.0 / float(np.sqrt(D)),
-            L.ptr(self._cos, L._f32p), L.ptr(self._sin, L._f32p),
-            embed, L.ptr(w.tensor("final_norm", Hd, facts), L._f32p), head, layers,
-        )  # fmt: skip
 
     @property
     def verifies_all_positions(self) -> bool:

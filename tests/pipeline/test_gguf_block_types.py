@@ -146,14 +146,14 @@ def test_native_engine_refuses_naming_tensor_type_and_fix(tiny, tmp_path):
     with pytest.raises(BuildError) as info:
         choose_cpu_backend(parse_recipe(data, origin="tiny.yaml"), prepared, print)
     assert str(info.value) == (
-        "engine.cpu_backend = native: linear weights of GGUF type Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, first "
-        "model.layers.0.self_attn.q_proj.weight (Q4_K) (native: Q4_0 / Q4_1). "
+        "engine.cpu_backend = native: linear weights of GGUF type Q4_K, first "
+        "model.layers.0.self_attn.q_proj.weight (native: Q4_0, Q4_1, Q8_0, Q5_0). "
         "Fix: set engine.cpu_backend: auto (or ort)."
     )
     lines: list[str] = []
     data["engine"] = {}
     assert choose_cpu_backend(parse_recipe(data, origin="tiny.yaml"), prepared, lines.append) is None
-    assert len(lines) == 1 and "first model.layers.0.self_attn.q_proj.weight (Q4_K)" in lines[0]
+    assert len(lines) == 1 and "Q4_K, first model.layers.0.self_attn.q_proj.weight" in lines[0]
 
 
 def test_decode_step_bytes_by_type_hand_computed(tiny, tmp_path):

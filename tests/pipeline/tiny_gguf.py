@@ -37,7 +37,26 @@ def gguf_name(hf_name: str) -> str:
     return f"blk.{idx}.{_LAYER[rest.removesuffix('.weight')]}.weight"
 
 
-def write_gemma3_gguf(path: Path, hf_model) -> Path:
+def _byte_tokenizer(w, vocab_size: int) -> None:
+    """A byte-level BPE tokenizer (GPT-2 style) of ``vocab_size`` tokens: byte symbols (as many as
+    fit beside one merge, "e" + "r"), the merged token, then unused tokens to the size."""
+    from tokenizers import pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())[: vocab_size - 1]
+    alphabet = [a for a in alphabet if a not in "er"][: vocab_size - 3] + ["e", "r", "er"]
+    tokens = alphabet + [f"<unused{i}>" for i in range(vocab_size - len(alphabet))]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * len(alphabet) + [5] * (vocab_size - len(alphabet)))
+    w.add_token_merges(["e r"])
+    w.add_add_bos_token(False)
+
+
+def write_gemma3_gguf(path: Path, hf_model, qtypes: dict[str, str] | None = None, tokenizer: bool = False) -> Path:
+    """``qtypes``: llama.cpp tensor-name suffix (``ffn_down``, ``attn_q``, ``token_embd``...) ->
+    GGUF type to quantize it to with gguf-py (Q4_0, Q5_0, Q8_0...); others stay F32.
+    ``tokenizer``: add a byte-level tokenizer (a build needs one)."""
     import gguf
 
     c = hf_model.config
@@ -60,7 +79,15 @@ def write_gemma3_gguf(path: Path, hf_model) -> Path:
         a = t.detach().float().numpy()
         if name.endswith("norm.weight"):
             a = a + np.float32(1.0)
-        w.add_tensor(gguf_name(name), np.ascontiguousarray(a))
+        gname = gguf_name(name)
+        qtype = (qtypes or {}).get(gname.split(".")[-2] if gname.startswith("blk.") else gname.split(".")[0])
+        if qtype is None:
+            w.add_tensor(gname, np.ascontiguousarray(a))
+        else:
+            kind = gguf.GGMLQuantizationType[qtype]
+            w.add_tensor(gname, gguf.quants.quantize(np.ascontiguousarray(a), kind), raw_dtype=kind)
+    if tokenizer:
+        _byte_tokenizer(w, c.vocab_size)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -1,15 +1,19 @@
-/* The Llama decoder forward of one step (Hugging Face LlamaModel order), every op a tp.h kernel:
+/* The decoder forward of one step, a program over the model's description (tp_model, tp_layer:
+ * which norms a layer has, QK-norm, activation, window and RoPE tables per layer, embedding scale,
+ * logit soft-cap), every op a tp.h kernel. Hugging Face's LlamaModel / Qwen3Model / Gemma3TextModel
+ * order; [..] marks a step a description may leave out:
  *
- *   h = embed(ids)
- *   per layer: x = rmsnorm(h); qkv = x Wqkv; rope(q, k); write k, v; a = attention(q)
- *              h += a Wo; x = rmsnorm(h); gu = x Wgate_up; h += (silu(g) * u) Wdown
- *   logits = rmsnorm(h[logit_indices]) Whead      (tp_forward: the last token of each sequence;
- *                                                tp_forward_rows: any rows, e.g. every position of a
- *                                                speculative verify chunk)
+ *   h = embed(ids) [* embed_scale]
+ *   per layer: x = rmsnorm(h); qkv = x Wqkv; [rmsnorm each q and k head]; rope(q, k) with the
+ *              layer's tables; write k, v; a = attention(q) over the layer's window
+ *              h += [rmsnorm](a Wo); x = rmsnorm(h); gu = x Wgate_up; h += [rmsnorm]((act(g) * u) Wdown)
+ *   logits = rmsnorm(h[logit_indices]) Whead [softcapped]   (tp_forward: the last token of each
+ *            sequence; tp_forward_rows: any rows, e.g. every position of a speculative verify chunk)
  *
  * Scratch memory is the engine's workspace (workspace.h), grown on demand (steps of one engine are
  * sequential). Every value of the step is checked first (check_step): a bad batch returns a code
  * and leaves the pool untouched. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,6 +57,19 @@ static void qact_take(char **cur, tp_qact *a, int M, int K) {
 }
 
 static size_t qact_bytes(int M, int K) { return 2 * (size_t)M * K + 5 * sizeof(float) * M * (K / TP_GROUP) + 7 * 64; }
+
+/* h [T][hidden] += a W, or += rmsnorm(a W) with a post-norm (x: scratch of [T][hidden]) */
+static void residual_add(const tp_model *m, const tp_weight *w, const tp_qact *a, const float *post_norm, float *h,
+                         float *x, int T) {
+  const int Hd = m->hidden;
+  if (!post_norm) {
+    tp_gemm(w, a, h, Hd, 1);
+    return;
+  }
+  tp_gemm(w, a, x, Hd, 0);
+  tp_rmsnorm(x, post_norm, m->eps, x, T, Hd); /* in place: each row's sum is taken before it is written */
+  for (size_t i = 0; i < (size_t)T * Hd; i++) h[i] += x[i];
+}
 
 /* every value the kernels use as an address, checked before anything is read or written */
 static int check_step(const tp_model *m, const tp_step *s) {
@@ -110,30 +127,39 @@ int tp_forward_rows(const tp_model *m, const tp_step *s, tp_workspace *ws, int n
   qact_take(&cur, &qa, T, kmax);
 
   tp_embed_q8(&m->embed, s->input_ids, T, h);
+  if (m->embed_scale != 1.f)
+    for (size_t i = 0; i < (size_t)T * Hd; i++) h[i] *= m->embed_scale;
   for (int l = 0; l < m->num_layers; l++) {
     const tp_layer *L = &m->layers[l];
     tp_rmsnorm(h, L->attn_norm, m->eps, x, T, Hd);
     tp_quant_act(x, T, Hd, s->levels_attention, &qa);
     tp_gemm(&L->qkv, &qa, qkv, nqkv, 0);
-    tp_rope(qkv, nqkv, T, H + KVH, D, s->positions, m->rope_cos, m->rope_sin); /* q heads, then k heads */
+    if (L->q_norm) tp_head_rmsnorm(qkv, nqkv, T, H, D, L->q_norm, m->eps);
+    if (L->k_norm) tp_head_rmsnorm(qkv + H * D, nqkv, T, KVH, D, L->k_norm, m->eps);
+    tp_rope(qkv, nqkv, T, H + KVH, D, s->positions, L->rope_cos, L->rope_sin); /* q heads, then k heads */
     tp_kv_write(&L->kv, qkv + H * D, qkv + (H + KVH) * D, nqkv, s->slot_mapping, T, KVH, m->num_blocks,
                 m->block_size, D);
     if (tp_attention(qkv, nqkv, &L->kv, s->block_tables, s->MB, s->context_lens, s->query_start_loc, S, H, KVH,
-                     m->num_blocks, m->block_size, D, m->scale, m->sliding_window, att, ws))
+                     m->num_blocks, m->block_size, D, m->scale, L->sliding_window, att, ws))
       return TP_E_NOMEM;
     tp_quant_act(att, T, H * D, s->levels_attention, &qa);
-    tp_gemm(&L->o, &qa, h, Hd, 1);
+    residual_add(m, &L->o, &qa, L->post_attn_norm, h, x, T);
     tp_rmsnorm(h, L->mlp_norm, m->eps, x, T, Hd);
     tp_quant_act(x, T, Hd, s->levels_mlp, &qa);
     tp_gemm(&L->gate_up, &qa, gu, 2 * F, 0);
-    tp_silu_mul(gu, act, T, F);
+    if (m->activation == TP_ACT_GELU_TANH)
+      tp_gelu_tanh_mul(gu, act, T, F);
+    else
+      tp_silu_mul(gu, act, T, F);
     tp_quant_act(act, T, F, s->levels_mlp, &qa);
-    tp_gemm(&L->down, &qa, h, Hd, 1);
+    residual_add(m, &L->down, &qa, L->post_mlp_norm, h, x, T);
   }
   for (int i = 0; i < NL; i++) memcpy(hl + (size_t)i * Hd, h + (size_t)logit_indices[i] * Hd, sizeof(float) * Hd);
   tp_rmsnorm(hl, m->final_norm, m->eps, xl, NL, Hd);
   tp_quant_act(xl, NL, Hd, s->levels_head, &qa);
   tp_gemm(&m->head, &qa, logits, m->vocab, 0);
+  if (m->final_softcap > 0.f)
+    for (size_t i = 0; i < (size_t)NL * m->vocab; i++) logits[i] = m->final_softcap * tanhf(logits[i] / m->final_softcap);
   return 0;
 }
 

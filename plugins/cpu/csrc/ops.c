@@ -67,3 +67,39 @@ void tp_embed_q8(const tp_weight *table, const int64_t *ids, int T, float *h) {
     }
   }
 }
+
+/* gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), tanh(y) = 1 - 2 / (1 + e^(2y)):
+ * e^(2y) overflows to +inf for large y (tanh -> 1) and underflows to 0 for very negative y (-> -1).
+ * Hugging Face's GELUTanh / torch's gelu(approximate="tanh"), within a few fp32 ulps. */
+void tp_gelu_tanh_mul(const float *gu, float *y, int M, int F) {
+  const float c = 0.7978845608028654f, k = 0.044715f;
+#pragma omp parallel for schedule(static) if (M > 8)
+  for (int m = 0; m < M; m++) {
+    const float *g = gu + (size_t)m * 2 * F, *u = g + F;
+    float *yr = y + (size_t)m * F;
+    int i = 0;
+    for (; i + VL <= F; i += VL) {
+      const fv gv = FV_LOAD(g + i);
+      const fv inner = FV_MUL(FV_SET1(c), FV_ADD(gv, FV_MUL(FV_SET1(k), FV_MUL(gv, FV_MUL(gv, gv)))));
+      const fv e = tp_vexp(FV_ADD(inner, inner));
+      const fv th = FV_SUB(FV_SET1(1.f), FV_DIV(FV_SET1(2.f), FV_ADD(FV_SET1(1.f), e)));
+      const fv gelu = FV_MUL(FV_MUL(FV_SET1(0.5f), gv), FV_ADD(FV_SET1(1.f), th));
+      FV_STORE(yr + i, FV_MUL(gelu, FV_LOAD(u + i)));
+    }
+    for (; i < F; i++) {
+      const float x = g[i], inner = c * (x + k * x * x * x);
+      yr[i] = 0.5f * x * (1.f + tanhf(inner)) * u[i];
+    }
+  }
+}
+
+void tp_head_rmsnorm(float *x, int ld, int T, int heads, int D, const float *w, float eps) {
+#pragma omp parallel for schedule(static) if (T > 8)
+  for (int t = 0; t < T; t++)
+    for (int h = 0; h < heads; h++) {
+      float *v = x + (size_t)t * ld + (size_t)h * D, ss = 0.f;
+      for (int i = 0; i < D; i++) ss += v[i] * v[i];
+      const float r = 1.f / sqrtf(ss / (float)D + eps);
+      for (int i = 0; i < D; i++) v[i] = w[i] * (v[i] * r);
+    }
+}

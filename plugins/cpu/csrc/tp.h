@@ -29,7 +29,7 @@
 /* The ABI: this header is its one description. plugins/cpu/abi.py reads the structs, enums and
  * prototypes below into ctypes; tp_abi_version() and tp_struct_size() let the loader refuse a
  * library of another ABI. Bump TP_ABI_VERSION with any change to a struct or a prototype. */
-#define TP_ABI_VERSION 2
+#define TP_ABI_VERSION 3
 
 #define TP_GROUP 32 /* weights per block along K */
 #define TP_TILE 16  /* output rows per tile */
@@ -68,23 +68,36 @@ typedef struct {
   float *k_scale, *v_scale;
 } tp_kv;
 
+/* One decoder layer, its structure from the model's description (runtime ModelConfig): the norms
+ * it has (NULL: absent), its window and its RoPE tables. Norm weights are stored with the model's
+ * norm_weight_offset added (Gemma's 1 + w), so every RMSNorm here is y = w * x / rms(x). */
 typedef struct {
-  const float *attn_norm, *mlp_norm; /* [hidden] */
-  tp_weight qkv;                     /* N = (H + 2 KVH) * D: q rows, then k, then v */
-  tp_weight o;                       /* N = hidden, K = H * D */
-  tp_weight gate_up;                 /* N = 2F: gate rows, then up */
-  tp_weight down;                    /* N = hidden, K = F */
-  tp_kv kv;                          /* this layer's paged KV pool */
+  const float *attn_norm, *mlp_norm;           /* [hidden]: before attention, before the MLP */
+  const float *post_attn_norm, *post_mlp_norm; /* [hidden] or NULL: on the attention / MLP output
+                                                * before the residual add (Gemma's sandwich) */
+  const float *q_norm, *k_norm;                /* [head_dim] or NULL: QK-norm of each head, before RoPE */
+  tp_weight qkv;                               /* N = (H + 2 KVH) * D: q rows, then k, then v */
+  tp_weight o;                                 /* N = hidden, K = H * D */
+  tp_weight gate_up;                           /* N = 2F: gate rows, then up */
+  tp_weight down;                              /* N = hidden, K = F */
+  tp_kv kv;                                    /* this layer's paged KV pool */
+  int sliding_window;                          /* 0: full attention; W: keys p - W < j <= p */
+  const float *rope_cos, *rope_sin;            /* [max_positions][D] of this layer's RoPE base */
 } tp_layer;
+
+/* the gated MLP's activation: down(act(gate) * up) */
+enum { TP_ACT_SILU = 0, TP_ACT_GELU_TANH = 1 };
 
 typedef struct {
   int num_layers, hidden, num_heads, num_kv_heads, head_dim, ffn, vocab;
-  int num_blocks, block_size, sliding_window, max_positions;
-  float eps, scale;
-  const float *rope_cos, *rope_sin; /* [max_positions][D] */
-  tp_weight embed;                  /* Q8 [vocab][hidden]: rows gathered and dequantized */
+  int num_blocks, block_size, max_positions;
+  int activation;     /* TP_ACT_* */
+  float eps, scale;   /* RMSNorm epsilon; softmax scale on q.k */
+  float embed_scale;  /* token embeddings times this (Gemma: sqrt(hidden)); 1: none */
+  float final_softcap; /* logits = c tanh(logits / c); 0: none */
+  tp_weight embed;    /* Q8 [vocab][hidden]: rows gathered and dequantized */
   const float *final_norm;
-  tp_weight head;                   /* [vocab][hidden] */
+  tp_weight head;     /* [vocab][hidden] */
   const tp_layer *layers;
 } tp_model;
 
@@ -123,6 +136,10 @@ void tp_rmsnorm(const float *x, const float *w, float eps, float *y, int M, int 
 void tp_rope(float *x, int ld, int T, int heads, int D, const int64_t *positions, const float *cos_t,
              const float *sin_t);
 void tp_silu_mul(const float *gu, float *y, int M, int F);
+/* y [M][F] = gelu_tanh(gate) * up of gu [M][2F] (gate, then up): GELU's tanh approximation */
+void tp_gelu_tanh_mul(const float *gu, float *y, int M, int F);
+/* RMSNorm of each of `heads` heads of D at the start of each of T rows of ld floats, in place */
+void tp_head_rmsnorm(float *x, int ld, int T, int heads, int D, const float *w, float eps);
 void tp_embed_q8(const tp_weight *table, const int64_t *ids, int T, float *h);
 
 /* k, v rows of ld floats (KVH heads of D each) encoded in the pool's dtype and written at
