@@ -149,6 +149,11 @@ def test_gemma2_paged_path_refuses_the_attention_softcap(tmp_path):
     kv = [torch.zeros(2, 4, 16, 16) for _ in range(4)]
     with pytest.raises(OpError, match=r"attn_logit_softcap = 50.0 \(gemma2\).*paged_attention has no"):
         ref.run_paged([1, 2], [0, 1], [16, 17], [[1, 0]], [2], [0, 2], [1], kv)
+    from trtpipe.pipeline.stages.export import export_phase
+
+    with pytest.raises(OpError, match=r"attn_logit_softcap = 50.0 \(gemma2\).*Fix: build another family"):
+        export_phase(ref, "prefill", tmp_path / "prefill.onnx", 16)
+    assert not (tmp_path / "prefill.onnx").exists()
 
 
 @pytest.mark.parametrize("window", [False, True])
