@@ -11,6 +11,8 @@ to values that change the output (``query_pre_attn_scalar`` != head_dim, small s
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -34,6 +36,11 @@ BASE = dict(
     rms_norm_eps=1e-6,
 )
 PROMPT_LEN = 40  # > the window of 8
+# transformers 5's per-layer-type RoPE: linear scaling on the global (full attention) layers only
+LINEAR_ON_GLOBAL = {
+    "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+}
 
 
 def _make(cls_name: str, cfg_name: str, norm_center: float, **kw):
@@ -69,6 +76,7 @@ def _compare(tmp_path, hf_model):
 
 
 def _gemma3(**kw):
+    kw = copy.deepcopy(kw)  # transformers' config fills rope_parameters in place
     return _make("Gemma3ForCausalLM", "Gemma3TextConfig", 0.0, sliding_window=8, query_pre_attn_scalar=24, **kw)
 
 
@@ -86,30 +94,30 @@ def test_gemma3_matches_transformers(tmp_path):
 
 def test_gemma3_rope_scaling_on_global_layers_only(tmp_path):
     """rope_parameters per layer type (transformers 5): linear scaling on full attention only."""
-    rp = {
-        "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
-        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
-    }
-    diff, loaded, _ = _compare(tmp_path, _gemma3(rope_parameters=rp))
+    diff, loaded, _ = _compare(tmp_path, _gemma3(rope_parameters=LINEAR_ON_GLOBAL))
     c = loaded.config
     assert c.rope_scaling is not None and c.rope_scaling.factor == 4.0
     assert c.layer_rope_scaled == (False,) * 5 + (True,)
     assert diff <= 1e-4, diff
 
 
-def test_gemma3_from_a_llama_cpp_style_gguf(tmp_path):
+@pytest.mark.parametrize("rope_parameters", [None, LINEAR_ON_GLOBAL])
+def test_gemma3_from_a_llama_cpp_style_gguf(tmp_path, rope_parameters):
     """The GGUF path: llama.cpp's names (post_attention_norm, ffn_norm = pre-feedforward,
     post_ffw_norm, attn_q_norm / attn_k_norm), norm weights stored as w + 1 (convert_hf_to_gguf's
-    Gemma3Model), no window pattern in the file: the loaded model matches transformers."""
+    Gemma3Model), no window pattern or local RoPE base in the file, RoPE scaling (when given)
+    for the global layers only: the loaded model matches transformers."""
     from tiny_gguf import write_gemma3_gguf
 
     from trtpipe.pipeline.model.gguf import load_gguf
 
-    hf = _gemma3()
+    hf = _gemma3(rope_parameters=rope_parameters)
     path = write_gemma3_gguf(tmp_path / "tiny-gemma3.gguf", hf)
     loaded = load_gguf(path, with_tokenizer=False)
     c = loaded.config
     assert c.layer_sliding_window == (8, 8, 8, 8, 8, 0) and c.layer_rope_theta[::5] == (1e4, 1e6)
+    assert c.layer_rope_scaled == (False,) * 5 + (True,)
+    assert (c.rope_scaling is not None) == (rope_parameters is not None)
     assert c.norm_weight_offset == 0.0 and c.qk_norm and c.norm_layout == "sandwich"
     # llama.cpp's scale for a non-27B Gemma 3 is head_dim ** -0.5 (query_pre_attn_scalar is not in
     # the file): give transformers the same

@@ -50,7 +50,11 @@ def write_gemma3_gguf(path: Path, hf_model) -> Path:
     w.add_head_count_kv(c.num_key_value_heads)
     w.add_key_length(c.head_dim)
     w.add_value_length(c.head_dim)
-    w.add_rope_freq_base(c.rope_parameters["full_attention"]["rope_theta"])
+    full = c.rope_parameters["full_attention"]
+    w.add_rope_freq_base(full["rope_theta"])
+    if full.get("rope_type") == "linear":  # what convert writes for Gemma 3 4B+ (global layers)
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(full["factor"])
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_sliding_window(c.sliding_window)
     w.add_vocab_size(c.vocab_size)
