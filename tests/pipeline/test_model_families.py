@@ -107,12 +107,12 @@ def test_gemma3_from_a_llama_cpp_style_gguf(tmp_path, rope_parameters):
     post_ffw_norm, attn_q_norm / attn_k_norm), norm weights stored as w + 1 (convert_hf_to_gguf's
     Gemma3Model), no window pattern or local RoPE base in the file, RoPE scaling (when given)
     for the global layers only: the loaded model matches transformers."""
-    from tiny_gguf import write_gemma3_gguf
+    from tiny_gguf import write_gguf
 
     from trtpipe.pipeline.model.gguf import load_gguf
 
     hf = _gemma3(rope_parameters=rope_parameters)
-    path = write_gemma3_gguf(tmp_path / "tiny-gemma3.gguf", hf)
+    path = write_gguf(tmp_path / "tiny-gemma3.gguf", hf, "gemma3")
     loaded = load_gguf(path, with_tokenizer=False)
     c = loaded.config
     assert c.layer_sliding_window == (8, 8, 8, 8, 8, 0) and c.layer_rope_theta[::5] == (1e4, 1e6)
@@ -148,6 +148,40 @@ def test_gemma2_matches_transformers(tmp_path):
     assert (c.attn_logit_softcap, c.final_logit_softcap, c.qk_norm) == (2.0, 3.0, False)
     assert diff <= 1e-4, diff
     assert float(np.abs(want).max()) < 3.0  # the final soft-cap bounds the logits
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "qwen3"])
+def test_gemma2_and_qwen3_from_llama_cpp_style_ggufs(tmp_path, arch):
+    """Gemma 2 (window every other layer, soft-caps from the file's keys, w + 1 norms) and Qwen 3
+    (QK-norm, Llama layout: ffn_norm is the pre-MLP norm) GGUFs match transformers."""
+    from tiny_gguf import write_gguf
+
+    from trtpipe.pipeline.model.gguf import load_gguf
+
+    if arch == "gemma2":
+        hf = _make(
+            "Gemma2ForCausalLM",
+            "Gemma2Config",
+            0.0,
+            sliding_window=8,
+            num_hidden_layers=4,
+            attn_logit_softcapping=2.0,
+            final_logit_softcapping=3.0,
+            query_pre_attn_scalar=16,  # llama.cpp: head_dim below 27B
+        )
+    else:
+        hf = _make("Qwen3ForCausalLM", "Qwen3Config", 1.0, num_hidden_layers=4)
+    loaded = load_gguf(write_gguf(tmp_path / f"tiny-{arch}.gguf", hf, arch), with_tokenizer=False)
+    c = loaded.config
+    if arch == "gemma2":
+        assert c.layer_sliding_window == (8, 0, 8, 0) and (c.attn_logit_softcap, c.final_logit_softcap) == (2.0, 3.0)
+    else:
+        assert c.qk_norm and c.norm_layout == "pre" and not c.tie_word_embeddings
+    ids = _ids()
+    with torch.no_grad():
+        want = hf(ids).logits.float().numpy()
+    got = build_reference_model(loaded).forward_dense(ids).numpy()
+    assert float(np.abs(got - want).max()) <= 1e-4
 
 
 def test_gemma2_paged_path_refuses_the_attention_softcap(tmp_path):
