@@ -141,12 +141,14 @@ def _family_facts(reader, fam: Family, num_layers: int, hidden: int, heads: int,
     """The per-layer and family fields of :class:`ModelConfig` from GGUF keys and ``fam``'s
     defaults (llama.cpp ``llama-model.cpp``): windows on the family's pattern (every layer for
     families without one, as before), the local RoPE base and RoPE scaling on global layers only
-    where the family has a local base, soft-caps from ``{arch}.*_logit_softcapping``."""
+    where the family has a local base, soft-caps from ``{arch}.*_logit_softcapping`` (the
+    family's default when absent)."""
     arch = fam.architecture
     window = int(metadata_value(reader, f"{arch}.attention.sliding_window", 0) or 0) or fam.default_window
     sliding = sliding_layers(fam, num_layers) if fam.window_pattern else (True,) * num_layers
     sliding = tuple(s and window > 0 for s in sliding)
     theta = float(metadata_value(reader, f"{arch}.rope.freq_base", 10000.0))
+    qpas = gguf_query_pre_attn_scalar(fam, num_layers, hidden, heads, head_dim)
 
     def cap(key: str, default: float) -> float:
         return float(metadata_value(reader, f"{arch}.{key}", default) or 0.0) if fam.gguf_softcap_keys else 0.0
@@ -160,10 +162,9 @@ def _family_facts(reader, fam: Family, num_layers: int, hidden: int, heads: int,
         qk_norm=fam.qk_norm,
         activation=fam.activation,
         embedding_scale=hidden**0.5 if fam.scale_embedding else 1.0,
-        attention_scale=(lambda q: q**-0.5 if q else 0.0)(
-            gguf_query_pre_attn_scalar(fam, num_layers, hidden, heads, head_dim)
-        ),
-        attn_logit_softcap=cap("attn_logit_softcapping", fam.attn_logit_softcap),
+        attention_scale=qpas**-0.5 if qpas else 0.0,
+        # only families whose attention has a soft-cap read it (llama.cpp: Gemma 2, not Gemma 3)
+        attn_logit_softcap=cap("attn_logit_softcapping", fam.attn_logit_softcap) if fam.attn_logit_softcap else 0.0,
         final_logit_softcap=cap("final_logit_softcapping", fam.final_logit_softcap),
     )
 

@@ -27,9 +27,10 @@ import onnx
 import torch
 from torch import nn
 
-from trtpipe.pipeline.model.reference import ReferenceModel
+from trtpipe.pipeline.model.reference import ReferenceModel, paged_refusal
 from trtpipe.pipeline.recipe import Recipe
 from trtpipe.pipeline.stages.load import PreparedModel
+from trtpipe.plugins.core.errors import OpError
 from trtpipe.plugins.core.kv_codec import kv_has_scales
 from trtpipe.plugins.ops.paged_attention.kv_pool_types import scale_name
 from trtpipe.plugins.ops.torch_ops import onnx_translation_table
@@ -192,10 +193,15 @@ def export_phase(ref: ReferenceModel, phase: str, out_path: Path, block_size: in
     """Export one phase ("prefill" or "decode") to ``out_path`` (+ ``out_path.data``).
 
     The write is atomic: the graph is written under a temporary name in the same folder and
-    renamed at the end, so a failed export leaves any previous file intact.
+    renamed at the end, so a failed export leaves any previous file intact. Raises
+    :class:`~trtpipe.plugins.core.errors.OpError` before tracing for a model the paged op cannot
+    run (:func:`~trtpipe.pipeline.model.reference.paged_refusal`, e.g. Gemma 2's attention soft-cap).
     """
     t0 = time.perf_counter()
     c = ref.config
+    why = paged_refusal(c)
+    if why:  # torch.export would bury the same refusal in its own error
+        raise OpError(why)
     args, kv = _dummy(ref, phase, block_size)
     past, present = kv_names(c.num_layers)
     module, names, ds = _phase_module(ref, phase, len(kv))

@@ -11,6 +11,8 @@ to values that change the output (``query_pre_attn_scalar`` != head_dim, small s
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -34,6 +36,11 @@ BASE = dict(
     rms_norm_eps=1e-6,
 )
 PROMPT_LEN = 40  # > the window of 8
+# transformers 5's per-layer-type RoPE: linear scaling on the global (full attention) layers only
+LINEAR_ON_GLOBAL = {
+    "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+}
 
 
 def _make(cls_name: str, cfg_name: str, norm_center: float, **kw):
@@ -69,6 +76,7 @@ def _compare(tmp_path, hf_model):
 
 
 def _gemma3(**kw):
+    kw = copy.deepcopy(kw)  # transformers' config fills rope_parameters in place
     return _make("Gemma3ForCausalLM", "Gemma3TextConfig", 0.0, sliding_window=8, query_pre_attn_scalar=24, **kw)
 
 
@@ -86,30 +94,30 @@ def test_gemma3_matches_transformers(tmp_path):
 
 def test_gemma3_rope_scaling_on_global_layers_only(tmp_path):
     """rope_parameters per layer type (transformers 5): linear scaling on full attention only."""
-    rp = {
-        "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
-        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
-    }
-    diff, loaded, _ = _compare(tmp_path, _gemma3(rope_parameters=rp))
+    diff, loaded, _ = _compare(tmp_path, _gemma3(rope_parameters=LINEAR_ON_GLOBAL))
     c = loaded.config
     assert c.rope_scaling is not None and c.rope_scaling.factor == 4.0
     assert c.layer_rope_scaled == (False,) * 5 + (True,)
     assert diff <= 1e-4, diff
 
 
-def test_gemma3_from_a_llama_cpp_style_gguf(tmp_path):
+@pytest.mark.parametrize("rope_parameters", [None, LINEAR_ON_GLOBAL])
+def test_gemma3_from_a_llama_cpp_style_gguf(tmp_path, rope_parameters):
     """The GGUF path: llama.cpp's names (post_attention_norm, ffn_norm = pre-feedforward,
     post_ffw_norm, attn_q_norm / attn_k_norm), norm weights stored as w + 1 (convert_hf_to_gguf's
-    Gemma3Model), no window pattern in the file: the loaded model matches transformers."""
-    from tiny_gguf import write_gemma3_gguf
+    Gemma3Model), no window pattern or local RoPE base in the file, RoPE scaling (when given)
+    for the global layers only: the loaded model matches transformers."""
+    from tiny_gguf import write_gguf
 
     from trtpipe.pipeline.model.gguf import load_gguf
 
-    hf = _gemma3()
-    path = write_gemma3_gguf(tmp_path / "tiny-gemma3.gguf", hf)
+    hf = _gemma3(rope_parameters=rope_parameters)
+    path = write_gguf(tmp_path / "tiny-gemma3.gguf", hf, "gemma3")
     loaded = load_gguf(path, with_tokenizer=False)
     c = loaded.config
     assert c.layer_sliding_window == (8, 8, 8, 8, 8, 0) and c.layer_rope_theta[::5] == (1e4, 1e6)
+    assert c.layer_rope_scaled == (False,) * 5 + (True,)
+    assert (c.rope_scaling is not None) == (rope_parameters is not None)
     assert c.norm_weight_offset == 0.0 and c.qk_norm and c.norm_layout == "sandwich"
     # llama.cpp's scale for a non-27B Gemma 3 is head_dim ** -0.5 (query_pre_attn_scalar is not in
     # the file): give transformers the same
@@ -142,6 +150,40 @@ def test_gemma2_matches_transformers(tmp_path):
     assert float(np.abs(want).max()) < 3.0  # the final soft-cap bounds the logits
 
 
+@pytest.mark.parametrize("arch", ["gemma2", "qwen3"])
+def test_gemma2_and_qwen3_from_llama_cpp_style_ggufs(tmp_path, arch):
+    """Gemma 2 (window every other layer, soft-caps from the file's keys, w + 1 norms) and Qwen 3
+    (QK-norm, Llama layout: ffn_norm is the pre-MLP norm) GGUFs match transformers."""
+    from tiny_gguf import write_gguf
+
+    from trtpipe.pipeline.model.gguf import load_gguf
+
+    if arch == "gemma2":
+        hf = _make(
+            "Gemma2ForCausalLM",
+            "Gemma2Config",
+            0.0,
+            sliding_window=8,
+            num_hidden_layers=4,
+            attn_logit_softcapping=2.0,
+            final_logit_softcapping=3.0,
+            query_pre_attn_scalar=16,  # llama.cpp: head_dim below 27B
+        )
+    else:
+        hf = _make("Qwen3ForCausalLM", "Qwen3Config", 1.0, num_hidden_layers=4)
+    loaded = load_gguf(write_gguf(tmp_path / f"tiny-{arch}.gguf", hf, arch), with_tokenizer=False)
+    c = loaded.config
+    if arch == "gemma2":
+        assert c.layer_sliding_window == (8, 0, 8, 0) and (c.attn_logit_softcap, c.final_logit_softcap) == (2.0, 3.0)
+    else:
+        assert c.qk_norm and c.norm_layout == "pre" and not c.tie_word_embeddings
+    ids = _ids()
+    with torch.no_grad():
+        want = hf(ids).logits.float().numpy()
+    got = build_reference_model(loaded).forward_dense(ids).numpy()
+    assert float(np.abs(got - want).max()) <= 1e-4
+
+
 def test_gemma2_paged_path_refuses_the_attention_softcap(tmp_path):
     m = _make("Gemma2ForCausalLM", "Gemma2Config", 0.0, sliding_window=8, num_hidden_layers=2)
     m.save_pretrained(tmp_path, safe_serialization=True)
@@ -149,6 +191,11 @@ def test_gemma2_paged_path_refuses_the_attention_softcap(tmp_path):
     kv = [torch.zeros(2, 4, 16, 16) for _ in range(4)]
     with pytest.raises(OpError, match=r"attn_logit_softcap = 50.0 \(gemma2\).*paged_attention has no"):
         ref.run_paged([1, 2], [0, 1], [16, 17], [[1, 0]], [2], [0, 2], [1], kv)
+    from trtpipe.pipeline.stages.export import export_phase
+
+    with pytest.raises(OpError, match=r"attn_logit_softcap = 50.0 \(gemma2\).*Fix: build another family"):
+        export_phase(ref, "prefill", tmp_path / "prefill.onnx", 16)
+    assert not (tmp_path / "prefill.onnx").exists()
 
 
 @pytest.mark.parametrize("window", [False, True])

@@ -1,7 +1,8 @@
-"""Write a tiny Hugging Face Gemma 3 model as a GGUF file the way llama.cpp's
-``convert_hf_to_gguf.py`` (``Gemma3Model``) does: llama.cpp tensor names, every ``*norm.weight``
-stored as ``w + 1`` (``norm_shift``), no Q/K permutation, no window pattern or local RoPE base in
-the metadata. F32 tensors, no tokenizer (load with ``with_tokenizer=False``)."""
+"""Write a tiny Hugging Face Gemma 3, Gemma 2 or Qwen 3 model as a GGUF file the way llama.cpp's
+``convert_hf_to_gguf.py`` (``Gemma3Model``, ``Gemma2Model``, ``Qwen3Model``) does: llama.cpp
+tensor names, Gemma's every ``*norm.weight`` stored as ``w + 1`` (``norm_shift``), no Q/K
+permutation, no window pattern or local RoPE base in the metadata, Gemma 2's soft-caps as keys.
+F32 tensors, no tokenizer (load with ``with_tokenizer=False``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
+_PRE_LAYOUT = {  # Qwen 3 (Llama layout): the norm before the MLP is HF's post_attention_layernorm
+    "post_attention_layernorm": "ffn_norm"
+}
 _LAYER = {
     "input_layernorm": "attn_norm",
     "post_attention_layernorm": "post_attention_norm",
@@ -26,15 +30,17 @@ _LAYER = {
 }
 
 
-def gguf_name(hf_name: str) -> str:
-    """llama.cpp's name of a Gemma 3 Hugging Face weight (``model.layers.3.mlp.up_proj.weight`` ->
-    ``blk.3.ffn_up.weight``)."""
-    if hf_name == "model.embed_tokens.weight":
-        return "token_embd.weight"
-    if hf_name == "model.norm.weight":
-        return "output_norm.weight"
+def gguf_name(hf_name: str, sandwich: bool = True) -> str:
+    """llama.cpp's name of a Hugging Face weight (``model.layers.3.mlp.up_proj.weight`` ->
+    ``blk.3.ffn_up.weight``); ``sandwich``: Gemma's four norms, else Llama's two."""
+    if hf_name in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
+        return {"model.embed_tokens.weight": "token_embd", "model.norm.weight": "output_norm"}.get(
+            hf_name, "output"
+        ) + ".weight"
     _, _, idx, rest = hf_name.split(".", 3)
-    return f"blk.{idx}.{_LAYER[rest.removesuffix('.weight')]}.weight"
+    part = rest.removesuffix(".weight")
+    names = _LAYER if sandwich else {**_LAYER, **_PRE_LAYOUT}
+    return f"blk.{idx}.{names[part]}.weight"
 
 
 def _byte_tokenizer(w, vocab_size: int) -> None:
@@ -53,14 +59,17 @@ def _byte_tokenizer(w, vocab_size: int) -> None:
     w.add_add_bos_token(False)
 
 
-def write_gemma3_gguf(path: Path, hf_model, qtypes: dict[str, str] | None = None, tokenizer: bool = False) -> Path:
-    """``qtypes``: llama.cpp tensor-name suffix (``ffn_down``, ``attn_q``, ``token_embd``...) ->
-    GGUF type to quantize it to with gguf-py (Q4_0, Q5_0, Q8_0...); others stay F32.
-    ``tokenizer``: add a byte-level tokenizer (a build needs one)."""
+def write_gguf(path: Path, hf_model, arch: str, qtypes: dict[str, str] | None = None, tokenizer: bool = False) -> Path:
+    """``hf_model`` (Gemma3ForCausalLM, Gemma2ForCausalLM or Qwen3ForCausalLM) as ``arch``
+    ("gemma3", "gemma2", "qwen3") GGUF at ``path``. ``qtypes``: llama.cpp tensor-name part
+    (``ffn_down``, ``attn_q``, ``token_embd``...) -> GGUF type to quantize it to with gguf-py
+    (Q4_0, Q5_0, Q8_0...); others stay F32. ``tokenizer``: add a byte-level tokenizer (a build
+    needs one)."""
     import gguf
 
     c = hf_model.config
-    w = gguf.GGUFWriter(str(path), "gemma3")
+    gemma = arch.startswith("gemma")
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(c.num_hidden_layers)
     w.add_context_length(c.max_position_embeddings)
     w.add_embedding_length(c.hidden_size)
@@ -69,17 +78,25 @@ def write_gemma3_gguf(path: Path, hf_model, qtypes: dict[str, str] | None = None
     w.add_head_count_kv(c.num_key_value_heads)
     w.add_key_length(c.head_dim)
     w.add_value_length(c.head_dim)
-    w.add_rope_freq_base(c.rope_parameters["full_attention"]["rope_theta"])
+    full = c.rope_parameters.get("full_attention", c.rope_parameters)
+    w.add_rope_freq_base(full["rope_theta"])
+    if full.get("rope_type") == "linear":  # what convert writes for Gemma 3 4B+ (global layers)
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(full["factor"])
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_sliding_window(c.sliding_window)
+    if gemma:
+        w.add_sliding_window(c.sliding_window)
+    if arch == "gemma2":
+        w.add_attn_logit_softcapping(c.attn_logit_softcapping)
+        w.add_final_logit_softcapping(c.final_logit_softcapping)
     w.add_vocab_size(c.vocab_size)
     for name, t in hf_model.state_dict().items():
-        if name == "lm_head.weight":  # tied: llama.cpp writes no output.weight
+        if name == "lm_head.weight" and c.tie_word_embeddings:  # tied: no output.weight
             continue
         a = t.detach().float().numpy()
-        if name.endswith("norm.weight"):
+        if gemma and name.endswith("norm.weight"):
             a = a + np.float32(1.0)
-        gname = gguf_name(name)
+        gname = gguf_name(name, gemma)
         qtype = (qtypes or {}).get(gname.split(".")[-2] if gname.startswith("blk.") else gname.split(".")[0])
         if qtype is None:
             w.add_tensor(gname, np.ascontiguousarray(a))

@@ -46,14 +46,14 @@ def tiny_gemma3(tmp_path_factory):
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipeline"))
     from test_model_families import _gemma3
-    from tiny_gguf import write_gemma3_gguf
+    from tiny_gguf import write_gguf
 
     from trtpipe.pipeline.recipe import load_recipe
     from trtpipe.pipeline.stages import build
 
     d = tmp_path_factory.mktemp("tiny-gemma3")
     hf = _gemma3(final_logit_softcapping=30.0, vocab_size=128, intermediate_size=96)
-    gguf_path = write_gemma3_gguf(d / "tiny-gemma3.gguf", hf, QTYPES, tokenizer=True)
+    gguf_path = write_gguf(d / "tiny-gemma3.gguf", hf, "gemma3", QTYPES, tokenizer=True)
     (d / "tiny-gemma3.yaml").write_text(RECIPE.format(model=gguf_path))
     res = build(load_recipe(d / "tiny-gemma3.yaml"), d / "artifacts", log=lambda s: None)
     return gguf_path, res.artifact_dir
