@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trtpipe.pipeline.artifact.identity import rebuild_command
+from trtpipe.pipeline.model.step_bytes import decode_step_bytes
 from trtpipe.pipeline.recipe import Recipe, build_fields, build_hash, recipe_hash
 from trtpipe.pipeline.stages.errors import BuildError
 from trtpipe.pipeline.stages.export import export_graphs
@@ -92,6 +93,8 @@ def build_cpu(
         loaded = load_model(recipe)
         load_s = time.perf_counter() - t
         log(f"loaded {recipe.resolve_source().path.name} in {load_s:.1f} s")
+        if loaded.source_kind == "gguf":  # what the file's own blocks cost a decode step, by GGUF type
+            log(decode_step_bytes(loaded).summary())
         model = prepare_model(recipe, loaded, load_s)
         exported = export_graphs(recipe, model, ("prefill", "decode"), tmp, weight_precision=lambda p: p, log=log)
         lowered = lower_ort(recipe, exported)
