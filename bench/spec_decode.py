@@ -1,4 +1,4 @@
-"""Speculative decoding (n-gram proposals, runtime/spec) against plain decoding, same engine, one
+"""Speculative decoding (n-gram proposals, runtime/speculative) against plain decoding, same engine, one
 process, interleaved; batch 1.
 
     flock -x /tmp/trtpipe-heavy.lock .venv/bin/python bench/spec_decode.py [--requests 6] [--max-k 4]
@@ -82,7 +82,7 @@ def _load() -> str:
 
 
 def precondition(llm) -> None:
-    from trtpipe.runtime.spec.cost import CONTEXT, measure
+    from trtpipe.runtime.speculative.cost import CONTEXT, measure
 
     c = measure(llm.engine, llm.block_pool, llm.kv_manager.block_size, 7, fused=llm.fuse_mixed_steps, repeats=25)
     ratios = ", ".join(f"n={n}: {c.chunk_s[n - 1] / c.decode_s:.2f}x" for n in (2, 3, 5, 8))
@@ -127,8 +127,8 @@ def _run(llm, speculator, ids, max_new):
 
 def main() -> int:
     from trtpipe.runtime.llm import LLM
-    from trtpipe.runtime.spec.config import SpecConfig
-    from trtpipe.runtime.spec.setup import enable_speculative
+    from trtpipe.runtime.speculative.config import SpecConfig
+    from trtpipe.runtime.speculative.setup import enable_speculative
 
     llm = LLM(_args.artifact, engine=_args.engine)
     print(f"host: {os.uname().machine}, {os.cpu_count()} cpus, load {_load()}; engine {llm.engine.backend}")

@@ -41,8 +41,8 @@ from trtpipe.runtime.sched.request_output import LiveRequest, RequestOutput
 from trtpipe.runtime.sched.scheduler import Scheduler
 from trtpipe.runtime.sched.slo_policy import choose_chunk_policy
 from trtpipe.runtime.sched.step_cost import StepCostModel, load_or_calibrate
-from trtpipe.runtime.spec.config import SpecConfig
-from trtpipe.runtime.spec.setup import enable_speculative
+from trtpipe.runtime.speculative.config import SpecConfig
+from trtpipe.runtime.speculative.setup import enable_speculative
 
 if TYPE_CHECKING:  # engines import their backends (onnxruntime, tensorrt) when constructed
     from trtpipe.runtime.engines.native import NativeEngine
@@ -70,8 +70,8 @@ class LLM:
         logprobs_mode: "raw" (log-softmax of the engine's logits, the default, vLLM's
             ``raw_logprobs``) or "processed" (of the logits sampled from: after bias, penalties,
             the grammar mask and temperature).
-        speculative: a :class:`~trtpipe.runtime.spec.config.SpecConfig`: speculative decoding with
-            n-gram proposals (:func:`~trtpipe.runtime.spec.setup.enable_speculative`); None = off.
+        speculative: a :class:`~trtpipe.runtime.speculative.config.SpecConfig`: speculative decoding with
+            n-gram proposals (:func:`~trtpipe.runtime.speculative.setup.enable_speculative`); None = off.
 
     ``prefix_cache_queries`` / ``prefix_cache_hits``: prompt tokens looked up in / found in the
     prefix cache since load (counters for ``trtpipe:prefix_cache_queries`` / ``_hits``).

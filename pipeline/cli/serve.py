@@ -292,7 +292,7 @@ def _speculative_config(base, mode: str | None, max_k: int | None, ngram: tuple[
     from dataclasses import replace
 
     from trtpipe.plugins.core.errors import TrtpipeError
-    from trtpipe.runtime.spec.config import SpecConfig
+    from trtpipe.runtime.speculative.config import SpecConfig
 
     if mode == "off":
         if max_k is not None or ngram is not None:

@@ -6,9 +6,9 @@
     ──► incremental detokenizer (stop strings) ──► finished RequestOutputs
 
 Where the engine allows it (``fuses_mixed_steps``) a step with both is *one* prefill call, the
-decodes as 1-token rows. A decode with proposed tokens (speculative decoding, :mod:`trtpipe.runtime.spec`)
+decodes as 1-token rows. A decode with proposed tokens (speculative decoding, :mod:`trtpipe.runtime.speculative`)
 is a *verify* row: its token and the proposal run as one chunk of the prefill call with logits at
-every position; :func:`~trtpipe.runtime.spec.accept.verify` keeps the accepted prefix plus one token. Under the ``slo`` policy every step's predicted and measured time is
+every position; :func:`~trtpipe.runtime.speculative.accept.verify` keeps the accepted prefix plus one token. Under the ``slo`` policy every step's predicted and measured time is
 logged, and a mixed step re-plans the policy for this host's speed. Used by
 :class:`~trtpipe.runtime.llm.LLM`, which owns what the runner steps over.
 """
@@ -33,7 +33,7 @@ from trtpipe.runtime.sched.scheduler import Scheduler
 from trtpipe.runtime.sched.slo_policy import SloChunkPolicy
 from trtpipe.runtime.sched.step import ScheduledDecode, ScheduledPrefill, SchedulerStep
 from trtpipe.runtime.sched.step_cost import StepCostModel, StepSample
-from trtpipe.runtime.spec.accept import verify
+from trtpipe.runtime.speculative.accept import verify
 
 
 class StepRunner:
@@ -151,7 +151,7 @@ class StepRunner:
     def _verify(
         self, decodes: Sequence[ScheduledDecode], batch: PrefillBatch, logits: np.ndarray, sampled: dict
     ) -> None:
-        """Accept a prefix of each verify row's proposal (:func:`~trtpipe.runtime.spec.accept.verify`)
+        """Accept a prefix of each verify row's proposal (:func:`~trtpipe.runtime.speculative.accept.verify`)
         from its ``k + 1`` logits rows; ``sampled[rid]`` = the tokens it emits."""
         speculator = self.scheduler.speculator
         for d in decodes:

@@ -119,7 +119,7 @@ class Scheduler:
         self.fork_choices = False  # n > 1: fork the prompt KV (needs an engine that copies blocks)
         self._forking: dict[str, list[Request]] = {}  # this step: parent id -> choices that fork it
         self._step_in_flight = False
-        self.speculator: Any = None  # speculative decoding (runtime.spec.speculator); None = off
+        self.speculator: Any = None  # speculative decoding (runtime.speculative.speculator); None = off
 
     # -- queries -----------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """The scheduler's side of speculative decoding: which decoding requests verify proposed tokens
-this step (:func:`propose_drafts`, asking the speculator of :mod:`trtpipe.runtime.spec`, passed
+this step (:func:`propose_drafts`, asking the speculator of :mod:`trtpipe.runtime.speculative`, passed
 in) and whether a verify row fits the KV pool (:func:`verify_tokens`).
 
 Rules, each keeping the non-speculative scheduler's guarantees:

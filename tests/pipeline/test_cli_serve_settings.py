@@ -41,7 +41,7 @@ def _recipe(tmp_path: Path, **runtime) -> Path:
 
 def test_settings_from_recipe_and_artifact_defaults(tmp_path, default_artifact):
     from trtpipe.pipeline.cli.serve import serve_settings
-    from trtpipe.runtime.spec.config import SpecConfig
+    from trtpipe.runtime.speculative.config import SpecConfig
 
     root = default_artifact.parent.parent
     art, settings, source = serve_settings(
@@ -192,7 +192,7 @@ def test_serve_speculative_ngram_same_greedy_text_opt_out_and_metrics(tmp_path, 
         assert drafts[0] == 0  # the opted-out request never verified
         # The sizing verifies only what pays at the measured cost: at the prior acceptance (0.5) a
         # 1-token proposal pays when a 2-token verify costs under 1.5 / 1.02 = 1.47 decode steps
-        # (runtime/spec/sizing.py); a noisy start can measure more, and then nothing is verified.
+        # (runtime/speculative/sizing.py); a noisy start can measure more, and then nothing is verified.
         two = float(re.search(r"decode step: 1: [0-9.]+x, 2: ([0-9.]+)x", "".join(s.lines)).group(1))
         if two >= 1.47:
             pytest.skip(f"the verify cost measured at start ({two}x a decode step for 2 tokens) does not pay")
@@ -205,7 +205,7 @@ def test_serve_speculative_ngram_same_greedy_text_opt_out_and_metrics(tmp_path, 
 def test_speculative_flags_over_the_recipes_settings():
     from trtpipe.pipeline.cli.serve import _speculative
     from trtpipe.plugins.core.errors import TrtpipeError
-    from trtpipe.runtime.spec.config import SpecConfig
+    from trtpipe.runtime.speculative.config import SpecConfig
 
     base = SpecConfig(max_k=6, min_n=3, max_n=5)
     assert _speculative(base, None, 2, None) == SpecConfig(max_k=2, min_n=3, max_n=5)

@@ -4,7 +4,7 @@ from hand-made counters."""
 from prometheus_client import CollectorRegistry, generate_latest
 
 from trtpipe.runtime.serve.spec_metrics import SpecMetrics
-from trtpipe.runtime.spec.speculator import SpecCounters
+from trtpipe.runtime.speculative.speculator import SpecCounters
 
 
 def test_counters_render_as_vllm_named_series_and_a_length_histogram():

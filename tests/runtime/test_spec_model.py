@@ -10,8 +10,8 @@ from trtpipe.runtime.llm import LLM
 from trtpipe.runtime.sample.params import SamplingParams
 from trtpipe.runtime.sched.batch import PrefillBatch
 from trtpipe.runtime.sched.step import ScheduledPrefill
-from trtpipe.runtime.spec.config import SpecConfig
-from trtpipe.runtime.spec.setup import enable_speculative
+from trtpipe.runtime.speculative.config import SpecConfig
+from trtpipe.runtime.speculative.setup import enable_speculative
 
 DOC = (
     "The river Lune rises on the fells above Ravenstonedale and flows through the market town of "

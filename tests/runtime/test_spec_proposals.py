@@ -4,10 +4,10 @@ checks, and the sizing of k from a cost table (hand-computed expectations)."""
 import pytest
 
 from trtpipe.runtime.errors import RequestError
-from trtpipe.runtime.spec.config import SpecConfig
-from trtpipe.runtime.spec.cost import VerifyCost
-from trtpipe.runtime.spec.ngram import NgramIndex
-from trtpipe.runtime.spec.sizing import draft_lengths, expected_tokens
+from trtpipe.runtime.speculative.config import SpecConfig
+from trtpipe.runtime.speculative.cost import VerifyCost
+from trtpipe.runtime.speculative.ngram import NgramIndex
+from trtpipe.runtime.speculative.sizing import draft_lengths, expected_tokens
 
 
 def test_the_longest_suffix_match_proposes_its_continuation():
@@ -94,8 +94,8 @@ def test_verify_cost_interpolates_and_extends_its_table():
 def test_a_proposal_that_never_pays_is_explored_with_one_token_and_learns():
     from types import SimpleNamespace
 
-    from trtpipe.runtime.spec.config import SpecConfig
-    from trtpipe.runtime.spec.speculator import EXPLORE_AFTER_STEPS, NgramSpeculator
+    from trtpipe.runtime.speculative.config import SpecConfig
+    from trtpipe.runtime.speculative.speculator import EXPLORE_AFTER_STEPS, NgramSpeculator
 
     # a busy start's table: a 2-token verify 1.6x a decode step, so at the prior 0.5 no k pays
     # (k = 1: 1.5 tokens for 1.6x; k = 4: 1.94 for 2.5x)

@@ -13,8 +13,8 @@ from trtpipe.runtime.kv.cache_manager import KVCacheManager
 from trtpipe.runtime.sample.params import SamplingParams
 from trtpipe.runtime.sched.request import Request, RequestStatus
 from trtpipe.runtime.sched.scheduler import ScheduledDecode, Scheduler
-from trtpipe.runtime.spec.config import SpecConfig
-from trtpipe.runtime.spec.speculator import NgramSpeculator
+from trtpipe.runtime.speculative.config import SpecConfig
+from trtpipe.runtime.speculative.speculator import NgramSpeculator
 
 EOS = 0
 

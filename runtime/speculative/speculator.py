@@ -5,7 +5,7 @@ The scheduler asks it, in a step that only decodes (no prompt chunk running or w
 free batch row, so prefill sizing and TTFT are untouched), for the proposal of every decoding
 request (:meth:`propose`); the step runner reports each verify's outcome (:meth:`on_verified`).
 
-Acceptance rate per request (alpha for :mod:`~trtpipe.runtime.spec.sizing`): a verify that
+Acceptance rate per request (alpha for :mod:`~trtpipe.runtime.speculative.sizing`): a verify that
 accepted a of k proposed tokens counts a successes and, when a < k, one failure (the tokens after
 the first rejection were never tested). The estimate is ``(successes + PRIOR_WEIGHT * prior) /
 (trials + PRIOR_WEIGHT)``, prior = the acceptance rate of all requests so far (0.5 before any);
@@ -26,10 +26,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from trtpipe.runtime.spec.config import SpecConfig
-from trtpipe.runtime.spec.cost import VerifyCost
-from trtpipe.runtime.spec.ngram import NgramIndex
-from trtpipe.runtime.spec.sizing import draft_lengths
+from trtpipe.runtime.speculative.config import SpecConfig
+from trtpipe.runtime.speculative.cost import VerifyCost
+from trtpipe.runtime.speculative.ngram import NgramIndex
+from trtpipe.runtime.speculative.sizing import draft_lengths
 
 PRIOR_WEIGHT = 2.0
 DECAY = 0.9

@@ -1,9 +1,9 @@
 """``SpecConfig``: the speculative-decoding settings (recipe ``runtime.speculative``, ``serve
 --speculative``, ``LLM(speculative=...)``), checked once here.
 
-``method``: ``ngram`` (prompt lookup: :mod:`trtpipe.runtime.spec.ngram`), the only method: no
+``method``: ``ngram`` (prompt lookup: :mod:`trtpipe.runtime.speculative.ngram`), the only method: no
 second model. ``max_k``: most proposed tokens verified per request and step (the sizing picks
-0..max_k from the measured verify cost, :mod:`trtpipe.runtime.spec.sizing`). ``min_n`` /
+0..max_k from the measured verify cost, :mod:`trtpipe.runtime.speculative.sizing`). ``min_n`` /
 ``max_n``: the n-gram lengths matched against the request's context, longest first (vLLM's
 ``prompt_lookup_min`` / ``prompt_lookup_max``).
 """

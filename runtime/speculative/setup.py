@@ -6,16 +6,16 @@ from __future__ import annotations
 from typing import Any
 
 from trtpipe.runtime.errors import RequestError
-from trtpipe.runtime.spec.config import SpecConfig
-from trtpipe.runtime.spec.cost import measure
-from trtpipe.runtime.spec.speculator import NgramSpeculator
+from trtpipe.runtime.speculative.config import SpecConfig
+from trtpipe.runtime.speculative.cost import measure
+from trtpipe.runtime.speculative.speculator import NgramSpeculator
 
 
 def enable_speculative(llm: Any, config: SpecConfig | None) -> str:
     """Speculative decoding on (``config``) or off (None) for ``llm``, between steps; returns one
     line for reports. On: measures the verify cost against a decode step on this engine
-    (:func:`~trtpipe.runtime.spec.cost.measure`, well under a second), which sizes every proposal
-    (:mod:`trtpipe.runtime.spec.sizing`). Raises :class:`RequestError` (``field`` "speculative")
+    (:func:`~trtpipe.runtime.speculative.cost.measure`, well under a second), which sizes every proposal
+    (:mod:`trtpipe.runtime.speculative.sizing`). Raises :class:`RequestError` (``field`` "speculative")
     for a config that is not a :class:`SpecConfig`, or an engine that cannot return logits at
     every position of a chunk (TensorRT plans; a native library built before speculative decoding)."""
     if config is None:
