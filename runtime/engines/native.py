@@ -31,17 +31,20 @@ from __future__ import annotations
 import ctypes as C
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 
 import numpy as np
 
 from trtpipe.plugins.core.errors import OpError
+from trtpipe.plugins.core.kv_codec import KV_DTYPES
 from trtpipe.plugins.core.rope import rope_cos_sin
 from trtpipe.plugins.cpu import library as L
 from trtpipe.plugins.cpu.isa import missing_flags
 from trtpipe.plugins.cpu.layout import TiledWeight
 from trtpipe.runtime.artifact.manifest import Manifest
 from trtpipe.runtime.artifact.runtime_options import ActivationLevels
+from trtpipe.runtime.engines.base import EngineCapabilities
 from trtpipe.runtime.engines.native_weights import NativeWeights
 from trtpipe.runtime.errors import ArtifactError
 from trtpipe.runtime.kv.pool import KVPool
@@ -73,9 +76,6 @@ def _threads(num_threads: int | None, manifest: Manifest) -> int:
 
 class NativeEngine:
     """See the module docstring."""
-
-    backend = "native"
-    fuses_mixed_steps = True
 
     def __init__(self, manifest: Manifest, pool: KVPool, num_threads: int | None = None):
         nat = manifest.options.native
@@ -157,10 +157,11 @@ class NativeEngine:
         )  # fmt: skip
 
     @property
-    def verifies_all_positions(self) -> bool:
-        """Whether this artifact's library returns logits at chosen rows (``tp_forward_rows``):
-        speculative verify chunks need every position's logits (libraries built before it lack it)."""
-        return hasattr(self.lib, "tp_forward_rows")
+    def capabilities(self) -> EngineCapabilities:
+        """One forward takes any mix of rows (fuses mixed steps); blocks are copied in the host pool;
+        the kernels read every KV dtype; logits at chosen rows (speculative verify) where the
+        library has ``tp_forward_rows`` (libraries built before speculative decoding lack it)."""
+        return EngineCapabilities("native", True, True, hasattr(self.lib, "tp_forward_rows"), KV_DTYPES)
 
     def _run(
         self, feeds: dict[str, np.ndarray], levels: ActivationLevels, logit_indices: np.ndarray | None = None
@@ -202,6 +203,6 @@ class NativeEngine:
         feeds["last_token_indices"] = np.arange(n, dtype=np.int64)
         return self._run(feeds, self.levels["decode"])
 
-    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+    def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
         """Copy-on-write before a step: the kernels read and write the host pool in place."""
         self.pool.copy_blocks(copies)

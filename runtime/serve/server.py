@@ -96,7 +96,7 @@ def engine_readings(llm: LLM, engine: EngineLoop) -> Callable[[], dict[str, Any]
         "num_preemptions": llm.num_preemptions,
         "prefix_cache_queries": llm.prefix_cache_queries,
         "prefix_cache_hits": llm.prefix_cache_hits,
-        "spec": llm.scheduler.speculator.counters if llm.scheduler.speculator is not None else None,
+        "spec": llm.speculation_counters,
     }
 
 

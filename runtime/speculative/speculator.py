@@ -24,8 +24,9 @@ It costs at most one 2-token row per ``EXPLORE_AFTER_STEPS`` steps of such a req
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
+from trtpipe.runtime.metrics.spec_counters import SpeculationCounters
 from trtpipe.runtime.speculative.config import SpecConfig
 from trtpipe.runtime.speculative.cost import VerifyCost
 from trtpipe.runtime.speculative.ngram import NgramIndex
@@ -45,55 +46,6 @@ class _State:
     unpaid_steps: int = 0  # proposal steps in a row that did not pay
 
 
-@dataclass
-class SpecCounters:
-    """Totals since load (vLLM's ``spec_decode_*`` counters): verifies (``num_drafts``), proposed
-    tokens, accepted tokens, ``accepted_per_position[i]``: verifies that accepted proposed token
-    i + 1, and the histogram of acceptance lengths."""
-
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_position: list[int] = field(default_factory=list)
-    # verifies by acceptance length (1 + accepted tokens: the tokens one verify emitted), index = length
-    acceptance_length_counts: list[int] = field(default_factory=list)
-
-    def copy(self) -> SpecCounters:
-        return replace(
-            self,
-            accepted_per_position=list(self.accepted_per_position),
-            acceptance_length_counts=list(self.acceptance_length_counts),
-        )
-
-    def since(self, before: SpecCounters) -> dict:
-        """The totals added since ``before`` (a :meth:`copy`), with vLLM's derived figures:
-        acceptance rate = accepted / draft tokens, mean acceptance length = 1 + accepted / drafts."""
-        drafts = self.num_drafts - before.num_drafts
-        tokens = self.num_draft_tokens - before.num_draft_tokens
-        accepted = self.num_accepted_tokens - before.num_accepted_tokens
-        return {
-            "num_drafts": drafts,
-            "num_draft_tokens": tokens,
-            "num_accepted_tokens": accepted,
-            "acceptance_rate": accepted / tokens if tokens else None,
-            "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
-            "acceptance_length_counts": [
-                a - b for a, b in zip(self.acceptance_length_counts, before.acceptance_length_counts)
-            ],
-        }
-
-    @staticmethod
-    def line(d: dict) -> str:
-        """One line of a :meth:`since` dict for reports."""
-        if not d["num_drafts"]:
-            return "speculative decoding: no verify ran"
-        return (
-            f"speculative decoding: {d['num_drafts']} verifies, {d['num_accepted_tokens']}/{d['num_draft_tokens']} "
-            f"proposed tokens accepted ({d['acceptance_rate']:.0%}), mean acceptance length "
-            f"{d['mean_acceptance_length']:.2f} tokens per verify"
-        )
-
-
 class NgramSpeculator:
     """Proposals (:class:`NgramIndex`) for the scheduler, sized by :func:`draft_lengths` with
     ``cost`` (None: not measured, every proposal of up to ``config.max_k`` tokens is verified)."""
@@ -108,7 +60,7 @@ class NgramSpeculator:
         """Forget what ran so far (the served totals and the acceptance prior start at 0): for the
         server's warm-up request, which is not traffic."""
         k = self.config.max_k
-        self.counters = SpecCounters(accepted_per_position=[0] * k, acceptance_length_counts=[0] * (k + 2))
+        self.counters = SpeculationCounters(accepted_per_position=[0] * k, acceptance_length_counts=[0] * (k + 2))
         self._all_successes = 0.0
         self._all_trials = 0.0
 
@@ -187,4 +139,4 @@ class NgramSpeculator:
         return s
 
 
-__all__ = ["DECAY", "EXPLORE_AFTER_STEPS", "MIN_GAIN", "NgramSpeculator", "PRIOR_WEIGHT", "SpecCounters"]
+__all__ = ["DECAY", "EXPLORE_AFTER_STEPS", "MIN_GAIN", "NgramSpeculator", "PRIOR_WEIGHT"]
