@@ -127,13 +127,13 @@ def _run(llm, speculator, ids, max_new):
 
 def main() -> int:
     from trtpipe.runtime.llm import LLM
-    from trtpipe.runtime.speculative.config import SpecConfig
+    from trtpipe.runtime.speculative.config import SpeculativeConfig
 
     llm = LLM(_args.artifact, engine=_args.engine)
     print(f"host: {os.uname().machine}, {os.cpu_count()} cpus, load {_load()}; engine {llm.capabilities.backend}")
     if _args.precondition:
         precondition(llm)
-    print(llm.set_speculative(SpecConfig(max_k=_args.max_k, min_n=_args.min_n, max_n=_args.max_n)))
+    print(llm.set_speculative(SpeculativeConfig(max_k=_args.max_k, min_n=_args.min_n, max_n=_args.max_n)))
     spec = llm.scheduler.speculator
     if _args.always_verify:
         spec.cost = None  # NgramSpeculator: no cost model, every proposal is verified

@@ -42,7 +42,7 @@ from trtpipe.runtime.sched.request_output import LiveRequest, RequestOutput
 from trtpipe.runtime.sched.scheduler import Scheduler
 from trtpipe.runtime.sched.slo_policy import choose_chunk_policy
 from trtpipe.runtime.sched.step_cost import StepCostModel
-from trtpipe.runtime.speculative.config import SpecConfig
+from trtpipe.runtime.speculative.config import SpeculativeConfig
 from trtpipe.runtime.speculative.setup import build_speculator
 
 if TYPE_CHECKING:  # engines import their backends (onnxruntime, tensorrt) when constructed
@@ -70,7 +70,7 @@ class LLM:
         logprobs_mode: "raw" (log-softmax of the engine's logits, the default, vLLM's
             ``raw_logprobs``) or "processed" (of the logits sampled from: after bias, penalties,
             the grammar mask and temperature).
-        speculative: a :class:`~trtpipe.runtime.speculative.config.SpecConfig`: speculative decoding with
+        speculative: a :class:`~trtpipe.runtime.speculative.config.SpeculativeConfig`: speculative decoding with
             n-gram proposals (:func:`~trtpipe.runtime.speculative.setup.build_speculator`; change it
             with :meth:`set_speculative`); None = off.
 
@@ -94,7 +94,7 @@ class LLM:
         fuse_mixed_steps: bool = True,
         engine: str = "auto",
         logprobs_mode: str = "raw",
-        speculative: SpecConfig | None = None,
+        speculative: SpeculativeConfig | None = None,
     ):
         require_bools(prefix_caching=prefix_caching, fuse_mixed_steps=fuse_mixed_steps)
         self.manifest: Manifest = load_manifest(artifact_dir)
@@ -157,7 +157,7 @@ class LLM:
         self.scheduler.chunk_policy = policy
         return why
 
-    def set_speculative(self, config: SpecConfig | None) -> str:
+    def set_speculative(self, config: SpeculativeConfig | None) -> str:
         """Speculative decoding on (``config``) or off (None) between steps; returns the report line."""
         self.scheduler.speculator, self.speculative_description = build_speculator(
             config, self.engine, self.manifest, self.block_pool, self.kv_manager.block_size, fused=self.fuse_mixed_steps

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from trtpipe.pipeline.recipe.base import Spec
-from trtpipe.runtime.speculative.config import SpecConfig
+from trtpipe.runtime.speculative.config import SpeculativeConfig
 
 
 class SchedulerSpec(Spec):
@@ -73,6 +73,6 @@ class RuntimeSpec(Spec):
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     speculative: SpeculativeSpec | None = None
 
-    def spec_config(self) -> SpecConfig | None:
-        """The runtime's :class:`~trtpipe.runtime.speculative.config.SpecConfig` of ``speculative``."""
-        return None if self.speculative is None else SpecConfig(**self.speculative.model_dump())
+    def spec_config(self) -> SpeculativeConfig | None:
+        """The runtime's :class:`~trtpipe.runtime.speculative.config.SpeculativeConfig` of ``speculative``."""
+        return None if self.speculative is None else SpeculativeConfig(**self.speculative.model_dump())

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from trtpipe.runtime.errors import RequestError
-from trtpipe.runtime.speculative.config import SpecConfig
+from trtpipe.runtime.speculative.config import SpeculativeConfig
 from trtpipe.runtime.speculative.cost import measure
 from trtpipe.runtime.speculative.speculator import NgramSpeculator
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 def build_speculator(
-    config: SpecConfig | None,
+    config: SpeculativeConfig | None,
     engine: Engine,
     manifest: Manifest,
     block_pool: BlockPool,
@@ -30,14 +30,14 @@ def build_speculator(
     (:func:`~trtpipe.runtime.speculative.cost.measure`, well under a second; dummy KV in blocks of
     ``block_pool`` given back after), which sizes every proposal
     (:mod:`trtpipe.runtime.speculative.sizing`); ``fused``: the runtime fuses mixed steps. Raises
-    :class:`RequestError` (``field`` "speculative") for a config that is not a :class:`SpecConfig`,
+    :class:`RequestError` (``field`` "speculative") for a config that is not a :class:`SpeculativeConfig`,
     or an engine without ``capabilities.verifies_all_positions`` (TensorRT plans; a native library
     built before speculative decoding)."""
     if config is None:
         return None, "speculative decoding: off"
-    if not isinstance(config, SpecConfig):
+    if not isinstance(config, SpeculativeConfig):
         raise RequestError(
-            f"speculative = {config!r}: expected a SpecConfig or None. Fix: pass SpecConfig(method='ngram').",
+            f"speculative = {config!r}: expected a SpeculativeConfig or None. Fix: pass SpeculativeConfig(method='ngram').",
             field="speculative",
         )
     caps = engine.capabilities

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from trtpipe.runtime.metrics.spec_counters import SpeculationCounters
-from trtpipe.runtime.speculative.config import SpecConfig
+from trtpipe.runtime.speculative.config import SpeculativeConfig
 from trtpipe.runtime.speculative.cost import VerifyCost
 from trtpipe.runtime.speculative.ngram import NgramIndex
 from trtpipe.runtime.speculative.sizing import draft_lengths
@@ -50,7 +50,7 @@ class NgramSpeculator:
     """Proposals (:class:`NgramIndex`) for the scheduler, sized by :func:`draft_lengths` with
     ``cost`` (None: not measured, every proposal of up to ``config.max_k`` tokens is verified)."""
 
-    def __init__(self, config: SpecConfig, cost: VerifyCost | None):
+    def __init__(self, config: SpeculativeConfig, cost: VerifyCost | None):
         self.config = config
         self.cost = cost
         self._states: dict[str, _State] = {}

@@ -10,7 +10,7 @@ from trtpipe.runtime.llm import LLM
 from trtpipe.runtime.sample.params import SamplingParams
 from trtpipe.runtime.sched.batch import PrefillBatch
 from trtpipe.runtime.sched.step import ScheduledPrefill
-from trtpipe.runtime.speculative.config import SpecConfig
+from trtpipe.runtime.speculative.config import SpeculativeConfig
 
 DOC = (
     "The river Lune rises on the fells above Ravenstonedale and flows through the market town of "
@@ -38,7 +38,7 @@ def test_greedy_with_speculation_is_token_for_token_plain_greedy(llm):
     params = SamplingParams(max_new_tokens=40, logprobs=2)
     llm.set_speculative(None)
     plain = _run(llm, params)
-    line = llm.set_speculative(SpecConfig(max_k=4, min_n=1, max_n=3))
+    line = llm.set_speculative(SpeculativeConfig(max_k=4, min_n=1, max_n=3))
     assert "measured cost of a verify" in line
     llm.scheduler.speculator.cost = None  # verify every proposal: the test must not depend on the host's speed
     spec = _run(llm, params)
@@ -52,7 +52,7 @@ def test_greedy_with_speculation_is_token_for_token_plain_greedy(llm):
 
 
 def test_opt_out_and_sampled_requests(llm):
-    llm.set_speculative(SpecConfig(max_k=4, min_n=1, max_n=3))
+    llm.set_speculative(SpeculativeConfig(max_k=4, min_n=1, max_n=3))
     llm.scheduler.speculator.cost = None
     before = llm.speculation_counters.copy()
     out = llm.generate(PROMPTS[:1], SamplingParams(max_new_tokens=24, speculative=False), chat=True)

@@ -13,7 +13,7 @@ from trtpipe.runtime.kv.cache_manager import KVCacheManager
 from trtpipe.runtime.sample.params import SamplingParams
 from trtpipe.runtime.sched.request import Request, RequestStatus
 from trtpipe.runtime.sched.scheduler import ScheduledDecode, Scheduler
-from trtpipe.runtime.speculative.config import SpecConfig
+from trtpipe.runtime.speculative.config import SpeculativeConfig
 from trtpipe.runtime.speculative.speculator import NgramSpeculator
 
 EOS = 0
@@ -154,7 +154,7 @@ def _traffic(seed, speculative, num_requests=120):
     bs, window = 4, (0 if seed % 2 == 0 else 9)
     pool = BlockPool(40 if window == 0 else 16)
     kv = KVCacheManager(pool, bs, window)
-    speculator = NgramSpeculator(SpecConfig(max_k=4, min_n=1, max_n=3), cost=None) if speculative else None
+    speculator = NgramSpeculator(SpeculativeConfig(max_k=4, min_n=1, max_n=3), cost=None) if speculative else None
     sched = Scheduler(
         kv, 24, 6, 96, eos_token_ids=(EOS,), enable_prefix_caching=True, build_hash="fake", speculator=speculator
     )
