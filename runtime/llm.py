@@ -25,6 +25,7 @@ from trtpipe.runtime.artifact.chat_template import encode_prompt
 from trtpipe.runtime.artifact.detokenizer import IncrementalDetokenizer
 from trtpipe.runtime.artifact.manifest import Manifest, load_manifest
 from trtpipe.runtime.artifact.tokenizer import Tokenizer
+from trtpipe.runtime.core.calibrate import load_or_calibrate
 from trtpipe.runtime.core.step import StepRunner
 from trtpipe.runtime.engines.select import load_engine
 from trtpipe.runtime.errors import RequestError
@@ -40,14 +41,13 @@ from trtpipe.runtime.sched.request import Request, new_request
 from trtpipe.runtime.sched.request_output import LiveRequest, RequestOutput
 from trtpipe.runtime.sched.scheduler import Scheduler
 from trtpipe.runtime.sched.slo_policy import choose_chunk_policy
-from trtpipe.runtime.sched.step_cost import StepCostModel, load_or_calibrate
-from trtpipe.runtime.spec.config import SpecConfig
-from trtpipe.runtime.spec.setup import enable_speculative
+from trtpipe.runtime.sched.step_cost import StepCostModel
+from trtpipe.runtime.speculative.config import SpeculativeConfig
+from trtpipe.runtime.speculative.setup import build_speculator
 
 if TYPE_CHECKING:  # engines import their backends (onnxruntime, tensorrt) when constructed
-    from trtpipe.runtime.engines.native import NativeEngine
-    from trtpipe.runtime.engines.ort import OrtEngine
-    from trtpipe.runtime.engines.trt import TrtEngine
+    from trtpipe.runtime.engines.base import Engine
+    from trtpipe.runtime.metrics.spec_counters import SpeculationCounters
 
 
 class LLM:
@@ -70,8 +70,9 @@ class LLM:
         logprobs_mode: "raw" (log-softmax of the engine's logits, the default, vLLM's
             ``raw_logprobs``) or "processed" (of the logits sampled from: after bias, penalties,
             the grammar mask and temperature).
-        speculative: a :class:`~trtpipe.runtime.spec.config.SpecConfig`: speculative decoding with
-            n-gram proposals (:func:`~trtpipe.runtime.spec.setup.enable_speculative`); None = off.
+        speculative: a :class:`~trtpipe.runtime.speculative.config.SpeculativeConfig`: speculative decoding with
+            n-gram proposals (:func:`~trtpipe.runtime.speculative.setup.build_speculator`; change it
+            with :meth:`set_speculative`); None = off.
 
     ``prefix_cache_queries`` / ``prefix_cache_hits``: prompt tokens looked up in / found in the
     prefix cache since load (counters for ``trtpipe:prefix_cache_queries`` / ``_hits``).
@@ -93,26 +94,31 @@ class LLM:
         fuse_mixed_steps: bool = True,
         engine: str = "auto",
         logprobs_mode: str = "raw",
-        speculative: SpecConfig | None = None,
+        speculative: SpeculativeConfig | None = None,
     ):
         require_bools(prefix_caching=prefix_caching, fuse_mixed_steps=fuse_mixed_steps)
         self.manifest: Manifest = load_manifest(artifact_dir)
         m = self.manifest
+        eos = (m.model.eos_token_ids or (None,))[0]
         self.tokenizer = Tokenizer.from_file(
-            m.path(m.tokenizer_file),
-            bos_token_id=m.model.bos_token_id,
-            eos_token_id=(m.model.eos_token_ids or (None,))[0],
+            m.path(m.tokenizer_file), bos_token_id=m.model.bos_token_id, eos_token_id=eos
         )
         self.pool = KVPool(m.kv)
-        self.engine: NativeEngine | OrtEngine | TrtEngine = load_engine(m, self.pool, num_threads, engine)
+        self.engine: Engine = load_engine(m, self.pool, num_threads, engine)
+        self.capabilities = caps = self.engine.capabilities  # what it can do (engines/base.py)
         self.block_pool = BlockPool(m.kv.num_blocks)
         self.kv_manager = KVCacheManager(self.block_pool, m.kv.block_size, m.kv.sliding_window)
+        self.fuse_mixed_steps = bool(fuse_mixed_steps and caps.fuses_mixed_steps)
+        speculator, self.speculative_description = build_speculator(  # description: one line for reports
+            speculative, self.engine, m, self.block_pool, m.kv.block_size, fused=self.fuse_mixed_steps
+        )
         # The artifact's identity in every block hash: its build hash and its inputs (weights).
         build_id = f"{(m.build_info or {}).get('build_hash') or m.recipe_hash}:{m.inputs_hash}"
         lim = m.limits
         self.scheduler = Scheduler(
             self.kv_manager, lim.max_num_tokens, lim.max_batch_size, lim.max_seq_len, eos_token_ids=m.model.eos_token_ids,
             enable_prefix_caching=prefix_caching, build_hash=build_id,
+            fork_choices=caps.copies_blocks, speculator=speculator,
         )  # fmt: skip
         step_stats = step_stats or StepStats(num_kv_blocks=m.kv.num_blocks - 1)
         self._live: dict[str, LiveRequest] = {}
@@ -120,24 +126,16 @@ class LLM:
         if scheduler_policy not in ("slo", "fcfs"):
             raise RequestError(f"scheduler_policy = {scheduler_policy!r}: expected 'slo' or 'fcfs'")
         self.scheduler_policy = scheduler_policy
-        self.fuse_mixed_steps = bool(fuse_mixed_steps and getattr(self.engine, "fuses_mixed_steps", False))
         self.num_threads = num_threads
         self.step_cost: StepCostModel | None = None
         self._runner = StepRunner(
-            self.engine,
-            self.scheduler,
-            self._live,
-            step_stats,
-            fuse_mixed_steps=self.fuse_mixed_steps,
-            step_cost=lambda: self.step_cost,
-            grammars=lambda: self.grammars,
+            self.engine, self.scheduler, self._live, step_stats, fuse_mixed_steps=self.fuse_mixed_steps,
+            step_cost=lambda: self.step_cost, grammars=lambda: self.grammars,
             logprobs_mode=check_logprobs_mode(logprobs_mode),
-        )
+        )  # fmt: skip
         self._grammars: GrammarCompiler | None = None
-        self.scheduler.fork_choices = hasattr(self.engine, "copy_blocks")  # n > 1 forks the prompt KV
         self.step_cost_log = self._runner.step_cost_log  # the slo policy's (predicted, measured) steps
         self.set_tpot_budget(tpot_budget_ms, itl_budget_ms, itl_during_prefill_ratio)
-        self.speculative_description = enable_speculative(self, speculative)  # one line for reports
 
     def set_tpot_budget(
         self,
@@ -159,19 +157,33 @@ class LLM:
         self.scheduler.chunk_policy = policy
         return why
 
+    def set_speculative(self, config: SpeculativeConfig | None) -> str:
+        """Speculative decoding on (``config``) or off (None) between steps; returns the report line."""
+        self.scheduler.speculator, self.speculative_description = build_speculator(
+            config, self.engine, self.manifest, self.block_pool, self.kv_manager.block_size, fused=self.fuse_mixed_steps
+        )
+        return self.speculative_description
+
+    @property
+    def speculation_counters(self) -> SpeculationCounters | None:
+        """Speculative decoding's totals since load or :meth:`reset_traffic_counters`; None while off."""
+        return None if self.scheduler.speculator is None else self.scheduler.speculator.counters
+
+    def reset_traffic_counters(self) -> None:
+        """Forget what ran so far (warm-up): prefix-cache counters, speculation totals and prior, step-cost log."""
+        self.scheduler.prefix_cache_queries = self.scheduler.prefix_cache_hits = 0
+        if self.scheduler.speculator is not None:
+            self.scheduler.speculator.reset_counters()
+        self.step_cost_log.clear()
+
     def step_cost_model(self) -> StepCostModel:
         """The engine's step-cost model: the artifact's ``step_cost.json`` or measured now."""
         if self.step_cost is None:
+            lim = self.manifest.limits
             self.step_cost = load_or_calibrate(
-                self.manifest.path("."),
-                self.engine,
-                self.block_pool,
-                self.kv_manager.block_size,
-                self.manifest.limits.max_num_tokens,
-                self.manifest.limits.max_batch_size,
-                self.num_threads,
-                fused=self.fuse_mixed_steps,
-            )
+                self.manifest.path("."), self.engine, self.block_pool, self.kv_manager.block_size,
+                lim.max_num_tokens, lim.max_batch_size, self.num_threads, fused=self.fuse_mixed_steps,
+            )  # fmt: skip
         return self.step_cost
 
     @property
@@ -329,15 +341,8 @@ class LLM:
         + one decode batch; returns the outputs of the requests that finished."""
         return self._runner.step()
 
-    @property
-    def engine_time_s(self) -> float:
-        """Seconds spent inside the engines since load (the rest of a step is the runtime's)."""
-        return self._runner.engine_time_s
-
-    @property
-    def grammar_time_s(self) -> float:
-        """Seconds spent on structured-output masks and matchers inside steps since load."""
-        return self._runner.grammar_time_s
+    engine_time_s = property(lambda self: self._runner.engine_time_s, doc="Seconds inside the engines since load.")
+    grammar_time_s = property(lambda self: self._runner.grammar_time_s, doc="Seconds on grammar masks since load.")
 
     @property
     def step_stats(self) -> StepStats:
@@ -349,11 +354,7 @@ class LLM:
         self._runner.step_stats = stats
 
     steps = property(lambda self: self._runner.steps, doc="Steps run since load.")
-
-    @property
-    def num_preemptions(self) -> int:
-        """Requests preempted (KV freed, recomputed later), all steps."""
-        return self._runner.num_preemptions
+    num_preemptions = property(lambda self: self._runner.num_preemptions, doc="Requests preempted, all steps.")
 
     # -- convenience -------------------------------------------------------------------------
     def run_until_done(self) -> list[RequestOutput]:

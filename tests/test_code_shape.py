@@ -140,3 +140,53 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if m not in state:
             visit(m, [])
     return cycles
+
+
+TYPED_PARTS = ("engine", "llm", "scheduler", "speculator")  # the runtime's parts (docs/contracts.md "Engine")
+
+
+def _untyped_parts(src: str) -> list[tuple[int, str, str]]:
+    """(line, parameter, annotation) of every parameter named one of TYPED_PARTS that is annotated
+    ``Any`` (alone or inside a union / Optional) or not at all."""
+    out = []
+    for node in ast.walk(ast.parse(src)):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        a = node.args
+        for arg in (*a.posonlyargs, *a.args, *a.kwonlyargs):
+            if arg.arg not in TYPED_PARTS or isinstance(node, ast.Lambda):
+                continue
+            ann = arg.annotation
+            names = {n.id for n in ast.walk(ann) if isinstance(n, ast.Name)} if ann is not None else set()
+            names |= {n.attr for n in ast.walk(ann) if isinstance(n, ast.Attribute)} if ann is not None else set()
+            if isinstance(ann, ast.Constant) and isinstance(ann.value, str):  # "Any" as a string
+                names |= {n.id for n in ast.walk(ast.parse(ann.value, mode="eval")) if isinstance(n, ast.Name)}
+            if ann is None or "Any" in names:
+                out.append((node.lineno, arg.arg, "none" if ann is None else ast.unparse(ann)))
+    return out
+
+
+def test_the_runtime_parts_are_typed_not_any():
+    """A parameter named engine, llm, scheduler or speculator in runtime/ names its type (the
+    ``Engine`` / ``Speculator`` protocols, ``LLM``, ``Scheduler``; ``if TYPE_CHECKING:`` imports where
+    a module would import upward), never ``Any`` or nothing: mypy checks what a part is asked for,
+    and a new engine learns what to implement from the protocol, not by grepping for probes."""
+    problems = [
+        f"{p.relative_to(ROOT)}:{line} {name}: {ann}"
+        for p in sorted((ROOT / "runtime").rglob("*.py"))
+        for line, name, ann in _untyped_parts(p.read_text(encoding="utf-8"))
+    ]
+    assert not problems, "parameters of the runtime's parts typed Any or not at all:\n" + "\n".join(problems)
+
+
+def test_the_untyped_parts_check_finds_any_and_missing_annotations():
+    src = (
+        "def a(engine: Any, llm, scheduler: 'Any | None', speculator: Speculator | None, other: Any): ...\n"
+        "def b(engine: Engine, llm: LLM, scheduler: typing.Any): ...\n"
+    )
+    assert _untyped_parts(src) == [
+        (1, "engine", "Any"),
+        (1, "llm", "none"),
+        (1, "scheduler", "'Any | None'"),
+        (2, "scheduler", "typing.Any"),
+    ]

@@ -147,7 +147,7 @@ def _request_stats(llm, out) -> str:
     ttft = f"{m.ttft_s * 1e3:.1f} ms" if m.ttft_s is not None else "n/a"
     target = llm.manifest.target.get("name")
     peak = None if target in (None, "cpu") else _target_bandwidth(target)
-    bw = request_decode_note(llm.manifest, m.prompt_tokens, m.output_tokens, m.tpot_s, peak, llm.engine.backend)
+    bw = request_decode_note(llm.manifest, m.prompt_tokens, m.output_tokens, m.tpot_s, peak, llm.capabilities.backend)
     return f"[{out.finish_reason}] {m.output_tokens} tokens, TTFT {ttft}, TPOT {tpot}{bw}"
 
 

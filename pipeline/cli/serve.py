@@ -272,7 +272,7 @@ def serve_cmd(
 
 
 def _speculative(base, mode: str | None, max_k: int | None, ngram: tuple[int, int] | None, fail_now: bool = True):
-    """The SpecConfig the flags give on top of the recipe's (``base``, None = off): ``--speculative
+    """The SpeculativeConfig the flags give on top of the recipe's (``base``, None = off): ``--speculative
     off`` turns it off; ``ngram`` or a size flag turns it on with the flags' values over ``base``'s.
     Raises TrtpipeError for a size flag with ``--speculative off`` or min_n > max_n (``fail_now``:
     the CLI's exit 2 with the message instead)."""
@@ -292,7 +292,7 @@ def _speculative_config(base, mode: str | None, max_k: int | None, ngram: tuple[
     from dataclasses import replace
 
     from trtpipe.plugins.core.errors import TrtpipeError
-    from trtpipe.runtime.spec.config import SpecConfig
+    from trtpipe.runtime.speculative.config import SpeculativeConfig
 
     if mode == "off":
         if max_k is not None or ngram is not None:
@@ -301,7 +301,7 @@ def _speculative_config(base, mode: str | None, max_k: int | None, ngram: tuple[
                 "that is off. Fix: drop them, or use --speculative ngram"
             )
         return None
-    cfg = base or SpecConfig()
+    cfg = base or SpeculativeConfig()
     if max_k is not None:
         cfg = replace(cfg, max_k=max_k)
     if ngram is not None:

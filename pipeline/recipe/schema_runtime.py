@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from trtpipe.pipeline.recipe.base import Spec
-from trtpipe.runtime.spec.config import SpecConfig
+from trtpipe.runtime.speculative.config import SpeculativeConfig
 
 
 class SchedulerSpec(Spec):
@@ -44,7 +44,7 @@ class SpeculativeSpec(Spec):
     ``method: ngram`` proposes the continuation of the longest earlier n-gram (``min_n`` ..
     ``max_n`` tokens) of the request's own context, and the runtime verifies up to ``max_k`` of
     them per step in one prefill-path chunk, k sized from the verify cost it measures at load
-    (runtime/spec/). Greedy outputs are those of plain decoding on the native engine (on ONNX Runtime
+    (runtime/speculative/). Greedy outputs are those of plain decoding on the native engine (on ONNX Runtime
     they may differ at near-ties); sampling keeps its distribution."""
 
     method: Literal["ngram"] = "ngram"
@@ -73,6 +73,6 @@ class RuntimeSpec(Spec):
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     speculative: SpeculativeSpec | None = None
 
-    def spec_config(self) -> SpecConfig | None:
-        """The runtime's :class:`~trtpipe.runtime.spec.config.SpecConfig` of ``speculative``."""
-        return None if self.speculative is None else SpecConfig(**self.speculative.model_dump())
+    def spec_config(self) -> SpeculativeConfig | None:
+        """The runtime's :class:`~trtpipe.runtime.speculative.config.SpeculativeConfig` of ``speculative``."""
+        return None if self.speculative is None else SpeculativeConfig(**self.speculative.model_dump())

@@ -103,7 +103,7 @@ def select_scenarios(recipe: Recipe, names: Sequence[str]) -> list[Scenario]:
 def engine_description(llm: Any) -> str:
     """``native CPU kernels (avx512_vnni, 2 threads)`` or ``ort 1.23.2`` (the manifest's backend)."""
     e = llm.engine
-    if e.backend == "native":
+    if llm.capabilities.backend == "native":
         return f"native CPU kernels ({e.isa}, {e.threads} threads)"
     m = llm.manifest
     return f"{m.backend.get('name')} {m.backend.get('version')}"
@@ -126,7 +126,11 @@ def _env(llm: Any, recipe: Recipe, art: Path, threads: int | None) -> dict:
         "engine": engine_description(llm),
         "intra_op_threads": threads
         or m.runtime_options.get("intra_op_num_threads")
-        or (llm.engine.threads if llm.engine.backend == "native" else "onnxruntime default (one per physical core)"),
+        or (
+            llm.engine.threads
+            if llm.capabilities.backend == "native"
+            else "onnxruntime default (one per physical core)"
+        ),
         "artifact_dir": str(art),
         "recipe_hash": recipe_hash(recipe),
         "build_hash": build_hash(recipe),
@@ -233,7 +237,7 @@ def _write_report(
         scenarios=reports,
         correctness=correctness.to_dict(),
         env=env,
-        decode_read=read_model_from_manifest(llm.manifest, llm.engine.backend),
+        decode_read=read_model_from_manifest(llm.manifest, llm.capabilities.backend),
         target_bandwidth_bytes_per_s=peak_bw,
     )
 
@@ -308,27 +312,29 @@ def _run_scenarios(
     with ``runtime.speculative``, the scenario's verifies and acceptance (``env["spec_decode"]``,
     warm-up included). Both are read when the workload ends, before the engine probes run."""
     from trtpipe.runtime.measure.step_cost_error import StepCostError
+    from trtpipe.runtime.metrics.spec_counters import SpeculationCounters
 
     reports = []
     env["prefill_chunking"], env["step_cost_error"], env["spec_decode"] = {}, {}, {}
-    speculator = llm.scheduler.speculator
     for scenario, spec in specs:
         tpot_ms, itl_ms = run_budgets_ms(r, scenario, llm)
         why = llm.set_tpot_budget(tpot_ms, itl_ms, scenario_itl_ratio(r, scenario))
         env["prefill_chunking"][scenario.name] = why
         err.print(f"scenario {scenario.name}: prefill chunks: {why}")
         llm.step_cost_log.clear()
-        before = speculator.counters.copy() if speculator is not None else None
+        counters = llm.speculation_counters  # None while speculative decoding is off
+        before = counters.copy() if counters is not None else None
         seen: dict[str, Any] = {}
 
         def after_workload(before=before, seen=seen) -> None:  # before the engine probes' requests
-            seen["spec"] = speculator.counters.since(before) if speculator is not None else None
+            now = llm.speculation_counters
+            seen["spec"] = now.since(before) if now is not None and before is not None else None
             seen["steps"] = list(llm.step_cost_log)
 
         reports.append(run_scenario(llm, scenario, spec, err, after_workload=after_workload))
         if seen["spec"] is not None:  # this scenario's verifies (runtime.speculative)
             env["spec_decode"][scenario.name] = seen["spec"]
-            err.print(f"  {speculator.counters.line(seen['spec'])}")
+            err.print(f"  {SpeculationCounters.line(seen['spec'])}")
         if seen["steps"]:  # the slo policy logs its steps
             cost = StepCostError.of(seen["steps"], itl_ms)
             env["step_cost_error"][scenario.name] = cost.to_dict()

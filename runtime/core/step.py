@@ -5,10 +5,10 @@
     sample (per request: its params and generator) ──► Scheduler.update (EOS, lengths, KV blocks)
     ──► incremental detokenizer (stop strings) ──► finished RequestOutputs
 
-Where the engine allows it (``fuses_mixed_steps``) a step with both is *one* prefill call, the
-decodes as 1-token rows. A decode with proposed tokens (speculative decoding, :mod:`trtpipe.runtime.spec`)
+Where the engine allows it (``capabilities.fuses_mixed_steps``) a step with both is *one* prefill call, the
+decodes as 1-token rows. A decode with proposed tokens (speculative decoding, :mod:`trtpipe.runtime.speculative`)
 is a *verify* row: its token and the proposal run as one chunk of the prefill call with logits at
-every position; :func:`~trtpipe.runtime.spec.accept.verify` keeps the accepted prefix plus one token. Under the ``slo`` policy every step's predicted and measured time is
+every position; :func:`~trtpipe.runtime.speculative.accept.verify` keeps the accepted prefix plus one token. Under the ``slo`` policy every step's predicted and measured time is
 logged, and a mixed step re-plans the policy for this host's speed. Used by
 :class:`~trtpipe.runtime.llm.LLM`, which owns what the runner steps over.
 """
@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from trtpipe.runtime.engines.base import Engine
 from trtpipe.runtime.metrics.request_metrics import StepStats
 from trtpipe.runtime.sample.grammar import consume
 from trtpipe.runtime.sample.logprobs import TokenLogprobs, gather, log_softmax
@@ -33,12 +34,12 @@ from trtpipe.runtime.sched.scheduler import Scheduler
 from trtpipe.runtime.sched.slo_policy import SloChunkPolicy
 from trtpipe.runtime.sched.step import ScheduledDecode, ScheduledPrefill, SchedulerStep
 from trtpipe.runtime.sched.step_cost import StepCostModel, StepSample
-from trtpipe.runtime.spec.accept import verify
+from trtpipe.runtime.speculative.accept import verify
 
 
 class StepRunner:
-    """Steps ``scheduler``'s requests through ``engine`` (an OrtEngine or TrtEngine: ``prefill``,
-    ``decode``, ``last_step_s``). ``live``: request id -> :class:`LiveRequest` (detokenizer,
+    """Steps ``scheduler``'s requests through ``engine`` (an :class:`~trtpipe.runtime.engines.base.Engine`:
+    ``prefill``, ``decode``, ``copy_blocks``, ``last_step_s``). ``live``: request id -> :class:`LiveRequest` (detokenizer,
     timer, generator, output), filled by the LLM as requests arrive. ``step_cost``: the LLM's
     step-cost model once measured (None before), for the slo policy's log. ``grammars``: the
     LLM's grammar compiler (masks of structured-output rows), called only when a row has a
@@ -47,7 +48,7 @@ class StepRunner:
 
     def __init__(
         self,
-        engine: Any,
+        engine: Engine,
         scheduler: Scheduler,
         live: dict[str, LiveRequest],
         step_stats: StepStats,
@@ -151,7 +152,7 @@ class StepRunner:
     def _verify(
         self, decodes: Sequence[ScheduledDecode], batch: PrefillBatch, logits: np.ndarray, sampled: dict
     ) -> None:
-        """Accept a prefix of each verify row's proposal (:func:`~trtpipe.runtime.spec.accept.verify`)
+        """Accept a prefix of each verify row's proposal (:func:`~trtpipe.runtime.speculative.accept.verify`)
         from its ``k + 1`` logits rows; ``sampled[rid]`` = the tokens it emits."""
         speculator = self.scheduler.speculator
         for d in decodes:

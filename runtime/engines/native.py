@@ -32,14 +32,17 @@ import ctypes as C
 import os
 import time
 import weakref
+from collections.abc import Sequence
 
 import numpy as np
 
 from trtpipe.plugins.core.errors import OpError
+from trtpipe.plugins.core.kv_codec import KV_DTYPES
 from trtpipe.plugins.cpu import library as L
 from trtpipe.plugins.cpu.isa import missing_flags
 from trtpipe.runtime.artifact.manifest import Manifest
 from trtpipe.runtime.artifact.runtime_options import ActivationLevels
+from trtpipe.runtime.engines.base import EngineCapabilities
 from trtpipe.runtime.engines.native_model import NativeModel
 from trtpipe.runtime.engines.native_step import StepLimits, explain_step, step_arrays, step_arrays_rows
 from trtpipe.runtime.engines.native_weights import NativeWeights
@@ -73,9 +76,6 @@ def _threads(num_threads: int | None, manifest: Manifest) -> int:
 
 class NativeEngine:
     """See the module docstring."""
-
-    backend = "native"
-    fuses_mixed_steps = True
 
     def __init__(self, manifest: Manifest, pool: KVPool, num_threads: int | None = None):
         nat = manifest.options.native
@@ -123,9 +123,11 @@ class NativeEngine:
         self.last_step_s = 0.0
 
     @property
-    def verifies_all_positions(self) -> bool:
-        """Logits at chosen rows (``tp_forward_rows``): every library of this ABI has it."""
-        return True
+    def capabilities(self) -> EngineCapabilities:
+        """One forward takes any mix of rows (fuses mixed steps); blocks are copied in the host pool;
+        the kernels read every KV dtype; logits at chosen rows (speculative verify: tp_forward_rows,
+        in every library of this ABI)."""
+        return EngineCapabilities("native", True, True, True, KV_DTYPES)
 
     def _run(
         self, feeds: dict[str, np.ndarray], levels: ActivationLevels, logit_indices: np.ndarray | None = None
@@ -170,6 +172,6 @@ class NativeEngine:
         feeds["last_token_indices"] = np.arange(n, dtype=np.int64)
         return self._run(feeds, self.levels["decode"])
 
-    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+    def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
         """Copy-on-write before a step: the kernels read and write the host pool in place."""
         self.pool.copy_blocks(copies)

@@ -25,6 +25,7 @@ import numpy as np
 
 from trtpipe.plugins.core.dtypes import dtype
 from trtpipe.runtime.artifact.manifest import Manifest
+from trtpipe.runtime.engines.base import EngineCapabilities
 from trtpipe.runtime.errors import ArtifactError
 from trtpipe.runtime.kv.pool import KVPool
 from trtpipe.runtime.sched.batch import DecodeBatch, PrefillBatch
@@ -65,13 +66,13 @@ class OrtEngine:
     ``decode(batch) -> logits [S, V] float32`` (through the decode graph, or the prefill graph
     when the manifest's ``runtime_options.ort_decode_graph`` is ``prefill``; the prefill graph
     takes any number of tokens per sequence, so one token each is a valid chunk). Wall time of
-    the last call is in ``last_step_s``. ``fuses_mixed_steps``: a step's prompt chunks and decode
-    tokens can go through one ``prefill`` call (the recipe's ``engine.ort_fused_steps``: the
-    prefill graph was lowered to send trailing 1-token rows through a decode attention path).
+    the last call is in ``last_step_s``. ``capabilities``: mixed steps fuse where a step's prompt
+    chunks and decode tokens can go through one ``prefill`` call (the recipe's
+    ``engine.ort_fused_steps``: the prefill graph was lowered to send trailing 1-token rows through a
+    decode attention path); blocks are copied in the host pool the graphs read in place; logits at
+    every position (see ``prefill``); the graphs read the KV dtype they were lowered for.
     Raises :class:`ArtifactError` if a graph cannot be loaded.
     """
-
-    backend = "ort"
 
     def __init__(self, manifest: Manifest, pool: KVPool, num_threads: int | None = None):
         import onnxruntime as ort
@@ -93,7 +94,13 @@ class OrtEngine:
         # of the weights; the recipe's engine.ort_sessions); "decode": the decode graph's own session
         assert opts.ort_decode_graph is not None  # parsed at load for the ort backend: "prefill" | "decode"
         self.decode_graph: str = opts.ort_decode_graph
-        self.fuses_mixed_steps = bool(opts.ort_fused_steps)
+        self.capabilities = EngineCapabilities(
+            backend="ort",
+            fuses_mixed_steps=bool(opts.ort_fused_steps),
+            copies_blocks=True,
+            verifies_all_positions=True,  # see prefill
+            kv_dtypes=(pool.kv_dtype,),
+        )
         phases = ["prefill"] if self.decode_graph == "prefill" else list(manifest.graphs)
         if self.decode_graph == "prefill":
             # One session sees prefill and decode shapes in turn; with ORT's memory-pattern
@@ -106,7 +113,7 @@ class OrtEngine:
         self.release_mapped_weight_pages()
         self.last_step_s = 0.0
 
-    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+    def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
         """Copy-on-write before a step: the graphs read and write the host pool in place."""
         self.pool.copy_blocks(copies)
 
@@ -137,13 +144,11 @@ class OrtEngine:
             out[name] = ort.OrtValue.ortvalue_from_numpy(arr)
         return out
 
-    # The prefill graph gathers its logits rows with ``last_token_indices`` (a Gather over the packed
-    # hidden states, docs/graphs.md): fed a longer list, it returns those rows, e.g. every position
-    # of a speculative verify chunk; nothing else in the graph reads it.
-    verifies_all_positions = True
-
     def prefill(self, batch: PrefillBatch) -> np.ndarray:
-        """Logits ``[L, V]``: the last token of each row, or ``batch.logit_indices``' rows."""
+        """Logits ``[L, V]``: the last token of each row, or ``batch.logit_indices``' rows (the
+        prefill graph gathers its logits rows with ``last_token_indices``, a Gather over the packed
+        hidden states, docs/graphs.md: fed a longer list, it returns those rows, e.g. every position
+        of a speculative verify chunk; nothing else in the graph reads it)."""
         t = time.perf_counter()
         feeds = batch.feeds()
         if batch.logit_indices is not None:

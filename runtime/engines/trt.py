@@ -33,14 +33,16 @@ from __future__ import annotations
 import ctypes
 import platform
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from trtpipe.plugins.core.dtypes import dtype as dtype_record
 from trtpipe.plugins.ops.abi import plugin_abi_hash
 from trtpipe.runtime.artifact.manifest import Manifest
+from trtpipe.runtime.engines.base import EngineCapabilities
 from trtpipe.runtime.engines.cuda_device import (
     CudaError,
     DeviceBuffer,
@@ -51,6 +53,10 @@ from trtpipe.runtime.engines.cuda_device import (
     memcpy_htod,
 )
 from trtpipe.runtime.errors import ArtifactError
+
+if TYPE_CHECKING:
+    from trtpipe.runtime.kv.pool import KVPool
+    from trtpipe.runtime.sched.batch import DecodeBatch, PrefillBatch
 
 __all__ = [
     "TrtEngine",
@@ -148,8 +154,8 @@ def check_trt_fingerprint(manifest: Manifest, facts: TrtRuntimeFacts) -> None:
 class _Context:
     """One execution context (one plan, one optimization profile) with its I/O bindings."""
 
-    def __init__(self, engine: Any, profile_index: int, stream: int, trt: Any):
-        self.engine = engine
+    def __init__(self, cuda_engine: Any, profile_index: int, stream: int, trt: Any):
+        self.engine = engine = cuda_engine  # a tensorrt.ICudaEngine (one plan)
         self.ctx = engine.create_execution_context()
         if self.ctx is None:
             raise CudaError("TensorRT could not create an execution context (out of device memory?)")
@@ -178,18 +184,23 @@ class TrtEngine:
     ``prefill(batch) -> logits [S, V] float32``, ``decode(batch) -> logits [S, V] float32``;
     wall time of the last call in ``last_step_s``. Raises :class:`ArtifactError` for a
     fingerprint mismatch or an unloadable plan, :class:`CudaError` for CUDA failures.
-    ``fuses_mixed_steps`` is False: decodes run in the decode plan (never run on a GPU here).
+    ``capabilities``: no fused mixed steps (decodes run in the decode plan; never run on a GPU
+    here); no block copies (the device pool has no copy kernel: n > 1 choices share full blocks
+    through the prefix cache); no logits at every position: speculative verify chunks are
+    prefill-profile shapes (T = k + 1 tokens, S >= 1), but the plans' logits gather
+    (last_token_indices) is sized [S] by that profile, so LLM refuses speculation on TensorRT
+    (docs/tensorrt.md; untested, no GPU here); the plans read the manifest's KV dtype.
     """
 
-    backend = "trt"
-    # Speculative verify chunks are prefill-profile shapes (T = k + 1 tokens, S >= 1), but the plans'
-    # logits gather (last_token_indices) is sized [S] by that profile, so logits at every position
-    # do not fit it: LLM refuses speculation on TensorRT (docs/tensorrt.md; untested, no GPU here).
-    verifies_all_positions = False
-    fuses_mixed_steps = False
-
-    def __init__(self, manifest: Manifest, pool: Any = None, *, facts: TrtRuntimeFacts | None = None):
+    def __init__(self, manifest: Manifest, pool: KVPool | None = None, *, facts: TrtRuntimeFacts | None = None):
         check_trt_fingerprint(manifest, facts or current_trt_facts())
+        self.capabilities = EngineCapabilities(
+            backend="trt",
+            fuses_mixed_steps=False,
+            copies_blocks=False,
+            verifies_all_positions=False,
+            kv_dtypes=(dtype_record(manifest.kv.dtype).name,),
+        )
         import tensorrt as trt
 
         self.trt = trt
@@ -292,11 +303,20 @@ class TrtEngine:
         self.last_step_s = time.perf_counter() - t0
         return out
 
-    def prefill(self, batch: Any) -> np.ndarray:
+    def prefill(self, batch: PrefillBatch) -> np.ndarray:
         return self._run("prefill", batch.feeds(), len(batch.request_ids))
 
-    def decode(self, batch: Any) -> np.ndarray:
+    def decode(self, batch: DecodeBatch) -> np.ndarray:
         return self._run("decode", batch.feeds(), len(batch.request_ids))
+
+    def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
+        """No copy kernel for the device pool (``capabilities.copies_blocks`` is False, so the
+        scheduler never forks blocks): an empty list is a no-op, any copy raises :class:`ArtifactError`."""
+        if copies:
+            raise ArtifactError(
+                f"TensorRT engine of {self.manifest.root}: asked to copy KV blocks {list(copies)[:4]}, but it has no "
+                "block copy (capabilities.copies_blocks is False). Fix: this is a runtime bug; run with n = 1."
+            )
 
     def close(self) -> None:
         for pools in self.pools:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import mmap
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -74,7 +75,7 @@ class KVPool:
         """Bytes of K, V and (int8) their scales: what :attr:`KVLayout.pool_bytes` plans."""
         return sum(a.nbytes for a in self.arrays)
 
-    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+    def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
         """Copy every layer's K and V block ``src`` into ``dst`` for each ``(src, dst)`` pair
         (copy-on-write of a shared block, ``KVCacheManager.take_pending_copies``); one fancy-index
         assignment per array, so it costs ``len(copies)`` blocks per layer, not the pool."""

@@ -14,17 +14,20 @@ import itertools
 import json
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtpipe.runtime.measure.engine_probes import PROBE_TIMEOUT_S, ProbeResult, Stream, run_probes
 from trtpipe.runtime.sample.params import SamplingParams
+
+if TYPE_CHECKING:
+    from trtpipe.runtime.llm import LLM
 
 
 class InProcessProbeClient:
     """Probe requests on an engine thread over ``llm`` (idle when given; its thread is stopped by
     :meth:`close`, after which the caller may step ``llm`` again). Build it inside the event loop."""
 
-    def __init__(self, llm: Any) -> None:
+    def __init__(self, llm: LLM) -> None:
         from trtpipe.runtime.serve.engine_loop import EngineLoop
 
         self.engine = EngineLoop(llm, max_queued_requests=1 << 30).start()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -31,10 +31,13 @@ from trtpipe.runtime.sample.params import SamplingParams
 from trtpipe.runtime.sched.batch import DecodeBatch, PrefillBatch
 from trtpipe.runtime.sched.step import ScheduledDecode, ScheduledPrefill
 
+if TYPE_CHECKING:
+    from trtpipe.runtime.llm import LLM
+
 _probe_ids = itertools.count()
 
 
-def teacher_forced_agreement(llm: Any, prompt_ids: Sequence[int], target_ids: Sequence[int]) -> tuple[float, list[int]]:
+def teacher_forced_agreement(llm: LLM, prompt_ids: Sequence[int], target_ids: Sequence[int]) -> tuple[float, list[int]]:
     """Teacher-force ``target_ids`` after ``prompt_ids``; return (agreement, predicted ids).
 
     Returns the fraction of positions where the engine's argmax equals the target (0..1) and the
@@ -45,7 +48,7 @@ def teacher_forced_agreement(llm: Any, prompt_ids: Sequence[int], target_ids: Se
     return agree / len(preds), preds
 
 
-def teacher_forced_logits(llm: Any, prompt_ids: Sequence[int], target_ids: Sequence[int]) -> np.ndarray:
+def teacher_forced_logits(llm: LLM, prompt_ids: Sequence[int], target_ids: Sequence[int]) -> np.ndarray:
     """``[len(target_ids), V]`` float32: the engine's logits for each target position, fed the
     targets before it (row 0 from the prefill of the prompt, row i from decoding target i - 1).
 
@@ -112,7 +115,7 @@ def teacher_forced_logits(llm: Any, prompt_ids: Sequence[int], target_ids: Seque
     return np.stack(rows)
 
 
-def greedy_ids(llm: Any, prompt_ids: Sequence[int], n: int) -> list[int]:
+def greedy_ids(llm: LLM, prompt_ids: Sequence[int], n: int) -> list[int]:
     """Greedy (argmax) continuation of ``prompt_ids``: at most ``n`` ids, stopping at EOS like the
     golden outputs do. Runs through ``llm.generate`` (scheduler, prefill and decode engines)."""
     out = llm.generate([list(int(t) for t in prompt_ids)], SamplingParams(max_new_tokens=n))[0]

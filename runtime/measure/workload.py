@@ -33,7 +33,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -41,6 +41,9 @@ from trtpipe.plugins.core.errors import TrtpipeError
 from trtpipe.runtime.measure.workload_corpus import CORPUS, Encoder, corpus_token_ids
 from trtpipe.runtime.metrics.request_metrics import RequestMetrics, StepStats
 from trtpipe.runtime.sample.params import SamplingParams
+
+if TYPE_CHECKING:
+    from trtpipe.runtime.llm import LLM
 
 
 class WorkloadError(TrtpipeError, ValueError):
@@ -228,7 +231,7 @@ def make_workload(spec: WorkloadSpec, tokenizer: Encoder, chat_template: str | N
 # ---------------------------------------------------------------------------------------------
 
 
-def _run_warmup(llm: Any, items: Sequence[WorkItem], concurrency: int | None) -> None:
+def _run_warmup(llm: LLM, items: Sequence[WorkItem], concurrency: int | None) -> None:
     """Run the warm-up requests to completion (at most ``concurrency`` at once; default all)."""
     pending = deque(items)
     in_flight = 0
@@ -242,7 +245,7 @@ def _run_warmup(llm: Any, items: Sequence[WorkItem], concurrency: int | None) ->
 
 
 def run_workload(
-    llm: Any,
+    llm: LLM,
     items: Sequence[WorkItem],
     concurrency: int | None = None,
     *,
@@ -293,7 +296,7 @@ def run_workload(
 
 
 def _run_measured(
-    llm: Any,
+    llm: LLM,
     measured: Sequence[WorkItem],
     concurrency: int | None,
     clock: Callable[[], float],

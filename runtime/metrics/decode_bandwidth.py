@@ -152,7 +152,7 @@ def decode_read_model(
 
 def read_model_from_manifest(manifest: Any, engine: str | None = None) -> DecodeReadModel | None:
     """The read model of a loaded :class:`~trtpipe.runtime.artifact.manifest.Manifest` for the
-    engine that runs it (``engine.backend``; None: the one the artifact runs by default). None when
+    engine that runs it (``engine.capabilities.backend``; None: the one the artifact runs by default). None when
     the manifest does not record its weight bytes (``build_info.weights_bytes``, artifacts built
     before it was written)."""
     weight_bytes = manifest.build_info.get("weights_bytes")

@@ -51,7 +51,7 @@ from trtpipe.runtime.kv.prefix_cache import PrefixCache
 from trtpipe.runtime.sched.admission import chunk_cap, fork_choice, forkable_choices, never_fits, waits_for_sibling
 from trtpipe.runtime.sched.records import decode_record, prefill_record
 from trtpipe.runtime.sched.request import Request, RequestStatus
-from trtpipe.runtime.sched.speculation import propose_drafts, verify_tokens
+from trtpipe.runtime.sched.speculation import Speculator, propose_drafts, verify_tokens
 from trtpipe.runtime.sched.step import ChunkPolicy, DecodeProgress, ScheduledDecode, ScheduledPrefill, SchedulerStep
 
 
@@ -70,6 +70,8 @@ class Scheduler:
         chunk_policy: caps each step's prefill tokens given what it decodes (``slo`` policy,
             :class:`~trtpipe.runtime.sched.slo_policy.SloChunkPolicy`); None = FCFS chunks of up to
             ``max_num_tokens``. Settable between steps (``scheduler.chunk_policy = ...``).
+        fork_choices: n > 1 choices fork the prompt KV (an engine that copies blocks); False = share.
+        speculator: proposals to verify (:class:`~trtpipe.runtime.sched.speculation.Speculator`); None = off.
 
     ``prefix_cache_queries`` / ``prefix_cache_hits`` count prompt tokens looked up / found in the
     cache at each admission (vLLM's ``prefix_cache_queries`` / ``prefix_cache_hits``, in tokens).
@@ -88,6 +90,8 @@ class Scheduler:
         enable_prefix_caching: bool = False,
         build_hash: str = "",
         chunk_policy: ChunkPolicy | None = None,
+        fork_choices: bool = False,
+        speculator: Speculator | None = None,
     ) -> None:
         for name, value in (
             ("max_num_tokens", max_num_tokens),
@@ -116,10 +120,10 @@ class Scheduler:
         self._waiting: deque[Request] = deque()  # WAITING and PREEMPTED, admission order
         self._running: list[Request] = []  # RUNNING, oldest admission first
         self._unreported: list[Request] = []  # finished outside a step, reported by update()
-        self.fork_choices = False  # n > 1: fork the prompt KV (needs an engine that copies blocks)
+        self.fork_choices = fork_choices  # n > 1: fork the prompt KV (needs an engine that copies blocks)
         self._forking: dict[str, list[Request]] = {}  # this step: parent id -> choices that fork it
         self._step_in_flight = False
-        self.speculator: Any = None  # speculative decoding (runtime.spec.speculator); None = off
+        self.speculator = speculator  # speculative decoding (sched/speculation.py); None = off
 
     # -- queries -----------------------------------------------------------------------------
 

@@ -1,6 +1,8 @@
-"""The scheduler's side of speculative decoding: which decoding requests verify proposed tokens
-this step (:func:`propose_drafts`, asking the speculator of :mod:`trtpipe.runtime.spec`, passed
-in) and whether a verify row fits the KV pool (:func:`verify_tokens`).
+"""The scheduler's side of speculative decoding: what a speculator must implement
+(:class:`Speculator`, passed to the :class:`~trtpipe.runtime.sched.scheduler.Scheduler` at
+construction; :class:`~trtpipe.runtime.speculative.speculator.NgramSpeculator` is the one built in),
+which decoding requests verify proposed tokens this step (:func:`propose_drafts`) and whether a
+verify row fits the KV pool (:func:`verify_tokens`).
 
 Rules, each keeping the non-speculative scheduler's guarantees:
 
@@ -17,7 +19,33 @@ Rules, each keeping the non-speculative scheduler's guarantees:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from trtpipe.runtime.metrics.spec_counters import SpeculationCounters
+    from trtpipe.runtime.sched.request import Request
+
+
+class Speculator(Protocol):
+    """Proposals for the scheduler, outcomes from the step runner, totals for the metrics."""
+
+    @property
+    def counters(self) -> SpeculationCounters:
+        """Totals since load (or since :meth:`reset_counters`)."""
+        ...
+
+    def propose(self, requests: Sequence[Request], limits: Sequence[int]) -> dict[str, tuple[int, ...]]:
+        """request id -> proposed token ids (at most ``limits[i]`` for ``requests[i]``); only
+        non-empty proposals are returned."""
+        ...
+
+    def on_verified(self, request_id: str, num_proposed: int, num_accepted: int) -> None:
+        """A verify of ``num_proposed`` tokens kept the first ``num_accepted``."""
+        ...
+
+    def reset_counters(self) -> None:
+        """Start the totals (and any learned acceptance prior) at 0: warm-up is not traffic."""
+        ...
 
 
 def speculates(request: Any) -> bool:
@@ -28,7 +56,12 @@ def speculates(request: Any) -> bool:
 
 
 def propose_drafts(
-    speculator: Any, running: Sequence[Any], num_waiting: int, max_batch_size: int, budget: int, max_seq_len: int
+    speculator: Speculator,
+    running: Sequence[Request],
+    num_waiting: int,
+    max_batch_size: int,
+    budget: int,
+    max_seq_len: int,
 ) -> dict[str, tuple[int, ...]]:
     """request id -> proposed tokens for this step (module doc); {} when the step has prompt work."""
     if any(r.is_prefilling for r in running) or (num_waiting and len(running) < max_batch_size):
@@ -61,4 +94,4 @@ def verify_tokens(kv: Any, request: Any, drafts: dict[str, tuple[int, ...]], num
     return num_tokens if need + num_behind <= kv.block_pool.num_free else 1
 
 
-__all__ = ["propose_drafts", "speculates", "verify_tokens"]
+__all__ = ["Speculator", "propose_drafts", "speculates", "verify_tokens"]

@@ -39,7 +39,7 @@ class ScheduledPrefill:
 class ScheduledDecode:
     """One token of one running sequence for the decode engine; with ``draft_token_ids`` a
     speculative *verify* row: the token and the k proposed ones after it run as one chunk through
-    the prefill path, with logits at every position (:mod:`trtpipe.runtime.spec`)."""
+    the prefill path, with logits at every position (:mod:`trtpipe.runtime.speculative`)."""
 
     request_id: str
     token_id: int  # the last sampled token, whose KV is written now

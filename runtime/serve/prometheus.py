@@ -179,7 +179,7 @@ class ServeMetrics:
         """Read the gauges (and the preemption count) from the engine at scrape time: ``read()``
         returns num_requests_running, num_requests_waiting, kv_cache_usage_perc, kv_blocks_in_use,
         the running totals num_preemptions, prefix_cache_queries and prefix_cache_hits, and ``spec``
-        (speculative decoding's :class:`~trtpipe.runtime.spec.speculator.SpecCounters`, or None)."""
+        (speculative decoding's :class:`~trtpipe.runtime.metrics.spec_counters.SpeculationCounters`, or None)."""
         self._read = read
 
     def on_finished(self, out: RequestOutput) -> None:

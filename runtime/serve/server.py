@@ -33,7 +33,7 @@ from trtpipe.runtime.serve.prometheus import ServeMetrics
 from trtpipe.runtime.serve.protocol.limits import max_token_bytes
 from trtpipe.runtime.serve.startup import prepare
 from trtpipe.runtime.serve.state import ServeState
-from trtpipe.runtime.spec.config import SpecConfig
+from trtpipe.runtime.speculative.config import SpeculativeConfig
 
 EXIT_USAGE = 2  # the CLI's exit code for usage errors (trtpipe.pipeline.cli.main; runtime/ cannot import it)
 
@@ -63,7 +63,7 @@ class ServeConfig:
     itl_budget_ms: float | None = None
     itl_during_prefill_ratio: float | None = None  # steps beside decodes <= this x a decode-only step
     logprobs_mode: str = "raw"  # "raw" | "processed" (vLLM's --logprobs-mode)
-    speculative: SpecConfig | None = None  # speculative decoding (runtime/spec); None = off
+    speculative: SpeculativeConfig | None = None  # speculative decoding (runtime/speculative); None = off
     max_queue_wait_ms: float | None = DEFAULT_MAX_QUEUE_WAIT_MS  # None: no predicted-wait admission limit
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # larger bodies: 413 before parsing
     warm_up: bool = True  # run every shape class before the ready line (--no-warm-up: not)
@@ -96,7 +96,7 @@ def engine_readings(llm: LLM, engine: EngineLoop) -> Callable[[], dict[str, Any]
         "num_preemptions": llm.num_preemptions,
         "prefix_cache_queries": llm.prefix_cache_queries,
         "prefix_cache_hits": llm.prefix_cache_hits,
-        "spec": llm.scheduler.speculator.counters if llm.scheduler.speculator is not None else None,
+        "spec": llm.speculation_counters,
     }
 
 

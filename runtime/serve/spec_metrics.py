@@ -55,7 +55,7 @@ class SpecMetrics:
         self._seen_len: list[int] = []
 
     def update(self, counters) -> None:
-        """Bring the series up to ``counters`` (a :class:`~trtpipe.runtime.spec.speculator.SpecCounters`)."""
+        """Bring the series up to ``counters`` (a :class:`~trtpipe.runtime.metrics.spec_counters.SpeculationCounters`)."""
         for name, series in self._totals.items():
             total = int(getattr(counters, name))
             if total > self._seen[name]:

@@ -5,7 +5,7 @@ budgets, measure or load the step-cost model, and warm the engine.
                ─► budgets: the recipe's / the flags', else derived (runtime/sched/serving_budgets.py)
                ─► slo policy: stall-free chunked prefill sized from them (runtime/sched/slo_policy.py)
                ─► warm-up: every decode batch and prefill chunk size, the KV pool, one request
-                  (runtime/core/warmup.py)
+                  (runtime/serve/warmup.py)
                ─► ready (/health 200)
 
 Under ``--scheduler-policy fcfs`` the budgets are not used (FCFS chunks), but the step-cost model
@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
-from trtpipe.runtime.core.warmup import WarmUpReport, warm_up
 from trtpipe.runtime.sched.serving_budgets import ServingBudgets, serving_budgets
+from trtpipe.runtime.serve.warmup import WarmUpReport, warm_up
+
+if TYPE_CHECKING:
+    from trtpipe.runtime.llm import LLM
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,7 @@ class Prepared:
 
 
 def prepare(
-    llm: Any,
+    llm: LLM,
     scheduler_policy: str,
     tpot_budget_ms: float | None,
     itl_budget_ms: float | None,

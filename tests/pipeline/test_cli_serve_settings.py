@@ -41,7 +41,7 @@ def _recipe(tmp_path: Path, **runtime) -> Path:
 
 def test_settings_from_recipe_and_artifact_defaults(tmp_path, default_artifact):
     from trtpipe.pipeline.cli.serve import serve_settings
-    from trtpipe.runtime.spec.config import SpecConfig
+    from trtpipe.runtime.speculative.config import SpeculativeConfig
 
     root = default_artifact.parent.parent
     art, settings, source = serve_settings(
@@ -59,7 +59,7 @@ def test_settings_from_recipe_and_artifact_defaults(tmp_path, default_artifact):
     _, settings, _ = serve_settings(str(_recipe(tmp_path, itl_during_prefill_ratio=1.5)), str(root))
     assert settings["itl_during_prefill_ratio"] == 1.5 and settings["scheduler_policy"] == "slo"
     _, settings, _ = serve_settings(str(_recipe(tmp_path, speculative={"max_k": 3})), str(root))
-    assert settings["speculative"] == SpecConfig(max_k=3, min_n=2, max_n=4)
+    assert settings["speculative"] == SpeculativeConfig(max_k=3, min_n=2, max_n=4)
     art, settings, source = serve_settings(str(default_artifact), "unused")
     assert art == default_artifact and source.startswith("the defaults")
     assert settings == {
@@ -192,7 +192,7 @@ def test_serve_speculative_ngram_same_greedy_text_opt_out_and_metrics(tmp_path, 
         assert drafts[0] == 0  # the opted-out request never verified
         # The sizing verifies only what pays at the measured cost: at the prior acceptance (0.5) a
         # 1-token proposal pays when a 2-token verify costs under 1.5 / 1.02 = 1.47 decode steps
-        # (runtime/spec/sizing.py); a noisy start can measure more, and then nothing is verified.
+        # (runtime/speculative/sizing.py); a noisy start can measure more, and then nothing is verified.
         two = float(re.search(r"decode step: 1: [0-9.]+x, 2: ([0-9.]+)x", "".join(s.lines)).group(1))
         if two >= 1.47:
             pytest.skip(f"the verify cost measured at start ({two}x a decode step for 2 tokens) does not pay")
@@ -205,11 +205,11 @@ def test_serve_speculative_ngram_same_greedy_text_opt_out_and_metrics(tmp_path, 
 def test_speculative_flags_over_the_recipes_settings():
     from trtpipe.pipeline.cli.serve import _speculative
     from trtpipe.plugins.core.errors import TrtpipeError
-    from trtpipe.runtime.spec.config import SpecConfig
+    from trtpipe.runtime.speculative.config import SpeculativeConfig
 
-    base = SpecConfig(max_k=6, min_n=3, max_n=5)
-    assert _speculative(base, None, 2, None) == SpecConfig(max_k=2, min_n=3, max_n=5)
-    assert _speculative(None, "ngram", None, (1, 2)) == SpecConfig(max_k=4, min_n=1, max_n=2)
+    base = SpeculativeConfig(max_k=6, min_n=3, max_n=5)
+    assert _speculative(base, None, 2, None) == SpeculativeConfig(max_k=2, min_n=3, max_n=5)
+    assert _speculative(None, "ngram", None, (1, 2)) == SpeculativeConfig(max_k=4, min_n=1, max_n=2)
     assert _speculative(base, "off", None, None) is None
     with pytest.raises(TrtpipeError, match="speculative off"):
         _speculative(base, "off", 3, None, fail_now=False)

@@ -35,7 +35,7 @@ def test_one_call_gives_the_two_calls_logits(fused_artifact):
     from trtpipe.runtime.sched.step import ScheduledDecode, ScheduledPrefill
 
     llm = LLM(fused_artifact, scheduler_policy="fcfs")
-    assert llm.engine.fuses_mixed_steps and llm.fuse_mixed_steps
+    assert llm.capabilities.fuses_mixed_steps and llm.fuse_mixed_steps
     bs, eng = llm.kv_manager.block_size, llm.engine
     ids = llm.tokenizer.encode("The lighthouse stood at the end of a long spit of sand, and the keeper " * 6)
     tables = [tuple(llm.block_pool.allocate(8)) for _ in range(3)]

@@ -57,7 +57,7 @@ def test_default_artifact_runs_the_native_engine_for_this_host(default_artifact,
     native = llms[0].manifest.options.native
     assert native is not None and native.isa == host_isa()
     assert {ph: lv.to_json() for ph, lv in native.activation_levels.items()} == {"prefill": 2, "decode": 2}
-    assert LLM(default_artifact).engine.backend == "native"  # auto
+    assert LLM(default_artifact).capabilities.backend == "native"  # auto
 
 
 def test_native_logits_match_onnx_runtime_fp32_activations(llms):
@@ -102,7 +102,7 @@ def test_an_isa_the_cpu_lacks_is_refused_with_the_rebuild(default_artifact, monk
     monkeypatch.setattr(nat, "missing_flags", lambda isa: ["avx512_vnni"])
     with pytest.raises(ArtifactError, match=r"lacks avx512_vnni.*trtpipe build.*--engine ort"):
         LLM(default_artifact, engine="native")
-    assert LLM(default_artifact, engine="ort").engine.backend == "ort"
+    assert LLM(default_artifact, engine="ort").capabilities.backend == "ort"
 
 
 def test_a_slot_outside_the_pool_is_an_error_not_a_write(llms):

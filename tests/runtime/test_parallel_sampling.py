@@ -13,11 +13,10 @@ from trtpipe.runtime.sched.scheduler import Scheduler
 BS = 4
 
 
-def _setup(n=3, prompt_len=10):
+def _setup(n=3, prompt_len=10, fork_choices=True):
     pool = BlockPool(32)
     kv = KVCacheManager(pool, BS, 0)
-    sched = Scheduler(kv, 64, 8, 64, eos_token_ids=(0,))
-    sched.fork_choices = True
+    sched = Scheduler(kv, 64, 8, 64, eos_token_ids=(0,), fork_choices=fork_choices)
     prompt = list(range(1, prompt_len + 1))
     reqs = []
     for i in range(n):
@@ -70,8 +69,7 @@ def test_every_block_is_free_after_the_choices_finish_or_abort():
 
 
 def test_without_forking_the_choices_wait_then_prefill():
-    pool, kv, sched, reqs = _setup(n=2)
-    sched.fork_choices = False
+    pool, kv, sched, reqs = _setup(n=2, fork_choices=False)
     step, forks, _, _ = _step(sched, {"c0": 50})
     assert [p.request_id for p in step.prefills] == ["c0"] and forks == []
     step, _, _, _ = _step(sched, {"c0": 60, "c1": 51})

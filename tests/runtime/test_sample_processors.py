@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from trtpipe.runtime.engines.base import EngineCapabilities
 from trtpipe.runtime.errors import RequestError
 from trtpipe.runtime.sample import processors
 from trtpipe.runtime.sample.logprobs import log_softmax
@@ -127,13 +128,16 @@ class _FakeEngine:
     """Every row's logits are BASE, whatever the tokens: only the processors change the choice."""
 
     last_step_s = 0.0
-    fuses_mixed_steps = False
+    capabilities = EngineCapabilities("fake", False, False, False, ("fp32",))
 
     def prefill(self, batch):
         return np.tile(BASE, (len(batch.request_ids), 1))
 
     def decode(self, batch):
         return np.tile(BASE, (len(batch.request_ids), 1))
+
+    def copy_blocks(self, copies):
+        assert not copies, copies  # n = 1 here: nothing forks
 
 
 def _run(params_list):

@@ -1,4 +1,4 @@
-"""Verification of proposed tokens (runtime/spec/accept.py): greedy acceptance is exact, the
+"""Verification of proposed tokens (runtime/speculative/accept.py): greedy acceptance is exact, the
 rejection rule leaves the sampled distribution unchanged (chi-square on a small vocabulary,
 fixed seeds), processors see the history plain decoding would, logprobs match plain decode's."""
 
@@ -7,7 +7,7 @@ import pytest
 
 from trtpipe.runtime.sample.params import SamplingParams
 from trtpipe.runtime.sample.sampler import SampleRow, filtered_distribution, make_generator, sample_rows
-from trtpipe.runtime.spec.accept import accept_sampled, verify
+from trtpipe.runtime.speculative.accept import accept_sampled, verify
 
 V = 8
 

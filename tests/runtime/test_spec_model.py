@@ -10,8 +10,7 @@ from trtpipe.runtime.llm import LLM
 from trtpipe.runtime.sample.params import SamplingParams
 from trtpipe.runtime.sched.batch import PrefillBatch
 from trtpipe.runtime.sched.step import ScheduledPrefill
-from trtpipe.runtime.spec.config import SpecConfig
-from trtpipe.runtime.spec.setup import enable_speculative
+from trtpipe.runtime.speculative.config import SpeculativeConfig
 
 DOC = (
     "The river Lune rises on the fells above Ravenstonedale and flows through the market town of "
@@ -37,36 +36,36 @@ def _run(llm, params):
 
 def test_greedy_with_speculation_is_token_for_token_plain_greedy(llm):
     params = SamplingParams(max_new_tokens=40, logprobs=2)
-    enable_speculative(llm, None)
+    llm.set_speculative(None)
     plain = _run(llm, params)
-    line = enable_speculative(llm, SpecConfig(max_k=4, min_n=1, max_n=3))
+    line = llm.set_speculative(SpeculativeConfig(max_k=4, min_n=1, max_n=3))
     assert "measured cost of a verify" in line
     llm.scheduler.speculator.cost = None  # verify every proposal: the test must not depend on the host's speed
     spec = _run(llm, params)
     for a, b in zip(plain, spec):
         assert b.output_token_ids == a.output_token_ids and b.text == a.text
         assert b.logprobs == a.logprobs  # the same logits rows, bit for bit
-    c = llm.scheduler.speculator.counters
+    c = llm.speculation_counters
     assert c.num_drafts > 5 and c.num_accepted_tokens > 5, c  # the summary quotes its document
     assert sum(c.acceptance_length_counts) == c.num_drafts
     assert llm.block_pool.num_used == 0
 
 
 def test_opt_out_and_sampled_requests(llm):
-    enable_speculative(llm, SpecConfig(max_k=4, min_n=1, max_n=3))
+    llm.set_speculative(SpeculativeConfig(max_k=4, min_n=1, max_n=3))
     llm.scheduler.speculator.cost = None
-    before = llm.scheduler.speculator.counters.copy()
+    before = llm.speculation_counters.copy()
     out = llm.generate(PROMPTS[:1], SamplingParams(max_new_tokens=24, speculative=False), chat=True)
     assert len(out[0].output_token_ids) > 1
-    assert llm.scheduler.speculator.counters.since(before)["num_drafts"] == 0
+    assert llm.speculation_counters.since(before)["num_drafts"] == 0
     runs = [
         llm.generate(PROMPTS[:1], SamplingParams(max_new_tokens=24, temperature=0.8, seed=5), chat=True)[0]
         for _ in range(2)
     ]
     assert runs[0].output_token_ids == runs[1].output_token_ids  # seeded: reproducible with speculation
-    assert llm.scheduler.speculator.counters.since(before)["num_drafts"] > 0
+    assert llm.speculation_counters.since(before)["num_drafts"] > 0
     assert llm.block_pool.num_used == 0
-    enable_speculative(llm, None)
+    llm.set_speculative(None)
 
 
 def test_the_ort_prefill_graph_returns_every_verified_positions_logits(default_artifact):

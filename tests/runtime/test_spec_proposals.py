@@ -4,10 +4,10 @@ checks, and the sizing of k from a cost table (hand-computed expectations)."""
 import pytest
 
 from trtpipe.runtime.errors import RequestError
-from trtpipe.runtime.spec.config import SpecConfig
-from trtpipe.runtime.spec.cost import VerifyCost
-from trtpipe.runtime.spec.ngram import NgramIndex
-from trtpipe.runtime.spec.sizing import draft_lengths, expected_tokens
+from trtpipe.runtime.speculative.config import SpeculativeConfig
+from trtpipe.runtime.speculative.cost import VerifyCost
+from trtpipe.runtime.speculative.ngram import NgramIndex
+from trtpipe.runtime.speculative.sizing import draft_lengths, expected_tokens
 
 
 def test_the_longest_suffix_match_proposes_its_continuation():
@@ -52,7 +52,7 @@ def test_the_index_grows_incrementally_like_one_built_at_once():
 )
 def test_bad_configs_name_the_field(kw, field):
     with pytest.raises(RequestError, match=f"speculative.{field}") as e:
-        SpecConfig(**kw)
+        SpeculativeConfig(**kw)
     assert e.value.field == f"speculative.{field}" and "Fix" in str(e.value)
 
 
@@ -94,13 +94,13 @@ def test_verify_cost_interpolates_and_extends_its_table():
 def test_a_proposal_that_never_pays_is_explored_with_one_token_and_learns():
     from types import SimpleNamespace
 
-    from trtpipe.runtime.spec.config import SpecConfig
-    from trtpipe.runtime.spec.speculator import EXPLORE_AFTER_STEPS, NgramSpeculator
+    from trtpipe.runtime.speculative.config import SpeculativeConfig
+    from trtpipe.runtime.speculative.speculator import EXPLORE_AFTER_STEPS, NgramSpeculator
 
     # a busy start's table: a 2-token verify 1.6x a decode step, so at the prior 0.5 no k pays
     # (k = 1: 1.5 tokens for 1.6x; k = 4: 1.94 for 2.5x)
     cost = VerifyCost(decode_s=0.004, chunk_s=(0.004, 0.0064, 0.008, 0.009, 0.010))
-    spec = NgramSpeculator(SpecConfig(max_k=4, min_n=1, max_n=3), cost)
+    spec = NgramSpeculator(SpeculativeConfig(max_k=4, min_n=1, max_n=3), cost)
     req = SimpleNamespace(request_id="r", prompt_token_ids=[1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3], output_token_ids=[])
     steps = [spec.propose([req], [4]) for _ in range(EXPLORE_AFTER_STEPS)]
     assert steps[:-1] == [{}] * (EXPLORE_AFTER_STEPS - 1)  # nothing pays ...

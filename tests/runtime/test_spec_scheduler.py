@@ -13,8 +13,8 @@ from trtpipe.runtime.kv.cache_manager import KVCacheManager
 from trtpipe.runtime.sample.params import SamplingParams
 from trtpipe.runtime.sched.request import Request, RequestStatus
 from trtpipe.runtime.sched.scheduler import ScheduledDecode, Scheduler
-from trtpipe.runtime.spec.config import SpecConfig
-from trtpipe.runtime.spec.speculator import NgramSpeculator
+from trtpipe.runtime.speculative.config import SpeculativeConfig
+from trtpipe.runtime.speculative.speculator import NgramSpeculator
 
 EOS = 0
 
@@ -35,8 +35,10 @@ class FixedProposals:
 def make(drafts, caching=True, num_blocks=16, bs=4, max_num_tokens=64):
     pool = BlockPool(num_blocks)
     kv = KVCacheManager(pool, bs)
-    sched = Scheduler(kv, max_num_tokens, 4, 256, eos_token_ids=(EOS,), enable_prefix_caching=caching, build_hash="t")
-    sched.speculator = FixedProposals(drafts)
+    sched = Scheduler(
+        kv, max_num_tokens, 4, 256, eos_token_ids=(EOS,), enable_prefix_caching=caching, build_hash="t",
+        speculator=FixedProposals(drafts),
+    )  # fmt: skip
     return sched, pool, kv
 
 
@@ -152,9 +154,10 @@ def _traffic(seed, speculative, num_requests=120):
     bs, window = 4, (0 if seed % 2 == 0 else 9)
     pool = BlockPool(40 if window == 0 else 16)
     kv = KVCacheManager(pool, bs, window)
-    sched = Scheduler(kv, 24, 6, 96, eos_token_ids=(EOS,), enable_prefix_caching=True, build_hash="fake")
-    if speculative:
-        sched.speculator = NgramSpeculator(SpecConfig(max_k=4, min_n=1, max_n=3), cost=None)
+    speculator = NgramSpeculator(SpeculativeConfig(max_k=4, min_n=1, max_n=3), cost=None) if speculative else None
+    sched = Scheduler(
+        kv, 24, 6, 96, eos_token_ids=(EOS,), enable_prefix_caching=True, build_hash="fake", speculator=speculator
+    )
     model = PoolModel(bs, window)
     shared = tuple(int(t) for t in rng.integers(1, VOCAB, 30))
     requests = [

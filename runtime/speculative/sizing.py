@@ -9,7 +9,7 @@ kept with probability alpha^j and a row verifying k tokens yields in expectation
     E(k) = 1 + alpha + alpha^2 + ... + alpha^k        (the 1: the correction / bonus token)
 
 A step whose rows verify k_r tokens each computes ``T = base + sum k_r`` tokens and takes
-``cost(T)`` seconds (:class:`~trtpipe.runtime.spec.cost.VerifyCost`, measured at load). The
+``cost(T)`` seconds (:class:`~trtpipe.runtime.speculative.cost.VerifyCost`, measured at load). The
 marginal gains alpha_r^j are sorted (each row's fall with j, so a row's j-th token always comes
 after its (j-1)-th); the step takes the prefix of that order with the highest
 ``sum E / cost(T)``: every prefix is evaluated, because measured costs are not convex (on the Zen

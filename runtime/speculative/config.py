@@ -1,9 +1,9 @@
-"""``SpecConfig``: the speculative-decoding settings (recipe ``runtime.speculative``, ``serve
+"""``SpeculativeConfig``: the speculative-decoding settings (recipe ``runtime.speculative``, ``serve
 --speculative``, ``LLM(speculative=...)``), checked once here.
 
-``method``: ``ngram`` (prompt lookup: :mod:`trtpipe.runtime.spec.ngram`), the only method: no
+``method``: ``ngram`` (prompt lookup: :mod:`trtpipe.runtime.speculative.ngram`), the only method: no
 second model. ``max_k``: most proposed tokens verified per request and step (the sizing picks
-0..max_k from the measured verify cost, :mod:`trtpipe.runtime.spec.sizing`). ``min_n`` /
+0..max_k from the measured verify cost, :mod:`trtpipe.runtime.speculative.sizing`). ``min_n`` /
 ``max_n``: the n-gram lengths matched against the request's context, longest first (vLLM's
 ``prompt_lookup_min`` / ``prompt_lookup_max``).
 """
@@ -19,7 +19,7 @@ MAX_K_LIMIT = 16  # a verify chunk of k + 1 tokens; beyond ~8 it costs more than
 
 
 @dataclass(frozen=True)
-class SpecConfig:
+class SpeculativeConfig:
     """Speculative decoding without a draft model. Raises :class:`RequestError` (``field`` =
     ``speculative.<name>``) for a bad value, naming what was expected and the fix."""
 
@@ -34,7 +34,7 @@ class SpecConfig:
         for name, lo, hi in (("max_k", 1, MAX_K_LIMIT), ("min_n", 1, 16), ("max_n", 1, 16)):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
-                raise _bad(name, v, f"an int in [{lo}, {hi}]", f"pass e.g. {name}: {getattr(SpecConfig, name)}")
+                raise _bad(name, v, f"an int in [{lo}, {hi}]", f"pass e.g. {name}: {getattr(SpeculativeConfig, name)}")
         if self.min_n > self.max_n:
             raise _bad("min_n", self.min_n, f"<= max_n = {self.max_n}", "lower min_n or raise max_n")
 
@@ -48,4 +48,4 @@ def _bad(name: str, value: object, expected: str, fix: str) -> RequestError:
     )
 
 
-__all__ = ["METHODS", "SpecConfig"]
+__all__ = ["METHODS", "SpeculativeConfig"]

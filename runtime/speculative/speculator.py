@@ -5,7 +5,7 @@ The scheduler asks it, in a step that only decodes (no prompt chunk running or w
 free batch row, so prefill sizing and TTFT are untouched), for the proposal of every decoding
 request (:meth:`propose`); the step runner reports each verify's outcome (:meth:`on_verified`).
 
-Acceptance rate per request (alpha for :mod:`~trtpipe.runtime.spec.sizing`): a verify that
+Acceptance rate per request (alpha for :mod:`~trtpipe.runtime.speculative.sizing`): a verify that
 accepted a of k proposed tokens counts a successes and, when a < k, one failure (the tokens after
 the first rejection were never tested). The estimate is ``(successes + PRIOR_WEIGHT * prior) /
 (trials + PRIOR_WEIGHT)``, prior = the acceptance rate of all requests so far (0.5 before any);
@@ -24,12 +24,13 @@ It costs at most one 2-token row per ``EXPLORE_AFTER_STEPS`` steps of such a req
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
-from trtpipe.runtime.spec.config import SpecConfig
-from trtpipe.runtime.spec.cost import VerifyCost
-from trtpipe.runtime.spec.ngram import NgramIndex
-from trtpipe.runtime.spec.sizing import draft_lengths
+from trtpipe.runtime.metrics.spec_counters import SpeculationCounters
+from trtpipe.runtime.speculative.config import SpeculativeConfig
+from trtpipe.runtime.speculative.cost import VerifyCost
+from trtpipe.runtime.speculative.ngram import NgramIndex
+from trtpipe.runtime.speculative.sizing import draft_lengths
 
 PRIOR_WEIGHT = 2.0
 DECAY = 0.9
@@ -45,60 +46,11 @@ class _State:
     unpaid_steps: int = 0  # proposal steps in a row that did not pay
 
 
-@dataclass
-class SpecCounters:
-    """Totals since load (vLLM's ``spec_decode_*`` counters): verifies (``num_drafts``), proposed
-    tokens, accepted tokens, ``accepted_per_position[i]``: verifies that accepted proposed token
-    i + 1, and the histogram of acceptance lengths."""
-
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_position: list[int] = field(default_factory=list)
-    # verifies by acceptance length (1 + accepted tokens: the tokens one verify emitted), index = length
-    acceptance_length_counts: list[int] = field(default_factory=list)
-
-    def copy(self) -> SpecCounters:
-        return replace(
-            self,
-            accepted_per_position=list(self.accepted_per_position),
-            acceptance_length_counts=list(self.acceptance_length_counts),
-        )
-
-    def since(self, before: SpecCounters) -> dict:
-        """The totals added since ``before`` (a :meth:`copy`), with vLLM's derived figures:
-        acceptance rate = accepted / draft tokens, mean acceptance length = 1 + accepted / drafts."""
-        drafts = self.num_drafts - before.num_drafts
-        tokens = self.num_draft_tokens - before.num_draft_tokens
-        accepted = self.num_accepted_tokens - before.num_accepted_tokens
-        return {
-            "num_drafts": drafts,
-            "num_draft_tokens": tokens,
-            "num_accepted_tokens": accepted,
-            "acceptance_rate": accepted / tokens if tokens else None,
-            "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
-            "acceptance_length_counts": [
-                a - b for a, b in zip(self.acceptance_length_counts, before.acceptance_length_counts)
-            ],
-        }
-
-    @staticmethod
-    def line(d: dict) -> str:
-        """One line of a :meth:`since` dict for reports."""
-        if not d["num_drafts"]:
-            return "speculative decoding: no verify ran"
-        return (
-            f"speculative decoding: {d['num_drafts']} verifies, {d['num_accepted_tokens']}/{d['num_draft_tokens']} "
-            f"proposed tokens accepted ({d['acceptance_rate']:.0%}), mean acceptance length "
-            f"{d['mean_acceptance_length']:.2f} tokens per verify"
-        )
-
-
 class NgramSpeculator:
     """Proposals (:class:`NgramIndex`) for the scheduler, sized by :func:`draft_lengths` with
     ``cost`` (None: not measured, every proposal of up to ``config.max_k`` tokens is verified)."""
 
-    def __init__(self, config: SpecConfig, cost: VerifyCost | None):
+    def __init__(self, config: SpeculativeConfig, cost: VerifyCost | None):
         self.config = config
         self.cost = cost
         self._states: dict[str, _State] = {}
@@ -108,7 +60,7 @@ class NgramSpeculator:
         """Forget what ran so far (the served totals and the acceptance prior start at 0): for the
         server's warm-up request, which is not traffic."""
         k = self.config.max_k
-        self.counters = SpecCounters(accepted_per_position=[0] * k, acceptance_length_counts=[0] * (k + 2))
+        self.counters = SpeculationCounters(accepted_per_position=[0] * k, acceptance_length_counts=[0] * (k + 2))
         self._all_successes = 0.0
         self._all_trials = 0.0
 
@@ -187,4 +139,4 @@ class NgramSpeculator:
         return s
 
 
-__all__ = ["DECAY", "EXPLORE_AFTER_STEPS", "MIN_GAIN", "NgramSpeculator", "PRIOR_WEIGHT", "SpecCounters"]
+__all__ = ["DECAY", "EXPLORE_AFTER_STEPS", "MIN_GAIN", "NgramSpeculator", "PRIOR_WEIGHT"]

@@ -21,12 +21,16 @@ the fastest kept (noise only adds time).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from trtpipe.runtime.errors import TrtpipeError
 from trtpipe.runtime.kv.planning import cdiv
+
+if TYPE_CHECKING:
+    from trtpipe.runtime.engines.base import Engine
+    from trtpipe.runtime.kv.block_pool import BlockPool
 
 CONTEXT = 64  # tokens of context of the timed calls (the precondition's setting)
 REPEATS = 7
@@ -64,7 +68,7 @@ class VerifyCost:
 
 
 def measure(
-    engine: Any, block_pool: Any, block_size: int, max_k: int, *, fused: bool, repeats: int = REPEATS
+    engine: Engine, block_pool: BlockPool, block_size: int, max_k: int, *, fused: bool, repeats: int = REPEATS
 ) -> VerifyCost:
     """Time the calls of the module docstring on ``engine`` (dummy KV in blocks allocated from
     ``block_pool`` and given back after). Raises :class:`TrtpipeError` when the pool has too few

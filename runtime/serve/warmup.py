@@ -26,13 +26,16 @@ from __future__ import annotations
 import gc
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtpipe.runtime.errors import TrtpipeError
 from trtpipe.runtime.kv.planning import cdiv
 from trtpipe.runtime.sample.params import SamplingParams
 from trtpipe.runtime.sched.batch import DecodeBatch, PrefillBatch
 from trtpipe.runtime.sched.step import ScheduledDecode, ScheduledPrefill
+
+if TYPE_CHECKING:
+    from trtpipe.runtime.llm import LLM
 
 DECODE_CONTEXT_TOKENS = 32  # context of each decode row in the dummy calls
 CHUNK_CONTEXT_TOKENS = 256  # context per decode row the policy's chunk sizes are asked at (its describe())
@@ -67,7 +70,7 @@ def chunk_sizes(policy: Any, block_size: int, max_num_tokens: int, max_batch_siz
     return tuple(sorted(s for s in sizes if s > 0))
 
 
-def warm_up(llm: Any) -> WarmUpReport:
+def warm_up(llm: LLM) -> WarmUpReport:
     """Warm ``llm`` (an idle :class:`~trtpipe.runtime.llm.LLM`: nothing submitted) as the module doc
     says. Raises :class:`TrtpipeError` when the pool has too few free blocks for the dummy calls."""
     t0 = time.perf_counter()
@@ -85,7 +88,7 @@ def warm_up(llm: Any) -> WarmUpReport:
     return WarmUpReport(round(time.perf_counter() - t0, 2), batches, chunks, pool_bytes)
 
 
-def _dummy_calls(llm: Any, chunks: tuple[int, ...], batches: tuple[int, ...]) -> None:
+def _dummy_calls(llm: LLM, chunks: tuple[int, ...], batches: tuple[int, ...]) -> None:
     """Decode calls at every batch size; prefill calls at every chunk size (fused beside decodes
     when the runtime fuses mixed steps). KV goes to blocks reserved here and freed after."""
     engine, bs = llm.engine, llm.kv_manager.block_size
@@ -119,15 +122,12 @@ def _dummy_calls(llm: Any, chunks: tuple[int, ...], batches: tuple[int, ...]) ->
         llm.block_pool.free(ids)
 
 
-def _one_request(llm: Any) -> None:
+def _one_request(llm: LLM) -> None:
     """One short chat request through the runtime (greedy, 8 tokens); counters reset after."""
     chat = llm.manifest.model.chat_template is not None
     llm.add_request(WARM_REQUEST, SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True), chat=chat)
     llm.run_until_done()
-    llm.scheduler.prefix_cache_queries = llm.scheduler.prefix_cache_hits = 0
-    if llm.scheduler.speculator is not None:  # its verifies are not served traffic either
-        llm.scheduler.speculator.reset_counters()
-    llm.step_cost_log.clear()
+    llm.reset_traffic_counters()
 
 
 __all__ = ["WarmUpReport", "chunk_sizes", "warm_up"]
