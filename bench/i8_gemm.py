@@ -101,9 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     base = {(c[0], c[1], c[2]): med[i] for i, c in enumerate(cases) if c[3] == "q8"}
     for i, (shape, M, levels, kind, w, *_rest) in enumerate(cases):
         rel = med[i] / base[(shape, M, levels)]
-        print(
-            f"| {shape[0]}x{shape[1]} | {M} | {levels} | {kind} | {med[i]:.3f} | {rel:.2f} | {w.nbytes / med[i] / 1e6:.1f} |"
-        )
+        rate = w.nbytes / med[i] / 1e6 if M == 1 else 2 * M * shape[0] * shape[1] / med[i] / 1e6
+        print(f"| {shape[0]}x{shape[1]} | {M} | {levels} | {kind} | {med[i]:.3f} | {rel:.2f} | {rate:.1f} |")
     return 0
 
 
