@@ -17,7 +17,7 @@ import numpy as np
 from trtpipe.plugins.core.errors import OpError
 from trtpipe.plugins.core.kv_codec import kv_dtype_of_array, kv_has_scales
 from trtpipe.plugins.cpu.abi import abi, bind, check_library
-from trtpipe.plugins.cpu.layout import GROUP, TiledWeight
+from trtpipe.plugins.cpu.layout import GROUP, Tiled, TiledI8
 
 _i8p, _u8p, _u16p = C.POINTER(C.c_int8), C.POINTER(C.c_uint8), C.POINTER(C.c_uint16)
 _f32p, _i32p, _i64p = C.POINTER(C.c_float), C.POINTER(C.c_int32), C.POINTER(C.c_int64)
@@ -41,7 +41,7 @@ FORWARD_ERRORS = {
     _C["TP_E_CONTEXT"]: "a context length is shorter than its query tokens or past max_positions",
 }
 NOMEM = _C["TP_E_NOMEM"]
-_KINDS = {"q4": _C["TP_W_Q4"], "q8": _C["TP_W_Q8"]}
+_KINDS = {"q4": _C["TP_W_Q4"], "q8": _C["TP_W_Q8"], "i8": _C["TP_W_I8"]}
 _KV_DTYPES = {"fp32": _C["TP_KV_F32"], "fp16": _C["TP_KV_F16"], "bf16": _C["TP_KV_BF16"], "int8": _C["TP_KV_I8"]}
 _loaded: dict[str, C.CDLL] = {}
 
@@ -89,8 +89,15 @@ def kv_struct(key_cache: np.ndarray, value_cache: np.ndarray, key_scale=None, va
     return KV(_KV_DTYPES[name], key_cache.ctypes.data, value_cache.ctypes.data, *scales)
 
 
-def weight_struct(w: TiledWeight) -> C.Structure:
-    """The C view of a tiled weight (its arrays must outlive the struct)."""
+def weight_struct(w: Tiled) -> C.Structure:
+    """The C view of a tiled weight (its arrays must outlive the struct): Q4 / Q8 with ``d``
+    (and ``m``), I8 with ``group``, ``scale`` and ``offset`` (NULL when symmetric)."""
+    if isinstance(w, TiledI8):
+        offset = ptr(w.offset, _f32p) if w.offset is not None else _f32p()  # NULL: symmetric
+        return Weight(
+            kind=_KINDS["i8"], N=w.N, K=w.K, codes=ptr(w.codes, _u8p), group=w.group, scale=ptr(w.scale, _f32p),
+            offset=offset,
+        )  # fmt: skip
     m = ptr(w.m.view(np.uint16), _u16p) if w.m is not None else _u16p()  # NULL
     return Weight(_KINDS[w.kind], w.N, w.K, ptr(w.codes, _u8p), ptr(w.d.view(np.uint16), _u16p), m)
 
@@ -104,27 +111,32 @@ class QActBuffers:
         self.q2 = np.zeros((M, K), np.int8)
         self.s1, self.s2, self.asum = (np.zeros((M, nb), np.float32) for _ in range(3))
         self.qsum1, self.qsum2 = (np.zeros((M, nb), np.int32) for _ in range(2))
+        self.qhalf1, self.qhalf2 = (np.zeros((M, 2 * nb), np.int32) for _ in range(2))  # per-16 sums
         self.struct = QAct(
             M, K, 0, ptr(self.q1, _i8p), ptr(self.q2, _i8p), ptr(self.s1, _f32p), ptr(self.s2, _f32p),
-            ptr(self.asum, _f32p), ptr(self.qsum1, _i32p), ptr(self.qsum2, _i32p),
+            ptr(self.asum, _f32p), ptr(self.qsum1, _i32p), ptr(self.qsum2, _i32p), ptr(self.qhalf1, _i32p),
+            ptr(self.qhalf2, _i32p),
         )  # fmt: skip
 
 
-def quant_act(lib: C.CDLL, x: np.ndarray, levels: int) -> QActBuffers:
-    """``x [M, K]`` float32 quantized per 32-block in ``levels`` (1 or 2) int8 levels."""
+def quant_act(lib: C.CDLL, x: np.ndarray, levels: int, *, halves: bool = False) -> QActBuffers:
+    """``x [M, K]`` float32 quantized per 32-block in ``levels`` (1 or 2) int8 levels; ``halves``:
+    also the per-16 code sums ``qhalf1`` (``qhalf2``) ``[M, K/16]`` (tp_quant_act_halves)."""
     x = np.ascontiguousarray(x, np.float32)
     if x.ndim != 2 or x.shape[1] % GROUP or levels not in (1, 2):
         raise OpError(f"quant_act: x {x.shape}, levels {levels}: expected [M, K] with K % 32 == 0, levels 1 or 2")
     a = QActBuffers(*x.shape)
-    lib.tp_quant_act(ptr(x, _f32p), x.shape[0], x.shape[1], levels, C.byref(a.struct))
+    quant = lib.tp_quant_act_halves if halves else lib.tp_quant_act
+    quant(ptr(x, _f32p), x.shape[0], x.shape[1], levels, C.byref(a.struct))
     return a
 
 
-def gemm(lib: C.CDLL, w: TiledWeight, x: np.ndarray, levels: int) -> np.ndarray:
-    """``y [M, N] = x @ W^T`` float32 through the kernels, x quantized in ``levels`` levels."""
+def gemm(lib: C.CDLL, w: Tiled, x: np.ndarray, levels: int) -> np.ndarray:
+    """``y [M, N] = x @ W^T`` float32 through the kernels, x quantized in ``levels`` levels (with
+    the per-16 sums for an I8 weight of group 16)."""
     if x.shape[-1] != w.K:
         raise OpError(f"gemm: x {x.shape} against a weight of K {w.K}")
-    a = quant_act(lib, x, levels)
+    a = quant_act(lib, x, levels, halves=isinstance(w, TiledI8) and w.group == 16)
     y = np.zeros((x.shape[0], w.N), np.float32)
     ws = weight_struct(w)
     lib.tp_gemm(C.byref(ws), C.byref(a.struct), ptr(y, _f32p), w.N, 0)

@@ -2,7 +2,8 @@
 
 :func:`quantize_activations` is the activation quantizer written out (round half to even, as
 ``lrintf``; clipped to +-127); :func:`gemm_from_quantized` the GEMM's integer dot products and
-fp32 block scaling in float64 (what the kernels compute, up to fp32 rounding of the sums).
+fp32 block scaling in float64 (what the kernels compute, up to fp32 rounding of the sums);
+:func:`gemm_i8_from_quantized` the same for I8 weights from GGUF's kernel form (per-G dots).
 The float GEMM the kernels approximate is ``x @ dequantize(W).T`` (:func:`.layout.dequantize`).
 """
 
@@ -10,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from trtpipe.plugins.cpu.layout import GROUP
+from trtpipe.plugins.core.gguf_blocks import KernelBlocks
+from trtpipe.plugins.cpu.layout import GROUP, NEG_ZERO_BITS
 
 
 def quantize_activations(x: np.ndarray, levels: int) -> dict[str, np.ndarray]:
@@ -33,6 +35,9 @@ def quantize_activations(x: np.ndarray, levels: int) -> dict[str, np.ndarray]:
         "s1": s1,
         "s2": s2,
         "asum": xb.sum(axis=2, dtype=np.float32),
+        # per-16 code sums (tp_quant_act_halves): [M, K/16]
+        "qhalf1": q1.reshape(M, K // 16, 16).sum(axis=2, dtype=np.int32),
+        "qhalf2": q2.reshape(M, K // 16, 16).sum(axis=2, dtype=np.int32),
     }
 
 
@@ -49,4 +54,22 @@ def gemm_from_quantized(a: dict[str, np.ndarray], codes: np.ndarray, d: np.ndarr
         y += np.einsum("mnb,mb,nb->mn", dots.astype(np.float64), a[s].astype(np.float64), d.astype(np.float64))
     if m is not None:
         y += a["asum"].astype(np.float64) @ m.astype(np.float64).T
+    return y
+
+
+def gemm_i8_from_quantized(a: dict[str, np.ndarray], kb: KernelBlocks) -> np.ndarray:
+    """``y [M, N]`` float64 from quantized activations ``a`` and an I8 weight in GGUF's kernel
+    form ``kb`` (codes int8 ``[N, K]``, scales / offsets ``[N, K/G]``): per group of G the integer
+    dots ``sum c q`` times the activation block's scale and the group's scale, plus (offsets not
+    all -0.0, G = 32 only) ``offset * asum`` per 32-block."""
+    M, K = a["q1"].shape
+    G, ng = kb.group_size, K // kb.group_size
+    c = kb.codes.astype(np.int64).reshape(-1, ng, G)
+    y = np.zeros((M, kb.N))
+    for q, s in (("q1", "s1"), ("q2", "s2")):
+        dots = np.einsum("mgk,ngk->mng", a[q].astype(np.int64).reshape(M, ng, G), c).astype(np.float64)
+        act_scale = np.repeat(a[s].astype(np.float64), GROUP // G, axis=1)  # [M, K/G]: its 32-block's
+        y += np.einsum("mng,mg,ng->mn", dots, act_scale, kb.scales.astype(np.float64))
+    if np.any(kb.offsets.view(np.uint32) != NEG_ZERO_BITS):
+        y += a["asum"].astype(np.float64) @ kb.offsets.astype(np.float64).T
     return y

@@ -19,7 +19,11 @@ from trtpipe.plugins.cpu.compile import compiler
 from trtpipe.plugins.cpu.isa import host_isa
 
 REPO = Path(__file__).resolve().parents[2]
-SANITIZED_TESTS = ("tests/plugins/test_cpu_kernels.py", "tests/runtime/test_native_boundary.py")
+SANITIZED_TESTS = (
+    "tests/plugins/test_cpu_kernels.py",
+    "tests/plugins/test_cpu_i8_kernels.py",
+    "tests/runtime/test_native_boundary.py",
+)
 
 
 def _runtime(name: str) -> str | None:

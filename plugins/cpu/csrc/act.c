@@ -1,4 +1,5 @@
-/* Activation quantization (tp.h: one or two int8 levels per 32-block, fp32 block sums). */
+/* Activation quantization (tp.h: one or two int8 levels per 32-block, fp32 block sums; integer
+ * code sums per block and, for tp_quant_act_halves, per 16-half). */
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
@@ -10,7 +11,7 @@
  * x - q s (a multiply, then a subtract: ISO C, no contraction). */
 #if defined(TP_ISA_AVX512)
 static inline void quant_block(const float *xb, int levels, int8_t *q1, int8_t *q2, float *s1, float *s2,
-                               float *asum, int32_t *qs1, int32_t *qs2) {
+                               float *asum, int32_t *qs1, int32_t *qs2, int32_t *qh1, int32_t *qh2) {
   const __m512 lim = _mm512_set1_ps(127.f), nlim = _mm512_set1_ps(-127.f);
   __m512 x[2] = {_mm512_loadu_ps(xb), _mm512_loadu_ps(xb + 16)};
   const float mx = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x[0]), _mm512_abs_ps(x[1])));
@@ -21,12 +22,14 @@ static inline void quant_block(const float *xb, int levels, int8_t *q1, int8_t *
     const __m512 vi = _mm512_set1_ps(inv), vs = _mm512_set1_ps(sc);
     __m512i tot = _mm512_setzero_si512();
     __m512 rmax = _mm512_setzero_ps();
+    int32_t *qh = lv ? qh2 : qh1;
     for (int h = 0; h < 2; h++) {
       __m512 qf = _mm512_roundscale_ps(_mm512_mul_ps(x[h], vi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       qf = _mm512_min_ps(_mm512_max_ps(qf, nlim), lim);
       __m512i qi = _mm512_cvtps_epi32(qf);
       _mm_storeu_si128((__m128i *)(q + 16 * h), _mm512_cvtsepi32_epi8(qi));
       tot = _mm512_add_epi32(tot, qi);
+      if (qh) qh[h] = _mm512_reduce_add_epi32(qi); /* the 16-half's sum */
       x[h] = _mm512_sub_ps(x[h], _mm512_mul_ps(qf, vs)); /* residual */
       rmax = _mm512_max_ps(rmax, _mm512_abs_ps(x[h]));
     }
@@ -59,7 +62,7 @@ static inline int32_t hadd8i(__m256i v) {
   return _mm_cvtsi128_si32(h);
 }
 static inline void quant_block(const float *xb, int levels, int8_t *q1, int8_t *q2, float *s1, float *s2,
-                               float *asum, int32_t *qs1, int32_t *qs2) {
+                               float *asum, int32_t *qs1, int32_t *qs2, int32_t *qh1, int32_t *qh2) {
   const __m256 sign = _mm256_set1_ps(-0.f), lim = _mm256_set1_ps(127.f), nlim = _mm256_set1_ps(-127.f);
   __m256 x[4];
   __m256 am = _mm256_setzero_ps(), sm = _mm256_setzero_ps();
@@ -88,6 +91,11 @@ static inline void quant_block(const float *xb, int levels, int8_t *q1, int8_t *
     __m256i p8 = _mm256_packs_epi16(p16a, p16b);
     p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     _mm256_storeu_si256((__m256i *)q, p8);
+    int32_t *qh = lv ? qh2 : qh1;
+    if (qh) { /* the 16-halves' sums */
+      qh[0] = hadd8i(_mm256_add_epi32(qi[0], qi[1]));
+      qh[1] = hadd8i(_mm256_add_epi32(qi[2], qi[3]));
+    }
     if (lv) {
       *s2 = sc;
       *qs2 = hadd8i(tot);
@@ -101,21 +109,29 @@ static inline void quant_block(const float *xb, int levels, int8_t *q1, int8_t *
 }
 #endif
 
+/* one row; qh1, qh2: the row's per-16 sums [K/16], or NULL (not wanted) */
 static void quant_row(const float *x, int K, int levels, int8_t *q1, int8_t *q2, float *s1, float *s2, float *asum,
-                      int32_t *qs1, int32_t *qs2) {
+                      int32_t *qs1, int32_t *qs2, int32_t *qh1, int32_t *qh2) {
   for (int b = 0; b < K / TP_GROUP; b++)
     quant_block(x + b * TP_GROUP, levels, q1 + b * TP_GROUP, q2 + b * TP_GROUP, s1 + b, s2 + b, asum + b, qs1 + b,
-                qs2 + b);
+                qs2 + b, qh1 ? qh1 + 2 * b : NULL, qh2 ? qh2 + 2 * b : NULL);
 }
 
-void tp_quant_act(const float *x, int M, int K, int levels, tp_qact *a) {
+static void quant_act(const float *x, int M, int K, int levels, tp_qact *a, int halves) {
   a->M = M;
   a->K = K;
   a->levels = levels;
   const int nb = K / TP_GROUP;
 #pragma omp parallel for schedule(static) if (M > 4)
-  for (int m = 0; m < M; m++)
-    quant_row(x + (size_t)m * K, K, levels, a->q1 + (size_t)m * K, a->q2 + (size_t)m * K, a->s1 + (size_t)m * nb,
-              a->s2 + (size_t)m * nb, a->asum + (size_t)m * nb, a->qsum1 + (size_t)m * nb,
-              a->qsum2 + (size_t)m * nb);
+  for (int m = 0; m < M; m++) {
+    const size_t o = (size_t)m * nb;
+    int32_t *qh1 = halves ? a->qhalf1 + 2 * o : NULL, *qh2 = halves && levels == 2 ? a->qhalf2 + 2 * o : NULL;
+    quant_row(x + (size_t)m * K, K, levels, a->q1 + (size_t)m * K, a->q2 + (size_t)m * K, a->s1 + o, a->s2 + o,
+              a->asum + o, a->qsum1 + o, a->qsum2 + o, qh1, qh2);
+  }
 }
+
+/* the per-16 sums are a separate entry point: callers that never hold a group-16 weight (and
+ * allocate no qhalf buffers) keep calling tp_quant_act */
+void tp_quant_act(const float *x, int M, int K, int levels, tp_qact *a) { quant_act(x, M, K, levels, a, 0); }
+void tp_quant_act_halves(const float *x, int M, int K, int levels, tp_qact *a) { quant_act(x, M, K, levels, a, 1); }

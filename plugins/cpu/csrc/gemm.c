@@ -1,6 +1,6 @@
-/* Q4 and Q8 GEMMs over tile-interleaved weights (layouts in tp.h) and int8 activations.
+/* Q4, Q8 and I8 GEMMs over tile-interleaved weights (layouts in tp.h) and int8 activations.
  *
- * One 64-byte load holds 16 output rows x 4 (Q8) or 8 (Q4, two nibbles) k; the activation's
+ * One 64-byte load holds 16 output rows x 4 (Q8, I8) or 8 (Q4, two nibbles) k; the activation's
  * 4 int8 values for those k are broadcast, and one u8 x s8 dot-accumulate (gemm_isa.h: AVX-512
  * VNNI vpdpbusd; AVX2 vpmaddubsw + vpmaddwd) adds 4 products per row. A group of activation
  * rows shares each weight load and unpack: up to 8 rows with the block's weights held in
@@ -11,6 +11,12 @@
  * lands in, M, or the thread count (per block: the integer dots, then t = s1 * a1 [+ s2 * a2],
  * acc = t * d + acc, [acc = m * asum + acc] for Q4, over blocks in order; one fp32 accumulator
  * per output), so a row's logits are bit-identical in any batch (tests/plugins/test_cpu_kernels.py).
+ *
+ * I8 (GGUF's kernel form) runs the Q8 code path (the same codes, DOT8 and offset term) with fp32
+ * scales: G = 32 as Q8 with s for d, then o * asum as Q4's minimum term unless the weight is
+ * symmetric (offset NULL); G = 16 as two sub-blocks per 32-block, each half's 4 weight vectors
+ * dotted, offset-corrected (qhalf sums) and scaled (acc = t_h * s_h + acc, half 0 then half 1).
+ * Kinds are compile-time constants of each instantiation (KIND_*), so Q4 / Q8 code is unchanged.
  */
 #include <omp.h>
 #include <string.h>
@@ -24,20 +30,28 @@ const char *tp_isa(void) { return ISA_NAME; }
 #define PF_BYTES 2048 /* measured on a Zen 4: 1-3 KB ahead alike, 20-25 % off 5- and 8-row GEMMs */
 #endif
 
+/* compile-time weight kinds of the tile functions: the tp.h kinds, I8 split by group and offset */
+enum { KIND_Q4, KIND_Q8, KIND_I8, KIND_I8_SYM, KIND_I8_G16, NKINDS };
+#define IS_I8(kd) ((kd) >= KIND_I8)
+#define SUBS(kd) ((kd) == KIND_I8_G16 ? 2 : 1)         /* scale groups per 32-block */
+#define HAS_M(kd) ((kd) == KIND_Q4 || (kd) == KIND_I8) /* a minimum / offset term o * asum */
+
 /* the rows of one group: row r's q1 / q2 codes at q1[r * K], its block scalars at s1[r * nb] */
 typedef struct {
   const int8_t *q1, *q2;
   const float *s1, *s2, *asum;
   const int32_t *qsum1, *qsum2;
+  const int32_t *qh1, *qh2; /* per-16 sums (I8 of group 16 only; else NULL): row r's at qh1[2 * r * nb] */
   int K, nb;
   int prefetch; /* the group's pass over the tile prefetches the weight stream (the first group) */
 } rows_t;
 
-static inline rows_t group_rows(const tp_qact *a, int m0) {
+static inline rows_t group_rows(const tp_qact *a, int m0, int halves) {
   const int K = a->K, nb = K / TP_GROUP;
   const size_t o = (size_t)m0 * nb;
   return (rows_t){a->q1 + (size_t)m0 * K, a->q2 + (size_t)m0 * K, a->s1 + o, a->s2 + o, a->asum + o,
-                  a->qsum1 + o, a->qsum2 + o, K, nb, m0 == 0};
+                  a->qsum1 + o, a->qsum2 + o, halves ? a->qhalf1 + 2 * o : NULL,
+                  halves && a->levels == 2 ? a->qhalf2 + 2 * o : NULL, K, nb, m0 == 0};
 }
 
 static inline void store_rows(float *y, int ldy, int h, const vf *acc, int mr, int accumulate) {
@@ -50,65 +64,82 @@ static inline void store_rows(float *y, int ldy, int h, const vf *acc, int mr, i
 /* Software prefetch of the weight stream PF_BYTES ahead of block b (past a tile's end: the next
  * tile's, contiguous); the hardware prefetcher alone leaves the small-M kernels stalled on memory.
  * Only a tile's first row group prefetches: later groups find its weights in L1, and lines of the
- * next tile fetched again per group only evict the activations (measured: K = 1536 at M = 512). */
-static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *wc, const uint16_t *d,
-                                                                 const uint16_t *mn, int b, const int q8) {
-  const size_t blk = q8 ? 512 : 256;
+ * next tile fetched again per group only evict the activations (measured: K = 1536 at M = 512).
+ * I8's fp32 scales (and offsets) are fetched as many blocks ahead as its codes. */
+static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *wc, const void *d, const void *mn,
+                                                                 int b, const int kd) {
+  const size_t blk = kd == KIND_Q4 ? 256 : 512;
   for (size_t c = 0; c < blk; c += 64) _mm_prefetch((const char *)(wc + b * blk + PF_BYTES + c), _MM_HINT_T0);
-  _mm_prefetch((const char *)(d + b * 16) + PF_BYTES / 8, _MM_HINT_T0);
-  if (!q8) _mm_prefetch((const char *)(mn + b * 16) + PF_BYTES / 8, _MM_HINT_T0);
+  if (!IS_I8(kd)) {
+    _mm_prefetch((const char *)((const uint16_t *)d + b * 16) + PF_BYTES / 8, _MM_HINT_T0);
+    if (kd == KIND_Q4) _mm_prefetch((const char *)((const uint16_t *)mn + b * 16) + PF_BYTES / 8, _MM_HINT_T0);
+    return;
+  }
+  const size_t sb = 64 * SUBS(kd), ahead = PF_BYTES / blk * sb; /* scale bytes per block */
+  for (size_t c = 0; c < sb; c += 64) _mm_prefetch((const char *)d + b * sb + ahead + c, _MM_HINT_T0);
+  if (HAS_M(kd)) _mm_prefetch((const char *)mn + b * 64 + ahead, _MM_HINT_T0);
 }
 
-/* the fp32 steps of one row's block from its integer dots a1, a2 (tp.h; the same for every row) */
-static inline __attribute__((always_inline)) vf scale_block(vi a1, vi a2, const rows_t *x, int o, const int lv,
-                                                            const int q8, vf dv, vf mv, vf acc) {
-  if (q8 && Q8_OFFSET) {
-    a1 = ISUB(a1, SET1(128 * x->qsum1[o]));
-    if (lv == 2) a2 = ISUB(a2, SET1(128 * x->qsum2[o]));
+/* the scales (or minimums / offsets) of scale group g: 16 rows (AVX2: half h's 8) as fp32 */
+static inline __attribute__((always_inline)) vf scale_vec(const void *p, int g, int h, const int kd) {
+  return IS_I8(kd) ? FLOADU((const float *)p + g * 16 + h * LANES) : LOADH((const uint16_t *)p + g * 16 + h * LANES);
+}
+
+/* the fp32 steps of one row's block (sub-block s of G = 16) from its integer dots a1, a2 (tp.h;
+ * the same for every row); o: the row's block index r * nb + b */
+static inline __attribute__((always_inline)) vf scale_block(vi a1, vi a2, const rows_t *x, int o, int s, const int lv,
+                                                            const int kd, vf dv, vf mv, vf acc) {
+  if (kd != KIND_Q4 && Q8_OFFSET) {
+    a1 = ISUB(a1, SET1(128 * (kd == KIND_I8_G16 ? x->qh1[2 * o + s] : x->qsum1[o])));
+    if (lv == 2) a2 = ISUB(a2, SET1(128 * (kd == KIND_I8_G16 ? x->qh2[2 * o + s] : x->qsum2[o])));
   }
   vf t = FMUL(CVT(a1), FSET1(x->s1[o]));
   if (lv == 2) t = FMA(CVT(a2), FSET1(x->s2[o]), t);
   acc = FMA(t, dv, acc);
-  if (!q8) acc = FMA(mv, FSET1(x->asum[o]), acc);
+  if (HAS_M(kd)) acc = FMA(mv, FSET1(x->asum[o]), acc);
   return acc;
 }
 
 /* weight vector j (of 8) of block b: 16 (AVX2: 8, half h) output rows x 4 k as u8 */
-static inline __attribute__((always_inline)) vi weights(const uint8_t *wc, int b, int j, int h, const int q8) {
-  if (q8) return VLOADU(wc + (size_t)b * 512 + j * 64 + h * 32);
+static inline __attribute__((always_inline)) vi weights(const uint8_t *wc, int b, int j, int h, const int kd) {
+  if (kd != KIND_Q4) return VLOADU(wc + (size_t)b * 512 + j * 64 + h * 32);
   const vi v = VLOADU(wc + (size_t)b * 256 + (j / 2) * 64 + h * 32), mask = SET1B(0x0F);
   return (j & 1) ? AND(SRLI16(v, 4), mask) : AND(v, mask); /* the compiler shares the load of a pair */
 }
 
+#define WDOT(kd, acc, w, x) ((kd) == KIND_Q4 ? DOT(acc, w, x) : DOT8(acc, w, x))
+
 #if defined(TP_ISA_AVX512)
 #define RB 4
-/* Small M (AVX-512): one tile (16 output rows) x the group's mr <= 8 rows (mr, lv, q8 constants
+/* Small M (AVX-512): one tile (16 output rows) x the group's mr <= 8 rows (mr, lv, kd constants
  * per instantiation). Per block the 8 weight vectors are loaded (Q4: unpacked) once into
  * registers, then the group's rows run against them, RB rows interleaved (2 RB independent
- * chains of 8 dots hide the dot latency). */
-static inline __attribute__((always_inline)) void tile_wide(const uint8_t *wc, const uint16_t *d, const uint16_t *mn,
-                                                            const rows_t *x, const int mr, const int lv, const int q8,
+ * chains of 8 dots hide the dot latency; G = 16: 4 per half). */
+static inline __attribute__((always_inline)) void tile_wide(const uint8_t *wc, const void *d, const void *mn,
+                                                            const rows_t *x, const int mr, const int lv, const int kd,
                                                             float *y, int ldy, int accumulate) {
-  const int K4 = x->K / 4, nb = x->nb; /* K4: a row's stride in 4-byte groups */
+  const int K4 = x->K / 4, nb = x->nb, JS = 8 / SUBS(kd); /* K4: a row's stride in 4-byte groups */
   vf acc[WIDE];
   for (int r = 0; r < mr; r++) acc[r] = VFZERO();
   for (int b = 0; b < nb; b++) {
-    if (x->prefetch) prefetch_block(wc, d, mn, b, q8);
+    if (x->prefetch) prefetch_block(wc, d, mn, b, kd);
     vi w[8];
-    for (int j = 0; j < 8; j++) w[j] = weights(wc, b, j, 0, q8);
-    const vf dv = LOADH(d + b * 16), mv = q8 ? dv : LOADH(mn + b * 16);
+    for (int j = 0; j < 8; j++) w[j] = weights(wc, b, j, 0, kd);
     const int32_t *x1 = (const int32_t *)(x->q1 + b * TP_GROUP), *x2 = (const int32_t *)(x->q2 + b * TP_GROUP);
-    for (int r0 = 0; r0 < mr; r0 += RB) {
-      vi a1[RB], a2[RB];
-      for (int i = 0; i < RB; i++) a1[i] = a2[i] = VZERO();
-      for (int j = 0; j < 8; j++)
-        for (int i = 0; i < RB && r0 + i < mr; i++) {
-          const int r = r0 + i;
-          a1[i] = q8 ? DOT8(a1[i], w[j], SET1(x1[r * K4 + j])) : DOT(a1[i], w[j], SET1(x1[r * K4 + j]));
-          if (lv == 2) a2[i] = q8 ? DOT8(a2[i], w[j], SET1(x2[r * K4 + j])) : DOT(a2[i], w[j], SET1(x2[r * K4 + j]));
-        }
-      for (int i = 0; i < RB && r0 + i < mr; i++)
-        acc[r0 + i] = scale_block(a1[i], a2[i], x, (r0 + i) * nb + b, lv, q8, dv, mv, acc[r0 + i]);
+    for (int s = 0; s < SUBS(kd); s++) {
+      const vf dv = scale_vec(d, b * SUBS(kd) + s, 0, kd), mv = HAS_M(kd) ? scale_vec(mn, b, 0, kd) : dv;
+      for (int r0 = 0; r0 < mr; r0 += RB) {
+        vi a1[RB], a2[RB];
+        for (int i = 0; i < RB; i++) a1[i] = a2[i] = VZERO();
+        for (int j = s * JS; j < (s + 1) * JS; j++)
+          for (int i = 0; i < RB && r0 + i < mr; i++) {
+            const int r = r0 + i;
+            a1[i] = WDOT(kd, a1[i], w[j], SET1(x1[r * K4 + j]));
+            if (lv == 2) a2[i] = WDOT(kd, a2[i], w[j], SET1(x2[r * K4 + j]));
+          }
+        for (int i = 0; i < RB && r0 + i < mr; i++)
+          acc[r0 + i] = scale_block(a1[i], a2[i], x, (r0 + i) * nb + b, s, lv, kd, dv, mv, acc[r0 + i]);
+      }
     }
   }
   store_rows(y, ldy, 0, acc, mr, accumulate);
@@ -117,68 +148,91 @@ static inline __attribute__((always_inline)) void tile_wide(const uint8_t *wc, c
 
 /* Large M (and every M on AVX2, 16 ymm): each NV-th of a tile x the group's mr <= 4 rows, the
  * weights loaded two vectors at a time and used by every row before the next two; a tile's
- * weights stay in L1 while the row groups pass. */
-static inline __attribute__((always_inline)) void tile_pairs(const uint8_t *wc, const uint16_t *d, const uint16_t *mn,
+ * weights stay in L1 while the row groups pass. G = 16: a half's 4 vectors, then its scaling. */
+static inline __attribute__((always_inline)) void tile_pairs(const uint8_t *wc, const void *d, const void *mn,
                                                              const rows_t *x, const int mr, const int lv,
-                                                             const int q8, float *y, int ldy, int accumulate) {
-  const int K4 = x->K / 4, nb = x->nb;
+                                                             const int kd, float *y, int ldy, int accumulate) {
+  const int K4 = x->K / 4, nb = x->nb, JS = 8 / SUBS(kd);
   for (int h = 0; h < NV; h++) {
     vf acc[PAIRS];
     for (int r = 0; r < mr; r++) acc[r] = VFZERO();
     for (int b = 0; b < nb; b++) {
-      if (h == 0 && x->prefetch) prefetch_block(wc, d, mn, b, q8);
-      vi a1[PAIRS], a2[PAIRS];
-      for (int r = 0; r < mr; r++) a1[r] = a2[r] = VZERO();
+      if (h == 0 && x->prefetch) prefetch_block(wc, d, mn, b, kd);
       const int32_t *x1 = (const int32_t *)(x->q1 + b * TP_GROUP), *x2 = (const int32_t *)(x->q2 + b * TP_GROUP);
-      for (int j = 0; j < 8; j += 2) {
-        const vi w0 = weights(wc, b, j, h, q8), w1 = weights(wc, b, j + 1, h, q8);
-        for (int r = 0; r < mr; r++) {
-          a1[r] = q8 ? DOT8(DOT8(a1[r], w0, SET1(x1[r * K4 + j])), w1, SET1(x1[r * K4 + j + 1]))
-                     : DOT(DOT(a1[r], w0, SET1(x1[r * K4 + j])), w1, SET1(x1[r * K4 + j + 1]));
-          if (lv == 2)
-            a2[r] = q8 ? DOT8(DOT8(a2[r], w0, SET1(x2[r * K4 + j])), w1, SET1(x2[r * K4 + j + 1]))
-                       : DOT(DOT(a2[r], w0, SET1(x2[r * K4 + j])), w1, SET1(x2[r * K4 + j + 1]));
+      for (int s = 0; s < SUBS(kd); s++) {
+        vi a1[PAIRS], a2[PAIRS];
+        for (int r = 0; r < mr; r++) a1[r] = a2[r] = VZERO();
+        for (int j = s * JS; j < (s + 1) * JS; j += 2) {
+          const vi w0 = weights(wc, b, j, h, kd), w1 = weights(wc, b, j + 1, h, kd);
+          for (int r = 0; r < mr; r++) {
+            a1[r] = WDOT(kd, WDOT(kd, a1[r], w0, SET1(x1[r * K4 + j])), w1, SET1(x1[r * K4 + j + 1]));
+            if (lv == 2) a2[r] = WDOT(kd, WDOT(kd, a2[r], w0, SET1(x2[r * K4 + j])), w1, SET1(x2[r * K4 + j + 1]));
+          }
         }
+        const vf dv = scale_vec(d, b * SUBS(kd) + s, h, kd), mv = HAS_M(kd) ? scale_vec(mn, b, h, kd) : dv;
+        for (int r = 0; r < mr; r++) acc[r] = scale_block(a1[r], a2[r], x, r * nb + b, s, lv, kd, dv, mv, acc[r]);
       }
-      const vf dv = LOADH(d + b * 16 + h * 8), mv = q8 ? dv : LOADH(mn + b * 16 + h * 8);
-      for (int r = 0; r < mr; r++) acc[r] = scale_block(a1[r], a2[r], x, r * nb + b, lv, q8, dv, mv, acc[r]);
     }
     store_rows(y, ldy, h, acc, mr, accumulate);
   }
 }
 
+/* tile t's codes, scales and minimums / offsets (tp.h layouts) */
+static inline __attribute__((always_inline)) const uint8_t *tile_codes(const tp_weight *w, int t, size_t nb,
+                                                                      const int kd) {
+  return w->codes + t * nb * (kd == KIND_Q4 ? 256 : 512);
+}
+static inline __attribute__((always_inline)) const void *tile_scales(const tp_weight *w, int t, size_t nb,
+                                                                    const int kd) {
+  return IS_I8(kd) ? (const void *)(w->scale + t * nb * SUBS(kd) * 16) : (const void *)(w->d + t * nb * 16);
+}
+static inline __attribute__((always_inline)) const void *tile_mins(const tp_weight *w, int t, size_t nb, const int kd) {
+  return kd == KIND_Q4 ? (const void *)(w->m + t * nb * 16) : kd == KIND_I8 ? (const void *)(w->offset + t * nb * 16)
+                                                                            : NULL;
+}
+
 /* one function per (structure, kind, levels, rows): tile t of w against the group's rows */
 typedef void (*tile_fn)(const tp_weight *w, int t, const rows_t *x, float *y, int ldy, int accumulate);
 
-#define FN(S, R, LV)                                                                                           \
-  static void S##_q4_l##LV##_r##R(const tp_weight *w, int t, const rows_t *x, float *y, int ldy, int acc) {    \
-    const size_t nb = (size_t)x->nb;                                                                           \
-    tile_##S(w->codes + t * nb * 256, w->d + t * nb * 16, w->m + t * nb * 16, x, R, LV, 0, y + t * TP_TILE,   \
-             ldy, acc);                                                                                        \
-  }                                                                                                            \
-  static void S##_q8_l##LV##_r##R(const tp_weight *w, int t, const rows_t *x, float *y, int ldy, int acc) {    \
-    const size_t nb = (size_t)x->nb;                                                                           \
-    tile_##S(w->codes + t * nb * 512, w->d + t * nb * 16, NULL, x, R, LV, 1, y + t * TP_TILE, ldy, acc);      \
+#define FN1(S, R, LV, KN, KD)                                                                                   \
+  static void S##_##KN##_l##LV##_r##R(const tp_weight *w, int t, const rows_t *x, float *y, int ldy, int acc) { \
+    const size_t nb = (size_t)x->nb;                                                                          \
+    tile_##S(tile_codes(w, t, nb, KD), tile_scales(w, t, nb, KD), tile_mins(w, t, nb, KD), x, R, LV, KD,      \
+             y + t * TP_TILE, ldy, acc);                                                                      \
   }
+#define FN(S, R, LV)                                                                  \
+  FN1(S, R, LV, q4, KIND_Q4) FN1(S, R, LV, q8, KIND_Q8) FN1(S, R, LV, i8, KIND_I8) \
+  FN1(S, R, LV, i8s, KIND_I8_SYM) FN1(S, R, LV, i8h, KIND_I8_G16)
 #define FNS(S, R) FN(S, R, 1) FN(S, R, 2)
 #define ROW4(S, K, LV) NULL, S##_##K##_l##LV##_r1, S##_##K##_l##LV##_r2, S##_##K##_l##LV##_r3, S##_##K##_l##LV##_r4
 #define ROW8(S, K, LV) ROW4(S, K, LV), S##_##K##_l##LV##_r5, S##_##K##_l##LV##_r6, S##_##K##_l##LV##_r7, S##_##K##_l##LV##_r8
-#define TABLE(S, ROW) {{{ROW(S, q4, 1)}, {ROW(S, q4, 2)}}, {{ROW(S, q8, 1)}, {ROW(S, q8, 2)}}}
+#define KIND_ROWS(S, ROW, K) {{ROW(S, K, 1)}, {ROW(S, K, 2)}}
+#define TABLE(S, ROW) \
+  {KIND_ROWS(S, ROW, q4), KIND_ROWS(S, ROW, q8), KIND_ROWS(S, ROW, i8), KIND_ROWS(S, ROW, i8s), KIND_ROWS(S, ROW, i8h)}
 
-/* [kind: 0 Q4, 1 Q8][levels - 1][rows] */
+/* [kind: KIND_*][levels - 1][rows] */
 FNS(pairs, 1) FNS(pairs, 2) FNS(pairs, 3) FNS(pairs, 4)
-static const tile_fn PAIRS_FNS[2][2][PAIRS + 1] = TABLE(pairs, ROW4);
+static const tile_fn PAIRS_FNS[NKINDS][2][PAIRS + 1] = TABLE(pairs, ROW4);
 #if defined(TP_ISA_AVX512)
 FNS(wide, 1) FNS(wide, 2) FNS(wide, 3) FNS(wide, 4) FNS(wide, 5) FNS(wide, 6) FNS(wide, 7) FNS(wide, 8)
-static const tile_fn WIDE_FNS[2][2][WIDE + 1] = TABLE(wide, ROW8);
+static const tile_fn WIDE_FNS[NKINDS][2][WIDE + 1] = TABLE(wide, ROW8);
 #endif
 
 /* M rows in mg groups of as equal size as can be (9 rows: 4 + 5, not 8 + 1: a lone row runs
  * latency-bound); group g holds rows [group_start(g), group_start(g + 1)). */
 static inline int group_start(int g, int M, int mg) { return (int)(((long)g * M) / mg); }
 
+static int kind_of(const tp_weight *w) {
+  if (w->kind == TP_W_Q4) return KIND_Q4;
+  if (w->kind == TP_W_Q8) return KIND_Q8;
+  return w->group == 16 ? KIND_I8_G16 : w->offset ? KIND_I8 : KIND_I8_SYM;
+}
+
+/* An I8 weight of group 16 reads a->qhalf1 / qhalf2 (tp_quant_act_halves) where Q8_OFFSET is set
+ * (AVX-512); its offset must be NULL (tp.h). */
 void tp_gemm(const tp_weight *w, const tp_qact *a, float *y, int ldy, int accumulate) {
-  const int nt = w->N / TP_TILE, M = a->M, kind = w->kind == TP_W_Q4 ? 0 : 1, lv = a->levels == 2 ? 1 : 0;
+  const int nt = w->N / TP_TILE, M = a->M, kind = kind_of(w), lv = a->levels == 2 ? 1 : 0;
+  const int halves = kind == KIND_I8_G16 && Q8_OFFSET;
   const tile_fn *fns = PAIRS_FNS[kind][lv];
   int rows = PAIRS;
 #if defined(TP_ISA_AVX512)
@@ -193,7 +247,7 @@ void tp_gemm(const tp_weight *w, const tp_qact *a, float *y, int ldy, int accumu
   for (int t = 0; t < nt; t++)
     for (int g = 0; g < mg; g++) {
       const int m0 = group_start(g, M, mg), m1 = group_start(g + 1, M, mg);
-      const rows_t x = group_rows(a, m0);
+      const rows_t x = group_rows(a, m0, halves);
       fns[m1 - m0](w, t, &x, y + (size_t)m0 * ldy, ldy, accumulate);
     }
 }

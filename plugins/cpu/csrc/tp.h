@@ -13,6 +13,14 @@
  *   Q8 (blockwise 8-bit, group 32, w[n,k] = d[n,b] * (u[n,k] - 128), u in 0..255: GGUF Q8_0):
  *     codes  [N/16][K/4][16 rows][4 bytes]  u[r][4j + i]
  *     d      [N/16][K/32][16] fp16
+ *   I8 (GGUF's kernel form, plugins/core/gguf_blocks: int8 codes c, fp32 scale s and offset o per
+ *       group of G = 32 or 16 along K, w[n,k] = (s[n,g] * c[n,k]) + o[n,g], g = k / G; every GGUF
+ *       block type read exactly: Q4_0..Q8_0 and Q4_K, Q5_K as G = 32, Q6_K as G = 16):
+ *     codes  [N/16][K/4][16 rows][4 bytes]  u = c + 128, as Q8
+ *     scale  [N/16][K/G][16] fp32           (k-quant scales d * sc need fp32)
+ *     offset [N/16][K/G][16] fp32, or NULL: every offset -0.0 (a symmetric type: no asum term);
+ *                                           G = 16 needs NULL (its activations have no per-16 asum)
+ *   Per 32-block the I8 GEMM adds t * s (G = 16: each half's dots times its own s), then o * asum.
  *
  * Activations of a GEMM are quantized per 32-block to int8, in one or two levels:
  *   x[k] ~ s1 * q1[k] + s2 * q2[k],  s1 = max|x| / 127, q2 quantizes the residual x - s1 q1.
@@ -44,14 +52,19 @@ typedef struct {
   int8_t *q1, *q2;        /* [M][K] */
   float *s1, *s2, *asum;  /* [M][K/32] */
   int32_t *qsum1, *qsum2; /* [M][K/32]: sum of q1 (q2) over each block (the Q8 offset term) */
+  /* [M][K/16]: sum of q1 (q2) over each 16-half of a block, written by tp_quant_act_halves only:
+   * read by I8 weights of group 16 where the ISA's dot needs the offset term (AVX-512) */
+  int32_t *qhalf1, *qhalf2;
 } tp_qact;
 
-enum { TP_W_Q4 = 1, TP_W_Q8 = 2 };
+enum { TP_W_Q4 = 1, TP_W_Q8 = 2, TP_W_I8 = 3 };
 
 typedef struct {
   int kind, N, K;
   const uint8_t *codes;
-  const uint16_t *d, *m; /* fp16 scales (and Q4 minimums; NULL for Q8) */
+  const uint16_t *d, *m;       /* Q4, Q8: fp16 scales (and Q4 minimums; NULL for Q8); NULL for I8 */
+  int group;                   /* I8: weights per scale along K, 32 or 16 (unused by Q4, Q8) */
+  const float *scale, *offset; /* I8: fp32 [N/16][K/group][16]; offset NULL when symmetric */
 } tp_weight;
 
 /* KV pool dtypes (plugins/core/kv_codec.py defines the encodings): fp32; fp16 (IEEE half) and
@@ -129,6 +142,8 @@ const char *tp_isa(void);
 
 /* scratch sizes: a tp_qact for M rows of K */
 void tp_quant_act(const float *x, int M, int K, int levels, tp_qact *a);
+/* tp_quant_act, plus a->qhalf1 (and qhalf2 for two levels): what an I8 weight of group 16 needs */
+void tp_quant_act_halves(const float *x, int M, int K, int levels, tp_qact *a);
 /* y [M][N] (+)= x @ W^T: a holds x quantized (tp_quant_act) */
 void tp_gemm(const tp_weight *w, const tp_qact *a, float *y, int ldy, int accumulate);
 
