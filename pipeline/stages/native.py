@@ -9,10 +9,12 @@ the artifact still runs on ONNX Runtime (``--engine ort``).
 What it takes (else :func:`native_support` says why not, and ``cpu_backend: auto`` builds the ONNX
 Runtime engine only): a decoder whose description (ModelConfig) the C forward runs (Llama, Qwen3,
 Gemma 3: norm layout, QK-norm, activation, per-layer window and RoPE base, embedding and softmax
-scales, final soft-cap; not an attention soft-cap), whose linears are GGUF Q4_0 / Q4_1 (Q4 tiles)
-or Q8_0 / Q5_0 (Q8 tiles), one kind per fused group (q/k/v, gate/up), whose embedding / LM head
-is GGUF Q8_0 (tied or not), any KV dtype (fp32, fp16, bf16, int8), no attention bias, no RoPE
-scaling, N % 16 == 0 and K % 32 == 0 for every linear.
+scales, final soft-cap; not an attention soft-cap), whose linears are GGUF blocks of any type
+gguf_blocks decodes (Q4_0 / Q4_1 into Q4 tiles, Q8_0 / Q5_0 into Q8 tiles, Q5_1 / Q4_K / Q5_K /
+Q6_K into I8 tiles with fp32 scales; a fused group (q/k/v, gate/up) of mixed kinds becomes I8,
+except Q6_K beside a type with offsets), whose embedding / LM head is GGUF Q8_0 (tied or not),
+any KV dtype (fp32, fp16, bf16, int8), no attention bias, no RoPE scaling, N % 16 == 0 and
+K % 32 == 0 for every linear.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from trtpipe.pipeline.model.quantize import LINEAR_NAMES
 from trtpipe.pipeline.model.weights import LoadedModel, WeightTensor
 from trtpipe.pipeline.recipe import Recipe
 from trtpipe.pipeline.stages.load import PreparedModel
-from trtpipe.plugins.core.gguf_blocks import decode_blocks
-from trtpipe.plugins.cpu.layout import TiledWeight, concat_rows, tile_q4, tile_q8
+from trtpipe.plugins.core.gguf_blocks import GGUF_BLOCK_TYPES, decode_blocks
+from trtpipe.plugins.cpu.layout import Tiled, TiledI8, TiledWeight, concat_rows, tile_i8, tile_q4, tile_q8
 from trtpipe.plugins.ops.int4_gemm.layout import unpack_int4_codes
 from trtpipe.plugins.ops.int4_gemm.pack import repack_gguf_q4_0, repack_gguf_q4_1_exact, repack_gguf_q8_0_as_uint8
 from trtpipe.runtime.artifact.model_config import ModelConfig
@@ -38,32 +40,33 @@ from trtpipe.runtime.engines.native_weights import ALIGN, WEIGHTS_FILE
 LIBRARY_FILE = "libtrtpipe_cpu.so"
 
 
-# linear weight types the kernels read exactly: Q4 (Q4_0, Q4_1) or Q8 (Q8_0; Q5_0's codes q - 16 are
-# Q8 codes u - 128 with u = q + 112, the same fp16 scale)
+# linear weight types and the tiles they move into, exactly: Q4 (Q4_0, Q4_1), Q8 (Q8_0; Q5_0's codes
+# q - 16 are Q8 codes u - 128 with u = q + 112, the same fp16 scale), I8 (every other GGUF block type:
+# fp32 scales and offsets per group of 32, 16 for Q6_K; plugins/core/gguf_blocks' kernel form)
 Q4_TYPES, Q8_TYPES = ("Q4_0", "Q4_1"), ("Q8_0", "Q5_0")
+I8_TYPES = tuple(t for t in GGUF_BLOCK_TYPES if t not in Q4_TYPES + Q8_TYPES)
+ASYMMETRIC = ("Q4_0", "Q4_1", "Q5_1", "Q4_K", "Q5_K")  # as tiled here: an offset per group
 # ModelConfig family fields the C forward runs (csrc/forward.c); the rest are refused by name
 NATIVE_FAMILY_FIELDS = frozenset(
     {"layer_rope_theta", "layer_rope_scaled", "norm_layout", "norm_weight_offset", "qk_norm", "activation",
      "embedding_scale", "attention_scale", "final_logit_softcap"}
 )  # fmt: skip
+FUSED = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",))
 
 
 def _linear_kinds(c: ModelConfig, w: dict[str, WeightTensor]) -> str | None:
-    """None when every linear is a type the kernels read and each fused group (q/k/v, gate/up)
-    shares one kind, else the reason."""
+    """None when every linear is a GGUF block type the kernels read and each fused group (q/k/v,
+    gate/up) has an exact common layout (not Q6_K's group of 16 beside a type with offsets), else
+    the reason."""
     for i in range(c.num_layers):
-        for group in (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",)):
-            names = [
-                f"model.layers.{i}.{'self_attn' if n.endswith(('q_proj', 'k_proj', 'v_proj', 'o_proj')) else 'mlp'}.{n}.weight"
-                for n in group
-            ]
+        for group in FUSED:
+            names = [f"model.layers.{i}.{'self_attn' if n in LINEAR_NAMES[:4] else 'mlp'}.{n}.weight" for n in group]
             types = [w[n].qtype for n in names]
-            kinds = {"q4" if t in Q4_TYPES else "q8" if t in Q8_TYPES else t for t in types}
-            odd = [(n, t) for n, t in zip(names, types, strict=True) if t not in Q4_TYPES + Q8_TYPES]
+            odd = [(n, t) for n, t in zip(names, types, strict=True) if t not in Q4_TYPES + Q8_TYPES + I8_TYPES]
             if odd:
-                return f"linear weights of GGUF type {odd[0][1]}, first {odd[0][0]} (native: {', '.join(Q4_TYPES + Q8_TYPES)})"
-            if len(kinds) > 1:
-                return f"{', '.join(names)} mix 4-bit and 8-bit types {types} (native: one kind per fused group)"
+                return f"linear weights of GGUF type {odd[0][1]}, first {odd[0][0]} (native: GGUF block types)"
+            if "Q6_K" in types and any(t in ASYMMETRIC for t in types):
+                return f"{', '.join(names)} fuse Q6_K (group 16) with a type with offsets {types} (no exact layout)"
     return None
 
 
@@ -97,10 +100,23 @@ def _parts() -> list[tuple[str, str]]:
     return [("self_attn" if n in LINEAR_NAMES[:4] else "mlp", n) for n in LINEAR_NAMES]
 
 
-def _linear(t: WeightTensor, name: str) -> TiledWeight:
+def _fused(name: str, parts: list[WeightTensor]) -> Tiled:
+    """Linears of one input stacked along N (q/k/v, gate/up; or one alone) in one layout: Q4 or Q8
+    when every part is of that kind, else I8 from gguf_blocks' kernel form of each part (bit for
+    bit gguf's values, signed zeros included: Q4_0 through Q4 tiles is d q + (-8 d), +0.0 where
+    gguf has d (q - 8) = -0.0 for a negative d)."""
+    kinds = {"q4" if t.qtype in Q4_TYPES else "q8" if t.qtype in Q8_TYPES else "i8" for t in parts}
+    if kinds != {"i8"} and len(kinds) == 1:
+        return concat_rows(name, [_linear(t, t.name) for t in parts])
+    return concat_rows(name, [tile_i8(decode_blocks(t.data, t.qtype), t.name) for t in parts])
+
+
+def _linear(t: WeightTensor, name: str) -> Tiled:
     """A linear's GGUF blocks moved into the kernels' layout, exactly (Q4: Q4_0 / Q4_1; Q8: Q8_0 /
-    Q5_0 through plugins/core/gguf_blocks' exact decode)."""
+    Q5_0; I8: the other types, through plugins/core/gguf_blocks' exact decode)."""
     N, K = t.shape
+    if t.qtype in I8_TYPES:
+        return tile_i8(decode_blocks(t.data, t.qtype), name)
     if t.qtype in Q8_TYPES:
         kb = decode_blocks(t.data, t.qtype)  # codes int8 in -128..127, scales = the fp16 d as fp32
         return tile_q8((kb.codes.astype(np.int16) + 128).astype(np.uint8), kb.scales.astype(np.float16), name)
@@ -140,12 +156,19 @@ def native_tensors(loaded: LoadedModel) -> dict[str, np.ndarray]:
     tied to the embedding), ``final_norm``, ``layers.<i>.{attn_norm, mlp_norm, qkv.*, o.*,
     gate_up.*, down.*}`` and the norms the description adds (``post_attn_norm``,
     ``post_mlp_norm``, ``q_norm``, ``k_norm``), with ``.codes`` uint8, ``.d`` / ``.m`` float16
-    (``.m``: a Q4 weight), norms float32 with ``norm_weight_offset`` added."""
+    (``.m``: a Q4 weight) or ``.scale`` / ``.offset`` float32 (an I8 weight), norms float32 with
+    ``norm_weight_offset`` added."""
     c, w = loaded.config, loaded.weights
     out: dict[str, np.ndarray] = {}
 
-    def put(prefix: str, t: TiledWeight) -> None:
-        out[f"{prefix}.codes"], out[f"{prefix}.d"] = t.codes, t.d
+    def put(prefix: str, t: Tiled) -> None:
+        out[f"{prefix}.codes"] = t.codes
+        if isinstance(t, TiledI8):  # fp32 scales, offsets only where the type has them
+            out[f"{prefix}.scale"] = t.scale
+            if t.offset is not None:
+                out[f"{prefix}.offset"] = t.offset
+            return
+        out[f"{prefix}.d"] = t.d
         if t.m is not None:
             out[f"{prefix}.m"] = t.m
 
@@ -156,12 +179,12 @@ def native_tensors(loaded: LoadedModel) -> dict[str, np.ndarray]:
     out["final_norm"] = loaded.float_weight("model.norm.weight").astype(np.float32) + np.float32(c.norm_weight_offset)
     for i in range(c.num_layers):
         p = f"model.layers.{i}"
-        lin = {n: _linear(w[f"{p}.{part}.{n}.weight"], f"{p}.{part}.{n}") for part, n in _parts()}
+        lin = {n: w[f"{p}.{part}.{n}.weight"] for part, n in _parts()}
         out |= {f"layers.{i}.{k}": v for k, v in _norms(loaded, i).items()}
-        put(f"layers.{i}.qkv", concat_rows("qkv", [lin["q_proj"], lin["k_proj"], lin["v_proj"]]))
-        put(f"layers.{i}.o", lin["o_proj"])
-        put(f"layers.{i}.gate_up", concat_rows("gate_up", [lin["gate_proj"], lin["up_proj"]]))
-        put(f"layers.{i}.down", lin["down_proj"])
+        put(f"layers.{i}.qkv", _fused("qkv", [lin["q_proj"], lin["k_proj"], lin["v_proj"]]))
+        put(f"layers.{i}.o", _fused("o", [lin["o_proj"]]))
+        put(f"layers.{i}.gate_up", _fused("gate_up", [lin["gate_proj"], lin["up_proj"]]))
+        put(f"layers.{i}.down", _fused("down", [lin["down_proj"]]))
     return out
 
 

@@ -7,8 +7,9 @@ The description decides the program csrc/forward.c runs, layer by layer: which n
 Gemma), QK-norm, the MLP activation, the window and the RoPE base of each layer, the embedding
 scale, the softmax scale and the final logit soft-cap. Norm weights are stored in ``native.bin``
 with ``norm_weight_offset`` already added (pipeline/stages/native.py), so C multiplies by them as
-they are. A weight's kind follows from the arrays the tensor table holds for it: ``.m`` (Q4,
-GGUF Q4_0/Q4_1), else Q8 (GGUF Q8_0, and Q5_0 moved exactly). What the kernels cannot run (an
+they are. A weight's kind follows from the arrays the tensor table holds for it: ``.scale`` (I8:
+fp32 scales, and ``.offset`` where the type has offsets; GGUF k-quants, Q5_1, and fused groups of
+mixed types), ``.m`` (Q4, GGUF Q4_0/Q4_1), else Q8 (GGUF Q8_0, and Q5_0 moved exactly). What the kernels cannot run (an
 attention logit soft-cap, Gemma 2) is refused at load by name.
 
 Raises :class:`ArtifactError` for a description the kernels cannot run, or weights and pool
@@ -25,7 +26,7 @@ import numpy as np
 from trtpipe.plugins.core.errors import OpError
 from trtpipe.plugins.core.rope import rope_cos_sin
 from trtpipe.plugins.cpu import library as L
-from trtpipe.plugins.cpu.layout import TiledWeight
+from trtpipe.plugins.cpu.layout import TiledI8, TiledWeight
 from trtpipe.runtime.artifact.manifest import Manifest
 from trtpipe.runtime.engines.native_weights import NativeWeights
 from trtpipe.runtime.errors import ArtifactError
@@ -86,6 +87,14 @@ class NativeModel:
                 f"{prefix} is [{N}, {K}] by the manifest's model facts ({self.facts()}); the kernels need "
                 "N % 16 == 0 and K % 32 == 0"
             )
+        if self.weights.has(f"{prefix}.scale"):  # I8: fp32 scales (and offsets) per group of 32 or 16
+            codes = self._tensor(f"{prefix}.codes", N * K)
+            groups = self.weights.tensor(f"{prefix}.scale").size
+            G = N * K // groups if groups else 0
+            if G not in (16, 32) or G * groups != N * K:
+                raise self._refuse(f"{prefix}.scale holds {groups} values: not N x K / 16 or / 32 ({self.facts()})")
+            offset = self._tensor(f"{prefix}.offset", groups) if self.weights.has(f"{prefix}.offset") else None
+            return L.weight_struct(TiledI8(N, K, G, codes, self._tensor(f"{prefix}.scale", groups), offset))
         kind = "q4" if self.weights.has(f"{prefix}.m") else "q8"
         codes = self._tensor(f"{prefix}.codes", N * K // (2 if kind == "q4" else 1))
         d = self._tensor(f"{prefix}.d", N * K // 32)

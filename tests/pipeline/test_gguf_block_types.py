@@ -146,14 +146,13 @@ def test_native_engine_refuses_naming_tensor_type_and_fix(tiny, tmp_path):
     with pytest.raises(BuildError) as info:
         choose_cpu_backend(parse_recipe(data, origin="tiny.yaml"), prepared, print)
     assert str(info.value) == (
-        "engine.cpu_backend = native: linear weights of GGUF type Q4_K, first "
-        "model.layers.0.self_attn.q_proj.weight (native: Q4_0, Q4_1, Q8_0, Q5_0). "
+        "engine.cpu_backend = native: lm_head.weight is GGUF Q6_K (native: Q8_0). "
         "Fix: set engine.cpu_backend: auto (or ort)."
     )
     lines: list[str] = []
     data["engine"] = {}
     assert choose_cpu_backend(parse_recipe(data, origin="tiny.yaml"), prepared, lines.append) is None
-    assert len(lines) == 1 and "Q4_K, first model.layers.0.self_attn.q_proj.weight" in lines[0]
+    assert len(lines) == 1 and "lm_head.weight is GGUF Q6_K (native: Q8_0)" in lines[0]
 
 
 def test_decode_step_bytes_by_type_hand_computed(tiny, tmp_path):
@@ -179,3 +178,29 @@ def test_decode_step_bytes_by_type_hand_computed(tiny, tmp_path):
     assert dict(tied.bytes_by_type)["Q8_0"] == 34816 + 32 * 8 * 34  # v_proj + the tied Q8_0 embedding
     assert dict(tied.bytes_by_type)["Q6_K"] == 107520
     assert step_bytes_by_type([("F32", (2, 3)), ("F16", (4,))]) == GgufStepBytes((("F32", 24), ("F16", 8)))
+
+
+def test_native_tiles_of_every_type_dequantize_to_the_file_s_values(tmp_path):
+    """The native build's tiles (pipeline/stages/native.py: Q4 for Q4_0, Q8 for Q8_0 / Q5_0, I8 for
+    the rest, fused q/k/v and gate/up of mixed types as I8) hold the GGUF file's values: each fused
+    weight dequantizes (plugins/cpu/layout.dequantize) to gguf's dequantize of its parts, bit for
+    bit (the tied file: a Q8_0 embedding the native engine takes)."""
+    from trtpipe.pipeline.stages.native import _fused, native_tensors
+    from trtpipe.plugins.cpu.layout import TiledI8, dequantize
+
+    path = tmp_path / "tied.gguf"
+    _write_tiny(path, tied=True)
+    model = load_gguf(path, with_tokenizer=False)
+    out = native_tensors(model)
+    w = model.weights
+    groups = {"qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "o": ("self_attn.o_proj",),
+              "gate_up": ("mlp.gate_proj", "mlp.up_proj"), "down": ("mlp.down_proj",)}  # fmt: skip
+    for native_name, parts in groups.items():
+        names = [f"model.layers.0.{p}.weight" for p in parts]
+        fused = _fused(native_name, [w[n] for n in names])
+        want = np.concatenate([model.float_weight(n) for n in names])
+        np.testing.assert_array_equal(dequantize(fused).view(np.uint32), want.view(np.uint32), err_msg=native_name)
+        np.testing.assert_array_equal(out[f"layers.0.{native_name}.codes"], fused.codes)
+        assert isinstance(fused, TiledI8) == (f"layers.0.{native_name}.scale" in out)
+    assert {k.split(".")[-1] for k in out if k.startswith("layers.0.down")} == {"codes", "scale"}  # Q6_K: G 16
+    assert out["layers.0.down.scale"].size == 256 * 512 // 16

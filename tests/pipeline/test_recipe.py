@@ -749,7 +749,7 @@ def test_auto_builds_onnx_runtime_only_where_native_cannot_run(tiny_recipes, tmp
     assert choose_cpu_backend(r, model, lines.append) is None
     assert lines == [
         "engine: ONNX Runtime (the native CPU engine cannot run this build: linear weights of GGUF type F32, "
-        "first model.layers.0.self_attn.q_proj.weight (F32) (native: Q4_0 / Q4_1))"
+        "first model.layers.0.self_attn.q_proj.weight (native: GGUF block types))"
     ]
     data["engine"] = {"cpu_backend": "native"}
     r = parse_recipe(data, origin="tiny-cpu.yaml", base_dir=tiny_recipes["a100"].parent)

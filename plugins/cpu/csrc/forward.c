@@ -54,9 +54,21 @@ static void qact_take(char **cur, tp_qact *a, int M, int K) {
   a->asum = ws_take(cur, sizeof(float) * M * nb);
   a->qsum1 = ws_take(cur, sizeof(int32_t) * M * nb);
   a->qsum2 = ws_take(cur, sizeof(int32_t) * M * nb);
+  a->qhalf1 = ws_take(cur, sizeof(int32_t) * M * 2 * nb);
+  a->qhalf2 = ws_take(cur, sizeof(int32_t) * M * 2 * nb);
 }
 
-static size_t qact_bytes(int M, int K) { return 2 * (size_t)M * K + 5 * sizeof(float) * M * (K / TP_GROUP) + 7 * 64; }
+static size_t qact_bytes(int M, int K) {
+  return 2 * (size_t)M * K + 9 * sizeof(float) * M * (K / TP_GROUP) + 9 * 64;
+}
+
+/* x [M][K] quantized for weight w: an I8 weight of group 16 also needs the 16-halves' code sums */
+static void quant_for(const tp_weight *w, const float *x, int M, int K, int levels, tp_qact *a) {
+  if (w->kind == TP_W_I8 && w->group == 16)
+    tp_quant_act_halves(x, M, K, levels, a);
+  else
+    tp_quant_act(x, M, K, levels, a);
+}
 
 /* h [T][hidden] += a W, or += rmsnorm(a W) with a post-norm (x: scratch of [T][hidden]) */
 static void residual_add(const tp_model *m, const tp_weight *w, const tp_qact *a, const float *post_norm, float *h,
@@ -132,7 +144,7 @@ int tp_forward_rows(const tp_model *m, const tp_step *s, tp_workspace *ws, int n
   for (int l = 0; l < m->num_layers; l++) {
     const tp_layer *L = &m->layers[l];
     tp_rmsnorm(h, L->attn_norm, m->eps, x, T, Hd);
-    tp_quant_act(x, T, Hd, s->levels_attention, &qa);
+    quant_for(&L->qkv, x, T, Hd, s->levels_attention, &qa);
     tp_gemm(&L->qkv, &qa, qkv, nqkv, 0);
     if (L->q_norm) tp_head_rmsnorm(qkv, nqkv, T, H, D, L->q_norm, m->eps);
     if (L->k_norm) tp_head_rmsnorm(qkv + H * D, nqkv, T, KVH, D, L->k_norm, m->eps);
@@ -142,21 +154,21 @@ int tp_forward_rows(const tp_model *m, const tp_step *s, tp_workspace *ws, int n
     if (tp_attention(qkv, nqkv, &L->kv, s->block_tables, s->MB, s->context_lens, s->query_start_loc, S, H, KVH,
                      m->num_blocks, m->block_size, D, m->scale, L->sliding_window, att, ws))
       return TP_E_NOMEM;
-    tp_quant_act(att, T, H * D, s->levels_attention, &qa);
+    quant_for(&L->o, att, T, H * D, s->levels_attention, &qa);
     residual_add(m, &L->o, &qa, L->post_attn_norm, h, x, T);
     tp_rmsnorm(h, L->mlp_norm, m->eps, x, T, Hd);
-    tp_quant_act(x, T, Hd, s->levels_mlp, &qa);
+    quant_for(&L->gate_up, x, T, Hd, s->levels_mlp, &qa);
     tp_gemm(&L->gate_up, &qa, gu, 2 * F, 0);
     if (m->activation == TP_ACT_GELU_TANH)
       tp_gelu_tanh_mul(gu, act, T, F);
     else
       tp_silu_mul(gu, act, T, F);
-    tp_quant_act(act, T, F, s->levels_mlp, &qa);
+    quant_for(&L->down, act, T, F, s->levels_mlp, &qa);
     residual_add(m, &L->down, &qa, L->post_mlp_norm, h, x, T);
   }
   for (int i = 0; i < NL; i++) memcpy(hl + (size_t)i * Hd, h + (size_t)logit_indices[i] * Hd, sizeof(float) * Hd);
   tp_rmsnorm(hl, m->final_norm, m->eps, xl, NL, Hd);
-  tp_quant_act(xl, NL, Hd, s->levels_head, &qa);
+  quant_for(&m->head, xl, NL, Hd, s->levels_head, &qa);
   tp_gemm(&m->head, &qa, logits, m->vocab, 0);
   if (m->final_softcap > 0.f)
     for (size_t i = 0; i < (size_t)NL * m->vocab; i++) logits[i] = m->final_softcap * tanhf(logits[i] / m->final_softcap);

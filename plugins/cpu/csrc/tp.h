@@ -37,7 +37,7 @@
 /* The ABI: this header is its one description. plugins/cpu/abi.py reads the structs, enums and
  * prototypes below into ctypes; tp_abi_version() and tp_struct_size() let the loader refuse a
  * library of another ABI. Bump TP_ABI_VERSION with any change to a struct or a prototype. */
-#define TP_ABI_VERSION 3
+#define TP_ABI_VERSION 4
 
 #define TP_GROUP 32 /* weights per block along K */
 #define TP_TILE 16  /* output rows per tile */
