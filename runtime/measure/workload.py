@@ -152,8 +152,8 @@ def _with_system_prompt(
         return [system + u for u in users]
     if not chat_template:
         raise WorkloadError(
-            f"workload {spec.name!r}: chat: true but the model has no chat template. "
-            "Fix: set chat: false in the scenario."
+            f"workload {spec.name!r}: chat: true but the model has no chat template (a pretrained base model "
+            "continues raw text). Fix: set chat: false in the scenario (or remove the key)."
         )
     from trtpipe.runtime.artifact.chat_template import render_chat
 
