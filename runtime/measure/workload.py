@@ -160,6 +160,7 @@ def _with_system_prompt(
     if not spec.chat:
         return [system + u for u in users]
     check_chat_template(spec, chat_template)
+    assert chat_template is not None  # checked just above (narrows the type for mypy)
     from trtpipe.runtime.artifact.chat_template import render_chat
 
     system_text = tokenizer.decode(system) if system else None
