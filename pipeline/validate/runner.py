@@ -190,6 +190,7 @@ def run_validate(
     art, golden = _open_artifact(r, artifact_dir, artifact_root)
     out, err = validate_consoles(as_json)  # tables (stderr when stdout carries JSON), progress
     llm = _load_llm(r, art, threads, err)
+    _refuse_chat_without_template(llm, [spec for _, spec in specs])
     env = _env(llm, r, art, threads)
     correctness = _run_correctness(llm, r, golden, out, err)
     reports = _run_scenarios(llm, r, specs, env, out, err)
@@ -212,6 +213,15 @@ def run_validate(
 
     gate = gate_of_reports(reports, correctness.passed)
     return finish_report(out, err, paths, gate, as_json, then=search_goodput if goodput else None)
+
+
+def _refuse_chat_without_template(llm: Any, specs: Sequence[Any]) -> None:
+    """Refuse a ``chat: true`` scenario on a model without a chat template (a pretrained base
+    model) before correctness and the other scenarios run, with the workload's own message."""
+    from trtpipe.runtime.measure.workload import check_chat_template
+
+    for spec in specs:
+        check_chat_template(spec, llm.manifest.model.chat_template)
 
 
 def _write_report(

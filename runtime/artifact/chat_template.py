@@ -217,8 +217,9 @@ def encode_prompt(
         prompt = default_chat_messages(prompt)
     if not chat_template:
         raise RequestError(
-            "messages: this model has no chat template in its metadata; expected a model with one. Fix: send "
-            "a plain-text prompt instead (/v1/completions, or `trtpipe generate` without --chat).",
+            "messages: this model has no chat template in its metadata (a pretrained base model such as Gemma 3 "
+            "270M continues text; it takes no chat turns); expected a model with one for chat. Fix: send a "
+            "plain-text prompt instead (/v1/completions, or `trtpipe generate` without --chat).",
             field="messages",
         )
     try:

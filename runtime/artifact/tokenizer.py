@@ -39,7 +39,7 @@ class Tokenizer:
                 )
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
-        self._byte_level: bool | None = None  # is the vocabulary byte-level BPE (found on first use)
+        self._spelling: str | None = None  # how the vocabulary spells bytes (_spelling_kind; found on first use)
         self._added: set[str] = set()
 
     @classmethod
@@ -122,24 +122,51 @@ class Tokenizer:
 
     def token_bytes(self, token_id: int) -> bytes:
         """The raw bytes one token stands for (OpenAI's logprobs ``bytes``): byte-level BPE
-        spellings mapped back through GPT-2's byte alphabet; added/special tokens as their UTF-8
-        text. A token inside a multi-byte character has only part of it."""
+        spellings mapped back through GPT-2's byte alphabet; SentencePiece spellings with ``▁``
+        as a space and byte pieces ``<0xNN>`` as the byte NN (tokenizers' ``Replace`` +
+        ``ByteFallback`` decoder); added/special tokens as their UTF-8 text. A token inside a
+        multi-byte character has only part of it."""
         spelling = self._backend.id_to_token(int(token_id)) or ""
-        if self._byte_level is None:
-            self._byte_level = _is_byte_level(self._backend)
+        if self._spelling is None:
+            self._spelling = _spelling_kind(self._backend)
             self._added = {t.content for t in self._backend.get_added_tokens_decoder().values()}
-        if not self._byte_level or spelling in self._added:
+        if spelling in self._added:
             return spelling.encode("utf-8")
+        if self._spelling == "sentencepiece":
+            if len(spelling) == 6 and spelling.startswith("<0x") and spelling.endswith(">"):
+                try:
+                    return bytes([int(spelling[3:5], 16)])
+                except ValueError:
+                    pass
+            return spelling.replace(SENTENCEPIECE_SPACE, " ").encode("utf-8")
         table = _byte_decoder()
-        if all(c in table for c in spelling):
+        if self._spelling == "byte_level" and all(c in table for c in spelling):
             return bytes(table[c] for c in spelling)
         return spelling.encode("utf-8")
 
 
-def _is_byte_level(backend: _BackendTokenizer) -> bool:
+SENTENCEPIECE_SPACE = "\u2581"  # '▁', SentencePiece's spelling of a space
+
+
+def _spelling_kind(backend: _BackendTokenizer) -> str:
+    """How the vocabulary spells bytes: ``"byte_level"`` (GPT-2 byte alphabet: a ``ByteLevel``
+    decoder), ``"sentencepiece"`` (a decoder with ``ByteFallback`` or one replacing ``▁``) or
+    ``"plain"`` (spellings are the UTF-8 text)."""
     import json
 
-    return json.loads(backend.to_str()).get("decoder", {}).get("type") == "ByteLevel"
+    decoder = json.loads(backend.to_str()).get("decoder") or {}
+    steps = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
+    kinds = {step.get("type") for step in steps if isinstance(step, dict)}
+    if "ByteLevel" in kinds:
+        return "byte_level"
+    replaces_space = any(
+        step.get("type") == "Replace" and SENTENCEPIECE_SPACE in json.dumps(step.get("pattern"), ensure_ascii=False)
+        for step in steps
+        if isinstance(step, dict)
+    )
+    if "ByteFallback" in kinds or "Metaspace" in kinds or replaces_space:
+        return "sentencepiece"
+    return "plain"
 
 
 _BYTE_DECODER: dict[str, int] = {}

@@ -141,6 +141,15 @@ def _corpus_slice(corpus: Sequence[int], offset: int, n: int) -> tuple[int, ...]
     return tuple(corpus[(offset + i) % m] for i in range(n))
 
 
+def check_chat_template(spec: WorkloadSpec, chat_template: str | None) -> None:
+    """Raise :class:`WorkloadError` when ``spec.chat`` and the model has no ``chat_template``."""
+    if spec.chat and not chat_template:
+        raise WorkloadError(
+            f"workload {spec.name!r}: chat: true but the model has no chat template (a pretrained base model "
+            "continues raw text). Fix: set chat: false in the scenario (or remove the key)."
+        )
+
+
 def _with_system_prompt(
     spec: WorkloadSpec,
     tokenizer: Encoder,
@@ -153,11 +162,8 @@ def _with_system_prompt(
     system = _corpus_slice(corpus, 0, spec.system_prompt_tokens) if spec.system_prompt_tokens and corpus else ()
     if not spec.chat:
         return [system + u for u in users]
-    if not chat_template:
-        raise WorkloadError(
-            f"workload {spec.name!r}: chat: true but the model has no chat template. "
-            "Fix: set chat: false in the scenario."
-        )
+    check_chat_template(spec, chat_template)
+    assert chat_template is not None  # checked just above (narrows the type for mypy)
     from trtpipe.runtime.artifact.chat_template import render_chat
 
     system_text = tokenizer.decode(system) if system else None
@@ -341,4 +347,13 @@ def _run_measured(
     return order, results, clock() - t0
 
 
-__all__ = ["CORPUS", "WorkItem", "WorkloadError", "WorkloadSpec", "corpus_token_ids", "make_workload", "run_workload"]
+__all__ = [
+    "CORPUS",
+    "WorkItem",
+    "WorkloadError",
+    "WorkloadSpec",
+    "check_chat_template",
+    "corpus_token_ids",
+    "make_workload",
+    "run_workload",
+]

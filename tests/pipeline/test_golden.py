@@ -181,3 +181,27 @@ def test_recording_logs_each_prompt_and_token_progress(ref_2layer):
     assert G.golden_key(loaded).layer_sliding_window == (0, 0)
     assert G.golden_key(loaded, 64).layer_sliding_window == (64, 64)
     assert G.golden_key(loaded).digest() != G.golden_key(loaded, 64).digest()
+
+
+@pytest.mark.slow
+def test_a_prompt_of_an_exact_token_count_is_the_texts_first_ids(ref_2layer):
+    loaded, ref = ref_2layer
+    from tokenizers import Tokenizer
+
+    text = G.BASE_GOLDEN_PROMPTS[-1].text
+    full = Tokenizer.from_str(loaded.tokenizer_json).encode(text).ids
+    rec = G.record_golden(
+        ref, loaded.tokenizer_json, None, 2, prompts=(G.GoldenPrompt(text, chat=False, num_tokens=40),)
+    )
+    assert rec["sequences"][0]["prompt_ids"] == full[:40] and len(full) > 40
+    with pytest.raises(ValueError, match="at least num_tokens=100000"):
+        G.record_golden(ref, loaded.tokenizer_json, None, 1, prompts=(G.GoldenPrompt("short", False, 100000),))
+
+
+def test_base_golden_set_has_long_and_window_edge_prompts():
+    """Issue 42's base set: >= 16 raw completions, >= 4 past a 512-token window, 511/512/513."""
+    base = G.GOLDEN_SETS["base"]
+    lengths = [p.num_tokens for p in base if p.num_tokens is not None]
+    assert len(base) >= 16 and not any(p.chat for p in base)
+    assert sum(n > 600 for n in lengths) >= 4 and {511, 512, 513} <= set(lengths)
+    assert G.GOLDEN_SETS["default"] == G.GOLDEN_PROMPTS

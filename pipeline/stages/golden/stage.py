@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtpipe.pipeline.recipe import Recipe
 from trtpipe.pipeline.stages.golden.cache import cached_golden, golden_key
+from trtpipe.pipeline.stages.golden.prompts import GOLDEN_PROMPTS, GOLDEN_SETS, GoldenPrompt
 from trtpipe.pipeline.stages.golden.record import record_golden
 from trtpipe.pipeline.stages.load import PreparedModel
 
@@ -25,11 +26,12 @@ def golden_for_build(
     make_ref: Callable[[], Any],
     artifact_root: Path,
     *,
+    prompts: Sequence[GoldenPrompt] = GOLDEN_PROMPTS,
     log: Callable[[str], None] = print,
 ) -> tuple[dict, bool]:
-    """The golden outputs a build writes: cached under ``artifact_root`` or recorded with the fp32
-    reference ``make_ref()`` (built only when recording). Returns (golden, reused)."""
-    key = golden_key(loaded, sliding_window)
+    """The golden outputs of ``prompts`` a build writes: cached under ``artifact_root`` or recorded
+    with the fp32 reference ``make_ref()`` (built only when recording). Returns (golden, reused)."""
+    key = golden_key(loaded, sliding_window, prompts=prompts)
 
     def record(n: int) -> dict:
         log(
@@ -55,7 +57,8 @@ def write_golden(
     *,
     log: Callable[[str], None] = print,
 ) -> tuple[dict[str, Any], float]:
-    """Write ``out_dir/golden.json`` (``validate.correctness.num_tokens`` tokens per prompt) from the
+    """Write ``out_dir/golden.json`` (``validate.correctness.num_tokens`` tokens per prompt of the
+    ``validate.correctness.golden_set``) from the
     cache under ``artifact_root`` or a new recording with the fp32 reference (reused from the
     export when it made one). Returns (golden, seconds)."""
     from trtpipe.pipeline.stages.export import reference_for
@@ -67,6 +70,7 @@ def write_golden(
         recipe.validation.correctness.num_tokens,
         lambda: exported.references.get("fp32") or reference_for(recipe, model, "fp32"),
         Path(artifact_root),
+        prompts=GOLDEN_SETS[recipe.validation.correctness.golden_set],
         log=log,
     )
     (out_dir / GOLDEN_FILE).write_text(json.dumps(golden), encoding="utf-8")
