@@ -10,7 +10,7 @@ id, as in llama.cpp; transformers respells it and drops it from the special toke
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trtpipe.pipeline.model.tokenizer.fields import (
@@ -86,7 +86,11 @@ def _vocab(tokens: list[str], token_types: list[int]) -> dict[str, int]:
 
 def _merges(fields: Mapping[str, Any]) -> list[tuple[str, str]]:
     """``tokenizer.ggml.merges`` ("left right" strings) as pairs; raises naming a bad entry."""
-    merges_raw = require_value(fields, KEY_MERGES, "the BPE merges (array of 'left right' strings)")
+    return parse_merges(require_value(fields, KEY_MERGES, "the BPE merges (array of 'left right' strings)"))
+
+
+def parse_merges(merges_raw: Sequence[str]) -> list[tuple[str, str]]:
+    """GGUF merges ("left right" strings) as pairs; raises :class:`GGUFTokenizerError` naming a bad entry."""
     merges = []
     for index, merge in enumerate(merges_raw):
         left, sep, right = merge.partition(" ")

@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trtpipe.pipeline.model.tokenizer.bpe import parse_merges
 from trtpipe.pipeline.model.tokenizer.fields import (
     KEY_ADD_SPACE_PREFIX,
     KEY_ARCHITECTURE,
@@ -137,16 +138,7 @@ def _file_merges(fields: Mapping[str, Any]) -> list[tuple[str, str]] | None:
     merges_raw = metadata_value(fields, KEY_MERGES)
     if not merges_raw:
         return None
-    merges = []
-    for index, merge in enumerate(merges_raw):
-        left, sep, right = merge.partition(" ")
-        if not sep or not left or not right:
-            raise GGUFTokenizerError(
-                f"GGUF metadata {KEY_MERGES}[{index}] = {merge!r}; expected 'left right' (two "
-                "tokens separated by one space). Fix: re-convert the model."
-            )
-        merges.append((left, right))
-    return merges
+    return parse_merges(merges_raw)
 
 
 def _sort_scores(fields: Mapping[str, Any], num_tokens: int, layout: SentencePieceLayout) -> Sequence[float]:
