@@ -6,7 +6,10 @@ vs TPOT in-process (`LLM.stream`), batch 1, same prompt and length, interleaved 
 Both sides use the same artifact and thread count; only one runs at a time (the server idles while
 the in-process LLM runs and vice versa). Prints per-round figures, medians and the ratio
 HTTP / in-process; the difference is what HTTP, SSE framing, the event loop and the engine-thread
-hand-off add per token. Loopback only; the server is always stopped.
+hand-off add per token. Then the server's own split of the HTTP TTFT: the mean of every stage of
+``trtpipe:first_token_path_seconds`` over the measured rounds (read from ``/metrics`` before and
+after; :mod:`trtpipe.runtime.serve.first_token_path` defines the stages), and what is left for the
+client side (HTTP TTFT minus the stages' sum). Loopback only; the server is always stopped.
 """
 
 from __future__ import annotations
@@ -27,8 +30,11 @@ from serve_util import ServerProcess  # noqa: E402
 PROMPT = "Write a long story about a lighthouse keeper and the sea."
 
 
-def http_tpot_ms(url: str, model: str, tokens: int) -> tuple[float, float]:
-    """(TTFT ms, TPOT ms) of one streamed request at the client (chunk arrival times)."""
+def http_tpot_ms(h: httpx.Client, url: str, model: str, tokens: int) -> tuple[float, float]:
+    """(TTFT ms, TPOT ms) of one streamed request at the client (chunk arrival times), sent on
+    ``h``'s kept-alive connection as the ``openai`` client and vLLM's bench client do: the clock
+    starts when the request is sent, not when a client is constructed (``httpx.Client()`` loads a
+    CA bundle: 15-130 ms on a 2-core Zen 3, the client's cost, not the server's)."""
     body = {
         "model": model,
         "prompt": PROMPT,
@@ -40,7 +46,7 @@ def http_tpot_ms(url: str, model: str, tokens: int) -> tuple[float, float]:
     }
     times: list[float] = []
     t0 = time.monotonic()
-    with httpx.Client(timeout=120) as h, h.stream("POST", url + "/v1/completions", json=body) as r:
+    with h.stream("POST", url + "/v1/completions", json=body) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 choice = json.loads(line[6:])["choices"][0]
@@ -62,22 +68,26 @@ def main() -> None:
 
     llm = LLM(a.artifact, num_threads=a.threads)
     params = SamplingParams(max_new_tokens=a.tokens, ignore_eos=True)
-    with ServerProcess(Path(a.artifact), "--threads", str(a.threads)) as server:
-        model = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
-        http_tpot_ms(server.url, model, 8)  # warm-up both
+    with ServerProcess(Path(a.artifact), "--threads", str(a.threads)) as server, httpx.Client(timeout=120) as h:
+        model = h.get(server.url + "/v1/models").json()["data"][0]["id"]
+        http_tpot_ms(h, server.url, model, 8)  # warm-up both (and opens the connection)
         list(llm.stream(PROMPT, params))
+        from trtpipe.runtime.serve.first_token_path import mean_ms_between, read_first_token_path
+
+        before = read_first_token_path(h.get(server.url + "/metrics").text)
         rows = []
         for i in range(a.rounds):
             for _ in llm.stream(PROMPT, params):
                 pass
             m = llm.last_output.metrics
             inproc = (m.ttft_s * 1e3, m.tpot_s * 1e3)
-            http = http_tpot_ms(server.url, model, a.tokens)
+            http = http_tpot_ms(h, server.url, model, a.tokens)
             rows.append((inproc, http))
             print(
                 f"round {i}: in-process TTFT {inproc[0]:7.1f} ms TPOT {inproc[1]:6.2f} ms | "
                 f"HTTP TTFT {http[0]:7.1f} ms TPOT {http[1]:6.2f} ms"
             )
+        stages = mean_ms_between(before, read_first_token_path(h.get(server.url + "/metrics").text))
     ip = statistics.median(r[0][1] for r in rows)
     hp = statistics.median(r[1][1] for r in rows)
     it = statistics.median(r[0][0] for r in rows)
@@ -86,6 +96,14 @@ def main() -> None:
         f"median TPOT: in-process {ip:.2f} ms, HTTP {hp:.2f} ms -> overhead {hp - ip:+.2f} ms/token "
         f"(ratio {hp / ip:.3f}); median TTFT: in-process {it:.1f} ms, HTTP {ht:.1f} ms ({ht - it:+.1f} ms)"
     )
+    if stages:
+        split = ", ".join(f"{name} {ms:.2f}" for name, ms in stages)
+        server_ms = sum(ms for _, ms in stages)
+        print(f"server's first-token path, mean ms: {split}; sum {server_ms:.1f} ms")
+        print(
+            f"  outside the server's stages (uvicorn before the handler, loopback, client): "
+            f"{statistics.mean(r[1][0] for r in rows) - server_ms:.1f} ms of the mean HTTP TTFT"
+        )
 
 
 if __name__ == "__main__":

@@ -74,7 +74,16 @@ def _summary_line(s: Any) -> str:
         f"{opt(s.kv_blocks_in_use_at_end)} ({leak}); peak RSS "
         f"{opt(s.peak_rss_bytes and s.peak_rss_bytes / 2**20, '{:.0f}')} MiB; prefix cache "
         f"{s.prefix_cache_hits_tokens}/{s.total_prompt_tokens} prompt tokens hit"
-    )
+    ) + _first_token_path_line(s)
+
+
+def _first_token_path_line(s: Any) -> str:
+    """validate --url: the server's mean ms per stage to the first token chunk, and the sum."""
+    if not s.server_first_token_path_ms:
+        return ""
+    stages = ", ".join(f"{name} {ms:.2f}" for name, ms in s.server_first_token_path_ms)
+    total = sum(ms for _, ms in s.server_first_token_path_ms)
+    return f"\n  server's first-token path, mean ms: {stages} (sum {total:.1f})"
 
 
 def print_scenario(out: Any, rep: Any) -> None:

@@ -16,7 +16,9 @@ monotonic clock (so the definitions are those of ``runtime/metrics/request_metri
 A 503 (the server refused admission) is retried after its ``Retry-After`` (MAX_BUSY_RETRIES);
 the wait counts in the request's TTFT. TPOT and ITL include the network, the HTTP stack and SSE framing: the difference to the
 in-process figures is the server's overhead. After the run, ``/metrics``'s ``kv_blocks_in_use``
-must come back to 0 (the leak check); the server's memory is not visible from here (peak RSS None).
+must come back to 0 (the leak check), and the server's own split of the first token's path
+(``trtpipe:first_token_path_seconds``, read before and after: the mean per stage) is kept
+beside the client's TTFT; the server's memory is not visible from here (peak RSS None).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import httpx
 from trtpipe.plugins.core.errors import TrtpipeError
 from trtpipe.runtime.measure.workload import WorkItem
 from trtpipe.runtime.metrics.request_metrics import RequestMetrics, RequestTimer, StepStats
+from trtpipe.runtime.serve.first_token_path import mean_ms_between, read_first_token_path
 
 # A 503 (the server's admission refused: predicted queue wait or queue length) is retried after
 # its Retry-After, at most this often; the request's arrival stays the first send, so the wait
@@ -113,7 +116,9 @@ async def _run(
     concurrency: int | None,
     headers: dict[str, str],
     on_request_done: Callable[[int, int], None] | None,
-) -> tuple[list[RequestMetrics], float]:
+) -> tuple[list[RequestMetrics], float, dict[str, tuple[float, int]]]:
+    """Measured requests' metrics, wall seconds, and the server's first-token stages read after the
+    warm-up (so the run's means leave the warm-up out)."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=30), headers=headers, limits=limits) as h:
         warm = [it for it in items if it.warmup]
@@ -125,6 +130,7 @@ async def _run(
                 await _one(h, url, model, it, time.monotonic(), "warmup")
 
         await asyncio.gather(*(warm_one(it) for it in warm))
+        before = read_first_token_path((await h.get(url + "/metrics")).text)
         results: list[RequestMetrics | None] = [None] * len(measured)
         done = 0
         t0 = time.monotonic()
@@ -144,7 +150,7 @@ async def _run(
 
         await asyncio.gather(*(measured_one(i) for i in range(len(measured))))
         wall_s = time.monotonic() - t0
-    return [r for r in results if r is not None], wall_s
+    return [r for r in results if r is not None], wall_s, before
 
 
 def kv_blocks_in_use(url: str, headers: dict[str, str], settle_s: float = 2.0) -> int | None:
@@ -161,6 +167,11 @@ def kv_blocks_in_use(url: str, headers: dict[str, str], settle_s: float = 2.0) -
         time.sleep(0.05)
 
 
+def _first_token_path(url: str, headers: dict[str, str]) -> dict[str, tuple[float, int]]:
+    """The server's ``first_token_path_seconds`` (sum, count) per stage; {} from another server."""
+    return read_first_token_path(httpx.get(url + "/metrics", headers=headers, timeout=30).text)
+
+
 def run_workload_http(
     url: str,
     model: str,
@@ -175,8 +186,8 @@ def run_workload_http(
     seconds, step stats holding only the KV leak check read from ``/metrics``)."""
     url = url.rstrip("/")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    metrics, wall_s = asyncio.run(_run(url, model, items, concurrency, headers, on_request_done))
-    stats = StepStats()
+    metrics, wall_s, before = asyncio.run(_run(url, model, items, concurrency, headers, on_request_done))
+    stats = StepStats(server_first_token_path_ms=mean_ms_between(before, _first_token_path(url, headers)))
     leftover = kv_blocks_in_use(url, headers)
     if leftover is not None:
         stats.on_run_end(leftover)

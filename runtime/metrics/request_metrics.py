@@ -244,6 +244,8 @@ class MetricsSummary:
     # Prefix cache, in prompt tokens over the run's requests (first admission of each):
     # queries = total_prompt_tokens looked up, hits = those found cached (vLLM's names).
     prefix_cache_hits_tokens: int = 0
+    # validate --url: the server's mean ms per first-token stage (StepStats' field of the same name)
+    server_first_token_path_ms: tuple[tuple[str, float], ...] = ()
 
     @property
     def kv_leak_free(self) -> bool | None:
@@ -287,6 +289,7 @@ class MetricsSummary:
             kv_leak_free=self.kv_leak_free,
             prefix_cache_queries_tokens=self.total_prompt_tokens,
             prefix_cache_hits_tokens=self.prefix_cache_hits_tokens,
+            server_first_token_path_ms=dict(self.server_first_token_path_ms),
             prefix_cache_hit_rate=(
                 self.prefix_cache_hits_tokens / self.total_prompt_tokens if self.total_prompt_tokens else None
             ),
@@ -333,6 +336,7 @@ def summarize(requests: Sequence[RequestMetrics], wall_s: float, step_stats: Ste
         peak_rss_bytes=steps.peak_rss_bytes,
         kv_blocks_in_use_at_end=steps.kv_blocks_in_use_at_end,
         prefix_cache_hits_tokens=sum(r.cached_prompt_tokens for r in requests),
+        server_first_token_path_ms=steps.server_first_token_path_ms,
     )
 
 

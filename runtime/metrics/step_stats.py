@@ -26,6 +26,9 @@ class StepStats:
     kv_blocks_used: list[int] = field(default_factory=list)  # blocks owned after the step
     peak_rss_bytes: int | None = None
     kv_blocks_in_use_at_end: int | None = None  # set by on_run_end; 0 means no leak
+    # validate --url: the server's mean ms per first-token stage over the run's streamed requests
+    # (trtpipe.runtime.serve.first_token_path's stages, read from /metrics; () when not exported)
+    server_first_token_path_ms: tuple[tuple[str, float], ...] = ()
 
     def on_step(self, t: float, *, decode_batch_size: int, kv_blocks_used: int) -> None:
         """Record one scheduler step that ended at ``t`` (seconds, same clock as the timers)."""

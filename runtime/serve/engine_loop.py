@@ -36,6 +36,7 @@ from trtpipe.runtime.sample.logprobs import TokenLogprobs
 from trtpipe.runtime.sched.queue_wait import EMPTY, LoadSnapshot, predicted_wait_s, snapshot_of
 from trtpipe.runtime.sched.request import Request
 from trtpipe.runtime.serve.errors import EngineBusy
+from trtpipe.runtime.serve.first_token_path import EngineStamps
 
 log = logging.getLogger("trtpipe.serve")
 
@@ -51,6 +52,7 @@ class Delta:
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprobs, ...] | None = None
     prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None  # on the first delta, if asked
+    stamps: EngineStamps | None = None  # on the first delta with token ids: the engine's timing
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ class _Served:
     request_id: str
     sink: Callable[[Any], None]  # thread-safe: posts an event to the request's asyncio queue
     deadline_s: float | None
+    taken_s: float  # left the channel (monotonic seconds)
     pieces: list[str] = field(default_factory=list)  # text from on_text, not yet sent
     num_ids_sent: int = 0
 
@@ -206,7 +209,8 @@ class EngineLoop:
                 self._publish_load()
                 if self.llm.has_unfinished():
                     try:
-                        self._publish(self.llm.step())
+                        finished = self.llm.step()
+                        self._publish(finished, time.monotonic())
                         self._publish_load()
                         failures = 0
                     except Exception as e:  # noqa: BLE001 - the step's requests fail, the others go on
@@ -253,7 +257,8 @@ class EngineLoop:
         self._num_taken += 1
         self._tokens_taken += len(request.prompt_token_ids)
         rid, timeout = request.request_id, self.request_timeout_s
-        served = _Served(rid, sink, None if timeout is None else request.arrival_time_s + timeout)
+        deadline_s = None if timeout is None else request.arrival_time_s + timeout
+        served = _Served(rid, sink, deadline_s, taken_s=time.monotonic())
         try:
             self.llm.submit(request, on_text=served.pieces.append)
         except Exception as e:  # checked upstream; a refusal here still answers the client
@@ -285,18 +290,18 @@ class EngineLoop:
             if served.deadline_s is not None and now >= served.deadline_s:
                 self._cancel(rid, "timeout")
 
-    def _publish(self, finished: list[RequestOutput]) -> None:
+    def _publish(self, finished: list[RequestOutput], step_end_s: float) -> None:
         done = {out.request_id: out for out in finished}
         for rid, served in list(self._served.items()):
             out = done.get(rid) or self.llm.partial_output(rid)
             if out is None:
                 continue
-            self._send_new(served, out)
+            self._send_new(served, out, step_end_s)
             if rid in done:
                 del self._served[rid]
                 self._finish(served, out)
 
-    def _send_new(self, served: _Served, out: RequestOutput) -> None:
+    def _send_new(self, served: _Served, out: RequestOutput, step_end_s: float | None = None) -> None:
         ids = tuple(out.output_token_ids[served.num_ids_sent :])
         # a character cut by max_tokens / abort never reaches here as U+FFFD: the detokenizer's
         # flush drops its incomplete bytes (the ids still carry them)
@@ -305,9 +310,12 @@ class EngineLoop:
             lps = None if out.logprobs is None else tuple(out.logprobs[served.num_ids_sent :])
             first = served.num_ids_sent == 0 and out.prompt_logprobs is not None
             plps = tuple(out.prompt_logprobs or ()) if first else None
+            stamps = None
+            if served.num_ids_sent == 0 and ids and step_end_s is not None:
+                stamps = EngineStamps(served.taken_s, step_end_s, time.monotonic())
             served.pieces.clear()
             served.num_ids_sent += len(ids)
-            served.sink(Delta(text, ids, lps, plps))
+            served.sink(Delta(text, ids, lps, plps, stamps))
 
     def _finish(self, served: _Served, out: RequestOutput) -> None:
         if out.finish_reason in ("stop", "length"):

@@ -13,6 +13,8 @@ inter_token_latency_seconds                    every gap between consecutive out
 request_time_per_output_token_seconds          TPOT = (last - first token) / (n - 1), per request, n >= 2
 e2e_request_latency_seconds                    E2E = last token - arrival, per request with output
 request_queue_time_seconds                     first prefill start - arrival, per request admitted
+first_token_path_seconds{stage}                the server's stages to a stream's first token chunk
+                                               (trtpipe's own: :mod:`~trtpipe.runtime.serve.first_token_path`)
 =============================================  ====================================================
 
 Counters: ``prompt_tokens`` (prompt tokens of requests that got their prefill), ``generation_tokens``
@@ -36,6 +38,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 from trtpipe.runtime.llm import RequestOutput
+from trtpipe.runtime.serve.first_token_path import METRIC, STAGES
 from trtpipe.runtime.serve.spec_metrics import SpecMetrics
 
 PREFIX = "trtpipe:"
@@ -112,6 +115,13 @@ REQUEST_LATENCY_BUCKETS_S = (
 )
 
 
+def _first_token_path_histograms(reg: CollectorRegistry, model_name: str) -> dict[str, Any]:
+    """``first_token_path_seconds{model_name, stage}``: one child histogram per stage."""
+    doc = "Server time from the handler's start to a stream's first token chunk written, by stage (s)."
+    path = Histogram(PREFIX + METRIC, doc, ("model_name", "stage"), registry=reg, buckets=TTFT_BUCKETS_S)
+    return {stage: path.labels(model_name, stage) for stage in STAGES}
+
+
 class ServeMetrics:
     """The server's Prometheus registry (its own, so several servers can live in one process)."""
 
@@ -133,6 +143,7 @@ class ServeMetrics:
         )
         self.e2e = hist("e2e_request_latency_seconds", "E2E: last token - arrival (s).", REQUEST_LATENCY_BUCKETS_S)
         self.queue = hist("request_queue_time_seconds", "First prefill start - arrival (s).", REQUEST_LATENCY_BUCKETS_S)
+        self._first_token_path = _first_token_path_histograms(reg, model_name)
         self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prefilled prompt tokens.", labels, registry=reg).labels(
             model_name
         )
@@ -201,6 +212,11 @@ class ServeMetrics:
             self.tpot.observe(m.tpot_s)
         for gap in m.itl_s:
             self.itl.observe(gap)
+
+    def on_first_token_path(self, seconds_by_stage: dict[str, float]) -> None:
+        """Observe one stream's first-token stages (event loop; keys from ``STAGES``)."""
+        for stage, seconds in seconds_by_stage.items():
+            self._first_token_path[stage].observe(seconds)
 
     def on_ignored_fields(self, fields: tuple[str, ...]) -> None:
         """Count the unknown fields of one request (``ignored_request_fields_total{field}``). Field

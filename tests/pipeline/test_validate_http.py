@@ -60,6 +60,11 @@ def test_validate_url_measures_at_the_client(server, tmp_path):
     assert scen["summary"]["ttft_ms"]["count"] == 4 and scen["summary"]["itl_ms"]["count"] == 4 * 5
     assert scen["summary"]["kv_blocks_in_use_at_end"] == 0
     assert doc["gate"]["correctness_passed"] is None  # golden check is in-process only
+    # the server's split of the first token's path, over the scenario's 4 streams: every stage,
+    # each >= 0, together no longer than the mean TTFT the client measured around them
+    path = scen["summary"]["server_first_token_path_ms"]
+    assert list(path) == ["parse", "tokenize", "submit", "pickup", "engine", "publish", "write"]
+    assert min(path.values()) >= 0 and sum(path.values()) <= scen["summary"]["ttft_ms"]["mean"]
 
 
 def test_validate_url_gate_fails_and_wrong_server_is_usage_error(server, tmp_path):

@@ -105,6 +105,14 @@ def test_histograms_agree_with_per_request_metrics(served):
     assert m["trtpipe:prompt_tokens_total"] == sum(r.prompt_tokens for r in got)
     assert m['trtpipe:request_success_total{finished_reason="length"}'] == 6
     assert m["trtpipe:kv_blocks_in_use"] == 0 and m["trtpipe:num_requests_running"] == 0
+    # the first token's path: one observation per stage for each of the 3 streams (not the 3
+    # non-streamed); each stream's prefill ran between its pickup and the end of its first step
+    stages = ("parse", "tokenize", "submit", "pickup", "engine", "publish", "write")
+    for stage in stages:
+        assert m[f'trtpipe:first_token_path_seconds_count{{stage="{stage}"}}'] == 3, stage
+    streamed = [o.metrics for o in records if o.metrics.output_tokens in (12, 7, 3)]
+    engine_s = m['trtpipe:first_token_path_seconds_sum{stage="engine"}']
+    assert engine_s >= math.fsum(r.prefill_s for r in streamed) > 0
 
 
 def test_disconnect_to_free_time(served):

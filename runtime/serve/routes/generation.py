@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -30,6 +31,7 @@ from trtpipe.runtime.llm import LLM
 from trtpipe.runtime.sched.request import Request as RuntimeRequest
 from trtpipe.runtime.serve.engine_loop import Delta, EngineLoop, Final
 from trtpipe.runtime.serve.errors import EngineBusy, ServeError, busy_error, from_request_error
+from trtpipe.runtime.serve.first_token_path import HandlerStamps, first_token_path_s
 from trtpipe.runtime.serve.protocol import (
     GenerationRequest,
     max_new_tokens,
@@ -73,9 +75,11 @@ async def _checked(
     parse: Callable[[dict, tuple[str, ...]], GenerationRequest],
     encode: Callable[[LLM, GenerationRequest], list[int]],
     prompt_field: str,
+    stamps: HandlerStamps,
 ) -> tuple[GenerationRequest, list[int], list[RuntimeRequest]]:
     """Parse, encode and check; the n runtime requests. 413 for a body over the limit, 400 for
-    anything refused (both counted); the byte bound before tokenizing, which runs in a worker thread."""
+    anything refused (both counted); the byte bound before tokenizing, which runs in a worker thread.
+    Stamps ``parsed_s`` and ``encoded_s``."""
     loop = asyncio.get_running_loop()
     limit = eng.llm.manifest.limits.max_seq_len
     try:
@@ -88,7 +92,9 @@ async def _checked(
         texts = [req.prompt] if isinstance(req.prompt, str) else []
         texts += [str(m.get("content", "")) for m in req.messages or ()]
         check_prompt_bytes(text_bytes(texts), state.max_token_bytes, limit, prompt_field)
+        stamps.parsed_s = time.monotonic()
         ids = await loop.run_in_executor(None, encode, eng.llm, req)
+        stamps.encoded_s = time.monotonic()
         num_new = max_new_tokens(req, len(ids), limit, prompt_field)
         make = functools.partial(
             eng.llm.new_requests,
@@ -111,8 +117,9 @@ async def _generate(
     encode: Callable[[LLM, GenerationRequest], list[int]],
     prompt_field: str,
 ) -> Response:
+    stamps = HandlerStamps.now()
     state, eng = ready_engine(request)
-    req, ids, news = await _checked(request, state, eng, parse, encode, prompt_field)
+    req, ids, news = await _checked(request, state, eng, parse, encode, prompt_field, stamps)
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
 
@@ -126,6 +133,7 @@ async def _generate(
         return sink
 
     rids: list[str] = []
+    stamps.submitted_s = time.monotonic()  # before the engine thread can take it: one causal order
     try:
         for i, new in enumerate(news):
             rids.append(eng.submit(new, sink_of(i)))
@@ -137,16 +145,24 @@ async def _generate(
     decode = functools.partial(eng.llm.tokenizer.decode, ids, skip_special_tokens=False)
     echo = await loop.run_in_executor(None, decode) if req.echo else ""
     if req.stream:
-        stream = _stream(eng, rids, events, builder, echo)
+        observe = state.metrics.on_first_token_path if state.metrics is not None else None
+        stream = _stream(eng, rids, events, builder, echo, (stamps, observe))
         return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     return await _collect(request, eng, rids, events, builder, echo)
 
 
 async def _stream(
-    eng: EngineLoop, rids: list[str], events: asyncio.Queue, b: ResponseBuilder, echo: str
+    eng: EngineLoop,
+    rids: list[str],
+    events: asyncio.Queue,
+    b: ResponseBuilder,
+    echo: str,
+    timing: tuple[HandlerStamps, Callable[[dict[str, float]], None] | None],
 ) -> AsyncIterator[bytes]:
     """SSE chunks until every choice's Final event. Cancelled by Starlette when the client
-    disconnects; the ``finally`` then aborts the unfinished choices (KV freed before the next step)."""
+    disconnects; the ``finally`` then aborts the unfinished choices (KV freed before the next step).
+    Once the first chunk with tokens is written (the generator resumes after Starlette's send),
+    its first-token stages go to ``timing``'s observer."""
     done: dict[int, Any] = {}
     echo_lp = bool(echo) and b.req.logprobs is not None  # the echo chunk waits for the prompt's logprobs
     prompt_records = None
@@ -167,6 +183,8 @@ async def _stream(
                 if event.text or event.token_ids:
                     yield b.chunk(event.text, event.token_ids, first=i in first, index=i, logprobs=event.logprobs)
                     first.discard(i)
+                    if i == 0 and event.stamps is not None and timing[1] is not None:
+                        timing[1](first_token_path_s(timing[0], event.stamps, time.monotonic()))
                 continue
             assert isinstance(event, Final)
             done[i] = out = event.output
