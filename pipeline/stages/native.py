@@ -20,7 +20,7 @@ K % 32 == 0 for every linear.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -151,41 +151,45 @@ def _norms(loaded: LoadedModel, i: int) -> dict[str, np.ndarray]:
     return {k: loaded.float_weight(f"{p}.{v}.weight").astype(np.float32) + off for k, v in names.items()}
 
 
-def native_tensors(loaded: LoadedModel) -> dict[str, np.ndarray]:
-    """Every tensor of ``native.bin`` by name (flat arrays): ``embed.*``, ``head.*`` (absent when
-    tied to the embedding), ``final_norm``, ``layers.<i>.{attn_norm, mlp_norm, qkv.*, o.*,
-    gate_up.*, down.*}`` and the norms the description adds (``post_attn_norm``,
-    ``post_mlp_norm``, ``q_norm``, ``k_norm``), with ``.codes`` uint8, ``.d`` / ``.m`` float16
-    (``.m``: a Q4 weight) or ``.scale`` / ``.offset`` float32 (an I8 weight), norms float32 with
-    ``norm_weight_offset`` added."""
+def iter_native_tensors(loaded: LoadedModel) -> Iterator[tuple[str, np.ndarray]]:
+    """Every tensor of ``native.bin`` in file order, ``(name, flat array)``, made one weight at
+    a time (a layer's tiles are never all held: the writer streams them, issue 44): ``embed.*``,
+    ``head.*`` (absent when tied to the embedding), ``final_norm``, ``layers.<i>.{attn_norm,
+    mlp_norm, qkv.*, o.*, gate_up.*, down.*}`` and the norms the description adds
+    (``post_attn_norm``, ``post_mlp_norm``, ``q_norm``, ``k_norm``), with ``.codes`` uint8, ``.d``
+    / ``.m`` float16 (``.m``: a Q4 weight) or ``.scale`` / ``.offset`` float32 (an I8 weight),
+    norms float32 with ``norm_weight_offset`` added."""
     c, w = loaded.config, loaded.weights
-    out: dict[str, np.ndarray] = {}
 
-    def put(prefix: str, t: Tiled) -> None:
-        out[f"{prefix}.codes"] = t.codes
+    def parts(prefix: str, t: Tiled) -> Iterator[tuple[str, np.ndarray]]:
+        yield f"{prefix}.codes", t.codes
         if isinstance(t, TiledI8):  # fp32 scales, offsets only where the type has them
-            out[f"{prefix}.scale"] = t.scale
+            yield f"{prefix}.scale", t.scale
             if t.offset is not None:
-                out[f"{prefix}.offset"] = t.offset
+                yield f"{prefix}.offset", t.offset
             return
-        out[f"{prefix}.d"] = t.d
+        yield f"{prefix}.d", t.d
         if t.m is not None:
-            out[f"{prefix}.m"] = t.m
+            yield f"{prefix}.m", t.m
 
-    put("embed", _q8(w["model.embed_tokens.weight"], "model.embed_tokens.weight"))
+    yield from parts("embed", _q8(w["model.embed_tokens.weight"], "model.embed_tokens.weight"))
     head = loaded.lm_head_name()
     if head != "model.embed_tokens.weight":
-        put("head", _q8(w[head], head))
-    out["final_norm"] = loaded.float_weight("model.norm.weight").astype(np.float32) + np.float32(c.norm_weight_offset)
+        yield from parts("head", _q8(w[head], head))
+    yield "final_norm", loaded.float_weight("model.norm.weight").astype(np.float32) + np.float32(c.norm_weight_offset)
     for i in range(c.num_layers):
         p = f"model.layers.{i}"
         lin = {n: w[f"{p}.{part}.{n}.weight"] for part, n in _parts()}
-        out |= {f"layers.{i}.{k}": v for k, v in _norms(loaded, i).items()}
-        put(f"layers.{i}.qkv", _fused("qkv", [lin["q_proj"], lin["k_proj"], lin["v_proj"]]))
-        put(f"layers.{i}.o", _fused("o", [lin["o_proj"]]))
-        put(f"layers.{i}.gate_up", _fused("gate_up", [lin["gate_proj"], lin["up_proj"]]))
-        put(f"layers.{i}.down", _fused("down", [lin["down_proj"]]))
-    return out
+        yield from ((f"layers.{i}.{k}", v) for k, v in _norms(loaded, i).items())
+        yield from parts(f"layers.{i}.qkv", _fused("qkv", [lin["q_proj"], lin["k_proj"], lin["v_proj"]]))
+        yield from parts(f"layers.{i}.o", _fused("o", [lin["o_proj"]]))
+        yield from parts(f"layers.{i}.gate_up", _fused("gate_up", [lin["gate_proj"], lin["up_proj"]]))
+        yield from parts(f"layers.{i}.down", _fused("down", [lin["down_proj"]]))
+
+
+def native_tensors(loaded: LoadedModel) -> dict[str, np.ndarray]:
+    """:func:`iter_native_tensors` as one dict (every tensor held: for tests and small models)."""
+    return dict(iter_native_tensors(loaded))
 
 
 def write_native(
@@ -195,16 +199,15 @@ def write_native(
     ``out_dir``; returns the manifest's ``runtime_options.native`` (without activation levels,
     which are the recipe's)."""
     shutil.copyfile(library, out_dir / LIBRARY_FILE)
-    tensors = native_tensors(model.loaded)
     table: dict[str, list[Any]] = {}
     offset = 0
     with open(out_dir / WEIGHTS_FILE, "wb") as f:
-        for name, arr in tensors.items():
+        for name, arr in iter_native_tensors(model.loaded):  # each written as made, then dropped
             pad = -offset % ALIGN
             f.write(b"\0" * pad)
             offset += pad
-            f.write(np.ascontiguousarray(arr).tobytes())
+            f.write(np.ascontiguousarray(arr).data)
             table[name] = [arr.dtype.name, [int(arr.size)], offset]
             offset += arr.nbytes
-    log(f"native engine: {len(tensors)} tensors, {offset / 2**20:.1f} MiB, kernels for {isa}")
+    log(f"native engine: {len(table)} tensors, {offset / 2**20:.1f} MiB, kernels for {isa}")
     return {"isa": isa, "library": LIBRARY_FILE, "weights_file": WEIGHTS_FILE, "tensors": table}
