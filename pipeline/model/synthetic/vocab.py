@@ -12,6 +12,7 @@ not on any registry this project reaches).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from trtpipe.pipeline.model.synthetic.shape import SyntheticShapeError
 
@@ -39,6 +40,7 @@ def _field(reader, key: str):
     return reader.fields[key].contents()
 
 
+@lru_cache(maxsize=4)  # reading SmolLM2's 49k-entry arrays takes ~5 s; tests ask for the same sizes
 def smollm2_vocabulary(vocab_size: int) -> Vocabulary:
     """SmolLM2's first ``vocab_size`` tokens (see the module docstring). Raises
     :class:`SyntheticShapeError` for a size outside [252, 49152], and the recipe loader's
