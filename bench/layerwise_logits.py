@@ -4,6 +4,11 @@ anonymous memory (RssAnon: the memory-mapped file's pages are not counted). The 
 issue 44's "engine logits vs the layer-by-layer reference" check at 7B scale.
 
     python bench/layerwise_logits.py MODEL.gguf [--tokens 64] [--positions 0,7,15,23,31,39,47,63] [--seed 0] [--out F.npz]
+        [--artifact DIR [--engine auto|native|ort]]
+
+``--artifact``: the built engine's logits at the same positions (teacher-forced: the prompt is
+the first token, then the rest fed one decode step each; runtime/measure/teacher_forcing.py),
+their largest difference from the reference and the argmax agreement.
 
 Measured on the synthetic Llama-2-7B shape (3.83 GB Q4_0) on a busy 2-core Zen 3: 418 s wall,
 113 s CPU, 1.63 GB peak RssAnon (docs/estimate.md).
@@ -35,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--positions", default="0,7,15,23,31,39,47,63")
     ap.add_argument("--seed", type=int, default=0, help="the random token ids' seed")
     ap.add_argument("--out", type=Path, help="write token_ids, positions, logits (.npz)")
+    ap.add_argument("--artifact", type=Path, help="compare a built artifact's engine at the same positions")
+    ap.add_argument("--engine", default="auto", help="the runtime engine for --artifact")
     args = ap.parse_args(argv)
     peak = [0]
     running = [True]
@@ -61,7 +68,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"argmax {out.logits.argmax(-1).tolist()}, logits std {out.logits.std():.3f}")
     if args.out:
         np.savez(args.out, token_ids=np.asarray(ids), positions=np.asarray(positions), logits=out.logits)
+    if args.artifact:
+        compare_engine(args.artifact, args.engine, ids, positions, out.logits)
     return 0
+
+
+def compare_engine(artifact: Path, engine: str, ids: list[int], positions: list[int], ref: np.ndarray) -> None:
+    """Print the engine's largest logit difference from ``ref`` [len(positions), V] and argmax agreement."""
+    from trtpipe.runtime.llm import LLM
+    from trtpipe.runtime.measure.teacher_forcing import teacher_forced_logits
+
+    llm = LLM(artifact, engine=engine)
+    got = teacher_forced_logits(llm, ids[:1], ids[1:] + [0])[positions]  # row i: the logits at position i
+    agree = int((got.argmax(-1) == ref.argmax(-1)).sum())
+    print(f"engine {engine} ({artifact}): max abs diff {np.abs(got - ref).max():.4g} on logits up to "
+          f"{np.abs(ref).max():.3g}; argmax agrees at {agree}/{len(positions)} positions")  # fmt: skip
 
 
 if __name__ == "__main__":
