@@ -18,6 +18,7 @@ import json
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -75,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         exported = export_graphs(recipe, model, ("prefill", "decode"), tmp, weight_precision=lambda p: p, log=quiet)
         s.mark("export_graphs")
         lowered = lower_ort(recipe, exported)
+        exported = replace(exported, graphs={})  # as build_cpu: the raw graphs dropped once lowered
         s.mark("lower_ort")
         write_graphs_shared(lowered.graphs, tmp)
         s.mark("write_graphs_shared")
