@@ -12,7 +12,9 @@ Gemma 3: norm layout, QK-norm, activation, per-layer window and RoPE base, embed
 scales, final soft-cap; not an attention soft-cap), whose linears are GGUF blocks of any type
 gguf_blocks decodes (Q4_0 / Q4_1 into Q4 tiles, Q8_0 / Q5_0 into Q8 tiles, Q5_1 / Q4_K / Q5_K /
 Q6_K into I8 tiles with fp32 scales; a fused group (q/k/v, gate/up) of mixed kinds becomes I8,
-except Q6_K beside a type with offsets), whose embedding / LM head is GGUF Q8_0 (tied or not),
+except Q6_K beside a type with offsets), whose embedding is GGUF Q8_0, Q5_0 or Q4_0 (the kernels
+gather Q8 rows: Q4_0's codes q - 8 and Q5_0's q - 16 are Q8 codes with the same fp16 d, exactly),
+whose untied LM head is any of those linear types (llama.cpp's Q4_0 files: a Q6_K head),
 any KV dtype (fp32, fp16, bf16, int8), no attention bias, no RoPE scaling, N % 16 == 0 and
 K % 32 == 0 for every linear.
 """
@@ -46,6 +48,7 @@ LIBRARY_FILE = "libtrtpipe_cpu.so"
 Q4_TYPES, Q8_TYPES = ("Q4_0", "Q4_1"), ("Q8_0", "Q5_0")
 I8_TYPES = tuple(t for t in GGUF_BLOCK_TYPES if t not in Q4_TYPES + Q8_TYPES)
 ASYMMETRIC = ("Q4_0", "Q4_1", "Q5_1", "Q4_K", "Q5_K")  # as tiled here: an offset per group
+EMBED_TYPES = ("Q8_0", "Q5_0", "Q4_0")  # gathered from Q8 tiles (tp_embed_q8), exactly
 # ModelConfig family fields the C forward runs (csrc/forward.c); the rest are refused by name
 NATIVE_FAMILY_FIELDS = frozenset(
     {"layer_rope_theta", "layer_rope_scaled", "norm_layout", "norm_weight_offset", "qk_norm", "activation",
@@ -85,9 +88,11 @@ def native_support(recipe: Recipe, model: PreparedModel) -> str | None:
         return reason
     if recipe.precision.int4.group_size != 32:
         return f"int4 group size {recipe.precision.int4.group_size} (native: 32, the GGUF block)"
-    for name in ("model.embed_tokens.weight", model.loaded.lm_head_name()):
-        if w[name].qtype != "Q8_0":
-            return f"{name} is GGUF {w[name].qtype} (native: Q8_0)"
+    if w["model.embed_tokens.weight"].qtype not in EMBED_TYPES:
+        return f"model.embed_tokens.weight is GGUF {w['model.embed_tokens.weight'].qtype} (native: {', '.join(EMBED_TYPES)})"
+    head = model.loaded.lm_head_name()
+    if w[head].qtype not in Q4_TYPES + Q8_TYPES + I8_TYPES:
+        return f"{head} is GGUF {w[head].qtype} (native: a GGUF block type)"
     dims = [c.hidden_size, c.intermediate_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.vocab_size]
     if any(d % 32 for d in dims):
         return f"dimensions {dims} not all multiples of 32"
@@ -129,7 +134,12 @@ def _linear(t: WeightTensor, name: str) -> Tiled:
 
 
 def _q8(t: WeightTensor, name: str) -> TiledWeight:
+    """An embedding (and a Q8_0 head) as Q8 tiles: Q8_0 repacked, Q5_0 / Q4_0 through their exact
+    Q8 codes (:func:`_linear`'s Q8 path, which decodes Q4_0 the same way)."""
     N, K = t.shape
+    if t.qtype != "Q8_0":
+        kb = decode_blocks(t.data, t.qtype)  # codes q - 8 (Q4_0) / q - 16 (Q5_0), scales the fp16 d
+        return tile_q8((kb.codes.astype(np.int16) + 128).astype(np.uint8), kb.scales.astype(np.float16), name)
     codes, d = repack_gguf_q8_0_as_uint8(t.data, N, K)
     return tile_q8(codes.reshape(N, K), d, name)
 
@@ -174,8 +184,8 @@ def iter_native_tensors(loaded: LoadedModel) -> Iterator[tuple[str, np.ndarray]]
 
     yield from parts("embed", _q8(w["model.embed_tokens.weight"], "model.embed_tokens.weight"))
     head = loaded.lm_head_name()
-    if head != "model.embed_tokens.weight":
-        yield from parts("head", _q8(w[head], head))
+    if head != "model.embed_tokens.weight":  # a Q8_0 head as before; other types as a linear's tiles
+        yield from parts("head", _q8(w[head], head) if w[head].qtype == "Q8_0" else _linear(w[head], head))
     yield "final_norm", loaded.float_weight("model.norm.weight").astype(np.float32) + np.float32(c.norm_weight_offset)
     for i in range(c.num_layers):
         p = f"model.layers.{i}"
