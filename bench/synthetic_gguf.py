@@ -6,7 +6,7 @@ pipeline/model/synthetic). Nothing is downloaded; the tokenizer is SmolLM2's (th
 name (shape + types + seed) is kept unless ``--force``.
 
     python bench/synthetic_gguf.py                                  # Llama-2-7B shape
-    python bench/synthetic_gguf.py --layers 2 --embed-type Q8_0 --head-type Q8_0   # native engine
+    python bench/synthetic_gguf.py --layers 2 --embed-type Q8_0 --head-type Q8_0   # Q8_0 embedding and head
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Defaults are Llama-2-7B's exact shapes (HF ``meta-llama/Llama-2-7b-hf`` config.j
 hidden 4096, 32 heads, 32 KV heads, FFN 11008, vocab 32000, RoPE base 10000, RMSNorm eps 1e-5,
 context 4096) and the tensor types llama.cpp's ``llama-quantize ... Q4_0`` gives it
 (``llama_tensor_get_type``: every linear and ``token_embd`` Q4_0, ``output`` Q6_K, norms F32;
-e.g. TheBloke's ``llama-2-7b.Q4_0.gguf``). The native engine reads a Q8_0 embedding / head
-only (pipeline/stages/native.py), so ``embed_type`` / ``head_type`` can be set to Q8_0.
+e.g. TheBloke's ``llama-2-7b.Q4_0.gguf``), which the native engine runs; ``embed_type`` /
+``head_type`` Q8_0 give the layout of SmolLM2-style files.
 """
 
 from __future__ import annotations
