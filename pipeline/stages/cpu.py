@@ -11,6 +11,7 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,9 @@ def build_cpu(
         model = prepare_model(recipe, loaded, load_s)
         exported = export_graphs(recipe, model, ("prefill", "decode"), tmp, weight_precision=lambda p: p, log=log)
         lowered = lower_ort(recipe, exported)
+        # the lowered graphs are copies: drop the raw ones before the golden stage, which needs only
+        # the references (issue 44: they held a second copy of every weight through the build)
+        exported = replace(exported, graphs={})
         timings: dict[str, Any] = {"load_s": load_s, **exported.timings_s, **lowered.timings_s}
         t = time.perf_counter()
         shared = write_graphs_shared(lowered.graphs, tmp)

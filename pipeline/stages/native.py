@@ -12,7 +12,9 @@ Gemma 3: norm layout, QK-norm, activation, per-layer window and RoPE base, embed
 scales, final soft-cap; not an attention soft-cap), whose linears are GGUF blocks of any type
 gguf_blocks decodes (Q4_0 / Q4_1 into Q4 tiles, Q8_0 / Q5_0 into Q8 tiles, Q5_1 / Q4_K / Q5_K /
 Q6_K into I8 tiles with fp32 scales; a fused group (q/k/v, gate/up) of mixed kinds becomes I8,
-except Q6_K beside a type with offsets), whose embedding / LM head is GGUF Q8_0 (tied or not),
+except Q6_K beside a type with offsets), whose embedding is GGUF Q8_0, Q5_0 or Q4_0 (the kernels
+gather Q8 rows: Q4_0's codes q - 8 and Q5_0's q - 16 are Q8 codes with the same fp16 d, exactly),
+whose untied LM head is any of those linear types (llama.cpp's Q4_0 files: a Q6_K head),
 any KV dtype (fp32, fp16, bf16, int8), no attention bias, no RoPE scaling, N % 16 == 0 and
 K % 32 == 0 for every linear.
 """
@@ -20,7 +22,7 @@ K % 32 == 0 for every linear.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,7 @@ LIBRARY_FILE = "libtrtpipe_cpu.so"
 Q4_TYPES, Q8_TYPES = ("Q4_0", "Q4_1"), ("Q8_0", "Q5_0")
 I8_TYPES = tuple(t for t in GGUF_BLOCK_TYPES if t not in Q4_TYPES + Q8_TYPES)
 ASYMMETRIC = ("Q4_0", "Q4_1", "Q5_1", "Q4_K", "Q5_K")  # as tiled here: an offset per group
+EMBED_TYPES = ("Q8_0", "Q5_0", "Q4_0")  # gathered from Q8 tiles (tp_embed_q8), exactly
 # ModelConfig family fields the C forward runs (csrc/forward.c); the rest are refused by name
 NATIVE_FAMILY_FIELDS = frozenset(
     {"layer_rope_theta", "layer_rope_scaled", "norm_layout", "norm_weight_offset", "qk_norm", "activation",
@@ -85,9 +88,11 @@ def native_support(recipe: Recipe, model: PreparedModel) -> str | None:
         return reason
     if recipe.precision.int4.group_size != 32:
         return f"int4 group size {recipe.precision.int4.group_size} (native: 32, the GGUF block)"
-    for name in ("model.embed_tokens.weight", model.loaded.lm_head_name()):
-        if w[name].qtype != "Q8_0":
-            return f"{name} is GGUF {w[name].qtype} (native: Q8_0)"
+    if w["model.embed_tokens.weight"].qtype not in EMBED_TYPES:
+        return f"model.embed_tokens.weight is GGUF {w['model.embed_tokens.weight'].qtype} (native: {', '.join(EMBED_TYPES)})"
+    head = model.loaded.lm_head_name()
+    if w[head].qtype not in Q4_TYPES + Q8_TYPES + I8_TYPES:
+        return f"{head} is GGUF {w[head].qtype} (native: a GGUF block type)"
     dims = [c.hidden_size, c.intermediate_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.vocab_size]
     if any(d % 32 for d in dims):
         return f"dimensions {dims} not all multiples of 32"
@@ -129,7 +134,12 @@ def _linear(t: WeightTensor, name: str) -> Tiled:
 
 
 def _q8(t: WeightTensor, name: str) -> TiledWeight:
+    """An embedding (and a Q8_0 head) as Q8 tiles: Q8_0 repacked, Q5_0 / Q4_0 through their exact
+    Q8 codes (:func:`_linear`'s Q8 path, which decodes Q4_0 the same way)."""
     N, K = t.shape
+    if t.qtype != "Q8_0":
+        kb = decode_blocks(t.data, t.qtype)  # codes q - 8 (Q4_0) / q - 16 (Q5_0), scales the fp16 d
+        return tile_q8((kb.codes.astype(np.int16) + 128).astype(np.uint8), kb.scales.astype(np.float16), name)
     codes, d = repack_gguf_q8_0_as_uint8(t.data, N, K)
     return tile_q8(codes.reshape(N, K), d, name)
 
@@ -151,41 +161,45 @@ def _norms(loaded: LoadedModel, i: int) -> dict[str, np.ndarray]:
     return {k: loaded.float_weight(f"{p}.{v}.weight").astype(np.float32) + off for k, v in names.items()}
 
 
-def native_tensors(loaded: LoadedModel) -> dict[str, np.ndarray]:
-    """Every tensor of ``native.bin`` by name (flat arrays): ``embed.*``, ``head.*`` (absent when
-    tied to the embedding), ``final_norm``, ``layers.<i>.{attn_norm, mlp_norm, qkv.*, o.*,
-    gate_up.*, down.*}`` and the norms the description adds (``post_attn_norm``,
-    ``post_mlp_norm``, ``q_norm``, ``k_norm``), with ``.codes`` uint8, ``.d`` / ``.m`` float16
-    (``.m``: a Q4 weight) or ``.scale`` / ``.offset`` float32 (an I8 weight), norms float32 with
-    ``norm_weight_offset`` added."""
+def iter_native_tensors(loaded: LoadedModel) -> Iterator[tuple[str, np.ndarray]]:
+    """Every tensor of ``native.bin`` in file order, ``(name, flat array)``, made one weight at
+    a time (a layer's tiles are never all held: the writer streams them, issue 44): ``embed.*``,
+    ``head.*`` (absent when tied to the embedding), ``final_norm``, ``layers.<i>.{attn_norm,
+    mlp_norm, qkv.*, o.*, gate_up.*, down.*}`` and the norms the description adds
+    (``post_attn_norm``, ``post_mlp_norm``, ``q_norm``, ``k_norm``), with ``.codes`` uint8, ``.d``
+    / ``.m`` float16 (``.m``: a Q4 weight) or ``.scale`` / ``.offset`` float32 (an I8 weight),
+    norms float32 with ``norm_weight_offset`` added."""
     c, w = loaded.config, loaded.weights
-    out: dict[str, np.ndarray] = {}
 
-    def put(prefix: str, t: Tiled) -> None:
-        out[f"{prefix}.codes"] = t.codes
+    def parts(prefix: str, t: Tiled) -> Iterator[tuple[str, np.ndarray]]:
+        yield f"{prefix}.codes", t.codes
         if isinstance(t, TiledI8):  # fp32 scales, offsets only where the type has them
-            out[f"{prefix}.scale"] = t.scale
+            yield f"{prefix}.scale", t.scale
             if t.offset is not None:
-                out[f"{prefix}.offset"] = t.offset
+                yield f"{prefix}.offset", t.offset
             return
-        out[f"{prefix}.d"] = t.d
+        yield f"{prefix}.d", t.d
         if t.m is not None:
-            out[f"{prefix}.m"] = t.m
+            yield f"{prefix}.m", t.m
 
-    put("embed", _q8(w["model.embed_tokens.weight"], "model.embed_tokens.weight"))
+    yield from parts("embed", _q8(w["model.embed_tokens.weight"], "model.embed_tokens.weight"))
     head = loaded.lm_head_name()
-    if head != "model.embed_tokens.weight":
-        put("head", _q8(w[head], head))
-    out["final_norm"] = loaded.float_weight("model.norm.weight").astype(np.float32) + np.float32(c.norm_weight_offset)
+    if head != "model.embed_tokens.weight":  # a Q8_0 head as before; other types as a linear's tiles
+        yield from parts("head", _q8(w[head], head) if w[head].qtype == "Q8_0" else _linear(w[head], head))
+    yield "final_norm", loaded.float_weight("model.norm.weight").astype(np.float32) + np.float32(c.norm_weight_offset)
     for i in range(c.num_layers):
         p = f"model.layers.{i}"
         lin = {n: w[f"{p}.{part}.{n}.weight"] for part, n in _parts()}
-        out |= {f"layers.{i}.{k}": v for k, v in _norms(loaded, i).items()}
-        put(f"layers.{i}.qkv", _fused("qkv", [lin["q_proj"], lin["k_proj"], lin["v_proj"]]))
-        put(f"layers.{i}.o", _fused("o", [lin["o_proj"]]))
-        put(f"layers.{i}.gate_up", _fused("gate_up", [lin["gate_proj"], lin["up_proj"]]))
-        put(f"layers.{i}.down", _fused("down", [lin["down_proj"]]))
-    return out
+        yield from ((f"layers.{i}.{k}", v) for k, v in _norms(loaded, i).items())
+        yield from parts(f"layers.{i}.qkv", _fused("qkv", [lin["q_proj"], lin["k_proj"], lin["v_proj"]]))
+        yield from parts(f"layers.{i}.o", _fused("o", [lin["o_proj"]]))
+        yield from parts(f"layers.{i}.gate_up", _fused("gate_up", [lin["gate_proj"], lin["up_proj"]]))
+        yield from parts(f"layers.{i}.down", _fused("down", [lin["down_proj"]]))
+
+
+def native_tensors(loaded: LoadedModel) -> dict[str, np.ndarray]:
+    """:func:`iter_native_tensors` as one dict (every tensor held: for tests and small models)."""
+    return dict(iter_native_tensors(loaded))
 
 
 def write_native(
@@ -195,16 +209,15 @@ def write_native(
     ``out_dir``; returns the manifest's ``runtime_options.native`` (without activation levels,
     which are the recipe's)."""
     shutil.copyfile(library, out_dir / LIBRARY_FILE)
-    tensors = native_tensors(model.loaded)
     table: dict[str, list[Any]] = {}
     offset = 0
     with open(out_dir / WEIGHTS_FILE, "wb") as f:
-        for name, arr in tensors.items():
+        for name, arr in iter_native_tensors(model.loaded):  # each written as made, then dropped
             pad = -offset % ALIGN
             f.write(b"\0" * pad)
             offset += pad
-            f.write(np.ascontiguousarray(arr).tobytes())
+            f.write(np.ascontiguousarray(arr).data)
             table[name] = [arr.dtype.name, [int(arr.size)], offset]
             offset += arr.nbytes
-    log(f"native engine: {len(tensors)} tensors, {offset / 2**20:.1f} MiB, kernels for {isa}")
+    log(f"native engine: {len(table)} tensors, {offset / 2**20:.1f} MiB, kernels for {isa}")
     return {"isa": isa, "library": LIBRARY_FILE, "weights_file": WEIGHTS_FILE, "tensors": table}

@@ -142,17 +142,26 @@ def test_native_engine_refuses_naming_tensor_type_and_fix(tiny, tmp_path):
         "max_num_tokens": 128,
         "engine": {"cpu_backend": "native"},
     }
-    prepared = prepare_model(parse_recipe(data, origin="tiny.yaml"), model)
+    from trtpipe.pipeline.model.weights import LoadedModel
+    from trtpipe.pipeline.stages.native import native_support
+
+    recipe = parse_recipe(data, origin="tiny.yaml")
+    # a Q6_K head runs (I8 tiles, group 16: llama.cpp's Q4_0 / Q4_K_M files); a Q6_K embedding does
+    # not (the kernels gather Q8 rows)
+    assert native_support(recipe, prepare_model(recipe, model)) is None
+    odd = LoadedModel(model.config, {**model.weights, "model.embed_tokens.weight": model.weights["lm_head.weight"]},
+                      model.source_path, model.source_kind)  # fmt: skip
+    prepared = prepare_model(recipe, odd)
     with pytest.raises(BuildError) as info:
-        choose_cpu_backend(parse_recipe(data, origin="tiny.yaml"), prepared, print)
+        choose_cpu_backend(recipe, prepared, print)
     assert str(info.value) == (
-        "engine.cpu_backend = native: lm_head.weight is GGUF Q6_K (native: Q8_0). "
+        "engine.cpu_backend = native: model.embed_tokens.weight is GGUF Q6_K (native: Q8_0, Q5_0, Q4_0). "
         "Fix: set engine.cpu_backend: auto (or ort)."
     )
     lines: list[str] = []
     data["engine"] = {}
     assert choose_cpu_backend(parse_recipe(data, origin="tiny.yaml"), prepared, lines.append) is None
-    assert len(lines) == 1 and "lm_head.weight is GGUF Q6_K (native: Q8_0)" in lines[0]
+    assert len(lines) == 1 and "model.embed_tokens.weight is GGUF Q6_K (native: Q8_0, Q5_0, Q4_0)" in lines[0]
 
 
 def test_decode_step_bytes_by_type_hand_computed(tiny, tmp_path):
