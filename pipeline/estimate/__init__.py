@@ -31,6 +31,9 @@ from trtpipe.pipeline.estimate.estimator import estimate, roofline, windowed_con
 from trtpipe.pipeline.estimate.kv import KVEstimate
 from trtpipe.pipeline.estimate.latency import LatencyRow, Roofline, roofline_s
 from trtpipe.pipeline.estimate.memory import (
+    BUILD_CPU_BASE_BYTES,
+    BUILD_CPU_LINEAR_BYTES,
+    BUILD_CPU_TABLE_BYTES,
     BUILD_HOST_BASE_BYTES,
     BUILD_HOST_PEAK_FACTOR,
     Activations,
@@ -38,6 +41,7 @@ from trtpipe.pipeline.estimate.memory import (
     WeightsEstimate,
     activation_bytes,
     build_host_bytes,
+    build_host_formula,
 )
 from trtpipe.pipeline.estimate.model_counts import (
     decode_flops,
@@ -79,9 +83,13 @@ __all__: Sequence[str] = (
     "MemoryFit",
     "WeightsEstimate",
     "build_host_bytes",
+    "build_host_formula",
     "render",
     "roofline",
     "windowed_config",
+    "BUILD_CPU_BASE_BYTES",
+    "BUILD_CPU_LINEAR_BYTES",
+    "BUILD_CPU_TABLE_BYTES",
     "BUILD_HOST_BASE_BYTES",
     "BUILD_HOST_PEAK_FACTOR",
     "EXIT_OK",

@@ -87,5 +87,5 @@ def estimate(recipe: Recipe, config: ModelConfig, target: TargetSpec, report: di
         latencies=tuple(rows),
         warnings=tuple(([misfit] if misfit else []) + lat_warnings),
         notes=(scores_note(act, fam), *lat_notes, *build_memory_notes(config, target)),
-        build_host_bytes=build_host_bytes(config),
+        build_host_bytes=build_host_bytes(config, fam),
     )

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from trtpipe.pipeline.estimate.kv import KVEstimate
-from trtpipe.pipeline.estimate.model_counts import total_params
+from trtpipe.pipeline.estimate.model_counts import linear_params, total_params
 from trtpipe.pipeline.estimate.notices import EstimateWarning
 from trtpipe.pipeline.estimate.units import fmt_bytes
 from trtpipe.pipeline.estimate.weights import PhaseWeights, engine_weight_bytes
@@ -26,21 +26,57 @@ from trtpipe.runtime.artifact.model_config import ModelConfig
 
 SCORE_BYTES = 4  # attention scores / softmax are float32 (docs/contracts.md)
 LOGIT_BYTES = 4
-# Host memory of a build (the farm schedules against it): the exporter holds the fp32 torch
-# reference (4 B per parameter) and the graphs it serializes; TensorRT's builder peaks at 3-4x
-# the parameter bytes in public reports (Jetson builds are killed for it). 4x the fp32 bytes
-# plus the loaded libraries (Python, torch, onnx, onnxruntime). Measured here: `trtpipe build
-# smollm2-135m-cpu` peaks at 2.78 GB RSS (/usr/bin/time -v); this gives 2.96 GB.
+# Host memory of a build (the farm schedules against it; docs/estimate.md, "Host memory to build").
+# CPU target: measured. Peak RSS of today's (non-streamed) `trtpipe build` on synthetic Q4_0
+# Llamas (bench/build_memory.py, bench/build_stage_peaks.py, recipes/synthetic-llama-mid-cpu.yaml;
+# 2-core AMD EPYC Zen 3, 2026-12-08): the 2- and 1-layer shapes differ by 50.6 M linear
+# parameters and 0.56 GB of peak -> ~11 B per linear parameter; the rest of the 1-layer peak
+# (4.55 - 0.56 - 0.26 GB of libraries) over its 131 M embedding / head parameters -> ~28 B per
+# embedding / head parameter. The mid shape (2 layers): 5.04 GB by the formula, 5.14 GB measured.
+BUILD_CPU_LINEAR_BYTES = 11  # per linear (GEMM) parameter: int4 copies, graph copies, fp32 golden
+BUILD_CPU_TABLE_BYTES = 28  # per embedding / head / norm / bias parameter: fp32 tables in every graph
+BUILD_CPU_BASE_BYTES = 260_000_000  # Python, torch, onnx, onnxruntime loaded (0.26 GB)
+# TensorRT targets: NOT measured here (no TensorRT on this host). Kept from public reports: the
+# builder peaks at 3-4x the parameter bytes (TensorRT Edge-LLM #30, TensorRT-LLM #2976): 4 x the
+# fp32 parameter bytes plus the libraries. (SmolLM2-135M's CPU build peaked at 2.78 GB against
+# this formula's 2.96 GB; the mid synthetic shape's at 5.14 GB against its 4.52 GB.)
 BUILD_HOST_PEAK_FACTOR = 4
 BUILD_PARAM_BYTES = 4  # fp32
 BUILD_HOST_BASE_BYTES = 768 * 2**20
 
 
-def build_host_bytes(config: ModelConfig) -> int:
-    """Host memory ``trtpipe build`` needs at its peak, in bytes:
-    ``BUILD_HOST_PEAK_FACTOR x 4 B (fp32) x total_params + BUILD_HOST_BASE_BYTES`` (export and
-    TensorRT builder peaks, plus the libraries)."""
+def build_host_bytes(config: ModelConfig, family: str) -> int:
+    """Host memory ``trtpipe build`` needs at its peak, in bytes, for a target of ``family``
+    (``cpu``, or a TensorRT target: ``orin``, ``a100``, ``h200``, a row name such as ``orin-32gb``).
+
+    * ``cpu`` (measured, docs/estimate.md "Host memory to build"): ``BUILD_CPU_LINEAR_BYTES (11)
+      x linear_params + BUILD_CPU_TABLE_BYTES (28) x (every other parameter: embedding, head unless
+      tied, norms, biases) + BUILD_CPU_BASE_BYTES (0.26 GB)``; the coefficients were fitted on
+      Q4_0 synthetic Llamas with an untied Q8_0 head (mid shape: 5.04 GB predicted, 5.14 GB
+      measured, 0.98x).
+    * TensorRT targets (unmeasured: no TensorRT build has run here):
+      ``BUILD_HOST_PEAK_FACTOR (4) x 4 B (fp32) x total_params + BUILD_HOST_BASE_BYTES (768 MiB)``,
+      the builder's 3-4x parameter bytes from public reports plus the libraries."""
+    if family == "cpu":
+        lin = linear_params(config)
+        return (
+            BUILD_CPU_LINEAR_BYTES * lin + BUILD_CPU_TABLE_BYTES * (total_params(config) - lin) + BUILD_CPU_BASE_BYTES
+        )
     return BUILD_HOST_PEAK_FACTOR * BUILD_PARAM_BYTES * total_params(config) + BUILD_HOST_BASE_BYTES
+
+
+def build_host_formula(family: str) -> str:
+    """The formula and source of :func:`build_host_bytes` for ``family``, for the estimate's table."""
+    if family == "cpu":
+        return (
+            f"{BUILD_CPU_LINEAR_BYTES} B x linear params + {BUILD_CPU_TABLE_BYTES} B x embedding/head params + "
+            f"{BUILD_CPU_BASE_BYTES / 1e9:.2f} GB of libraries (measured per-parameter peak of the CPU build, "
+            "docs/estimate.md)"
+        )
+    return (
+        f"{BUILD_HOST_PEAK_FACTOR} x fp32 parameter bytes + {BUILD_HOST_BASE_BYTES // 2**20} MiB of libraries "
+        "(export / TensorRT builder peak from public reports; unmeasured here)"
+    )
 
 
 @dataclass(frozen=True)
@@ -198,11 +234,16 @@ def scores_note(act: Activations, family: str) -> str:
 
 def build_memory_notes(config: ModelConfig, target: TargetSpec) -> tuple[str, ...]:
     """A note when a build of the model needs more host memory than the target has."""
-    need = build_host_bytes(config)
+    need = build_host_bytes(config, target.family)
     if need <= target.memory_bytes:
         return ()
+    what = (
+        "the CPU build's measured peak per parameter"
+        if target.family == "cpu"
+        else "exporter / TensorRT builder peak, unmeasured"
+    )
     return (
-        f"building needs about {fmt_bytes(need)} of host memory (exporter / TensorRT builder peak), "
+        f"building needs about {fmt_bytes(need)} of host memory ({what}), "
         f"more than {target.name}'s {fmt_bytes(target.memory_bytes)}: export on a bigger machine "
         "(the build spec) and finish the plans on the target",
     )

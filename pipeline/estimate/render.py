@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trtpipe.pipeline.estimate.memory import BUILD_HOST_BASE_BYTES, BUILD_HOST_PEAK_FACTOR
+from trtpipe.pipeline.estimate.memory import build_host_formula
 from trtpipe.pipeline.estimate.model_counts import kv_bytes_per_layer
 from trtpipe.pipeline.estimate.result import Estimate
 from trtpipe.pipeline.estimate.units import fmt_bytes, fmt_flops, fmt_ms
@@ -178,8 +178,7 @@ def _total_rows(est: Estimate, recipe: Recipe) -> list[tuple[str, str, str]]:
         (
             "host memory to build",
             fmt_bytes(est.build_host_bytes),
-            f"{BUILD_HOST_PEAK_FACTOR} x fp32 parameter bytes + {BUILD_HOST_BASE_BYTES // 2**20} MiB "
-            "of libraries (export / TensorRT builder peak); trtpipe farm refuses nodes with less",
+            f"{build_host_formula(est.target.family)}; trtpipe farm refuses nodes with less",
         )
     )
     verdict = "[green]fits[/green]" if est.fits else "[red]does not fit[/red]"

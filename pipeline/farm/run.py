@@ -97,7 +97,7 @@ def plan_cells(recipe_args: Sequence[str], opts: FarmOptions) -> tuple[list[Cell
                 work_dir=opts.work_dir,
                 validate=opts.validate,
                 scenarios=opts.scenarios,
-                build_host_bytes=build_host_bytes(model_config_for(r)),
+                build_host_bytes=build_host_bytes(model_config_for(r), r.target.split("-")[0]),
                 force=opts.force,
             )
         )

@@ -68,7 +68,8 @@ def test_farm_node_cli_on_this_machine():
 def test_estimate_adds_the_build_host_memory():
     """SmolLM2-135M by hand: embedding 49152 x 576 (tied) = 28,311,552; per layer q,o 2 x 576 x
     576 + k,v 2 x 576 x 192 + FFN 3 x 576 x 1536 = 3,538,944, x 30 = 106,168,320; norms 61 x 576
-    = 35,136; total 134,515,008 parameters -> 4 x 4 B x that + 768 MiB."""
+    = 35,136; total 134,515,008 parameters -> 4 x 4 B x that + 768 MiB (orin: the TensorRT
+    formula, unmeasured; the cpu one is tests/pipeline/test_estimate_build_memory.py)."""
     from trtpipe.pipeline.estimate import estimate, model_config_for
     from trtpipe.pipeline.recipe import load_recipe, resolve_recipe_path
     from trtpipe.pipeline.targets import get_target
