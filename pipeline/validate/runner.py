@@ -94,7 +94,8 @@ def select_scenarios(recipe: Recipe, names: Sequence[str]) -> list[Scenario]:
             hints.append(f"{n!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
         listed = ", ".join(all_names) if all_names else "none (the recipe has no validate.scenarios)"
         raise ValidateUsageError(
-            f"--scenario {', '.join(hints)}: not a scenario of recipe {recipe.name!r}. Expected one of: {listed}."
+            f"--scenario {', '.join(hints)}: not a scenario of recipe {recipe.name!r}. Expected one of: {listed}. "
+            "Fix: pass one of those names, or leave --scenario out to run them all."
         )
     wanted = set(names)
     return [s for s in recipe.validation.scenarios if not wanted or s.name in wanted]

@@ -256,3 +256,20 @@ def test_supported_fields_reach_the_sampling_params():
     )
     assert req.n == 3 and p.structured is not None and p.structured.schema == {"type": "object"}
     p.validate()
+
+
+@pytest.mark.parametrize(("method", "path", "status"), [("GET", "/v1/chat", 404), ("GET", "/v1/chat/completions", 405)])
+def test_unknown_path_and_wrong_method_answer_in_openai_error_shape(method, path, status):
+    """Starlette's own 404 / 405 bodies are {"detail": ...}; OpenAI clients read error.message."""
+    from starlette.testclient import TestClient
+
+    from trtpipe.runtime.serve.app import create_app
+    from trtpipe.runtime.serve.state import ServeState
+
+    with TestClient(create_app(ServeState(model_name="m"))) as client:
+        r = client.request(method, path)
+    err = r.json()["error"]
+    assert r.status_code == status and err["type"] == "invalid_request_error"
+    assert err["message"].startswith(f"{method} {path}: ") and "POST /v1/chat/completions" in err["message"]
+    if status == 405:
+        assert r.headers["allow"] == "POST"

@@ -35,7 +35,8 @@ def parse_json_body(raw: bytes) -> dict:
             param="body",
         ) from None
     if not isinstance(doc, dict):
-        raise bad_field("body", doc, "a JSON object", 'send e.g. {"model": ..., "prompt": ...}')
+        fix = 'send an object, e.g. {"model": ..., "messages": [...]} (chat) or {"model": ..., "prompt": ...}'
+        raise bad_field("body", doc, "a JSON object", fix)
     return doc
 
 

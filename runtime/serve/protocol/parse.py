@@ -147,7 +147,7 @@ def parse_completion(doc: dict, served_models: tuple[str, ...]) -> GenerationReq
             "prompt",
             prompt,
             "a non-empty string or a non-empty list of token ids (one prompt)",
-            "send one prompt per request",
+            'send e.g. "prompt": "Once upon a time" or "prompt": [1, 2, 3], one prompt per request',
         )
     echo = get_bool(doc, "echo")
     if common["max_tokens"] is None:
