@@ -14,16 +14,19 @@ from trtpipe.plugins.core.errors import OpError
 from trtpipe.plugins.core.kv_codec import kv_encode
 from trtpipe.plugins.cpu import layout, library, reference
 from trtpipe.plugins.cpu.compile import compile_library, compiler
-from trtpipe.plugins.cpu.isa import ISAS, missing_flags
+from trtpipe.plugins.cpu.isa import ISAS, act_forms_of, missing_flags
 from trtpipe.plugins.ops.paged_attention.reference import paged_attention
 
 pytestmark = pytest.mark.skipif(compiler() is None, reason="no C compiler")
 HOST_ISAS = [i for i in ISAS if not missing_flags(i)]
+# (ISA, how levels = 2 is held): the avx2 build in both forms (csrc/tp.h)
+HOST_BUILDS = [(i, f) for i in HOST_ISAS for f in act_forms_of(i)]
 
 
-@pytest.fixture(scope="module", params=HOST_ISAS or [pytest.param(None, marks=pytest.mark.skip("no ISA"))])
+@pytest.fixture(scope="module", params=HOST_BUILDS or [pytest.param(None, marks=pytest.mark.skip("no ISA"))], ids=str)
 def lib(request, tmp_path_factory):
-    return library.load(compile_library(request.param, tmp_path_factory.mktemp("cpu-kernels")))
+    isa, form = request.param
+    return library.load(compile_library(isa, tmp_path_factory.mktemp("cpu-kernels"), form=form))
 
 
 def _fp16_exact(rng, shape, scale):
@@ -68,9 +71,16 @@ def test_activation_quantizer_matches_numpy_bit_for_bit(lib, levels):
     x = np.random.default_rng(2).standard_normal((5, 96)).astype(np.float32)
     x[1, :32] = 0.0  # an all-zero block: scale 0, codes 0
     got = library.quant_act(lib, x, levels)
-    want = reference.quantize_activations(x, levels)
-    for k in ("q1", "s1") + (("q2", "s2") if levels == 2 else ()):
-        np.testing.assert_array_equal(getattr(got, k), want[k], err_msg=k)
+    want = reference.quantize_activations(x, levels, library.act_form(lib))
+    np.testing.assert_array_equal(got.s1, want["s1"])
+    if levels == 2 and library.act_form(lib) == "int16":  # one int16 level, its 4-groups as (0, 2, 1, 3)
+        np.testing.assert_array_equal(library.int16_codes(got), want["q1"])
+        np.testing.assert_array_equal(got.q16[0, :4], want["q1"][0, [0, 2, 1, 3]])
+        np.testing.assert_array_equal(got.qsum1, want["q1"].reshape(5, 3, 32).sum(2, dtype=np.int32))
+        assert np.abs(want["q1"][0, :32]).max() == 32767  # a block's largest |x| at full scale
+    else:
+        for k in ("q1",) + (("q2", "s2") if levels == 2 else ()):
+            np.testing.assert_array_equal(getattr(got, k), want[k], err_msg=k)
     # block sums: sequential in C, pairwise in NumPy (fp32 rounding of 32 terms)
     np.testing.assert_allclose(got.asum, want["asum"], rtol=0, atol=1e-5 * np.abs(x).max() * 32)
 
@@ -91,7 +101,9 @@ def test_gemm_matches_the_integer_reference_and_the_float_product(lib, kind, M):
     scale = np.abs(exact).max()
     for levels, tol in ((2, 1e-4), (1, 2e-2)):  # measured: ~3e-5 and ~8e-3 of the largest output
         y = library.gemm(lib, w, x, levels)
-        emulated = reference.gemm_from_quantized(reference.quantize_activations(x, levels), q, d, m)
+        emulated = reference.gemm_from_quantized(
+            reference.quantize_activations(x, levels, library.act_form(lib)), q, d, m
+        )
         np.testing.assert_allclose(y, emulated, rtol=0, atol=2e-6 * scale)  # the same arithmetic, fp32 sums
         assert np.abs(y - exact).max() / scale < tol
 

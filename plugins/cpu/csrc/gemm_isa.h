@@ -59,6 +59,7 @@ static inline __m256i dot_avx2(__m256i acc, __m256i w, __m256i x) {
 #define FSTOREU(p, v) _mm256_storeu_ps(p, v)
 #define LANES 8
 #define PAIRS 4 /* 16 ymm: 4 rows x (2 levels + 1 fp32 accumulator) + 2 weight vectors + mask */
+#define I16_ROWS 4 /* the int16 form (TP_ACT_I16): 4 rows x (int32 + fp32 accumulator) + 4 weight pairs + mask */
 #define ISA_NAME "avx2"
 #endif
 
