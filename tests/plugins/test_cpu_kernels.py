@@ -13,8 +13,8 @@ import pytest
 from trtpipe.plugins.core.errors import OpError
 from trtpipe.plugins.core.kv_codec import kv_encode
 from trtpipe.plugins.cpu import layout, library, reference
-from trtpipe.plugins.cpu.compile import compile_library, compiler
-from trtpipe.plugins.cpu.isa import ISAS, act_forms_of, missing_flags
+from trtpipe.plugins.cpu.compile import act_form_flags, compile_library, compiler
+from trtpipe.plugins.cpu.isa import ACT_FORM, ISAS, act_forms_of, missing_flags
 from trtpipe.plugins.ops.paged_attention.reference import paged_attention
 
 pytestmark = pytest.mark.skipif(compiler() is None, reason="no C compiler")
@@ -313,3 +313,15 @@ def test_unknown_isa_and_missing_flags_are_named():
     with pytest.raises(OpError, match="expected one of avx512_vnni, avx2"):
         compile_library("amx")
     assert missing_flags("avx512_vnni", frozenset({"avx2", "fma", "f16c"}))[:1] == ["avx512f"]
+
+
+def test_the_int16_form_is_avx2s_and_is_refused_elsewhere(tmp_path):
+    """Each ISA's form of levels 2 (isa.ACT_FORM): avx2 one int16 level, avx512_vnni two int8
+    levels; int16 on avx512_vnni (no kernel written) and unknown forms are refused by name."""
+    assert ACT_FORM == {"avx512_vnni": "int8x2", "avx2": "int16"}
+    assert act_form_flags("avx2") == ["-DTP_ACT_I16"] and act_form_flags("avx2", "int8x2") == []
+    assert act_form_flags("avx512_vnni") == []
+    with pytest.raises(OpError, match=r"activation form 'int16' for avx512_vnni: expected int8x2, or int16 on avx2"):
+        compile_library("avx512_vnni", tmp_path, form="int16")
+    with pytest.raises(OpError, match="activation form 'int4'"):
+        act_form_flags("avx2", "int4")

@@ -5,7 +5,8 @@
  * VNNI vpdpbusd; AVX2 vpmaddubsw + vpmaddwd) adds 4 products per row. A group of activation
  * rows shares each weight load and unpack: up to 8 rows with the block's weights held in
  * registers for M <= 16 on AVX-512 (tile_wide), else groups of up to 4 (tile_pairs). Integer
- * sums are exact; each block's result is scaled in fp32.
+ * sums are exact; each block's result is scaled in fp32. A library of the int16 form (TP_ACT_I16,
+ * AVX2: tp.h) runs levels = 2 through tile_i16 instead, one vpmaddwd pass, groups of up to 6 rows.
  *
  * Batch invariance: a row's arithmetic is the same whatever its group's size, the group it
  * lands in, M, or the thread count (per block: the integer dots, then t = s1 * a1 [+ s2 * a2],
@@ -186,7 +187,7 @@ static inline __attribute__((always_inline)) void tile_pairs(const uint8_t *wc, 
 }
 
 #if defined(TP_ACT_I16)
-/* int16 activations (tp.h's int16 form, AVX2): each NV-th of a tile x the group's mr <= I16_ROWS
+/* int16 activations (tp.h's int16 form, AVX2): each NV-th of a tile x the group's mr <= I16_ROWS (6)
  * rows in one pass of vpmaddwd. A weight vector's 32-bit lane is one output row's 4 bytes, so its
  * even and odd bytes (Q4: nibbles 0, 2 / 1, 3 / 4, 6 / 5, 7) as int16 pairs meet the row's
  * activation pairs (x0, x2), (x1, x3) (q16's 4-group order) and each lane sums its own row: no
@@ -271,8 +272,8 @@ FNS(wide, 1) FNS(wide, 2) FNS(wide, 3) FNS(wide, 4) FNS(wide, 5) FNS(wide, 6) FN
 static const tile_fn WIDE_FNS[NKINDS][2][WIDE + 1] = TABLE(wide, ROW8);
 #endif
 #if defined(TP_ACT_I16)
-#define I16_KIND(K) {ROW4(i16, K, 2)}
-FN(i16, 1, 2) FN(i16, 2, 2) FN(i16, 3, 2) FN(i16, 4, 2)
+#define I16_KIND(K) {ROW4(i16, K, 2), i16_##K##_l2_r5, i16_##K##_l2_r6}
+FN(i16, 1, 2) FN(i16, 2, 2) FN(i16, 3, 2) FN(i16, 4, 2) FN(i16, 5, 2) FN(i16, 6, 2)
 static const tile_fn I16_FNS[NKINDS][I16_ROWS + 1] = {I16_KIND(q4), I16_KIND(q8), I16_KIND(i8), I16_KIND(i8s),
                                                        I16_KIND(i8h)};
 #endif
