@@ -165,7 +165,7 @@ def main() -> int:
                 f"--tokens {n}: expected 1..{limits.max_num_tokens} (one prefill chunk) with "
                 f"n + --decode-steps + 1 <= max_seq_len {limits.max_seq_len}"
             )
-    if getattr(llm.engine, "backend", "") != "native":
+    if llm.capabilities.backend != "native":
         raise SystemExit(f"{args.artifact}: runs on {llm.capabilities.backend}, not the native CPU engine")
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     print(f"host: {cpu}, {os.cpu_count()} CPUs; artifact {args.artifact}; {args.threads} threads")
