@@ -281,6 +281,12 @@ def test_each_activation_site_is_its_own_level(default_artifact, llms):
     assert 0 < head_only < 0.5, head_only
     assert len({got.tobytes() for got in by.values()}) == len(by)  # five settings, five results
     seq = golden_sequence(default_artifact, FRANCE)
-    assert int(by[A(2, 1, 2)][0].argmax()) == seq["output_ids"][0]
+    assert int(by[A(2, 2, 2)][0].argmax()) == seq["output_ids"][0]
+    # The fast recipe keeps it where it is validated (two int8 levels: avx512_vnni). The reference's
+    # margin there is 0.083 (a tie by the gate's 0.25), and a one-level MLP moves these logits by
+    # ~0.4: with AVX2's int16 form beside it the runner-up wins by 0.078 (measured on a Zen 3,
+    # 2026-12-08); docs/fidelity.md: the fast recipe is not for AVX2-only hosts.
+    if engine.lib.tp_act_form().decode() == "int8x2":
+        assert int(by[A(2, 1, 2)][0].argmax()) == seq["output_ids"][0]
     with pytest.raises(StepError, match=r"activation levels = \[2, 3, 2\]: expected 1 or 2 at each site"):
         run(A(2, 3, 2))
