@@ -8,7 +8,11 @@ verify chunk, a small decode batch's GEMM shapes) and as a fresh prompt for n >=
 GEMMs). Both libraries run in one process over the same artifact weights and KV pool: the
 engine's library is swapped between calls. "current" is compiled from this checkout's
 ``plugins/cpu/csrc``, "baseline" from ``--baseline-ref``'s (``git show``), both for the
-artifact's ISA with ``plugins/cpu/compile.py``'s flags. Each round times every n for A then B
+artifact's ISA with ``plugins/cpu/compile.py``'s flags and each in its ``--*-form`` (how ``levels:
+2`` is held: int8x2 or int16, default the ISA's, ``plugins/cpu/isa.py``; ``--baseline-ref HEAD
+--baseline-form int8x2`` compares the two forms of one revision). The baseline is loaded without
+the ABI check (an older revision's tp_forward; run only across ABIs whose tp_model and tp_step
+are the same). Each round times every n for A then B
 (fastest of ``--repeats`` calls); the table gives medians over rounds, each library's cost
 relative to its own decode step (``x decode``), current / baseline, whether the two give
 bit-identical logits, and the useful int8 GEMM
@@ -40,6 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--repeats", type=int, default=5, help="calls per point per round, fastest kept (default 5)")
     ap.add_argument("--artifact", default=str(ROOT / "artifacts" / "smollm2-135m-cpu" / "cpu"))
     ap.add_argument("--points", default=",".join(map(str, POINTS)), help="comma-separated token counts")
+    ap.add_argument("--current-form", default=None, help="int8x2 or int16 (default: the ISA's)")
+    ap.add_argument("--baseline-form", default=None, help="int8x2 or int16 (default: the ISA's)")
     return ap
 
 
@@ -59,7 +65,7 @@ def revision_sources(ref: str, into: Path) -> Path:
 
 def _gemm_ops(engine, n: int) -> int:
     """2 n N K over a step's layer GEMMs, plus the head for one row."""
-    per_row = sum(w.N * w.K for lay in engine._layers for w in (lay.qkv, lay.o, lay.gate_up, lay.down))
+    per_row = sum(w.N * w.K for lay in engine._model._layers for w in (lay.qkv, lay.o, lay.gate_up, lay.down))
     return 2 * n * per_row + 2 * engine.model.head.N * engine.model.head.K
 
 
@@ -116,14 +122,17 @@ def main(argv: list[str] | None = None) -> int:
 
     llm = LLM(args.artifact, prefix_caching=False, scheduler_policy="fcfs")
     engine, pool, bs = llm.engine, llm.block_pool, llm.kv_manager.block_size
-    if getattr(engine, "backend", None) != "native":
+    if engine.capabilities.backend != "native":
         print(f"{args.artifact} does not run the native engine", file=sys.stderr)
         return 2
     points = [int(p) for p in args.points.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="native-gemm-"))
     libs = {
-        "current": L.load(compile_library(engine.isa)),
-        "baseline": L.load(compile_sources(engine.isa, revision_sources(args.baseline_ref, tmp), tmp / "base.so")),
+        "current": L.load(compile_library(engine.isa, form=args.current_form)),
+        "baseline": L.load(
+            compile_sources(engine.isa, revision_sources(args.baseline_ref, tmp), tmp / "base.so", args.baseline_form),
+            check=False,
+        ),
     }
     for lib in libs.values():
         lib.tp_set_threads(engine.threads)
@@ -146,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     same: dict[int, bool] = {}
     med = _measure(engine, libs, batches, args.rounds, args.repeats, same)
     print(
-        f"{engine.isa} kernels, {engine.threads} threads, baseline {args.baseline_ref}; load average (1 min) "
+        f"{engine.isa} kernels, {engine.threads} threads, forms {args.current_form or 'default'} / "
+        f"{args.baseline_form or 'default'}, baseline {args.baseline_ref}; load average (1 min) "
         f"{load0:.2f} at start, {os.getloadavg()[0]:.2f} at end; medians of {args.rounds} rounds x fastest of "
         f"{args.repeats}"
     )

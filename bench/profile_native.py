@@ -15,7 +15,7 @@ kernel, Python and the rest), printed as % of the samples and as ms of one prefi
 share of the wall time, not a serial time).
 
 The engine's kernels are in ``plugins/cpu/csrc`` (docs/design.md, "CPU engines"); the GEMM tile
-functions are named ``{pairs,wide}_{q4,q8}_l{levels}_r{rows}`` (gemm.c).
+functions are named ``{pairs,wide,i16}_{q4,q8,i8,i8s,i8h}_l{levels}_r{rows}`` (gemm.c).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # (class, regex over the symbol name), first match wins
 CLASSES = (
-    ("GEMM (int8 activations x 4/8-bit weights)", r"^(pairs|wide)_q[48]_l[12]_r\d+$|^tp_gemm"),
+    ("GEMM (int8 / int16 activations x 4/8-bit weights)", r"^(pairs|wide|i16)_(q[48]|i8[sh]?)_l[12]_r\d+$|^tp_gemm"),
     # decode_rows: an fp16 / bf16 / int8 pool block read and decoded to fp32 (where its DRAM reads land)
     ("attention (paged, causal)", r"^tp_attention|^block_scores|^attend|^softmax|^decode_rows|^i8_"),
     ("activation quantization (int8 levels)", r"^tp_quant_act|^quant_"),
@@ -165,7 +165,7 @@ def main() -> int:
                 f"--tokens {n}: expected 1..{limits.max_num_tokens} (one prefill chunk) with "
                 f"n + --decode-steps + 1 <= max_seq_len {limits.max_seq_len}"
             )
-    if getattr(llm.engine, "backend", "") != "native":
+    if llm.capabilities.backend != "native":
         raise SystemExit(f"{args.artifact}: runs on {llm.capabilities.backend}, not the native CPU engine")
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     print(f"host: {cpu}, {os.cpu_count()} CPUs; artifact {args.artifact}; {args.threads} threads")

@@ -33,6 +33,7 @@ from trtpipe.pipeline.model.weights import LoadedModel, WeightTensor
 from trtpipe.pipeline.recipe import Recipe
 from trtpipe.pipeline.stages.load import PreparedModel
 from trtpipe.plugins.core.gguf_blocks import GGUF_BLOCK_TYPES, decode_blocks
+from trtpipe.plugins.cpu.isa import ACT_FORM
 from trtpipe.plugins.cpu.layout import Tiled, TiledI8, TiledWeight, concat_rows, tile_i8, tile_q4, tile_q8
 from trtpipe.plugins.ops.int4_gemm.layout import unpack_int4_codes
 from trtpipe.plugins.ops.int4_gemm.pack import repack_gguf_q4_0, repack_gguf_q4_1_exact, repack_gguf_q8_0_as_uint8
@@ -207,7 +208,8 @@ def write_native(
 ) -> dict[str, Any]:
     """Write ``native.bin`` and a copy of the kernel ``library`` (compiled for ``isa``) into
     ``out_dir``; returns the manifest's ``runtime_options.native`` (without activation levels,
-    which are the recipe's)."""
+    which are the recipe's), with the form the library holds ``levels: 2`` in (the ISA's,
+    ``plugins/cpu/isa.py`` ACT_FORM, as ``compile_library`` builds it)."""
     shutil.copyfile(library, out_dir / LIBRARY_FILE)
     table: dict[str, list[Any]] = {}
     offset = 0
@@ -219,5 +221,6 @@ def write_native(
             f.write(np.ascontiguousarray(arr).data)
             table[name] = [arr.dtype.name, [int(arr.size)], offset]
             offset += arr.nbytes
-    log(f"native engine: {len(table)} tensors, {offset / 2**20:.1f} MiB, kernels for {isa}")
-    return {"isa": isa, "library": LIBRARY_FILE, "weights_file": WEIGHTS_FILE, "tensors": table}
+    log(f"native engine: {len(table)} tensors, {offset / 2**20:.1f} MiB, kernels for {isa} ({ACT_FORM[isa]})")
+    native = {"isa": isa, "activation_form": ACT_FORM[isa], "library": LIBRARY_FILE, "weights_file": WEIGHTS_FILE}
+    return native | {"tensors": table}

@@ -23,6 +23,18 @@ ISAS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
 }
 # fastest first: what "host" resolves to
 PREFERENCE = ("avx512_vnni", "avx2")
+# How each ISA's library holds the faithful (~15-bit) activations of ``levels: 2`` (csrc/tp.h):
+# "int8x2", two int8 levels (two u8 x s8 dot passes), or "int16", one int16 level (one vpmaddwd
+# pass, AVX2 only). Chosen by measurement (bench/native_gemm.py, current against baseline, the
+# same artifact): on a 2-core AMD EPYC Zen 3 (AVX2), int16 against int8x2 measured in
+# docs/benchmarks.md; on AVX-512 VNNI (vpdpbusd) two int8 passes stay (not remeasured).
+ACT_FORMS = ("int8x2", "int16")
+ACT_FORM = {"avx512_vnni": "int8x2", "avx2": "int16"}
+
+
+def act_forms_of(isa: str) -> tuple[str, ...]:
+    """The forms a library for ``isa`` can be compiled in (the kernel tests run each)."""
+    return ACT_FORMS if isa == "avx2" else ("int8x2",)
 
 
 def cpu_flags(cpuinfo_text: str | None = None) -> frozenset[str]:

@@ -19,7 +19,7 @@ from trtpipe.plugins.core.kv_codec import kv_dtype_of_array, kv_has_scales
 from trtpipe.plugins.cpu.abi import abi, bind, check_library
 from trtpipe.plugins.cpu.layout import GROUP, Tiled, TiledI8
 
-_i8p, _u8p, _u16p = C.POINTER(C.c_int8), C.POINTER(C.c_uint8), C.POINTER(C.c_uint16)
+_i8p, _u8p, _u16p, _i16p = C.POINTER(C.c_int8), C.POINTER(C.c_uint8), C.POINTER(C.c_uint16), C.POINTER(C.c_int16)
 _f32p, _i32p, _i64p = C.POINTER(C.c_float), C.POINTER(C.c_int32), C.POINTER(C.c_int64)
 
 
@@ -103,7 +103,8 @@ def weight_struct(w: Tiled) -> C.Structure:
 
 
 class QActBuffers:
-    """Scratch for :func:`quant_act` of ``M`` rows of ``K`` values (NumPy-owned)."""
+    """Scratch for :func:`quant_act` of ``M`` rows of ``K`` values (NumPy-owned); ``q16`` holds
+    the int16 form's codes with each 4-group of k as (0, 2, 1, 3) (tp.h; :func:`int16_codes`)."""
 
     def __init__(self, M: int, K: int):
         nb = K // GROUP
@@ -112,11 +113,23 @@ class QActBuffers:
         self.s1, self.s2, self.asum = (np.zeros((M, nb), np.float32) for _ in range(3))
         self.qsum1, self.qsum2 = (np.zeros((M, nb), np.int32) for _ in range(2))
         self.qhalf1, self.qhalf2 = (np.zeros((M, 2 * nb), np.int32) for _ in range(2))  # per-16 sums
+        self.q16 = np.zeros((M, K), np.int16)
         self.struct = QAct(
             M, K, 0, ptr(self.q1, _i8p), ptr(self.q2, _i8p), ptr(self.s1, _f32p), ptr(self.s2, _f32p),
             ptr(self.asum, _f32p), ptr(self.qsum1, _i32p), ptr(self.qsum2, _i32p), ptr(self.qhalf1, _i32p),
-            ptr(self.qhalf2, _i32p),
+            ptr(self.qhalf2, _i32p), ptr(self.q16, _i16p),
         )  # fmt: skip
+
+
+def act_form(lib: C.CDLL) -> str:
+    """How ``lib`` holds ``levels: 2``: "int8x2" or "int16" (tp.h, :data:`.isa.ACT_FORM`)."""
+    return lib.tp_act_form().decode()
+
+
+def int16_codes(a: QActBuffers) -> np.ndarray:
+    """The int16 form's codes ``[M, K]`` int16 in k order (q16's 4-groups (0, 2, 1, 3) undone)."""
+    M, K = a.q16.shape
+    return a.q16.reshape(M, K // 4, 4)[:, :, [0, 2, 1, 3]].reshape(M, K)
 
 
 def quant_act(lib: C.CDLL, x: np.ndarray, levels: int, *, halves: bool = False) -> QActBuffers:

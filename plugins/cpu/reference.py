@@ -1,7 +1,8 @@
 """NumPy references of the host CPU kernels' arithmetic (``csrc/tp.h``), for tests.
 
 :func:`quantize_activations` is the activation quantizer written out (round half to even, as
-``lrintf``; clipped to +-127); :func:`gemm_from_quantized` the GEMM's integer dot products and
+``lrintf``; clipped to +-127; or, in the int16 form of ``levels: 2``, one int16 level clipped to
++-32767); :func:`gemm_from_quantized` the GEMM's integer dot products and
 fp32 block scaling in float64 (what the kernels compute, up to fp32 rounding of the sums);
 :func:`gemm_i8_from_quantized` the same for I8 weights from GGUF's kernel form (per-G dots).
 The float GEMM the kernels approximate is ``x @ dequantize(W).T`` (:func:`.layout.dequantize`).
@@ -15,9 +16,11 @@ from trtpipe.plugins.core.gguf_blocks import KernelBlocks
 from trtpipe.plugins.cpu.layout import GROUP, NEG_ZERO_BITS
 
 
-def quantize_activations(x: np.ndarray, levels: int) -> dict[str, np.ndarray]:
+def quantize_activations(x: np.ndarray, levels: int, form: str = "int8x2") -> dict[str, np.ndarray]:
     """``x [M, K]`` float32 -> ``q1, q2`` int8 ``[M, K]``, ``s1, s2, asum`` float32 ``[M, K/32]``
-    (``q2``, ``s2`` zero for one level)."""
+    (``q2``, ``s2`` zero for one level). ``form`` "int16" with ``levels`` 2: :func:`quantize_int16`."""
+    if form == "int16" and levels == 2:
+        return quantize_int16(x)
     M, K = x.shape
     xb = x.astype(np.float32).reshape(M, K // GROUP, GROUP)
     s1 = (np.abs(xb).max(axis=2) / np.float32(127)).astype(np.float32)
@@ -38,6 +41,26 @@ def quantize_activations(x: np.ndarray, levels: int) -> dict[str, np.ndarray]:
         # per-16 code sums (tp_quant_act_halves): [M, K/16]
         "qhalf1": q1.reshape(M, K // 16, 16).sum(axis=2, dtype=np.int32),
         "qhalf2": q2.reshape(M, K // 16, 16).sum(axis=2, dtype=np.int32),
+    }
+
+
+def quantize_int16(x: np.ndarray) -> dict[str, np.ndarray]:
+    """The int16 form (tp.h): ``x [M, K]`` float32 -> ``q1`` int16 ``[M, K]`` (k order),
+    ``s1 = max|x| / 32767`` and ``asum`` float32 ``[M, K/32]``, ``q2``, ``s2`` zero: one level,
+    so :func:`gemm_from_quantized` and :func:`gemm_i8_from_quantized` take it as they are."""
+    M, K = x.shape
+    xb = x.astype(np.float32).reshape(M, K // GROUP, GROUP)
+    s1 = (np.abs(xb).max(axis=2) / np.float32(32767)).astype(np.float32)
+    inv = np.where(s1 > 0, np.float32(1) / np.where(s1 > 0, s1, 1), 0).astype(np.float32)
+    q1 = np.clip(np.rint(xb * inv[..., None]), -32767, 32767).astype(np.int16)
+    return {
+        "q1": q1.reshape(M, K),
+        "q2": np.zeros((M, K), np.int16),
+        "s1": s1,
+        "s2": np.zeros_like(s1),
+        "asum": xb.sum(axis=2, dtype=np.float32),
+        "qhalf1": q1.reshape(M, K // 16, 16).sum(axis=2, dtype=np.int32),
+        "qhalf2": np.zeros((M, K // 16), np.int32),
     }
 
 

@@ -93,13 +93,16 @@ class NativeOptions:
     """``runtime_options.native``: the native CPU engine's files and settings (written by
     ``pipeline/stages/native.py``): ``isa`` the kernels were compiled for (``plugins/cpu/isa.py``),
     ``library`` and ``weights_file`` (artifact files), ``tensors`` (``native.bin``'s table),
-    ``activation_levels`` {phase: :class:`ActivationLevels`} (int8 levels of GEMM activations)."""
+    ``activation_levels`` {phase: :class:`ActivationLevels`} (int8 levels of GEMM activations),
+    ``activation_form``: how the library holds ``levels: 2`` ("int8x2" or "int16",
+    ``plugins/cpu/isa.py`` ACT_FORM; "int8x2" where the manifest predates the field)."""
 
     isa: str
     library: str
     weights_file: str
     tensors: Mapping[str, Any]
     activation_levels: Mapping[str, ActivationLevels]
+    activation_form: str = "int8x2"
 
 
 @dataclass(frozen=True)
@@ -210,7 +213,7 @@ def _parse_native(nat: Any, where: str, rebuild: str) -> NativeOptions | None:
     never the whole section: its tensor table is large)."""
     if nat is None:
         return None
-    from trtpipe.plugins.cpu.isa import ISAS
+    from trtpipe.plugins.cpu.isa import ACT_FORMS, ISAS
 
     def bad(key: str, value: Any, expected: str) -> ArtifactError:
         shown = repr(value)
@@ -239,7 +242,10 @@ def _parse_native(nat: Any, where: str, rebuild: str) -> NativeOptions | None:
         raise bad(
             "activation_levels", levels, "{prefill: L, decode: L}, L = 1, 2 or {attention: 1|2, mlp: 1|2, head: 1|2}"
         )
-    return NativeOptions(nat["isa"], nat["library"], nat["weights_file"], dict(nat["tensors"]), parsed)
+    form = nat.get("activation_form", "int8x2")
+    if form not in ACT_FORMS:
+        raise bad("activation_form", form, " or ".join(repr(f) for f in ACT_FORMS))
+    return NativeOptions(nat["isa"], nat["library"], nat["weights_file"], dict(nat["tensors"]), parsed, form)
 
 
 __all__ = [

@@ -105,6 +105,12 @@ class NativeEngine:
                 f"artifact {manifest.root}: the manifest says its kernels are for {nat.isa}, the library is built "
                 f"for {built_for}: the manifest was edited or damaged. Fix: `{manifest.rebuild_command}`."
             )
+        if L.act_form(self.lib) != nat.activation_form:
+            raise ArtifactError(
+                f"artifact {manifest.root}: the manifest says its kernels hold two-level activations as "
+                f"{nat.activation_form}, the library as {L.act_form(self.lib)}: the manifest was edited or damaged. "
+                f"Fix: `{manifest.rebuild_command}`."
+            )
         self.manifest, self.pool, self.isa = manifest, pool, nat.isa
         self.threads = _threads(num_threads, manifest)
         self.lib.tp_set_threads(self.threads)

@@ -15,18 +15,21 @@ from trtpipe.plugins.core.errors import OpError
 from trtpipe.plugins.core.gguf_blocks import GGUF_BLOCK_TYPES, KernelBlocks, decode_blocks, dequantize_kernel_form
 from trtpipe.plugins.cpu import layout, library, reference
 from trtpipe.plugins.cpu.compile import compile_library, compiler
-from trtpipe.plugins.cpu.isa import ISAS, missing_flags
+from trtpipe.plugins.cpu.isa import ISAS, act_forms_of, missing_flags
 
 pytestmark = pytest.mark.skipif(compiler() is None, reason="no C compiler")
 HOST_ISAS = [i for i in ISAS if not missing_flags(i)]
+# (ISA, how levels = 2 is held): the avx2 build in both forms (csrc/tp.h)
+HOST_BUILDS = [(i, f) for i in HOST_ISAS for f in act_forms_of(i)]
 FP16_AT = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,)}
 FP16_AT |= {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 GEMM_TYPES = ["Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_1"]
 
 
-@pytest.fixture(scope="module", params=HOST_ISAS or [pytest.param(None, marks=pytest.mark.skip("no ISA"))])
+@pytest.fixture(scope="module", params=HOST_BUILDS or [pytest.param(None, marks=pytest.mark.skip("no ISA"))], ids=str)
 def lib(request, tmp_path_factory):
-    return library.load(compile_library(request.param, tmp_path_factory.mktemp("cpu-kernels")))
+    isa, form = request.param
+    return library.load(compile_library(isa, tmp_path_factory.mktemp("cpu-kernels"), form=form))
 
 
 def random_blocks(qtype: str, N: int, K: int, seed: int, *, full_range: bool = False) -> KernelBlocks:
@@ -77,7 +80,9 @@ def test_i8_gemm_matches_the_integer_reference_and_the_float_product(lib, qtype,
     scale = np.abs(exact).max()
     for levels, tol in ((2, 1e-4), (1, 2e-2)):
         y = library.gemm(lib, w, x, levels)
-        emulated = reference.gemm_i8_from_quantized(reference.quantize_activations(x, levels), kb)
+        emulated = reference.gemm_i8_from_quantized(
+            reference.quantize_activations(x, levels, library.act_form(lib)), kb
+        )
         np.testing.assert_allclose(y, emulated, rtol=0, atol=2e-6 * scale)
         assert np.abs(y - exact).max() / scale < tol
 
@@ -107,12 +112,12 @@ def test_an_i8_rows_gemm_bytes_do_not_depend_on_M_its_group_or_the_threads(lib, 
 def test_quant_act_halves_adds_the_per_16_sums_and_changes_nothing_else(lib, levels):
     x = np.random.default_rng(9).standard_normal((5, 96)).astype(np.float32)
     plain, halves = library.quant_act(lib, x, levels), library.quant_act(lib, x, levels, halves=True)
-    want = reference.quantize_activations(x, levels)
-    for k in ("q1", "s1", "asum", "qsum1") + (("q2", "s2", "qsum2") if levels == 2 else ()):
+    want = reference.quantize_activations(x, levels, library.act_form(lib))
+    for k in ("q1", "q16", "s1", "asum", "qsum1") + (("q2", "s2", "qsum2") if levels == 2 else ()):
         np.testing.assert_array_equal(getattr(halves, k), getattr(plain, k), err_msg=k)
     np.testing.assert_array_equal(halves.qhalf1, want["qhalf1"])
     np.testing.assert_array_equal(halves.qhalf1.reshape(5, 3, 2).sum(2), plain.qsum1)
-    if levels == 2:
+    if levels == 2 and library.act_form(lib) == "int8x2":  # the int16 form has one level
         np.testing.assert_array_equal(halves.qhalf2, want["qhalf2"])
     assert not plain.qhalf1.any()  # tp_quant_act leaves them alone
 

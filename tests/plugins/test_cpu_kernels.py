@@ -13,17 +13,27 @@ import pytest
 from trtpipe.plugins.core.errors import OpError
 from trtpipe.plugins.core.kv_codec import kv_encode
 from trtpipe.plugins.cpu import layout, library, reference
-from trtpipe.plugins.cpu.compile import compile_library, compiler
-from trtpipe.plugins.cpu.isa import ISAS, missing_flags
+from trtpipe.plugins.cpu.compile import act_form_flags, compile_library, compiler
+from trtpipe.plugins.cpu.isa import ACT_FORM, ISAS, act_forms_of, missing_flags
 from trtpipe.plugins.ops.paged_attention.reference import paged_attention
 
 pytestmark = pytest.mark.skipif(compiler() is None, reason="no C compiler")
 HOST_ISAS = [i for i in ISAS if not missing_flags(i)]
+# (ISA, how levels = 2 is held): the avx2 build in both forms (csrc/tp.h)
+HOST_BUILDS = [(i, f) for i in HOST_ISAS for f in act_forms_of(i)]
 
 
 @pytest.fixture(scope="module", params=HOST_ISAS or [pytest.param(None, marks=pytest.mark.skip("no ISA"))])
 def lib(request, tmp_path_factory):
+    """Each host ISA's library in its own form (isa.ACT_FORM): what attention and the ops run on."""
     return library.load(compile_library(request.param, tmp_path_factory.mktemp("cpu-kernels")))
+
+
+@pytest.fixture(scope="module", params=HOST_BUILDS or [pytest.param(None, marks=pytest.mark.skip("no ISA"))], ids=str)
+def gemm_lib(request, tmp_path_factory):
+    """Every (ISA, form) build this CPU runs: what the quantizer and GEMM tests run on."""
+    isa, form = request.param
+    return library.load(compile_library(isa, tmp_path_factory.mktemp("cpu-kernels"), form=form))
 
 
 def _fp16_exact(rng, shape, scale):
@@ -64,20 +74,27 @@ def test_layouts_refuse_what_the_kernels_cannot_take():
 
 
 @pytest.mark.parametrize("levels", [1, 2])
-def test_activation_quantizer_matches_numpy_bit_for_bit(lib, levels):
+def test_activation_quantizer_matches_numpy_bit_for_bit(gemm_lib, levels):
     x = np.random.default_rng(2).standard_normal((5, 96)).astype(np.float32)
     x[1, :32] = 0.0  # an all-zero block: scale 0, codes 0
-    got = library.quant_act(lib, x, levels)
-    want = reference.quantize_activations(x, levels)
-    for k in ("q1", "s1") + (("q2", "s2") if levels == 2 else ()):
-        np.testing.assert_array_equal(getattr(got, k), want[k], err_msg=k)
+    got = library.quant_act(gemm_lib, x, levels)
+    want = reference.quantize_activations(x, levels, library.act_form(gemm_lib))
+    np.testing.assert_array_equal(got.s1, want["s1"])
+    if levels == 2 and library.act_form(gemm_lib) == "int16":  # one int16 level, its 4-groups as (0, 2, 1, 3)
+        np.testing.assert_array_equal(library.int16_codes(got), want["q1"])
+        np.testing.assert_array_equal(got.q16[0, :4], want["q1"][0, [0, 2, 1, 3]])
+        np.testing.assert_array_equal(got.qsum1, want["q1"].reshape(5, 3, 32).sum(2, dtype=np.int32))
+        assert np.abs(want["q1"][0, :32]).max() == 32767  # a block's largest |x| at full scale
+    else:
+        for k in ("q1",) + (("q2", "s2") if levels == 2 else ()):
+            np.testing.assert_array_equal(getattr(got, k), want[k], err_msg=k)
     # block sums: sequential in C, pairwise in NumPy (fp32 rounding of 32 terms)
     np.testing.assert_allclose(got.asum, want["asum"], rtol=0, atol=1e-5 * np.abs(x).max() * 32)
 
 
 @pytest.mark.parametrize("M", [1, 3, 4, 9])
 @pytest.mark.parametrize("kind", ["q4", "q8"])
-def test_gemm_matches_the_integer_reference_and_the_float_product(lib, kind, M):
+def test_gemm_matches_the_integer_reference_and_the_float_product(gemm_lib, kind, M):
     rng = np.random.default_rng(3 + M)
     N, K = 48, 192
     if kind == "q4":
@@ -90,14 +107,16 @@ def test_gemm_matches_the_integer_reference_and_the_float_product(lib, kind, M):
     exact = x.astype(np.float64) @ layout.dequantize(w).astype(np.float64).T
     scale = np.abs(exact).max()
     for levels, tol in ((2, 1e-4), (1, 2e-2)):  # measured: ~3e-5 and ~8e-3 of the largest output
-        y = library.gemm(lib, w, x, levels)
-        emulated = reference.gemm_from_quantized(reference.quantize_activations(x, levels), q, d, m)
+        y = library.gemm(gemm_lib, w, x, levels)
+        emulated = reference.gemm_from_quantized(
+            reference.quantize_activations(x, levels, library.act_form(gemm_lib)), q, d, m
+        )
         np.testing.assert_allclose(y, emulated, rtol=0, atol=2e-6 * scale)  # the same arithmetic, fp32 sums
         assert np.abs(y - exact).max() / scale < tol
 
 
 @pytest.mark.parametrize("kind", ["q4", "q8"])
-def test_a_rows_gemm_bytes_do_not_depend_on_M_its_group_or_the_threads(lib, kind):
+def test_a_rows_gemm_bytes_do_not_depend_on_M_its_group_or_the_threads(gemm_lib, kind):
     """Batch invariance at the kernel: each row computed alone (M = 1) equals, bit for bit, the same
     row inside M = 2..21 (AVX-512: groups of up to 8 rows to M = 16, split evenly such as 9 = 4 + 5
     and 13 = 6 + 7, then the groups-of-4 kernel at 17 and 21; AVX2: groups of up to 4), with one
@@ -110,18 +129,18 @@ def test_a_rows_gemm_bytes_do_not_depend_on_M_its_group_or_the_threads(lib, kind
         else layout.tile_q8(rng.integers(0, 256, (N, K), dtype=np.uint8), _fp16_exact(rng, (N, K // 32), 0.01))
     )
     x = rng.standard_normal((rows, K)).astype(np.float32)
-    threads = lib.tp_get_threads()
+    threads = gemm_lib.tp_get_threads()
     try:
         for levels in (1, 2):
-            lib.tp_set_threads(1)
-            alone = np.concatenate([library.gemm(lib, w, x[i : i + 1], levels) for i in range(rows)])
+            gemm_lib.tp_set_threads(1)
+            alone = np.concatenate([library.gemm(gemm_lib, w, x[i : i + 1], levels) for i in range(rows)])
             for n_threads in (1, 2):
-                lib.tp_set_threads(n_threads)
+                gemm_lib.tp_set_threads(n_threads)
                 for M in (2, 3, 5, 7, 8, 9, 13, 16, 17, 21):
-                    got = library.gemm(lib, w, x[:M], levels)
+                    got = library.gemm(gemm_lib, w, x[:M], levels)
                     assert got.tobytes() == alone[:M].tobytes(), (levels, n_threads, M)
     finally:
-        lib.tp_set_threads(threads)
+        gemm_lib.tp_set_threads(threads)
 
 
 ATTENTION_CASES = {
@@ -301,3 +320,15 @@ def test_unknown_isa_and_missing_flags_are_named():
     with pytest.raises(OpError, match="expected one of avx512_vnni, avx2"):
         compile_library("amx")
     assert missing_flags("avx512_vnni", frozenset({"avx2", "fma", "f16c"}))[:1] == ["avx512f"]
+
+
+def test_the_int16_form_is_avx2s_and_is_refused_elsewhere(tmp_path):
+    """Each ISA's form of levels 2 (isa.ACT_FORM): avx2 one int16 level, avx512_vnni two int8
+    levels; int16 on avx512_vnni (no kernel written) and unknown forms are refused by name."""
+    assert ACT_FORM == {"avx512_vnni": "int8x2", "avx2": "int16"}
+    assert act_form_flags("avx2") == ["-DTP_ACT_I16"] and act_form_flags("avx2", "int8x2") == []
+    assert act_form_flags("avx512_vnni") == []
+    with pytest.raises(OpError, match=r"activation form 'int16' for avx512_vnni: expected int8x2, or int16 on avx2"):
+        compile_library("avx512_vnni", tmp_path, form="int16")
+    with pytest.raises(OpError, match="activation form 'int4'"):
+        act_form_flags("avx2", "int4")

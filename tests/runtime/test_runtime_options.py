@@ -141,3 +141,13 @@ def test_native_activation_levels_are_one_level_or_one_per_site(levels, prefill,
 def test_a_bad_activation_level_is_refused_with_the_forms(levels):
     with pytest.raises(ArtifactError, match=r"runtime_options.native.activation_levels = .*expected \{prefill: L"):
         parse("ort", {**ORT, "native": {**NATIVE, "activation_levels": levels}})
+
+
+def test_native_activation_form_is_read_and_defaults_to_two_int8_levels():
+    """``activation_form`` (how the library holds levels 2, plugins/cpu/isa.py): absent in
+    manifests written before it (two int8 levels then), one of the forms, else refused."""
+    native = {**NATIVE, "activation_levels": {"prefill": 2, "decode": 2}}
+    assert parse("ort", {**ORT, "native": native}).native.activation_form == "int8x2"
+    assert parse("ort", {**ORT, "native": {**native, "activation_form": "int16"}}).native.activation_form == "int16"
+    with pytest.raises(ArtifactError, match=r"native.activation_form = 'int4': expected 'int8x2' or 'int16'"):
+        parse("ort", {**ORT, "native": {**native, "activation_form": "int4"}})

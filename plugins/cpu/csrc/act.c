@@ -109,6 +109,43 @@ static inline void quant_block(const float *xb, int levels, int8_t *q1, int8_t *
 }
 #endif
 
+#if defined(TP_ACT_I16)
+#if defined(TP_ISA_AVX512)
+#error "the int16 activation form is written for AVX2 (plugins/cpu/isa.py: ACT_FORMS)"
+#endif
+/* One 32-block in the int16 form (tp.h): s = max|x| / 32767, q = rint(x / s) clipped to +-32767,
+ * stored with each 4-group as (0, 2, 1, 3); the code sums (whole block, per 16) as the int8 form's. */
+static inline void quant_block16(const float *xb, int16_t *q, float *s, float *asum, int32_t *qs, int32_t *qh) {
+  const __m256 sign = _mm256_set1_ps(-0.f), lim = _mm256_set1_ps(32767.f), nlim = _mm256_set1_ps(-32767.f);
+  __m256 x[4], am = _mm256_setzero_ps(), sm = _mm256_setzero_ps();
+  for (int h = 0; h < 4; h++) {
+    x[h] = _mm256_loadu_ps(xb + 8 * h);
+    am = _mm256_max_ps(am, _mm256_andnot_ps(sign, x[h]));
+    sm = _mm256_add_ps(sm, x[h]);
+  }
+  *asum = hadd8(sm);
+  const float sc = hmax8(am) / 32767.f, inv = sc > 0.f ? 1.f / sc : 0.f;
+  const __m256 vi = _mm256_set1_ps(inv);
+  __m256i qi[4], tot = _mm256_setzero_si256();
+  for (int h = 0; h < 4; h++) {
+    __m256 qf = _mm256_round_ps(_mm256_mul_ps(x[h], vi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    qi[h] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(qf, nlim), lim));
+    tot = _mm256_add_epi32(tot, qi[h]);
+    qi[h] = _mm256_shuffle_epi32(qi[h], 0xD8); /* each 4-group as (0, 2, 1, 3) */
+  }
+  for (int p = 0; p < 2; p++) { /* packs interleave the 128-bit lanes; a 64-bit permute restores the order */
+    const __m256i v = _mm256_permute4x64_epi64(_mm256_packs_epi32(qi[2 * p], qi[2 * p + 1]), 0xD8);
+    _mm256_storeu_si256((__m256i *)(q + 16 * p), v);
+  }
+  *s = sc;
+  *qs = hadd8i(tot);
+  if (qh) {
+    qh[0] = hadd8i(_mm256_add_epi32(qi[0], qi[1])); /* a sum: the order within the lanes does not matter */
+    qh[1] = hadd8i(_mm256_add_epi32(qi[2], qi[3]));
+  }
+}
+#endif
+
 /* one row; qh1, qh2: the row's per-16 sums [K/16], or NULL (not wanted) */
 static void quant_row(const float *x, int K, int levels, int8_t *q1, int8_t *q2, float *s1, float *s2, float *asum,
                       int32_t *qs1, int32_t *qs2, int32_t *qh1, int32_t *qh2) {
@@ -125,6 +162,14 @@ static void quant_act(const float *x, int M, int K, int levels, tp_qact *a, int 
 #pragma omp parallel for schedule(static) if (M > 4)
   for (int m = 0; m < M; m++) {
     const size_t o = (size_t)m * nb;
+#if defined(TP_ACT_I16)
+    if (levels == 2) {
+      for (int b = 0; b < nb; b++)
+        quant_block16(x + (size_t)m * K + b * TP_GROUP, a->q16 + (size_t)m * K + b * TP_GROUP, a->s1 + o + b,
+                      a->asum + o + b, a->qsum1 + o + b, halves ? a->qhalf1 + 2 * (o + b) : NULL);
+      continue;
+    }
+#endif
     int32_t *qh1 = halves ? a->qhalf1 + 2 * o : NULL, *qh2 = halves && levels == 2 ? a->qhalf2 + 2 * o : NULL;
     quant_row(x + (size_t)m * K, K, levels, a->q1 + (size_t)m * K, a->q2 + (size_t)m * K, a->s1 + o, a->s2 + o,
               a->asum + o, a->qsum1 + o, a->qsum2 + o, qh1, qh2);

@@ -56,10 +56,11 @@ static void qact_take(char **cur, tp_qact *a, int M, int K) {
   a->qsum2 = ws_take(cur, sizeof(int32_t) * M * nb);
   a->qhalf1 = ws_take(cur, sizeof(int32_t) * M * 2 * nb);
   a->qhalf2 = ws_take(cur, sizeof(int32_t) * M * 2 * nb);
+  a->q16 = ws_take(cur, sizeof(int16_t) * M * K);
 }
 
 static size_t qact_bytes(int M, int K) {
-  return 2 * (size_t)M * K + 9 * sizeof(float) * M * (K / TP_GROUP) + 9 * 64;
+  return 4 * (size_t)M * K + 9 * sizeof(float) * M * (K / TP_GROUP) + 10 * 64;
 }
 
 /* x [M][K] quantized for weight w: an I8 weight of group 16 also needs the 16-halves' code sums */

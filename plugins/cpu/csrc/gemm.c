@@ -5,7 +5,8 @@
  * VNNI vpdpbusd; AVX2 vpmaddubsw + vpmaddwd) adds 4 products per row. A group of activation
  * rows shares each weight load and unpack: up to 8 rows with the block's weights held in
  * registers for M <= 16 on AVX-512 (tile_wide), else groups of up to 4 (tile_pairs). Integer
- * sums are exact; each block's result is scaled in fp32.
+ * sums are exact; each block's result is scaled in fp32. A library of the int16 form (TP_ACT_I16,
+ * AVX2: tp.h) runs levels = 2 through tile_i16 instead, one vpmaddwd pass, groups of up to 6 rows.
  *
  * Batch invariance: a row's arithmetic is the same whatever its group's size, the group it
  * lands in, M, or the thread count (per block: the integer dots, then t = s1 * a1 [+ s2 * a2],
@@ -26,6 +27,12 @@
 
 const char *tp_isa(void) { return ISA_NAME; }
 
+#if defined(TP_ACT_I16)
+const char *tp_act_form(void) { return "int16"; }
+#else
+const char *tp_act_form(void) { return "int8x2"; }
+#endif
+
 #ifndef PF_BYTES
 #define PF_BYTES 2048 /* measured on a Zen 4: 1-3 KB ahead alike, 20-25 % off 5- and 8-row GEMMs */
 #endif
@@ -42,6 +49,7 @@ typedef struct {
   const float *s1, *s2, *asum;
   const int32_t *qsum1, *qsum2;
   const int32_t *qh1, *qh2; /* per-16 sums (I8 of group 16 only; else NULL): row r's at qh1[2 * r * nb] */
+  const int16_t *q16;       /* the int16 form's codes (tp.h): row r's at q16[r * K] */
   int K, nb;
   int prefetch; /* the group's pass over the tile prefetches the weight stream (the first group) */
 } rows_t;
@@ -51,7 +59,8 @@ static inline rows_t group_rows(const tp_qact *a, int m0, int halves) {
   const size_t o = (size_t)m0 * nb;
   return (rows_t){a->q1 + (size_t)m0 * K, a->q2 + (size_t)m0 * K, a->s1 + o, a->s2 + o, a->asum + o,
                   a->qsum1 + o, a->qsum2 + o, halves ? a->qhalf1 + 2 * o : NULL,
-                  halves && a->levels == 2 ? a->qhalf2 + 2 * o : NULL, K, nb, m0 == 0};
+                  halves && a->levels == 2 ? a->qhalf2 + 2 * o : NULL, a->q16 ? a->q16 + (size_t)m0 * K : NULL, K,
+                  nb, m0 == 0};
 }
 
 static inline void store_rows(float *y, int ldy, int h, const vf *acc, int mr, int accumulate) {
@@ -177,6 +186,51 @@ static inline __attribute__((always_inline)) void tile_pairs(const uint8_t *wc, 
   }
 }
 
+#if defined(TP_ACT_I16)
+/* int16 activations (tp.h's int16 form, AVX2): each NV-th of a tile x the group's mr <= I16_ROWS (6)
+ * rows in one pass of vpmaddwd. A weight vector's 32-bit lane is one output row's 4 bytes, so its
+ * even and odd bytes (Q4: nibbles 0, 2 / 1, 3 / 4, 6 / 5, 7) as int16 pairs meet the row's
+ * activation pairs (x0, x2), (x1, x3) (q16's 4-group order) and each lane sums its own row: no
+ * horizontal step. A row's block: sum of 32 products |15 or 128| x 32767 (exact in int32), then
+ * scale_block's fp32 steps (one level), the same for every row in any group. */
+static inline __attribute__((always_inline)) void tile_i16(const uint8_t *wc, const void *d, const void *mn,
+                                                           const rows_t *x, const int mr, const int lv,
+                                                           const int kd, float *y, int ldy, int accumulate) {
+  (void)lv;
+  const int K = x->K, nb = x->nb, JS = 8 / SUBS(kd);
+  const vi lo4 = _mm256_set1_epi16(0x0F), flip = SET1B((char)0x80);
+  for (int h = 0; h < NV; h++) {
+    vf acc[I16_ROWS];
+    for (int r = 0; r < mr; r++) acc[r] = VFZERO();
+    for (int b = 0; b < nb; b++) {
+      if (h == 0 && x->prefetch) prefetch_block(wc, d, mn, b, kd);
+      const int32_t *xq = (const int32_t *)(x->q16 + b * TP_GROUP); /* row r's pair p at xq[r * K / 2 + p] */
+      for (int s = 0; s < SUBS(kd); s++) {
+        vi a[I16_ROWS];
+        for (int r = 0; r < mr; r++) a[r] = VZERO();
+        for (int j = s * JS; j < (s + 1) * JS; j += (kd == KIND_Q4 ? 2 : 1)) {
+          vi w[4]; /* int16 pairs of k (4j, 4j+2), (4j+1, 4j+3) [, (4j+4, 4j+6), (4j+5, 4j+7): Q4] */
+          if (kd == KIND_Q4) {
+            const vi v = VLOADU(wc + (size_t)b * 256 + (j / 2) * 64 + h * 32);
+            w[0] = AND(v, lo4), w[1] = AND(_mm256_srli_epi16(v, 8), lo4);
+            w[2] = AND(_mm256_srli_epi16(v, 4), lo4), w[3] = _mm256_srli_epi16(v, 12);
+          } else { /* u = c + 128: c's bytes sign-extended */
+            const vi v = _mm256_xor_si256(VLOADU(wc + (size_t)b * 512 + j * 64 + h * 32), flip);
+            w[0] = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8), w[1] = _mm256_srai_epi16(v, 8);
+          }
+          for (int r = 0; r < mr; r++)
+            for (int p = 0; p < (kd == KIND_Q4 ? 4 : 2); p++)
+              a[r] = _mm256_add_epi32(a[r], _mm256_madd_epi16(w[p], SET1(xq[r * K / 2 + 2 * j + p])));
+        }
+        const vf dv = scale_vec(d, b * SUBS(kd) + s, h, kd), mv = HAS_M(kd) ? scale_vec(mn, b, h, kd) : dv;
+        for (int r = 0; r < mr; r++) acc[r] = scale_block(a[r], a[r], x, r * nb + b, s, 1, kd, dv, mv, acc[r]);
+      }
+    }
+    store_rows(y, ldy, h, acc, mr, accumulate);
+  }
+}
+#endif
+
 /* tile t's codes, scales and minimums / offsets (tp.h layouts) */
 static inline __attribute__((always_inline)) const uint8_t *tile_codes(const tp_weight *w, int t, size_t nb,
                                                                       const int kd) {
@@ -217,6 +271,12 @@ static const tile_fn PAIRS_FNS[NKINDS][2][PAIRS + 1] = TABLE(pairs, ROW4);
 FNS(wide, 1) FNS(wide, 2) FNS(wide, 3) FNS(wide, 4) FNS(wide, 5) FNS(wide, 6) FNS(wide, 7) FNS(wide, 8)
 static const tile_fn WIDE_FNS[NKINDS][2][WIDE + 1] = TABLE(wide, ROW8);
 #endif
+#if defined(TP_ACT_I16)
+#define I16_KIND(K) {ROW4(i16, K, 2), i16_##K##_l2_r5, i16_##K##_l2_r6}
+FN(i16, 1, 2) FN(i16, 2, 2) FN(i16, 3, 2) FN(i16, 4, 2) FN(i16, 5, 2) FN(i16, 6, 2)
+static const tile_fn I16_FNS[NKINDS][I16_ROWS + 1] = {I16_KIND(q4), I16_KIND(q8), I16_KIND(i8), I16_KIND(i8s),
+                                                       I16_KIND(i8h)};
+#endif
 
 /* M rows in mg groups of as equal size as can be (9 rows: 4 + 5, not 8 + 1: a lone row runs
  * latency-bound); group g holds rows [group_start(g), group_start(g + 1)). */
@@ -235,6 +295,12 @@ void tp_gemm(const tp_weight *w, const tp_qact *a, float *y, int ldy, int accumu
   const int halves = kind == KIND_I8_G16 && Q8_OFFSET;
   const tile_fn *fns = PAIRS_FNS[kind][lv];
   int rows = PAIRS;
+#if defined(TP_ACT_I16)
+  if (a->levels == 2) { /* the int16 form at every M: a row's arithmetic does not depend on M */
+    fns = I16_FNS[kind];
+    rows = I16_ROWS;
+  }
+#endif
 #if defined(TP_ISA_AVX512)
   if (M <= WIDE_MAX_M) { /* measured (bench/native_gemm.py): wide groups win to 16 rows, lose at 128 */
     fns = WIDE_FNS[kind][lv];

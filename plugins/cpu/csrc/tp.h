@@ -25,6 +25,10 @@
  * Activations of a GEMM are quantized per 32-block to int8, in one or two levels:
  *   x[k] ~ s1 * q1[k] + s2 * q2[k],  s1 = max|x| / 127, q2 quantizes the residual x - s1 q1.
  * Two levels keep ~15 bits (relative error ~1e-5 of the block maximum), one level ~8 bits.
+ * A library built with the int16 form (TP_ACT_I16: tp_act_form() "int16", the AVX2 default,
+ * plugins/cpu/isa.py) runs levels = 2 as one int16 level instead, the same ~15 bits in one pass
+ * (vpmaddwd): x[k] ~ s1 * q16[k], s1 = max|x| / 32767, q16 = rint(x / s1) (q1, q2, s2 unused).
+ * q16 holds each 4-group of k in the order (0, 2, 1, 3), the pairs vpmaddwd multiplies (gemm.c).
  * The sum over a block of x itself (asum) stays fp32, so the Q4 minimum term m * sum(x) is exact.
  * Integer dot products are exact; scales and sums are fp32.
  */
@@ -37,7 +41,7 @@
 /* The ABI: this header is its one description. plugins/cpu/abi.py reads the structs, enums and
  * prototypes below into ctypes; tp_abi_version() and tp_struct_size() let the loader refuse a
  * library of another ABI. Bump TP_ABI_VERSION with any change to a struct or a prototype. */
-#define TP_ABI_VERSION 4
+#define TP_ABI_VERSION 5
 
 #define TP_GROUP 32 /* weights per block along K */
 #define TP_TILE 16  /* output rows per tile */
@@ -55,6 +59,7 @@ typedef struct {
   /* [M][K/16]: sum of q1 (q2) over each 16-half of a block, written by tp_quant_act_halves only:
    * read by I8 weights of group 16 where the ISA's dot needs the offset term (AVX-512) */
   int32_t *qhalf1, *qhalf2;
+  int16_t *q16; /* [M][K]: levels = 2 in the int16 form (above), each 4-group of k as (0, 2, 1, 3) */
 } tp_qact;
 
 enum { TP_W_Q4 = 1, TP_W_Q8 = 2, TP_W_I8 = 3 };
@@ -139,8 +144,10 @@ void tp_workspace_free(tp_workspace *ws);
 void tp_set_threads(int n);
 int tp_get_threads(void);
 const char *tp_isa(void);
+/* how levels = 2 is held: "int8x2" (two int8 levels) or "int16" (one int16 level, TP_ACT_I16) */
+const char *tp_act_form(void);
 
-/* scratch sizes: a tp_qact for M rows of K */
+/* a tp_qact for M rows of K (in the int16 form, levels = 2 writes q16, s1, asum and the code sums) */
 void tp_quant_act(const float *x, int M, int K, int levels, tp_qact *a);
 /* tp_quant_act, plus a->qhalf1 (and qhalf2 for two levels): what an I8 weight of group 16 needs */
 void tp_quant_act_halves(const float *x, int M, int K, int levels, tp_qact *a);
